@@ -1,0 +1,1 @@
+"""analyses: how we look inside a hooked model (classification, ablation, patching, reports)."""

@@ -1,0 +1,1 @@
+from analyses.cli import main; import sys; sys.exit(main())

@@ -1,0 +1,36 @@
+"""The ``interp`` command line. Each subcommand lives next to the analysis it runs and registers
+itself through a ``register(subparsers)`` function listed in ``_COMMANDS``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path -> it defines register(subparsers), adding one or more subcommands whose
+# parser sets `func(args) -> int`.
+_COMMANDS = [
+    "interp.train",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="interp", description="Look inside attention heads.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in _COMMANDS:
+        importlib.import_module(module).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as error:
+        # A user mistake: one line naming the bad value, not a traceback.
+        print(f"interp {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

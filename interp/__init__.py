@@ -1,0 +1,26 @@
+"""interp: hook-instrumented attention and GPT models, for looking inside attention heads."""
+
+from interp.attention import (
+    CausalAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    SelfAttentionV1,
+    SelfAttentionV2,
+)
+from interp.loading import load_model
+from interp.model import GPTConfig, GPTModel, next_token_loss
+from interp.tokenizer import ByteTokenizer
+
+__all__ = [
+    "SelfAttentionV1",
+    "SelfAttentionV2",
+    "CausalAttention",
+    "MultiHeadAttentionWrapper",
+    "MultiHeadAttention",
+    "GPTConfig",
+    "GPTModel",
+    "ByteTokenizer",
+    "load_model",
+    "next_token_loss",
+]
+__version__ = "0.1.0"

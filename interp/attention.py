@@ -1,0 +1,236 @@
+"""The five attention modules of the classic "attention from scratch" progression, instrumented.
+
+Each module is a small ``HookedRootModule`` (``interp.hooked.HookedModule``) with six ``HookPoint``s:
+
+=====================  ====================================================
+hook                   what it sees
+=====================  ====================================================
+``hook_q/k/v``         queries, keys, values
+``hook_attn_scores``   scaled, causally masked (-inf), pre-softmax scores
+``hook_pattern``       attention weights after softmax (before dropout)
+``hook_z``             pattern @ values (before any output projection)
+=====================  ====================================================
+
+so ``module.run_with_cache(x)`` returns ``(output, cache)`` with the Q/K/V and pattern of the
+call. Shapes: ``SelfAttentionV1/V2`` and ``CausalAttention`` keep the reference's layout
+(q/k/v/z ``(..., pos, d_out)``, scores/pattern ``(..., q_pos, k_pos)``); ``MultiHeadAttention``
+uses the TransformerLens layout (q/k/v/z ``(batch, pos, head, d_head)``, scores/pattern
+``(batch, head, q_pos, k_pos)``). ``MultiHeadAttentionWrapper`` exposes its heads' hooks as
+``heads.{i}.hook_*``.
+
+Parameters are created in the reference order (query, key, value[, out_proj]) so that, under the
+same ``torch.manual_seed``, each module reproduces the published reference outputs exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+from interp.hooked import HookedModule
+
+__all__ = [
+    "SelfAttentionV1",
+    "SelfAttentionV2",
+    "CausalAttention",
+    "MultiHeadAttentionWrapper",
+    "MultiHeadAttention",
+    "LayerKV",
+]
+
+
+class _Instrumented(HookedModule):
+    """Adds the six attention hook points and the shared scores -> pattern -> z step."""
+
+    def _add_hook_points(self) -> None:
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_attn_scores = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
+
+    def _attend(self, scores: torch.Tensor, values: torch.Tensor, dropout: nn.Module | None):
+        """scores (..., q, k) already scaled and masked; values (..., k, d) -> z (..., q, d)."""
+        scores = self.hook_attn_scores(scores)
+        pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
+        if dropout is not None:
+            pattern = dropout(pattern)
+        return pattern @ values
+
+
+def _causal_mask(context_length: int) -> torch.Tensor:
+    """(context_length, context_length) float buffer, 1 above the diagonal (masked), as in the reference."""
+    return torch.triu(torch.ones(context_length, context_length), diagonal=1)
+
+
+class SelfAttentionV1(_Instrumented):
+    """Self-attention with raw ``nn.Parameter`` weights. x: (pos, d_in) -> (pos, d_out)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
+        self._add_hook_points()
+        self.setup()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        queries = self.hook_q(x @ self.W_query)
+        keys = self.hook_k(x @ self.W_key)
+        values = self.hook_v(x @ self.W_value)
+        scores = queries @ keys.T / math.sqrt(keys.shape[-1])
+        return self.hook_z(self._attend(scores, values, dropout=None))
+
+
+class SelfAttentionV2(_Instrumented):
+    """Self-attention with ``nn.Linear`` projections. x: (pos, d_in) -> (pos, d_out)."""
+
+    def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self._add_hook_points()
+        self.setup()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        queries = self.hook_q(self.W_query(x))
+        keys = self.hook_k(self.W_key(x))
+        values = self.hook_v(self.W_value(x))
+        scores = queries @ keys.transpose(-2, -1) / math.sqrt(keys.shape[-1])
+        return self.hook_z(self._attend(scores, values, dropout=None))
+
+
+class CausalAttention(_Instrumented):
+    """One causal head with dropout on the weights. x: (batch, pos, d_in) -> (batch, pos, d_out)."""
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, qkv_bias: bool = False):
+        super().__init__()
+        self.d_out = d_out
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", _causal_mask(context_length), persistent=False)
+        self._add_hook_points()
+        self.setup()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n_tokens = _check_context(x.shape[1], self.mask.shape[0])
+        queries = self.hook_q(self.W_query(x))
+        keys = self.hook_k(self.W_key(x))
+        values = self.hook_v(self.W_value(x))
+        scores = queries @ keys.transpose(1, 2) / math.sqrt(keys.shape[-1])
+        scores = scores.masked_fill(self.mask.bool()[:n_tokens, :n_tokens], -torch.inf)
+        return self.hook_z(self._attend(scores, values, self.dropout))
+
+
+class MultiHeadAttentionWrapper(HookedModule):
+    """``num_heads`` independent ``CausalAttention`` heads, outputs concatenated.
+
+    x: (batch, pos, d_in) -> (batch, pos, num_heads * d_out). Head i's hooks are ``heads.{i}.hook_*``.
+    """
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]
+        )
+        self.setup()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([head(x) for head in self.heads], dim=-1)
+
+
+@dataclass
+class LayerKV:
+    """One layer's cached keys and values for incremental decoding, each (batch, head, pos, d_head)."""
+
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's keys/values and return the full ones."""
+        if self.keys is not None:
+            keys = torch.cat([self.keys, keys], dim=2)
+            values = torch.cat([self.values, values], dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+class MultiHeadAttention(_Instrumented):
+    """Causal multi-head attention with heads split from shared projections, then ``out_proj``.
+
+    x: (batch, pos, d_in) -> (batch, pos, d_out). Hooks use the TransformerLens layout:
+    ``hook_q/k/v/z`` (batch, pos, head, d_head), ``hook_attn_scores/pattern`` (batch, head, q, k).
+
+    When no hook is attached to the scores or pattern and no dropout is active, the forward
+    uses ``scaled_dot_product_attention`` (the fast path) and never materialises the pattern.
+    """
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False):
+        super().__init__()
+        if num_heads <= 0 or d_out % num_heads != 0:
+            raise ValueError(f"d_out={d_out} must be divisible by num_heads={num_heads} (a positive divisor)")
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", _causal_mask(context_length), persistent=False)
+        self._add_hook_points()
+        self.setup()
+
+    def _split(self, x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        """(batch, pos, d_out) -> hooked (batch, pos, head, d_head) -> (batch, head, pos, d_head)."""
+        per_head = hook(rearrange(x, "b p (h d) -> b p h d", h=self.num_heads))
+        return per_head.transpose(1, 2)
+
+    def _needs_pattern(self) -> bool:
+        dropping = self.training and self.dropout.p > 0
+        return dropping or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
+
+    def forward(self, x: torch.Tensor, past: LayerKV | None = None) -> torch.Tensor:
+        """x: (batch, new_pos, d_in); ``past`` (optional) holds earlier positions' keys/values
+        and is extended in place, so the new queries attend to past + new keys."""
+        n_new = x.shape[1]
+        offset = 0 if past is None else past.length
+        n_total = _check_context(offset + n_new, self.mask.shape[0])
+        queries = self._split(self.W_query(x), self.hook_q)
+        keys = self._split(self.W_key(x), self.hook_k)
+        values = self._split(self.W_value(x), self.hook_v)
+        if past is not None:
+            keys, values = past.extend(keys, values)
+        if self._needs_pattern():
+            scores = queries @ keys.transpose(2, 3) / math.sqrt(self.head_dim)
+            scores = scores.masked_fill(self.mask.bool()[offset:n_total, :n_total], -torch.inf)
+            z = self._attend(scores, values, self.dropout)
+        else:
+            # several new tokens after cached ones need the offset slice of the mask
+            offset_mask = ~self.mask.bool()[offset:n_total, :n_total] if offset and n_new > 1 else None
+            z = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=offset_mask, is_causal=offset == 0 and n_new > 1
+            )
+        z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, d_head)
+        return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
+
+
+def _check_context(n_tokens: int, context_length: int) -> int:
+    if n_tokens > context_length:
+        raise ValueError(f"sequence of {n_tokens} tokens exceeds the context length {context_length}")
+    return n_tokens
