@@ -1,0 +1,139 @@
+"""Probe prompts with a repeated segment, the ground truth for head roles (DESIGN 4.1).
+
+Each prompt is ``BOS, prefix (a tokens), segment (p tokens), the same segment again, filler``,
+all ``seq_len`` long. The period ``p`` and prefix length ``a`` vary per prompt, so a head that
+attends by a fixed positional offset cannot pass as content-based. Segment tokens are distinct
+and never appear in the prefix or filler, so each token of the second copy has exactly one
+earlier occurrence, at ``i - p``, and the token after it (the induction target) is at ``i - p + 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RepeatedProbes:
+    """A batch of probe prompts.
+
+    tokens: (batch, pos) token ids, BOS at position 0.
+    period: (batch,) the segment length p of each prompt.
+    segment_start: (batch,) position where the first copy starts (1 + prefix length).
+    """
+
+    tokens: torch.Tensor
+    period: torch.Tensor
+    segment_start: torch.Tensor
+
+    @property
+    def n_prompts(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def _positions(self) -> torch.Tensor:
+        return torch.arange(self.seq_len, device=self.tokens.device)[None]
+
+    @property
+    def second_copy(self) -> torch.Tensor:
+        """(batch, pos) bool: positions in the second copy of the segment."""
+        start = (self.segment_start + self.period)[:, None]
+        pos = self._positions()
+        return (pos >= start) & (pos < start + self.period[:, None])
+
+    @property
+    def predictable(self) -> torch.Tensor:
+        """(batch, pos) bool: tokens that an induction mechanism can predict: the second copy
+        minus its first token (nothing announces that the repeat begins)."""
+        start = (self.segment_start + self.period)[:, None]
+        return self.second_copy & (self._positions() > start)
+
+    @property
+    def earlier_occurrence(self) -> torch.Tensor:
+        """(batch, pos) long: for second-copy positions, i - p (the same token earlier); -1 elsewhere."""
+        return torch.where(self.second_copy, self._positions() - self.period[:, None], -1)
+
+    def to(self, device) -> "RepeatedProbes":
+        return RepeatedProbes(self.tokens.to(device), self.period.to(device), self.segment_start.to(device))
+
+
+def repeated_probes(
+    n_prompts: int,
+    seq_len: int,
+    d_vocab: int,
+    bos_token_id: int,
+    *,
+    period_range: tuple[int, int] | None = None,
+    prefix_range: tuple[int, int] | None = None,
+    seed: int = 0,
+) -> RepeatedProbes:
+    """Draw ``n_prompts`` probes of length ``seq_len`` from token ids ``[0, d_vocab)`` minus BOS.
+
+    Defaults: period in [seq_len // 8, seq_len // 3], prefix in [1, seq_len // 8]; the rest is filler.
+    Deterministic in ``seed``.
+    """
+    if n_prompts < 1:
+        raise ValueError(f"n_prompts={n_prompts} must be >= 1")
+    if seq_len < 8:
+        raise ValueError(f"seq_len={seq_len} must be >= 8 to hold BOS, a prefix and two copies of a segment")
+    p_low, p_high = period_range or (max(2, seq_len // 8), max(2, seq_len // 3))
+    a_low, a_high = prefix_range or (1, max(1, seq_len // 8))
+    if not 2 <= p_low <= p_high or not 0 <= a_low <= a_high or 1 + a_high + 2 * p_high > seq_len:
+        raise ValueError(
+            f"period_range={(p_low, p_high)} and prefix_range={(a_low, a_high)} do not fit seq_len={seq_len} "
+            f"(need 2 <= period, 1 + prefix + 2 * period <= seq_len)"
+        )
+    vocab = torch.tensor([t for t in range(d_vocab) if t != bos_token_id])
+    if len(vocab) < 2 * p_high:
+        raise ValueError(f"d_vocab={d_vocab} is too small for segments of {p_high} distinct tokens")
+    generator = torch.Generator().manual_seed(seed)
+    periods = torch.randint(p_low, p_high + 1, (n_prompts,), generator=generator)
+    prefixes = torch.randint(a_low, a_high + 1, (n_prompts,), generator=generator)
+    rows = []
+    for period, prefix in zip(periods.tolist(), prefixes.tolist()):
+        shuffled = vocab[torch.randperm(len(vocab), generator=generator)]
+        segment, others = shuffled[:period], shuffled[period:]
+        n_other = seq_len - 1 - 2 * period
+        fill = others[torch.randint(len(others), (n_other,), generator=generator)]
+        rows.append(torch.cat([torch.tensor([bos_token_id]), fill[:prefix], segment, segment, fill[prefix:]]))
+    return RepeatedProbes(torch.stack(rows), periods, 1 + prefixes)
+
+
+def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0, **ranges) -> RepeatedProbes:
+    """``repeated_probes`` sized for a hooked model: its vocabulary and BOS, on its device.
+    ``seq_len`` defaults to min(n_ctx, 128)."""
+    seq_len = seq_len or min(model.cfg.n_ctx, 128)
+    if seq_len > model.cfg.n_ctx:
+        raise ValueError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
+    probes = repeated_probes(n_prompts, seq_len, model.cfg.d_vocab, bos_token_id(model), seed=seed, **ranges)
+    return probes.to(model_device(model))
+
+
+def corrupt_first_copy(probes: RepeatedProbes, d_vocab: int, bos_token_id: int, seed: int = 0) -> torch.Tensor:
+    """The induction patching pair's corrupted side: the same prompts with the first copy of the
+    segment replaced by other random tokens, so the second copy is no longer predictable.
+    Returns tokens (batch, pos) of the same length as ``probes.tokens``."""
+    generator = torch.Generator().manual_seed(seed)
+    corrupted = probes.tokens.clone().cpu()
+    for row, (start, period) in enumerate(zip(probes.segment_start.tolist(), probes.period.tolist())):
+        used = set(corrupted[row].tolist()) | {bos_token_id}
+        fresh = torch.tensor([t for t in range(d_vocab) if t not in used])
+        if len(fresh) < period:
+            raise ValueError(f"d_vocab={d_vocab} too small to corrupt a segment of {period} tokens")
+        corrupted[row, start:start + period] = fresh[torch.randperm(len(fresh), generator=generator)[:period]]
+    return corrupted.to(probes.tokens.device)
+
+
+def bos_token_id(model) -> int:
+    """The BOS id of a hooked model (``GPTModel`` or ``TransformerBridge``)."""
+    tokenizer = model.tokenizer
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return int(bos if bos is not None else tokenizer.eos_token_id)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
