@@ -1,0 +1,182 @@
+"""GPTModel against its peers on the same weights: Hugging Face eager GPT-2 logits and a
+TransformerLens TransformerBridge's caches; and its own paths against each other."""
+
+import pytest
+import torch
+
+from interp import GPTConfig, GPTModel
+from interp.gpt2 import gpt2_bridge, make_random_gpt2
+
+SHAPES = [  # (n_layers, d_model, n_heads, n_ctx)
+    (1, 32, 2, 32),
+    (2, 64, 4, 64),
+    (3, 96, 6, 48),
+]
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=lambda s: "L{}-d{}-H{}-ctx{}".format(*s))
+def peers(request):
+    n_layers, d_model, n_heads, n_ctx = request.param
+    hf, tokenizer = make_random_gpt2(n_layers, d_model, n_heads, n_ctx, seed=n_layers)
+    return hf, GPTModel.from_gpt2(hf, tokenizer), gpt2_bridge(hf, tokenizer)
+
+
+def random_tokens(model, batch=3, pos=None, seed=0):
+    pos = pos or model.cfg.n_ctx
+    return torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_logits_equal_hugging_face_eager(peers):
+    hf, ours, _ = peers
+    tokens = random_tokens(ours)
+    torch.testing.assert_close(ours(tokens), hf(tokens).logits, atol=1e-4, rtol=0)
+
+
+def test_every_pattern_and_z_equals_the_transformer_bridge(peers):
+    _, ours, bridge = peers
+    tokens = random_tokens(ours, pos=ours.cfg.n_ctx - 5)
+    _, our_cache = ours.run_with_cache(tokens)
+    _, their_cache = bridge.run_with_cache(tokens)
+    for layer in range(ours.cfg.n_layers):
+        for hook in ("hook_pattern", "hook_z", "hook_q", "hook_k", "hook_v"):
+            name = f"blocks.{layer}.attn.{hook}"
+            torch.testing.assert_close(our_cache[name], their_cache[name], atol=1e-5, rtol=0, msg=name)
+        for hook in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):
+            name = f"blocks.{layer}.{hook}"
+            torch.testing.assert_close(our_cache[name], their_cache[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_cache_is_an_activation_cache_with_documented_shapes(scratch_gpt2):
+    from transformer_lens.ActivationCache import ActivationCache
+
+    tokens = random_tokens(scratch_gpt2, batch=2, pos=10)
+    _, cache = scratch_gpt2.run_with_cache(tokens)
+    assert isinstance(cache, ActivationCache)
+    cfg = scratch_gpt2.cfg
+    assert cache["hook_embed"].shape == (2, 10, cfg.d_model)
+    assert cache["blocks.1.attn.hook_q"].shape == (2, 10, cfg.n_heads, cfg.d_head)
+    assert cache["blocks.1.attn.hook_attn_scores"].shape == (2, cfg.n_heads, 10, 10)
+    assert cache["blocks.0.hook_mlp_out"].shape == (2, 10, cfg.d_model)
+
+
+def test_names_filter_caches_only_what_was_asked(scratch_gpt2):
+    tokens = random_tokens(scratch_gpt2, batch=1, pos=8)
+    _, cache = scratch_gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    assert sorted(cache.keys()) == [f"blocks.{l}.attn.hook_pattern" for l in range(scratch_gpt2.cfg.n_layers)]
+
+
+@torch.no_grad()
+def test_fast_path_equals_the_hooked_path(scratch_gpt2):
+    tokens = random_tokens(scratch_gpt2, batch=2)
+    calls = []
+    fast = scratch_gpt2(tokens)
+    hooked = scratch_gpt2.run_with_hooks(
+        tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: calls.append(hook.name))]
+    )
+    assert len(calls) == scratch_gpt2.cfg.n_layers, "the pattern hook must fire once per layer"
+    torch.testing.assert_close(fast, hooked, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_a_hook_edit_changes_the_output(scratch_gpt2):
+    tokens = random_tokens(scratch_gpt2, batch=1, pos=12)
+
+    def zero_head(z, hook):
+        z[:, :, 0] = 0.0
+        return z
+
+    edited = scratch_gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", zero_head)])
+    assert not torch.allclose(edited, scratch_gpt2(tokens))
+    # and the hook does not outlive the call
+    torch.testing.assert_close(scratch_gpt2(tokens), scratch_gpt2(tokens))
+    assert not any(hp.has_hooks() for hp in scratch_gpt2.hook_points())
+
+
+@torch.no_grad()
+def test_start_at_layer_from_a_cached_residual_equals_the_full_forward(scratch_gpt2):
+    tokens = random_tokens(scratch_gpt2, batch=2)
+    full = scratch_gpt2(tokens)
+    _, cache = scratch_gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre"))
+    for layer in range(scratch_gpt2.cfg.n_layers):
+        resumed = scratch_gpt2(cache[f"blocks.{layer}.hook_resid_pre"], start_at_layer=layer)
+        torch.testing.assert_close(resumed, full, atol=1e-5, rtol=0)
+    stopped = scratch_gpt2(tokens, stop_at_layer=1)
+    torch.testing.assert_close(stopped, cache["blocks.1.hook_resid_pre"])
+
+
+@torch.no_grad()
+def test_loss_is_next_token_cross_entropy(scratch_gpt2):
+    tokens = random_tokens(scratch_gpt2, batch=2, pos=16)
+    logits = scratch_gpt2(tokens)
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    torch.testing.assert_close(scratch_gpt2(tokens, return_type="loss"), expected)
+    per_token = scratch_gpt2(tokens, return_type="loss", loss_per_token=True)
+    assert per_token.shape == (2, 15)
+    torch.testing.assert_close(per_token.mean(), expected)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_kv_cache_generation_equals_uncached(scratch_gpt2, temperature):
+    prompt = random_tokens(scratch_gpt2, batch=2, pos=6)
+    cached = scratch_gpt2.generate(prompt, 30, temperature=temperature, seed=3)
+    uncached = scratch_gpt2.generate(prompt, 30, use_kv_cache=False, temperature=temperature, seed=3)
+    assert cached.shape == (2, 36)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached[:, :6], prompt)
+
+
+def test_generation_matches_hugging_face_greedy(hf_gpt2, scratch_gpt2):
+    prompt = random_tokens(scratch_gpt2, batch=1, pos=5)
+    ours = scratch_gpt2.generate(prompt, 20)
+    theirs = hf_gpt2[0].generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=256, min_new_tokens=20)
+    assert torch.equal(ours, theirs)
+
+
+def test_text_round_trip(scratch_gpt2):
+    tokens = scratch_gpt2.to_tokens("attention heads")
+    assert tokens[0, 0].item() == 256  # BOS (<|endoftext|>) first
+    assert scratch_gpt2.to_string(tokens[0]) == "attention heads"
+    assert scratch_gpt2.to_string(tokens) == ["attention heads"]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m.to_tokens(""), "non-empty string"),
+        (lambda m: m.to_tokens("x" * 100), "101 tokens, longer than the context n_ctx=64"),
+        (lambda m: m.to_tokens(["ab", "abc"]), "different lengths"),
+        (lambda m: m(torch.tensor([[1, 2, 999]])), "token id 999 out of range \\[0, 257\\)"),
+        (lambda m: m(torch.zeros(1, 0, dtype=torch.long)), "empty"),
+        (lambda m: m(torch.zeros(1, 65, dtype=torch.long)), "65 tokens exceeds the context n_ctx=64"),
+        (lambda m: m(torch.zeros(1, 4, 64), start_at_layer=3), "start_at_layer=3 out of range \\[0, 2\\]"),
+        (lambda m: m(torch.zeros(1, 4, 5), start_at_layer=1), "residual \\(batch, pos, 64\\)"),
+        (lambda m: m.generate(torch.zeros(1, 60, dtype=torch.long), 10), "exceed the context"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(scratch_gpt2, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(scratch_gpt2)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(d_vocab=10, n_ctx=8, d_model=10, n_heads=3, n_layers=1), "d_model=10 must be divisible by n_heads=3"),
+        (dict(d_vocab=10, n_ctx=0, d_model=8, n_heads=2, n_layers=1), "n_ctx=0"),
+        (dict(d_vocab=10, n_ctx=8, d_model=8, n_heads=2, n_layers=1, dropout=1.5), "dropout=1.5"),
+    ],
+)
+def test_bad_config_gets_a_clear_error(fields, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**fields)
+
+
+def test_attn_only_model_has_no_mlp_hooks():
+    model = GPTModel(GPTConfig(d_vocab=257, n_ctx=16, d_model=32, n_heads=4, n_layers=2, attn_only=True))
+    assert "blocks.0.hook_mlp_out" not in model.hook_dict
+    assert "blocks.1.attn.hook_pattern" in model.hook_dict
+    logits, cache = model.run_with_cache(model.to_tokens("hello"))
+    assert logits.shape == (1, 6, 257)
+    resid = cache["blocks.1.hook_resid_pre"]
+    torch.testing.assert_close(model(resid, start_at_layer=1), logits, atol=1e-5, rtol=0)
