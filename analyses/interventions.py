@@ -1,0 +1,214 @@
+"""Many interventions in one forward: the hook-editing mechanism behind ablation and patching.
+
+An intervention (a *variant*) is a list of cells ``(hook name, index)``: the part ``index`` of that
+activation (indexed without its batch dim) takes its value from a *source* activation of the same
+name, shape (batch, ...). Ablation's sources are zero / mean / resampled head outputs; patching's
+are the other run's cache. ``k`` variants run as one forward of ``k * batch`` rows (variant-major:
+row ``v * batch + b`` is prompt b under variant v), chunked to a memory budget.
+
+On ``GPTModel`` a chunk runs only the blocks from its earliest edited layer on, starting from
+the cached residual stream of the unedited run (``start_at_layer``). A ``TransformerBridge``'s
+``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the full forward runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping, Sequence
+
+import torch
+from einops import repeat
+from tqdm.auto import tqdm
+
+from analyses.metrics import Metric, evaluate_metric
+from analyses.probes import model_device
+from interp import GPTModel
+
+Cell = tuple[str, tuple]  # (hook name "blocks.{l}....", index into the activation without batch)
+Variant = Sequence[Cell]
+
+DEFAULT_MEMORY_MB = 1024
+
+
+def z_name(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def pattern_name(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def resid_pre_name(layer: int) -> str:
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def layer_of(name: str) -> int:
+    """``blocks.{l}.…`` -> l."""
+    return int(name.split(".")[1])
+
+
+def runs_suffix_only(model) -> bool:
+    """Whether ``model(resid, start_at_layer=l)`` computes only blocks l.. (GPTModel, DESIGN 7)."""
+    return isinstance(model, GPTModel)
+
+
+def as_tokens(model, tokens) -> torch.Tensor:
+    """Text, list of texts or ids -> token ids (batch, pos) on the model's device."""
+    if isinstance(tokens, (str, list, tuple)):
+        tokens = model.to_tokens(tokens)
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.is_floating_point():
+        raise ValueError(f"tokens must be integer ids of shape (batch, pos) with pos >= 1, got {tuple(tokens.shape)}")
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise ValueError(f"tokens are {tokens.shape[1]} long, longer than the context n_ctx={model.cfg.n_ctx}")
+    return tokens.to(model_device(model))
+
+
+def check_choice(name: str, value, allowed: Sequence) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}")
+
+
+def check_heads(model, heads) -> list[tuple[int, int]]:
+    """[(layer, head), ...] validated against the model's shape."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    checked = []
+    for item in heads:
+        try:
+            layer, head = (int(v) for v in item)
+        except (TypeError, ValueError):
+            raise ValueError(f"a head is a (layer, head) pair, got {item!r}") from None
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(
+                f"head ({layer}, {head}) out of range: layer must be in [0, {n_layers}), head in [0, {n_heads})"
+            )
+        checked.append((layer, head))
+    return checked
+
+
+def check_layers(model, layers) -> list[int]:
+    n_layers = model.cfg.n_layers
+    for layer in layers:
+        if not 0 <= int(layer) < n_layers:
+            raise ValueError(f"layer {layer} out of range [0, {n_layers})")
+    return [int(layer) for layer in layers]
+
+
+def head_cells(heads: Sequence[tuple[int, int]]) -> list[Cell]:
+    """The cells that replace each head's output at every position."""
+    return [(z_name(layer), (slice(None), head)) for layer, head in heads]
+
+
+def cache_run(model, tokens: torch.Tensor, names: Sequence[str]) -> tuple[torch.Tensor, dict]:
+    """One plain forward -> (logits (batch, pos, d_vocab), {name: activation} for ``names``)."""
+    wanted = set(names)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in wanted)
+    return logits, {name: cache[name] for name in wanted}
+
+
+def base_run(model, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+    """The unedited run -> (logits (batch, pos, d_vocab), starts): ``starts`` maps each layer to
+    the residual (batch, pos, d_model) entering it where the model can start there and compute
+    only the rest (GPTModel), else None."""
+    if not runs_suffix_only(model):
+        with torch.no_grad():
+            return model(tokens), None
+    names = [resid_pre_name(layer) for layer in range(model.cfg.n_layers)]
+    logits, cache = cache_run(model, tokens, names)
+    return logits, {layer: cache[name] for layer, name in enumerate(names)}
+
+
+def _edit_hook(mask: torch.Tensor, source: torch.Tensor, n_variants: int):
+    """Hook writing ``source`` (batch, ...) where ``mask`` (variants, ...) is True, per variant."""
+
+    def hook(activation, hook):
+        grouped = activation.unflatten(0, (n_variants, -1))  # (variants, batch, ...)
+        return torch.where(mask[:, None], source[None].to(activation.dtype), grouped).flatten(0, 1)
+
+    return hook
+
+
+def edit_hooks(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor]) -> list[tuple[str, object]]:
+    """One forward hook per edited activation, covering every variant of the expanded batch."""
+    cells_by_name = defaultdict(list)
+    for v, variant in enumerate(variants):
+        for name, index in variant:
+            cells_by_name[name].append((v, index))
+    hooks = []
+    for name, cells in cells_by_name.items():
+        source = sources[name]
+        mask = torch.zeros((len(variants), *source.shape[1:]), dtype=torch.bool, device=source.device)
+        for v, index in cells:
+            mask[v][index] = True
+        hooks.append((name, _edit_hook(mask, source, len(variants))))
+    return hooks
+
+
+def run_variants(
+    model, tokens, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None = None
+) -> torch.Tensor:
+    """Logits (variants, batch, pos, d_vocab) of ``tokens`` under each variant, in one forward.
+
+    ``sources`` maps every edited hook name to its source (batch, ...). With ``starts`` (from
+    ``base_run``) the forward begins at the chunk's earliest edited layer.
+    """
+    k = len(variants)
+    hooks = edit_hooks(variants, sources)
+    with torch.no_grad():
+        if starts is not None:
+            start = min(layer_of(name) for variant in variants for name, _ in variant)
+            resid = repeat(starts[start], "b p d -> (k b) p d", k=k)
+            with model.hooks(fwd_hooks=hooks):
+                logits = model(resid, start_at_layer=start)
+        else:
+            logits = model.run_with_hooks(repeat(tokens, "b p -> (k b) p", k=k), fwd_hooks=hooks)
+    return logits.unflatten(0, (k, -1))
+
+
+def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float) -> int:
+    """How many variants fit one forward within ``memory_mb``: per row the logits, a few residual-
+    sized activations, the MLP and the attention pattern (float32)."""
+    cfg = model.cfg
+    d_mlp = getattr(cfg, "d_mlp", None) or 4 * cfg.d_model
+    per_row = 4 * n_pos * (cfg.d_vocab + 8 * cfg.d_model + d_mlp + 2 * cfg.n_heads * n_pos)
+    return max(1, int(memory_mb * 2**20 // (per_row * batch)))
+
+
+def evaluate_variants(
+    model,
+    tokens: torch.Tensor,
+    variants: Sequence[Variant],
+    sources: Mapping[str, torch.Tensor],
+    metric: Metric,
+    *,
+    starts: Mapping | None = None,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool = True,
+    desc: str = "interventions",
+) -> torch.Tensor:
+    """``metric`` under each variant -> (n_variants,) float tensor, in the order given.
+
+    Variants are grouped by their earliest edited layer (so a suffix run starts as late as it
+    can) and each group is cut into chunks that fit ``memory_mb``. ``starts``: see
+    ``run_variants``. Deterministic in its inputs.
+    """
+    if any(len(variant) == 0 for variant in variants):
+        raise ValueError("every intervention needs at least one cell to edit")
+    by_start = defaultdict(list)
+    for v, variant in enumerate(variants):
+        by_start[min(layer_of(name) for name, _ in variant)].append(v)
+    chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb)
+    chunks = [
+        members[i:i + chunk] for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)
+    ]
+    values = torch.empty(len(variants))
+    with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
+        for members in chunks:
+            logits = run_variants(model, tokens, [variants[v] for v in members], sources, starts)
+            for v, variant_logits in zip(members, logits):
+                values[v] = evaluate_metric(metric, variant_logits)
+            bar.update(len(members))
+    return values
