@@ -217,8 +217,10 @@ class MultiHeadAttention(_Instrumented):
         if past is not None:
             keys, values = past.extend(keys, values)
         if self._needs_pattern():
-            scores = queries @ keys.transpose(2, 3) / math.sqrt(self.head_dim)
-            scores = scores.masked_fill(self.mask.bool()[offset:n_total, :n_total], -torch.inf)
+            # scale the (smaller) queries rather than the scores, and mask in place: the
+            # (batch, head, q, k) scores are the biggest tensor here, each pass over them costs
+            scores = (queries / math.sqrt(self.head_dim)) @ keys.transpose(2, 3)
+            scores.masked_fill_(self.mask.bool()[offset:n_total, :n_total], -torch.inf)
             z = self._attend(scores, values, self.dropout)
         else:
             # several new tokens after cached ones need the offset slice of the mask
