@@ -1,0 +1,316 @@
+"""Head classification (DESIGN 4.1): every head's attention-role scores from one batched forward.
+
+Each role is a *target*: for every query position where the role is defined, the keys the role
+attends to. A head's score for a role is its attention mass on the target keys, averaged over the
+query positions where the role is defined (pooled over prompts), so a perfect head scores 1.0:
+
+    previous_token   query i >= 1, target key i - 1
+    duplicate_token  query in the second copy of the probe segment, target its earlier occurrence
+                     (texts: any query whose token occurred before, target every earlier occurrence)
+    induction        query in the second copy, target the key after its earlier occurrence
+    self             query i >= 1, target key i
+    bos              query i >= 1, target key 0 (the attention sink)
+    entropy          query i >= 1: H(attention row) / log(i + 1), so 1.0 = uniform over the prefix
+    distance         query i >= 1: sum_k A[i, k] (i - k), the mean attention distance in tokens
+
+``chance`` is the same score for a uniform causal head (A[i, k] = 1 / (i + 1)) on the same query
+positions. Intervals are percentile bootstraps over prompts. Patterns come from one forward per
+chunk of prompts caching only ``hook_pattern``; all heads and roles are scored with tensor ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import einops
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from analyses.probes import RepeatedProbes, bos_token_id, model_device, probes_for
+
+ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
+MEASURES = (*ROLES, "entropy", "distance")
+TEXT_MEASURES = ("previous_token", "duplicate_token", "self", "bos", "entropy", "distance")
+DEFAULT_THRESHOLD = 0.4
+DEFAULT_MEMORY_BYTES = 512 * 2**20
+
+
+@dataclass
+class RoleTargets:
+    """Where each role is defined and what it attends to, for a batch of prompts.
+
+    queries: (batch, q) bool, positions that exist and have a predecessor (i >= 1).
+    targets: role -> (batch, q, k) float, 1 on the role's target keys of the query positions
+        where the role is defined, 0 elsewhere (rows of undefined queries are all 0).
+    """
+
+    queries: torch.Tensor
+    targets: dict[str, torch.Tensor]
+
+    def role_queries(self, role: str) -> torch.Tensor:
+        """(batch, q) bool: the query positions where ``role`` is defined."""
+        return self.targets[role].sum(-1) > 0
+
+    def __getitem__(self, rows: slice) -> "RoleTargets":
+        return RoleTargets(self.queries[rows], {role: t[rows] for role, t in self.targets.items()})
+
+
+def probe_targets(probes: RepeatedProbes) -> RoleTargets:
+    """Targets of all five roles on repeated-segment probes."""
+    batch, n_pos = probes.tokens.shape
+    pos = torch.arange(n_pos, device=probes.tokens.device)
+    queries = (pos >= 1)[None].expand(batch, n_pos)
+    earlier = probes.earlier_occurrence  # (batch, q): i - p in the second copy, -1 elsewhere
+    targets = _positional_targets(queries)
+    targets["duplicate_token"] = _one_hot_keys(earlier, n_pos)
+    targets["induction"] = _one_hot_keys(torch.where(earlier >= 0, earlier + 1, -1), n_pos)
+    return RoleTargets(queries, targets)
+
+
+def text_targets(tokens: torch.Tensor, lengths: torch.Tensor) -> RoleTargets:
+    """Targets of the roles natural text defines (no induction) on right-padded ``tokens``
+    (batch, pos) whose first ``lengths`` (batch,) tokens are real."""
+    n_pos = tokens.shape[1]
+    pos = torch.arange(n_pos, device=tokens.device)
+    real = pos[None] < lengths[:, None]
+    queries = real & (pos >= 1)[None]
+    targets = _positional_targets(queries)
+    causal = pos[None, :, None] > pos[None, None, :]
+    same = (tokens[:, :, None] == tokens[:, None, :]) & causal & queries[:, :, None]
+    targets["duplicate_token"] = same.float()
+    return RoleTargets(queries, targets)
+
+
+def _positional_targets(queries: torch.Tensor) -> dict[str, torch.Tensor]:
+    """previous_token, self and bos targets for query mask (batch, q)."""
+    n_pos = queries.shape[1]
+    eye = torch.eye(n_pos, device=queries.device)
+    rows = queries[:, :, None].float()
+    bos = torch.zeros(n_pos, n_pos, device=queries.device)
+    bos[:, 0] = 1
+    return {"previous_token": rows * eye.roll(-1, dims=1).tril(-1), "self": rows * eye, "bos": rows * bos}
+
+
+def _one_hot_keys(key: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """key (batch, q) long, -1 for none -> (batch, q, k) float one-hot."""
+    one_hot = torch.nn.functional.one_hot(key.clamp(min=0), n_keys).float()
+    return one_hot * (key >= 0)[..., None]
+
+
+def prompt_sums(pattern: torch.Tensor, targets: RoleTargets, measures: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Per-prompt score numerators for one layer.
+
+    pattern: (batch, head, q, k) post-softmax attention.
+    Returns measure -> (batch, head): the sum over the measure's query positions of the per-query
+    score (attention mass on the role's targets, normalised entropy, or attention distance).
+    """
+    n_pos = pattern.shape[-1]
+    pos = torch.arange(n_pos, device=pattern.device)
+    queries = targets.queries.float()
+    sums = {}
+    for measure in measures:
+        if measure in targets.targets:
+            sums[measure] = einops.einsum(pattern, targets.targets[measure], "b h q k, b q k -> b h")
+        elif measure == "entropy":
+            entropy = -torch.special.xlogy(pattern, pattern).sum(-1)  # (batch, head, q)
+            sums[measure] = einops.einsum(entropy, queries / _log_row_size(pos), "b h q, b q -> b h")
+        elif measure == "distance":
+            offset = (pos[:, None] - pos[None, :]).clamp(min=0).to(pattern.dtype)
+            distance = einops.einsum(pattern, offset, "b h q k, q k -> b h q")
+            sums[measure] = einops.einsum(distance, queries, "b h q, b q -> b h")
+    return sums
+
+
+def prompt_counts_and_chance(targets: RoleTargets, measures: Sequence[str]) -> tuple[dict, dict]:
+    """Per-prompt denominators and uniform-head numerators.
+
+    Returns (counts, chance): measure -> (batch,) number of query positions where it is defined,
+    and the sum over those positions of a uniform causal head's per-query score.
+    """
+    n_pos = targets.queries.shape[1]
+    pos = torch.arange(n_pos, device=targets.queries.device, dtype=torch.float)
+    queries = targets.queries.float()
+    counts, chance = {}, {}
+    for measure in measures:
+        if measure in targets.targets:
+            target = targets.targets[measure]
+            counts[measure] = (target.sum(-1) > 0).float().sum(-1)
+            chance[measure] = (target.sum(-1) / (pos + 1)).sum(-1)
+        else:
+            counts[measure] = queries.sum(-1)
+            per_query = torch.ones_like(pos) if measure == "entropy" else pos / 2
+            chance[measure] = (queries * per_query).sum(-1)
+    return counts, chance
+
+
+def _log_row_size(pos: torch.Tensor) -> torch.Tensor:
+    """log(i + 1) per query position, 1 at i = 0 (never a query) to avoid dividing by zero."""
+    return torch.where(pos >= 1, torch.log1p(pos.float()), torch.ones_like(pos, dtype=torch.float))
+
+
+def pattern_names(model) -> list[str]:
+    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+
+
+def chunk_size(model, n_pos: int, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> int:
+    """How many prompts of ``n_pos`` tokens fit in ``memory_bytes`` of cached patterns and activations."""
+    cfg = model.cfg
+    patterns = cfg.n_layers * cfg.n_heads * n_pos * n_pos
+    activations = 4 * n_pos * (cfg.d_model * 8 + cfg.d_vocab)
+    return max(1, memory_bytes // (4 * patterns + activations))
+
+
+@torch.no_grad()
+def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
+                      memory_bytes: int = DEFAULT_MEMORY_BYTES, progress: bool | None = None) -> dict[str, torch.Tensor]:
+    """Run ``tokens`` (batch, pos) through ``model`` in chunks, caching only the patterns.
+
+    Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``).
+    """
+    names = pattern_names(model)
+    size = chunk_size(model, tokens.shape[1], memory_bytes)
+    chunks = []
+    disable = None if progress is None else not progress
+    for start in tqdm(range(0, len(tokens), size), desc="classify heads", unit="chunk", disable=disable):
+        rows = slice(start, start + size)
+        _, cache = model.run_with_cache(tokens[rows], names_filter=names, return_type=None)
+        chunk_targets = targets[rows]
+        layers = [prompt_sums(cache[name].float(), chunk_targets, measures) for name in names]
+        chunks.append({m: torch.stack([layer[m] for layer in layers], dim=1) for m in measures})
+    return {m: torch.cat([chunk[m] for chunk in chunks]) for m in measures}
+
+
+def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = 1000, seed: int = 0,
+                    level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pooled ratio sum(sums) / sum(counts) with a percentile bootstrap over prompts.
+
+    sums: (batch, ...) per-prompt numerators; counts: (batch,) per-prompt denominators.
+    Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:].
+    """
+    batch = sums.shape[0]
+    flat = sums.reshape(batch, -1).double()
+    estimate = flat.sum(0) / counts.double().sum()
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(batch, (n_boot, batch), generator=generator)
+    weights = torch.zeros(n_boot, batch, dtype=torch.double).scatter_add_(1, draws, torch.ones(n_boot, batch, dtype=torch.double))
+    resampled = (weights @ flat.cpu()) / (weights @ counts.double().cpu())[:, None]  # (n_boot, cells)
+    tail = (1 - level) / 2
+    bounds = torch.nanquantile(resampled, torch.tensor([tail, 1 - tail], dtype=torch.double), dim=0)
+    shape = sums.shape[1:]
+    return estimate.reshape(shape).cpu(), bounds[0].reshape(shape), bounds[1].reshape(shape)
+
+
+def classify_heads(
+    model,
+    n_prompts: int = 64,
+    seq_len: int | None = None,
+    seed: int = 0,
+    texts: Sequence[str] | None = None,
+    *,
+    n_boot: int = 1000,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Score every head of a hooked model on every measure.
+
+    Args:
+        model: a hooked model (``GPTModel`` or ``TransformerBridge``).
+        n_prompts, seq_len, seed: the repeated-segment probes (``probes_for``); ``seed`` also seeds
+            the bootstrap.
+        texts: score on these texts instead of probes (all measures but induction).
+        n_boot: bootstrap resamples over prompts.
+        memory_bytes: budget for one chunk's cached patterns and activations.
+        progress: show a tqdm bar (None: only on a terminal).
+
+    Returns a tidy DataFrame, one row per (layer, head, measure), columns
+    ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
+    """
+    if texts is not None:
+        tokens, lengths = tokenize_texts(model, texts)
+        targets, measures = text_targets(tokens, lengths), TEXT_MEASURES
+    else:
+        probes = probes_for(model, n_prompts, seq_len, seed=seed)
+        tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
+    sums = per_prompt_scores(model, tokens, targets, measures, memory_bytes, progress)
+    counts, chance = prompt_counts_and_chance(targets, measures)
+    return scores_frame(sums, counts, chance, n_boot=n_boot, seed=seed)
+
+
+def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Tensor],
+                 chance: Mapping[str, torch.Tensor], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Pool per-prompt numerators (batch, layer, head) into the tidy scores table."""
+    frames = []
+    for measure, numerators in sums.items():
+        if counts[measure].sum() == 0:
+            raise ValueError(f"no query position defines {measure!r} in these prompts")
+        score, low, high = bootstrap_ratio(numerators, counts[measure], n_boot=n_boot, seed=seed)
+        n_layers, n_heads = score.shape
+        layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
+        frames.append(pd.DataFrame({
+            "layer": layer.flatten().numpy(),
+            "head": head.flatten().numpy(),
+            "measure": measure,
+            "score": score.flatten().numpy(),
+            "ci_low": low.flatten().numpy(),
+            "ci_high": high.flatten().numpy(),
+            "chance": float(chance[measure].sum() / counts[measure].sum()),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def tokenize_texts(model, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Texts -> right-padded tokens (batch, pos), BOS first, and their lengths (batch,).
+
+    Causal attention makes the padding invisible to the real positions."""
+    if isinstance(texts, str) or len(texts) == 0:
+        raise ValueError("texts must be a non-empty list of strings")
+    rows = []
+    for text in texts:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"text must be a non-empty string, got {text!r}")
+        ids = model.to_tokens(text)[0]
+        if not 2 <= len(ids) <= model.cfg.n_ctx:
+            raise ValueError(f"text {text[:30]!r}... is {len(ids)} tokens; it must be 2..{model.cfg.n_ctx} (n_ctx)")
+        rows.append(ids.cpu())
+    lengths = torch.tensor([len(r) for r in rows])
+    tokens = torch.full((len(rows), int(lengths.max())), bos_token_id(model), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        tokens[row, : len(ids)] = ids
+    device = model_device(model)
+    return tokens.to(device), lengths.to(device)
+
+
+def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD) -> pd.DataFrame:
+    """One row per head with ``role``: the roles (in ``ROLES`` order) whose score is at least the
+    threshold and whose bootstrap interval lies above chance, joined by ';' ('' for none)."""
+    limits = thresholds if isinstance(thresholds, Mapping) else dict.fromkeys(ROLES, thresholds)
+    unknown = sorted(set(limits) - set(ROLES))
+    if unknown:
+        raise KeyError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
+    roles = scores[scores["measure"].isin(limits)].copy()
+    roles["threshold"] = roles["measure"].map(limits)
+    roles = roles[(roles["score"] >= roles["threshold"]) & (roles["ci_low"] > roles["chance"])]
+    order = {role: rank for rank, role in enumerate(ROLES)}
+    roles = roles.assign(rank=roles["measure"].map(order)).sort_values(["layer", "head", "rank"])
+    joined = roles.groupby(["layer", "head"])["measure"].agg(";".join)
+    heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
+    heads["role"] = [joined.get((layer, head), "") for layer, head in zip(heads["layer"], heads["head"])]
+    return heads.reset_index(drop=True)
+
+
+def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
+               thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD) -> pd.DataFrame:
+    """The report's wide table, one row per head: ``layer, head``, per measure ``m, m_ci_low,
+    m_ci_high``, ``ablation_effect`` (when ``effects`` is given) and ``role``."""
+    wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
+    columns = {}
+    for measure in [m for m in MEASURES if m in scores["measure"].unique()]:
+        columns[measure] = wide[("score", measure)]
+        columns[f"{measure}_ci_low"] = wide[("ci_low", measure)]
+        columns[f"{measure}_ci_high"] = wide[("ci_high", measure)]
+    table = pd.DataFrame(columns).reset_index()
+    if effects is not None:
+        table = table.merge(effects[["layer", "head", "ablation_effect"]], on=["layer", "head"], how="left")
+    return table.merge(assign_roles(scores, thresholds), on=["layer", "head"])
