@@ -109,16 +109,17 @@ def cache_run(model, tokens: torch.Tensor, names: Sequence[str]) -> tuple[torch.
     return logits, {name: cache[name] for name in wanted}
 
 
-def base_run(model, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
-    """The unedited run -> (logits (batch, pos, d_vocab), starts): ``starts`` maps each layer to
-    the residual (batch, pos, d_model) entering it where the model can start there and compute
-    only the rest (GPTModel), else None."""
-    if not runs_suffix_only(model):
-        with torch.no_grad():
-            return model(tokens), None
-    names = [resid_pre_name(layer) for layer in range(model.cfg.n_layers)]
-    logits, cache = cache_run(model, tokens, names)
-    return logits, {layer: cache[name] for layer, name in enumerate(names)}
+def base_run(model, tokens: torch.Tensor, names: Sequence[str] = ()) -> tuple[torch.Tensor, dict, dict | None]:
+    """The unedited run -> (logits (batch, pos, d_vocab), {name: activation} for ``names``, starts).
+
+    ``starts`` maps each layer to the residual (batch, pos, d_model) entering it where the model
+    can start there and compute only the rest (GPTModel); None elsewhere.
+    """
+    suffix = runs_suffix_only(model)
+    resid_names = [resid_pre_name(layer) for layer in range(model.cfg.n_layers)] if suffix else []
+    logits, cache = cache_run(model, tokens, [*names, *resid_names])
+    starts = {layer: cache[name] for layer, name in enumerate(resid_names)} if suffix else None
+    return logits, {name: cache[name] for name in names}, starts
 
 
 def _edit_hook(mask: torch.Tensor, source: torch.Tensor, n_variants: int):

@@ -58,13 +58,14 @@ class PatchSetup:
     corrupted_value: float
 
     def normalize(self, values: torch.Tensor) -> torch.Tensor:
-        """(values - corrupted) / (clean - corrupted)."""
-        scale = self.clean_value - self.corrupted_value
-        if scale == 0:
-            raise ValueError(
-                f"cannot normalise: the metric is {self.clean_value} on both clean and corrupted prompts"
-            )
-        return (values - self.corrupted_value) / scale
+        return normalize_values(values, self.clean_value, self.corrupted_value)
+
+
+def normalize_values(values: torch.Tensor, clean_value: float, corrupted_value: float) -> torch.Tensor:
+    """(values - corrupted) / (clean - corrupted): 0 = the corrupted run's metric, 1 = the clean run's."""
+    if clean_value == corrupted_value:
+        raise ValueError(f"cannot normalise: the metric is {clean_value} on both clean and corrupted prompts")
+    return (values - corrupted_value) / (clean_value - corrupted_value)
 
 
 def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
@@ -77,14 +78,19 @@ def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
         raise ValueError(f"{clean.shape[0]} clean prompts but {corrupted.shape[0]} corrupted; they must pair up")
 
 
-def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise") -> PatchSetup:
-    """Run clean and corrupted once each, caching ``names`` from the source side."""
+def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked token pair ordered as (run that gets patched, run patched from)."""
     check_choice("direction", direction, DIRECTIONS)
     clean, corrupted = as_tokens(model, clean_tokens), as_tokens(model, corrupted_tokens)
     check_pair(clean, corrupted)
-    base, source = (corrupted, clean) if direction == "denoise" else (clean, corrupted)
+    return (corrupted, clean) if direction == "denoise" else (clean, corrupted)
+
+
+def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise") -> PatchSetup:
+    """Run clean and corrupted once each, caching ``names`` from the source side."""
+    base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     source_logits, sources = cache_run(model, source, names)
-    base_logits, starts = base_run(model, base)
+    base_logits, _, starts = base_run(model, base)
     source_value = evaluate_metric(metric, source_logits).item()
     base_value = evaluate_metric(metric, base_logits).item()
     clean_value, corrupted_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)

@@ -1,0 +1,98 @@
+"""Attribution patching: the gradient linearisation checked against finite differences, its
+agreement with exact patching measured, and the shortlist mode's exact cells."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
+from analyses.metrics import loss_metric
+from analyses.patching import patch_heads
+from analyses.probes import corrupt_first_copy, repeated_probes
+
+
+@pytest.fixture(scope="module")
+def pair():
+    probes = repeated_probes(3, 12, 257, bos_token_id=256, seed=7)
+    clean = probes.tokens
+    return clean, corrupt_first_copy(probes, 257, 256, seed=8), loss_metric(clean, probes.predictable)
+
+
+def moved_metric(model, tokens, metric, layer, head, target_z, eps):
+    """The metric with head (layer, head)'s z moved a fraction ``eps`` towards ``target_z``."""
+
+    def hook(z, hook):
+        z = z.clone()
+        z[:, :, head] += eps * (target_z[:, :, head] - z[:, :, head])
+        return z
+
+    with torch.no_grad():
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)])
+    return metric(logits.double()).item()
+
+
+@pytest.mark.parametrize("fixture", ["scratch_gpt2", "bridge_gpt2"])
+def test_attribution_is_the_directional_derivative(request, fixture, pair):
+    """value + dM/dz . (z_clean - z_corrupted) against a central finite difference, per head."""
+    model = request.getfixturevalue(fixture)
+    clean, corrupted, metric = pair
+    attributed = attribution_patch_heads(model, clean, corrupted, metric)
+    assert attributed.shape == (2, 4)
+    _, cache = model.run_with_cache(clean)
+    base = metric(model(corrupted)).item()
+    eps = 1e-2
+    for layer, head in [(0, 1), (1, 3)]:
+        target = cache[f"blocks.{layer}.attn.hook_z"]
+        up = moved_metric(model, corrupted, metric, layer, head, target, eps)
+        down = moved_metric(model, corrupted, metric, layer, head, target, -eps)
+        derivative = (up - down) / (2 * eps)
+        assert attributed[layer, head].item() == pytest.approx(base + derivative, abs=2e-4)
+
+
+def test_by_position_sums_to_all_positions(scratch_gpt2, pair):
+    clean, corrupted, metric = pair
+    all_pos = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric)
+    by_pos = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric, by_position=True)
+    base = metric(scratch_gpt2(corrupted)).item()
+    assert by_pos.shape == (2, 12, 4)
+    torch.testing.assert_close((by_pos - base).sum(1) + base, all_pos, atol=1e-5, rtol=0)
+
+
+def test_agreement_with_exact_is_measured(scratch_gpt2, pair):
+    clean, corrupted, metric = pair
+    exact = patch_heads(scratch_gpt2, clean, corrupted, metric, progress=False)
+    attributed = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric)
+    agreement = attribution_agreement(attributed, exact, top_k=3)
+    # small random weights: patching effects are nearly linear
+    assert agreement["pearson"] > 0.9
+    assert agreement["max_abs_error"] == pytest.approx((attributed - exact).abs().max().item(), rel=1e-5)
+    perfect = attribution_agreement(exact, exact, top_k=3)
+    assert perfect["pearson"] == pytest.approx(1.0) and perfect["top3_overlap"] == 1.0
+    with pytest.raises(ValueError, match="shapes differ"):
+        attribution_agreement(attributed, exact[0])
+
+
+def test_shortlist_confirms_top_k_exactly(scratch_gpt2, pair):
+    clean, corrupted, metric = pair
+    exact = patch_heads(scratch_gpt2, clean, corrupted, metric, progress=False)
+    attributed = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric)
+    base = metric(scratch_gpt2(corrupted)).item()
+    frame = shortlist_patch_heads(scratch_gpt2, clean, corrupted, metric, k=3, progress=False)
+    assert len(frame) == 8 and frame["exact"].sum() == 3 and frame["exact"].iloc[:3].all()
+    estimated_effect = (frame["attribution"] - base).abs()
+    assert estimated_effect.is_monotonic_decreasing
+    for row in frame.itertuples():
+        expected = exact[row.layer, row.head] if row.exact else attributed[row.layer, row.head]
+        assert row.value == pytest.approx(expected.item(), abs=1e-5)
+        assert row.attribution == pytest.approx(attributed[row.layer, row.head].item(), abs=1e-5)
+    with pytest.raises(ValueError, match=r"k=9 out of range \[0, 8\]"):
+        shortlist_patch_heads(scratch_gpt2, clean, corrupted, metric, k=9)
+
+
+def test_normalized_attribution(scratch_gpt2, pair):
+    clean, corrupted, metric = pair
+    raw = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric)
+    clean_value, corrupted_value = metric(scratch_gpt2(clean)).item(), metric(scratch_gpt2(corrupted)).item()
+    normalized = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric, normalize=True)
+    torch.testing.assert_close(normalized, (raw - corrupted_value) / (clean_value - corrupted_value))
