@@ -42,10 +42,12 @@ def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float
     return value.item(), [kept[name].detach() for name in names], list(grads)
 
 
-def linear_effects(grads: list, z: list, z_target: list) -> torch.Tensor:
-    """First-order change of the metric moving each head's z to ``z_target`` -> [n_layers, pos, n_heads]."""
+def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> torch.Tensor:
+    """First-order change of the metric moving each head's z to ``z_target`` (each per layer,
+    (batch, pos, head, d_head)), summed over every axis not in ``keep`` -> [n_layers, *keep],
+    e.g. ``keep="p h"`` -> [n_layers, pos, n_heads]."""
     return torch.stack([
-        einsum(g, target - current, "b p h d, b p h d -> p h") for g, current, target in zip(grads, z, z_target)
+        einsum(g, target - current, f"b p h d, b p h d -> {keep}") for g, current, target in zip(grads, z, z_target)
     ])
 
 

@@ -1,0 +1,230 @@
+"""Head ablation at ``hook_z`` (DESIGN 4.2): zero, mean and resample, optionally pattern-preserving.
+
+A head's output (its slice of ``hook_z``, (batch, pos, d_head)) is replaced by
+- ``zero``: zeros;
+- ``mean``: its mean over a reference batch, per position (the reference defaults to the prompts);
+- ``resample``: its output on another prompt of the reference batch (seeded; never the prompt itself
+  when the reference is the prompts).
+With ``preserve_patterns`` every attention pattern is frozen at its value in the unablated run
+(Olsson et al. 2022), so later heads cannot react to the ablation through where they attend: only
+what they read (values) changes, which isolates the ablated head's direct role.
+
+Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
+suffix-only on ``GPTModel``): every single head, every layer, named groups, and the cumulative
+pruning curve of Michel et al. (2019), heads removed in increasing order of importance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from analyses.attribution import linear_effects, metric_gradients
+from analyses.interventions import (
+    DEFAULT_MEMORY_MB,
+    Variant,
+    as_tokens,
+    base_run,
+    cache_run,
+    check_choice,
+    check_heads,
+    evaluate_variants,
+    head_cells,
+    pattern_name,
+    z_name,
+)
+from analyses.metrics import Metric, evaluate_metric, loss_metric
+
+METHODS = ("zero", "mean", "resample")
+
+
+@dataclass
+class Ablation:
+    """Everything an ablation sweep needs, computed once.
+
+    tokens: (batch, pos) prompts. sources: replacement per edited hook name: ``hook_z``
+    (batch or 1, pos, head, d_head); with ``preserve_patterns`` also each ``hook_pattern`` of the
+    unablated run. starts: see ``base_run``. baseline: the metric unablated.
+    """
+
+    model: object
+    tokens: torch.Tensor
+    metric: Metric
+    sources: dict
+    starts: dict | None
+    baseline: float
+    preserve_patterns: bool
+
+    def variant(self, heads: Sequence[tuple[int, int]]) -> Variant:
+        """Cells ablating ``heads``; patterns are frozen from the first ablated layer on (earlier
+        ones see unchanged inputs), so a suffix run still starts there."""
+        cells = head_cells(heads)
+        if self.preserve_patterns:
+            first = min(layer for layer, _ in heads)
+            cells += [(pattern_name(layer), ()) for layer in range(first, self.model.cfg.n_layers)]
+        return cells
+
+    def run(self, head_sets: Sequence[Sequence[tuple[int, int]]], *, memory_mb=DEFAULT_MEMORY_MB, progress=True,
+            desc="ablations") -> torch.Tensor:
+        """The metric with each set of heads ablated together -> (len(head_sets),); an empty set
+        gives the baseline."""
+        values = torch.full((len(head_sets),), self.baseline)
+        todo = [i for i, heads in enumerate(head_sets) if heads]
+        if todo:
+            variants = [self.variant(head_sets[i]) for i in todo]
+            values[todo] = evaluate_variants(
+                self.model, self.tokens, variants, self.sources, self.metric,
+                starts=self.starts, memory_mb=memory_mb, progress=progress, desc=desc,
+            )
+        return values
+
+
+def replacement_z(model, tokens: torch.Tensor, method: str, reference=None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head)."""
+    check_choice("ablation method", method, METHODS)
+    names = [z_name(layer) for layer in range(model.cfg.n_layers)]
+    if method == "zero":
+        shape = (1, tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
+        return {name: torch.zeros(shape, device=tokens.device) for name in names}
+    ref = tokens if reference is None else as_tokens(model, reference)
+    if ref.shape[1] != tokens.shape[1]:
+        raise ValueError(f"reference prompts are {ref.shape[1]} tokens long but the prompts are {tokens.shape[1]}; "
+                         "mean and resample ablation need equal lengths")
+    _, cache = cache_run(model, ref, names)
+    if method == "mean":
+        return {name: cache[name].mean(dim=0, keepdim=True) for name in names}
+    return {name: cache[name][resample_index(tokens.shape[0], ref.shape[0], reference is None, seed)] for name in names}
+
+
+def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int) -> torch.Tensor:
+    """(n_prompts,) reference prompt per prompt, seeded; a derangement when the reference is the
+    prompts themselves (a prompt never receives its own output)."""
+    generator = torch.Generator().manual_seed(seed)
+    if not same_batch:
+        return torch.randint(n_reference, (n_prompts,), generator=generator)
+    if n_prompts < 2:
+        raise ValueError("resample ablation needs at least 2 prompts (or a reference batch) to draw others from")
+    order = torch.randperm(n_prompts, generator=generator)
+    index = torch.empty(n_prompts, dtype=torch.long)
+    index[order] = order.roll(-1)  # each prompt takes the next one in a random cycle
+    return index
+
+
+def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
+                     preserve_patterns: bool = False, seed: int = 0) -> Ablation:
+    """Cache what ablations of ``tokens`` need: one forward (two with a separate reference).
+    ``metric`` defaults to the mean next-token loss over all positions."""
+    tokens = as_tokens(model, tokens)
+    metric = metric if metric is not None else loss_metric(tokens)
+    sources = replacement_z(model, tokens, method, reference, seed)
+    patterns = [pattern_name(layer) for layer in range(model.cfg.n_layers)] if preserve_patterns else []
+    logits, pattern_cache, starts = base_run(model, tokens, patterns)
+    baseline = evaluate_metric(metric, logits).item()
+    return Ablation(model, tokens, metric, sources | pattern_cache, starts, baseline, preserve_patterns)
+
+
+def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,
+                 preserve_patterns: bool = False, seed: int = 0) -> float:
+    """The metric with all of ``heads`` [(layer, head), ...] ablated together."""
+    heads = check_heads(model, heads)
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    return ablation.run([heads], progress=False).item()
+
+
+def sweep_targets(model, targets) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``"each_head"`` | ``"each_layer"`` | {name: heads} | [heads, ...] -> [(name, heads), ...]."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    if targets == "each_head":
+        return [(f"L{l}H{h}", [(l, h)]) for l, h in product(range(n_layers), range(n_heads))]
+    if targets == "each_layer":
+        return [(f"L{l}", [(l, h) for h in range(n_heads)]) for l in range(n_layers)]
+    if isinstance(targets, str):
+        raise ValueError(f"unknown targets {targets!r}; allowed: each_head, each_layer, a mapping name -> heads, "
+                         "or a list of head lists")
+    items = targets.items() if isinstance(targets, Mapping) else ((None, heads) for heads in targets)
+    named = []
+    for name, heads in items:
+        heads = check_heads(model, heads)
+        named.append((name or "+".join(f"L{l}H{h}" for l, h in heads), heads))
+    return named
+
+
+def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", metric: Metric | None = None, *,
+                   reference=None, preserve_patterns: bool = False, seed: int = 0,
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool = True) -> pd.DataFrame:
+    """Ablate each target separately -> one row per target: ``target`` (name), ``layer`` and
+    ``head`` (for a single head; ``layer`` also for a whole layer; else missing), ``n_heads``,
+    ``metric`` (ablated), ``baseline`` (unablated), ``effect`` (metric - baseline)."""
+    named = sweep_targets(model, targets)
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    values = ablation.run([heads for _, heads in named], memory_mb=memory_mb, progress=progress, desc="ablate")
+    return target_frame(named, values, ablation.baseline)
+
+
+def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: float) -> pd.DataFrame:
+    def where(heads):
+        layers = {l for l, _ in heads}
+        return (heads[0][0] if len(layers) == 1 else None), (heads[0][1] if len(heads) == 1 else None)
+
+    located = [where(heads) for _, heads in named]
+    frame = pd.DataFrame({
+        "target": [name for name, _ in named],
+        "layer": pd.array([layer for layer, _ in located], dtype="Int64"),
+        "head": pd.array([head for _, head in located], dtype="Int64"),
+        "n_heads": [len(heads) for _, heads in named],
+        "metric": values.numpy(),
+    })
+    frame["baseline"] = baseline
+    frame["effect"] = frame["metric"] - baseline
+    return frame
+
+
+def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
+                    seed: int = 0) -> torch.Tensor:
+    """Michel et al. (2019) head importance -> [n_layers, n_heads]: per prompt, the first-order
+    change of the metric when the head is ablated, |dM/dz . (replacement - z)| (for zero
+    ablation exactly their |dL/d gate|), summed over prompts. One forward and backward."""
+    tokens = as_tokens(model, tokens)
+    metric = metric if metric is not None else loss_metric(tokens)
+    replacement = replacement_z(model, tokens, method, reference, seed)
+    _, z, grads = metric_gradients(model, tokens, metric)
+    targets = [replacement[z_name(layer)].expand_as(z[layer]) for layer in range(model.cfg.n_layers)]
+    return linear_effects(grads, z, targets, keep="b h").abs().sum(dim=1)
+
+
+def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = None, *, order=None,
+                  reference=None, preserve_patterns: bool = False, seed: int = 0,
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool = True) -> pd.DataFrame:
+    """Cumulative ablation: step i ablates the first i heads of ``order`` (default: increasing
+    ``head_importance``, the least important pruned first) -> rows ``step`` (0 = nothing
+    ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
+    ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect``."""
+    tokens = as_tokens(model, tokens)
+    importance = head_importance(model, tokens, method, metric, reference=reference, seed=seed)
+    if order is None:
+        flat = importance.flatten().argsort(stable=True)
+        order = [divmod(int(i), model.cfg.n_heads) for i in flat]
+    order = check_heads(model, order)
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    values = ablation.run([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
+                          desc="prune")
+    n_total = model.cfg.n_layers * model.cfg.n_heads
+    frame = pd.DataFrame({
+        "step": range(len(order) + 1),
+        "layer": pd.array([None] + [l for l, _ in order], dtype="Int64"),
+        "head": pd.array([None] + [h for _, h in order], dtype="Int64"),
+        "importance": [float("nan")] + [importance[l, h].item() for l, h in order],
+        "n_heads": range(len(order) + 1),
+    })
+    frame["fraction"] = frame["n_heads"] / n_total
+    frame["metric"] = values.numpy()
+    frame["baseline"] = ablation.baseline
+    frame["effect"] = frame["metric"] - ablation.baseline
+    return frame
