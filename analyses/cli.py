@@ -11,6 +11,8 @@ import sys
 # parser sets `func(args) -> int`.
 _COMMANDS = [
     "interp.train",
+    "analyses.report",
+    "analyses.attention_map",
 ]
 
 

@@ -1,0 +1,87 @@
+"""Figures for head classification (seaborn on matplotlib ``Figure`` objects: no pyplot state).
+
+``png_bytes`` renders with fixed metadata, so the same figure gives the same bytes every run.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Sequence
+
+import pandas as pd
+import seaborn as sns
+import torch
+from matplotlib.figure import Figure
+
+DPI = 100
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """The figure as PNG bytes, byte-stable across runs (no software/date metadata)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def token_label(token: str) -> str:
+    """A token as an axis label: spaces as a visible blank, escapes for other whitespace and
+    control characters, and ``$``
+    (which matplotlib would read as mathtext)."""
+    label = repr(token)[1:-1] if not token.isprintable() else token.replace(" ", "\u2423")
+    return label.replace("$", r"\$") or "''"
+
+
+def role_heatmaps(table: pd.DataFrame, columns: Sequence[str]) -> Figure:
+    """One layer x head heatmap per column of the per-head ``table`` (columns layer, head, ...).
+
+    Role scores share a 0..1 colour scale; other columns (e.g. ablation_effect) get their own,
+    centred on zero.
+    """
+    n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    n_cols = min(3, len(columns))
+    n_rows = math.ceil(len(columns) / n_cols)
+    cell = max(0.35, min(0.7, 6 / n_heads))
+    figure = Figure(figsize=(n_cols * (n_heads * cell + 1.8), n_rows * (n_layers * cell + 1.2)))
+    axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
+    for ax, column in zip(axes, columns):
+        grid = table.pivot(index="layer", columns="head", values=column).reindex(index=range(n_layers), columns=range(n_heads))
+        bounded = column != "ablation_effect" and column != "distance"
+        scale = {"vmin": 0.0, "vmax": 1.0, "cmap": "viridis"} if bounded else {"center": 0.0, "cmap": "RdBu_r"}
+        sns.heatmap(grid, ax=ax, annot=n_heads <= 12, fmt=".2f", annot_kws={"size": 7}, square=True,
+                    cbar_kws={"shrink": 0.8}, **scale)
+        ax.set_title(column.replace("_", " "))
+    for ax in axes[len(columns):]:
+        ax.set_visible(False)
+    figure.tight_layout()
+    return figure
+
+
+def attention_grid(patterns: torch.Tensor, str_tokens: Sequence[str], titles: Sequence[str],
+                   suptitle: str = "") -> Figure:
+    """Attention patterns side by side, token labels on both axes.
+
+    patterns: (n, q, k) post-softmax attention of n heads on one prompt of len(str_tokens) tokens.
+    """
+    n = patterns.shape[0]
+    n_cols = min(4, n)
+    n_rows = math.ceil(n / n_cols)
+    labels = [token_label(t) for t in str_tokens]
+    side = max(3.0, 0.16 * len(labels) + 1.0)
+    figure = Figure(figsize=(n_cols * side, n_rows * side + (0.4 if suptitle else 0)))
+    axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
+    for ax, pattern, title in zip(axes, patterns.detach().float().cpu().numpy(), titles):
+        ax.imshow(pattern, vmin=0.0, vmax=1.0, cmap="Blues")
+        ticks = range(len(labels))
+        ax.set_xticks(ticks, labels, rotation=90)
+        ax.set_yticks(ticks, labels)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.tick_params(labelsize=7, length=0)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    if suptitle:
+        figure.suptitle(suptitle)
+    figure.tight_layout()
+    return figure

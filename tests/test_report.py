@@ -1,0 +1,111 @@
+"""``interp report`` and ``interp attention-map``: the files, byte-for-byte reproducibility, the same
+scores from both GPT-2 backends, one-line errors, and the roles of the embedded model."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyses.classify import MEASURES
+from analyses.cli import main
+from interp.loading import toy_checkpoint_dir
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TOY_SHIPPED = (toy_checkpoint_dir() / "model.safetensors").is_file()
+
+
+def report(out: Path, model, *extra: str) -> Path:
+    assert main(["report", "--model", str(model), "--prompts", "4", "--seq-len", "48", "--out", str(out), *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def scratch_report(gpt2_dir, tmp_path_factory):
+    return report(tmp_path_factory.mktemp("scratch"), gpt2_dir)
+
+
+def test_report_writes_every_file_with_one_row_per_head(scratch_report):
+    names = sorted(p.relative_to(scratch_report).as_posix() for p in scratch_report.rglob("*"))
+    assert names == ["figures", "figures/layer_map.png", "figures/role_scores.png", "figures/top_heads.png",
+                     "head_roles.csv", "index.html", "meta.json", "report.md"]  # no temporary files left
+    table = pd.read_csv(scratch_report / "head_roles.csv", keep_default_na=False)
+    expected = ["layer", "head"] + [f"{m}{s}" for m in MEASURES for s in ("", "_ci_low", "_ci_high")]
+    assert list(table.columns) == expected + ["ablation_effect", "role"]
+    assert list(zip(table["layer"], table["head"])) == [(layer, head) for layer in range(2) for head in range(4)]
+    assert ((table["induction_ci_low"] <= table["induction"]) & (table["induction"] <= table["induction_ci_high"])).all()
+    meta = json.loads((scratch_report / "meta.json").read_text())
+    assert meta["prompts"] == 4 and meta["seed"] == 0 and meta["seq_len"] == 48 and "torch" in meta["versions"]
+    html = (scratch_report / "index.html").read_text()
+    images = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) == 3 and "src=\"figures" not in html
+    for name in ("role_scores", "top_heads", "layer_map"):
+        assert (scratch_report / "figures" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
+        assert f"figures/{name}.png" in (scratch_report / "report.md").read_text()
+
+
+def test_same_seed_same_bytes_and_other_impl_same_scores(scratch_report, gpt2_dir, tmp_path):
+    again = report(tmp_path / "again", gpt2_dir)
+    for path in sorted(scratch_report.rglob("*.*")):
+        assert (again / path.relative_to(scratch_report)).read_bytes() == path.read_bytes(), path.name
+    bridge = report(tmp_path / "bridge", gpt2_dir, "--impl", "transformer_lens")
+    ours, theirs = (pd.read_csv(d / "head_roles.csv", keep_default_na=False) for d in (scratch_report, bridge))
+    numeric = [c for c in ours.columns if c != "role"]
+    assert (ours[numeric] - theirs[numeric]).abs().max().max() < 1e-4
+    assert list(ours["role"]) == list(theirs["role"])
+
+
+def test_report_on_texts_scores_text_roles(gpt2_dir, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\n\nabc abc abc\n")
+    out = report(tmp_path / "texts", gpt2_dir, "--text-file", str(texts))
+    table = pd.read_csv(out / "head_roles.csv", keep_default_na=False)
+    assert "induction" not in table.columns and "duplicate_token" in table.columns
+    assert json.loads((out / "meta.json").read_text())["texts"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "--prompts", "0"], "--prompts 0 must be >= 1"),
+    (["report", "--model", "/nonexistent/model"], "/nonexistent/model"),
+    (["report", "--impl", "transformer_lens", "--model", "/nonexistent/model"], "/nonexistent/model"),
+    (["report", "--text-file", "/nonexistent/texts.txt"], "texts.txt"),
+    (["attention-map", "--text", "", "--out", "x.png"], "text is empty"),
+])
+def test_bad_input_is_one_line(argv, message, gpt2_dir, capsys, tmp_path):
+    argv = [a if a != "x.png" else str(tmp_path / "x.png") for a in argv]
+    if "--model" not in argv:
+        argv += ["--model", str(gpt2_dir)]
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]  # not HF's load bar
+    assert len(errors) == 1 and errors[0].startswith(f"interp {argv[0]}: error: ") and message in errors[0]
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_attention_map_writes_one_png_and_checks_the_layer(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "maps" / "layer1.png"
+    assert main(["attention-map", "--model", str(gpt2_dir), "--text", "the cat sat", "--layer", "1", "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_SIGNATURE)
+    assert main(["attention-map", "--model", str(gpt2_dir), "--text", "hi", "--layer", "2", "--out", str(out)]) == 2
+    assert "layer 2 out of range [0, 1]" in capsys.readouterr().err
+    assert main(["attention-map", "--model", str(gpt2_dir), "--text", "x" * 80, "--out", str(out)]) == 2
+    assert "n_ctx=64" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not TOY_SHIPPED, reason="the embedded toy model (interp/toy_model/model.safetensors) is not shipped yet")
+def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_path):
+    out = tmp_path / "toy"
+    assert main(["report", "--model", "toy", "--prompts", "16", "--out", str(out)]) == 0
+    table = pd.read_csv(out / "head_roles.csv", keep_default_na=False)
+    roles = table["role"].str.split(";")
+    induction = table[roles.apply(lambda r: "induction" in r)]
+    previous = table[roles.apply(lambda r: "previous_token" in r)]
+    assert len(induction) >= 1 and len(previous) >= 1
+    # induction heads sit after a previous-token head, and ablating one hurts the predictable tokens
+    assert induction["layer"].max() > previous["layer"].min()
+    assert induction["ablation_effect"].max() > 0.1
+    assert induction["ablation_effect"].max() > table["ablation_effect"].median()
+    summary = (out / "report.md").read_text()
+    assert re.search(r"\*\*induction\*\*: L\d+H\d+", summary) and re.search(r"\*\*previous_token\*\*: L\d+H\d+", summary)
