@@ -1,0 +1,77 @@
+"""Output files of the ablation, patching and study commands: tables and figures, each written to a
+temporary name and renamed, so no file is ever left half-written (DESIGN 5)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+
+def write_atomic(path: Path, write) -> Path:
+    """``write(tmp_path)`` then rename onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def save_csv(frame: pd.DataFrame, path) -> Path:
+    return write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def save_figure(fig, path) -> Path:
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
+
+
+def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str, center: float | None = None):
+    """A rows x columns heatmap of ``value`` (e.g. layer x head) from a tidy frame."""
+    grid = frame.pivot(index=rows, columns=columns, values=value)
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * grid.shape[1] + 2), max(3.0, 0.4 * grid.shape[0] + 1.5)))
+    annotate = grid.size <= 200
+    sns.heatmap(grid, ax=ax, cmap="RdBu_r" if center is not None else "viridis", center=center,
+                annot=annotate, fmt=".2f", cbar_kws={"label": value})
+    ax.set_title(title)
+    return fig
+
+
+def curve(frame: pd.DataFrame, x: str, y: str, title: str, baseline: float | None = None):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=frame, x=x, y=y, marker="o", ax=ax)
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", linestyle="--", label="unablated")
+        ax.legend()
+    ax.set_title(title)
+    return fig
+
+
+def bars(frame: pd.DataFrame, label: str, value: str, title: str):
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(frame) + 2), 4))
+    sns.barplot(data=frame, x=label, y=value, ax=ax, color="steelblue")
+    ax.tick_params(axis="x", rotation=45)
+    ax.set_title(title)
+    return fig
+
+
+def ablation_figure(frame: pd.DataFrame, title: str):
+    """The natural picture of an ablation table: a layer x head heatmap of the effect for single
+    heads, a curve for a pruning curve, bars otherwise."""
+    if "fraction" in frame:
+        return curve(frame, "fraction", "metric", title, baseline=float(frame["baseline"].iloc[0]))
+    if (frame["n_heads"] == 1).all() and frame["head"].notna().all():
+        return heatmap(frame.astype({"layer": int, "head": int}), "layer", "head", "effect", title, center=0.0)
+    return bars(frame, "target", "effect", title)

@@ -1,0 +1,165 @@
+"""Scripted ablation studies (DESIGN 4.5): ``interp study run SPEC.toml --out DIR [--resume]``.
+
+Each target of the spec is one row of ``DIR/results.csv``, appended (flushed, fsynced) as soon as
+it is computed; every row is computed by its own forward, so its value does not depend on which
+rows were computed before (a resumed run gives the very same bytes). A killed run loses at most
+the row in flight (a torn last line is dropped on resume); ``--resume`` checks that the rows on
+disk are the spec's rows in order and computes only the missing ones. ``DIR/spec.json`` records
+the spec; resuming with a different spec is refused. ``DIR/results.png`` plots the table.
+
+Columns: ``row, target, layer, head, n_heads, metric, baseline, effect`` (layer / head empty
+where the target is not one layer / one head; floats written in full precision).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from analyses.ablation import Ablation, head_importance, prepare_ablation, sweep_targets
+from analyses.intervention_figures import ablation_figure, save_figure, write_atomic
+from analyses.metrics import Metric, logit_diff_metric, loss_metric
+from analyses.probes import probes_for
+from analyses.study_spec import StudySpec, load_spec
+from interp import load_model
+
+COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "effect"]
+
+
+def study_prompts(model, spec: StudySpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tokens (batch, pos), predictable-token mask (batch, pos) or None for text prompts)."""
+    if spec.prompt_kind == "repeated":
+        probes = probes_for(model, spec.n_prompts, spec.seq_len, seed=spec.prompt_seed)
+        return probes.tokens, probes.predictable
+    path = Path(spec.text_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"[prompts].file {str(path)!r} does not exist")
+    lines = [line for line in path.read_text().splitlines() if line.strip()][: spec.n_prompts]
+    if not lines:
+        raise ValueError(f"[prompts].file {str(path)!r} has no non-empty line")
+    rows = [model.to_tokens(line)[0] for line in lines]
+    length = min(len(row) for row in rows)
+    if length < 2:
+        raise ValueError(f"[prompts].file {str(path)!r} has a prompt of {length} token(s); a loss needs at least 2")
+    return torch.stack([row[:length] for row in rows]), None
+
+
+def single_token(model, text: str, key: str) -> int:
+    ids = model.to_tokens(text, prepend_bos=False)[0]
+    if len(ids) != 1:
+        raise ValueError(f"study spec: [metric].{key} = {text!r} is {len(ids)} tokens; it must be exactly one")
+    return int(ids[0])
+
+
+def study_metric(model, spec: StudySpec, tokens: torch.Tensor, predictable: torch.Tensor | None) -> Metric:
+    if spec.metric == "loss":
+        return loss_metric(tokens)
+    if spec.metric == "repeat_loss":
+        return loss_metric(tokens, predictable)
+    return logit_diff_metric(single_token(model, spec.correct, "correct"), single_token(model, spec.incorrect, "incorrect"))
+
+
+def study_targets(model, spec: StudySpec, tokens, metric) -> list[tuple[str, list[tuple[int, int]]]]:
+    """The rows of the study, in order: (target name, heads ablated together)."""
+    if spec.targets == "cumulative":
+        importance = head_importance(model, tokens, spec.method, metric, seed=spec.ablation_seed)
+        order = [divmod(int(i), model.cfg.n_heads) for i in importance.flatten().argsort(stable=True)]
+        return [("none", [])] + [(f"prune:L{l}H{h}", order[: i + 1]) for i, (l, h) in enumerate(order)]
+    if isinstance(spec.targets, tuple):
+        try:
+            singles = sweep_targets(model, [[head] for head in spec.targets])
+        except ValueError as error:
+            raise ValueError(f"study spec: [ablation].targets: {error}") from None
+        return singles + [("group", [head for _, heads in singles for head in heads])]
+    return sweep_targets(model, spec.targets)
+
+
+def format_row(index: int, name: str, heads: list, value: float, baseline: float) -> list[str]:
+    layers = {l for l, _ in heads}
+    layer = str(heads[0][0]) if len(layers) == 1 else ""
+    head = str(heads[0][1]) if len(heads) == 1 else ""
+    return [str(index), name, layer, head, str(len(heads)), repr(value), repr(baseline), repr(value - baseline)]
+
+
+def _csv_line(fields: list[str]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(fields)
+    return buffer.getvalue()
+
+
+def rows_on_disk(path: Path, expected_names: list[str]) -> int:
+    """Complete rows already in ``path`` (a torn last line is cut off), checked against the spec."""
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(len(complete))
+    lines = complete.decode().splitlines()
+    if not lines:
+        return 0
+    if lines[0] != ",".join(COLUMNS):
+        raise ValueError(f"{path} does not start with the results header {','.join(COLUMNS)!r}; not a study of ours")
+    rows = list(csv.reader(lines[1:]))
+    for i, fields in enumerate(rows):
+        if i >= len(expected_names) or fields[:2] != [str(i), expected_names[i]]:
+            expected = expected_names[i] if i < len(expected_names) else "nothing"
+            raise ValueError(f"{path} row {i} is {fields[:2]} but the spec gives [{i!r}, {expected!r}]; use a new --out")
+    return len(rows)
+
+
+def check_out_dir(out: Path, spec: StudySpec, resume: bool) -> None:
+    """Refuse to overwrite results, or to resume results of another spec; record the spec."""
+    results, recorded = out / "results.csv", out / "spec.json"
+    text = json.dumps(spec.as_dict(), indent=2, sort_keys=True) + "\n"
+    if results.exists() and not resume:
+        raise ValueError(f"{results} already exists; pass --resume to finish it, or choose another --out")
+    if resume and recorded.exists() and recorded.read_text() != text:
+        raise ValueError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
+    write_atomic(recorded, lambda tmp: tmp.write_text(text))
+
+
+def run_study(spec_path, out, resume: bool = False, *, progress: bool = True,
+              on_row: Callable[[int], None] | None = None) -> Path:
+    """Run (or finish, with ``resume``) the study of ``spec_path`` into ``out``; returns results.csv.
+    ``on_row(i)`` is called after row i is on disk."""
+    spec, out = load_spec(spec_path), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out, spec, resume)
+    model = load_model(spec.model, impl=spec.impl).eval()
+    tokens, predictable = study_prompts(model, spec)
+    metric = study_metric(model, spec, tokens, predictable)
+    targets = study_targets(model, spec, tokens, metric)
+    ablation: Ablation = prepare_ablation(model, tokens, spec.method, metric,
+                                          preserve_patterns=spec.preserve_patterns, seed=spec.ablation_seed)
+    results = out / "results.csv"
+    done = rows_on_disk(results, [name for name, _ in targets]) if results.exists() else 0
+    with open(results, "a", newline="") as handle:
+        if done == 0 and handle.tell() == 0:
+            handle.write(_csv_line(COLUMNS))
+        for index in tqdm(range(done, len(targets)), desc="study", disable=not progress,
+                          initial=done, total=len(targets)):
+            name, heads = targets[index]
+            value = ablation.run([heads], progress=False).item()
+            handle.write(_csv_line(format_row(index, name, heads, value, ablation.baseline)))
+            handle.flush()
+            os.fsync(handle.fileno())
+            if on_row is not None:
+                on_row(index)
+    plot_study(results, spec)
+    return results
+
+
+def plot_study(results: Path, spec: StudySpec) -> Path:
+    frame = pd.read_csv(results, dtype={"layer": "Int64", "head": "Int64"})
+    if spec.targets == "cumulative":
+        frame["fraction"] = frame["n_heads"] / max(1, frame["n_heads"].max())
+    title = f"{spec.method} ablation of {spec.model}: {spec.metric}"
+    return save_figure(ablation_figure(frame, title), results.with_name("results.png"))
