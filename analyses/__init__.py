@@ -5,3 +5,8 @@ from analyses.classify import MEASURES, ROLES, assign_roles, classify_heads, hea
 from analyses.tl_compat import detect_heads
 from analyses.report import build_report, write_report
 from analyses.attention_map import attention_map
+from analyses.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
+from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
+from analyses.metrics import logit_diff_metric, loss_metric
+from analyses.patching import patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.study import run_study

@@ -13,6 +13,7 @@ _COMMANDS = [
     "interp.train",
     "analyses.report",
     "analyses.attention_map",
+    "analyses.intervention_cli",
 ]
 
 
