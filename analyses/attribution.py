@@ -65,7 +65,7 @@ def attribution_patch_heads(
     ``normalize`` rescales to 0 = corrupted, 1 = clean as in ``patch_heads(normalize=True)``."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     names = [z_name(layer) for layer in range(model.cfg.n_layers)]
-    source_logits, source_cache = cache_run(model, source, names)
+    source_logits, source_cache = cache_run(model, source, names, logits=normalize)  # logits: normalising only
     value, z, grads = metric_gradients(model, base, metric)
     effects = linear_effects(grads, z, [source_cache[name] for name in names])
     estimate = value + (effects if by_position else effects.sum(dim=1))

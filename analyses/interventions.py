@@ -88,25 +88,38 @@ def check_heads(model, heads) -> list[tuple[int, int]]:
     return checked
 
 
-def check_layers(model, layers) -> list[int]:
-    n_layers = model.cfg.n_layers
-    for layer in layers:
-        if not 0 <= int(layer) < n_layers:
-            raise ValueError(f"layer {layer} out of range [0, {n_layers})")
-    return [int(layer) for layer in layers]
-
-
 def head_cells(heads: Sequence[tuple[int, int]]) -> list[Cell]:
     """The cells that replace each head's output at every position."""
     return [(z_name(layer), (slice(None), head)) for layer, head in heads]
 
 
-def cache_run(model, tokens: torch.Tensor, names: Sequence[str]) -> tuple[torch.Tensor, dict]:
-    """One plain forward -> (logits (batch, pos, d_vocab), {name: activation} for ``names``)."""
-    wanted = set(names)
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in wanted)
-    return logits, {name: cache[name] for name in wanted}
+class _Collected(Exception):
+    """Raised once every wanted activation is stored, to skip the rest of the forward."""
+
+
+def cache_run(model, tokens: torch.Tensor, names: Sequence[str], *, logits: bool = True):
+    """One plain forward -> (logits (batch, pos, d_vocab), {name: activation} for ``names``).
+
+    With ``logits=False`` the forward stops as soon as the last wanted activation is stored
+    (the layers after it and the unembedding are skipped) and the logits are None.
+    """
+    wanted, kept = set(names), {}
+
+    def keeper(name):
+        def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
+            kept[name] = activation.detach()
+            if not logits and len(kept) == len(wanted):
+                raise _Collected
+
+        return keep
+
+    output = None
+    try:
+        with torch.no_grad(), model.hooks(fwd_hooks=[(name, keeper(name)) for name in wanted]):
+            output = model(tokens)
+    except _Collected:
+        pass
+    return output, kept
 
 
 def base_run(model, tokens: torch.Tensor, names: Sequence[str] = ()) -> tuple[torch.Tensor, dict, dict | None]:
