@@ -85,3 +85,11 @@ def test_bad_study_spec_is_one_line(tmp_path, capsys):
     spec.write_text('[ablation]\nmethod = "scramble"\n')
     assert main(["study", "run", str(spec), "--out", str(tmp_path / "out")]) == 2
     assert "[ablation].method is 'scramble'" in capsys.readouterr().err
+
+
+def test_ablate_text_prompts(tmp_path, gpt2_dir):
+    argv = ["ablate", *common(gpt2_dir, tmp_path), "--text", "abcdefgh", "--text", "ijklmnop", "--method", "resample",
+            "--targets", "each_layer", "--preserve-patterns"]
+    assert main(argv) == 0
+    frame = pd.read_csv(tmp_path / "ablation.csv")
+    assert list(frame["target"]) == ["L0", "L1"] and frame["effect"].abs().max() > 0

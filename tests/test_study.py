@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analyses.ablation import ablation_sweep
-from analyses.metrics import loss_metric
+from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.probes import probes_for
 from analyses.study import run_study
 from analyses.study_spec import load_spec
@@ -147,3 +147,21 @@ def test_targets_out_of_range_name_the_key(tmp_path, gpt2_dir):
 def test_example_spec_parses():
     spec = load_spec(ROOT / "examples" / "studies" / "induction_ablation.toml")
     assert (spec.model, spec.method, spec.targets, spec.metric) == ("toy", "mean", "each_head", "repeat_loss")
+
+
+def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
+    (tmp_path / "prompts.txt").write_text("The cat sat on the mat\n\nA dog ran in the park today\n")
+    spec = tmp_path / "text.toml"
+    spec.write_text(f'[model]\nspec = "{gpt2_dir}"\n[prompts]\nkind = "text"\nfile = "prompts.txt"\n'
+                    '[ablation]\nmethod = "zero"\ntargets = "each_layer"\n'
+                    '[metric]\nkind = "logit_diff"\ncorrect = "a"\nincorrect = "b"\n')
+    frame = pd.read_csv(run_study(spec, tmp_path / "out", progress=False))
+    model = load_model(str(gpt2_dir)).eval()
+    tokens = model.to_tokens(["The cat sat on the mat", "A dog ran in the park "])  # cut to the shorter
+    a, b = model.to_tokens("a", prepend_bos=False)[0, 0], model.to_tokens("b", prepend_bos=False)[0, 0]
+    expected = ablation_sweep(model, tokens, "each_layer", "zero", logit_diff_metric(a, b), progress=False)
+    assert frame["metric"].to_numpy() == pytest.approx(expected["metric"].to_numpy(), abs=1e-5)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(spec.read_text().replace('correct = "a"', 'correct = "ab"'))
+    with pytest.raises(ValueError, match=r"\[metric\].correct = 'ab' is 2 tokens"):
+        run_study(bad, tmp_path / "bad_out", progress=False)
