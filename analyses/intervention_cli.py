@@ -141,7 +141,8 @@ def run_patch(args) -> int:
             agreement = attribution_agreement(attributed, result)
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
         rows, columns = (dims[0], dims[1]) if len(dims) == 2 else ("layer_head", "pos")
-        plotted = frame if len(dims) == 2 else frame.assign(layer_head=frame["layer"].astype(str) + "." + frame["head"].astype(str))
+        plotted = frame if len(dims) == 2 else frame.assign(
+            layer_head=[f"L{layer:02d}H{head:02d}" for layer, head in zip(frame["layer"], frame["head"])])
         figure = heatmap(plotted, rows, columns, value, f"{args.direction} patching of {args.what}")
     csv_path = save_csv(frame, args.out / "patching.csv")
     png_path = save_figure(figure, args.out / "patching.png")
