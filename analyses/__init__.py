@@ -9,4 +9,5 @@ from analyses.ablation import ablate_heads, ablation_sweep, head_importance, pru
 from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
 from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.patching import patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.intervention_figures import ablation_figure, patching_figure
 from analyses.study import run_study

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from analyses.ablation import METHODS, ablation_sweep, pruning_curve
 from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
-from analyses.intervention_figures import ablation_figure, bars, heatmap, save_csv, save_figure
+from analyses.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
 from analyses.probes import bos_token_id, corrupt_first_copy, probes_for
@@ -140,10 +140,7 @@ def run_patch(args) -> int:
             frame["attribution"] = attributed.flatten().numpy()
             agreement = attribution_agreement(attributed, result)
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
-        rows, columns = (dims[0], dims[1]) if len(dims) == 2 else ("layer_head", "pos")
-        plotted = frame if len(dims) == 2 else frame.assign(
-            layer_head=[f"L{layer:02d}H{head:02d}" for layer, head in zip(frame["layer"], frame["head"])])
-        figure = heatmap(plotted, rows, columns, value, f"{args.direction} patching of {args.what}")
+        figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
     csv_path = save_csv(frame, args.out / "patching.csv")
     png_path = save_figure(figure, args.out / "patching.png")
     print(f"wrote {csv_path} and {png_path}")

@@ -75,3 +75,11 @@ def ablation_figure(frame: pd.DataFrame, title: str):
     if (frame["n_heads"] == 1).all() and frame["head"].notna().all():
         return heatmap(frame.astype({"layer": int, "head": int}), "layer", "head", "effect", title, center=0.0)
     return bars(frame, "target", "effect", title)
+
+
+def patching_figure(frame: pd.DataFrame, value: str, title: str):
+    """A ``patching_frame`` as a heatmap: layer x head, layer x pos, or (layer, head) x pos."""
+    if "pos" in frame and "head" in frame:
+        frame = frame.assign(layer_head=[f"L{l:02d}H{h:02d}" for l, h in zip(frame["layer"], frame["head"])])
+        return heatmap(frame, "layer_head", "pos", value, title)
+    return heatmap(frame, "layer", "pos" if "pos" in frame else "head", value, title)
