@@ -38,13 +38,15 @@ def save_figure(fig, path) -> Path:
         plt.close(fig)
 
 
-def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str, center: float | None = None):
-    """A rows x columns heatmap of ``value`` (e.g. layer x head) from a tidy frame."""
+def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str, center: float | None = None,
+            annotate: bool = True):
+    """A rows x columns heatmap of ``value`` (e.g. layer x head) from a tidy frame; cells are
+    annotated when asked and there are at most 200."""
     grid = frame.pivot(index=rows, columns=columns, values=value)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * grid.shape[1] + 2), max(3.0, 0.4 * grid.shape[0] + 1.5)))
-    annotate = grid.size <= 200
+    annotate = annotate and grid.size <= 200
     sns.heatmap(grid, ax=ax, cmap="RdBu_r" if center is not None else "viridis", center=center,
-                annot=annotate, fmt=".2f", cbar_kws={"label": value})
+                annot=annotate, fmt=".3g", cbar_kws={"label": value})
     ax.set_title(title)
     return fig
 
@@ -78,8 +80,9 @@ def ablation_figure(frame: pd.DataFrame, title: str):
 
 
 def patching_figure(frame: pd.DataFrame, value: str, title: str):
-    """A ``patching_frame`` as a heatmap: layer x head, layer x pos, or (layer, head) x pos."""
+    """A ``patching_frame`` as a heatmap: layer x head, layer x pos, or (layer, head) x pos
+    (cells annotated when normalised: raw metrics differ in late digits only)."""
     if "pos" in frame and "head" in frame:
         frame = frame.assign(layer_head=[f"L{l:02d}H{h:02d}" for l, h in zip(frame["layer"], frame["head"])])
-        return heatmap(frame, "layer_head", "pos", value, title)
-    return heatmap(frame, "layer", "pos" if "pos" in frame else "head", value, title)
+        return heatmap(frame, "layer_head", "pos", value, title, annotate=value == "normalized")
+    return heatmap(frame, "layer", "pos" if "pos" in frame else "head", value, title, annotate=value == "normalized")
