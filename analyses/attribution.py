@@ -118,7 +118,7 @@ def shortlist_patch_heads(
     names = [z_name(layer) for layer in range(n_layers)]
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     value, z, grads = metric_gradients(model, setup.base, metric)
-    estimate = value + linear_effects(grads, z, [setup.sources[name] for name in names]).sum(dim=1)
+    estimate = value + linear_effects(grads, z, [setup.sources[name] for name in names]).sum(dim=1).cpu()
     order = (estimate - value).abs().flatten().argsort(descending=True, stable=True)
     heads = [divmod(int(i), n_heads) for i in order]
     frame = pd.DataFrame(heads, columns=["layer", "head"])
