@@ -1,0 +1,121 @@
+"""``interp train``: the data, the recipe's determinism, and a shortened run in which induction forms."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from interp import GPTModel, load_model
+from interp.train import (
+    BOS,
+    PRESETS,
+    Recipe,
+    head_scores,
+    icl_score,
+    main,
+    repeat_batch,
+    stdlib_files,
+    text_batch,
+    train,
+)
+
+# The shortened recipe must push these past their starting values within its few steps.
+SHORT_INDUCTION_BOUND = 0.5  # best head's induction score (0.03 at initialisation)
+SHORT_ICL_BOUND = -0.4  # late minus early held-out loss, nats (about -0.2 after the first steps)
+TINY = dataclasses.replace(PRESETS["short"], steps=3, batch_size=4, eval_every=2, eval_batch=4)
+
+
+@pytest.fixture(scope="module")
+def short_run():
+    """The 'short' preset trained once: (model, history, metadata)."""
+    return train(PRESETS["short"], progress=False)
+
+
+def test_repeat_batch_repeats_a_segment_with_varied_period_and_offset():
+    repeats = repeat_batch(64, 64, 4, torch.Generator().manual_seed(0))
+    assert repeats.tokens.shape == (64, 64) and (repeats.tokens[:, 0] == BOS).all()
+    assert len(set(repeats.period.tolist())) > 10 and len(set(repeats.start.tolist())) > 10
+    assert (repeats.period >= 4).all() and (repeats.start + 2 * repeats.period <= 64).all()  # two copies fit
+    for row, period, start in zip(repeats.tokens, repeats.period.tolist(), repeats.start.tolist()):
+        assert torch.equal(row[start + period:], row[start:64 - period])  # token i == token i - p from the 2nd copy
+        assert not torch.equal(row[start - 1 + period:], row[start - 1:64 - period])  # ...and not before
+    assert (repeats.second_copy().sum(dim=1) == repeats.period).all()
+    assert (repeats.predictable().sum(dim=1) == 63 - repeats.start - repeats.period).all()
+
+
+def test_text_batch_is_stdlib_source_after_bos():
+    files = stdlib_files()
+    assert files == sorted(files) and all(f.suffix == ".py" for f in files)
+    corpus = torch.frombuffer(bytearray(b"def f(x):\n    return x\n" * 10), dtype=torch.uint8)
+    tokens = text_batch(corpus, 3, 16, torch.Generator().manual_seed(0))
+    assert (tokens[:, 0] == BOS).all() and bytes(tokens[0, 1:].tolist()).decode() in corpus.numpy().tobytes().decode()
+
+
+def test_icl_score_is_late_minus_early_loss():
+    loss = torch.zeros(2, 63)
+    loss[:, 8:16] = 3.0
+    loss[:, -8:] = 1.0
+    assert icl_score(loss) == pytest.approx(-2.0)
+
+
+def test_head_scores_find_a_hand_made_induction_pattern():
+    """A model whose layer-1 head 0 attends exactly to i - p + 1 on the second copy scores 1.0."""
+    model = load_model_like(PRESETS["short"])
+    repeats = repeat_batch(8, 64, 4, torch.Generator().manual_seed(1))
+
+    def induction_pattern(pattern, hook):
+        target = torch.zeros_like(pattern[:, 0])
+        for b, (p, s) in enumerate(zip(repeats.period.tolist(), repeats.start.tolist())):
+            for i in range(pattern.shape[-1]):
+                target[b, i, i - p + 1 if s + p <= i < s + 2 * p else 0] = 1.0
+        pattern[:, 0] = target
+        return pattern
+
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", induction_pattern)]):
+        scores = head_scores(model, repeats)
+    assert scores["induction"][1, 0] == pytest.approx(1.0)
+    assert scores["induction"][0].max() < 0.5
+
+
+def load_model_like(recipe: Recipe) -> GPTModel:
+    torch.manual_seed(0)
+    return GPTModel(recipe.model_config()).eval()
+
+
+@pytest.mark.parametrize("field, value", [("steps", 0), ("batch_size", -1), ("synthetic_fraction", 1.5), ("min_period", 1)])
+def test_bad_recipe_values_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(Recipe(), **{field: value})
+
+
+def test_training_is_deterministic():
+    first, history_a, meta_a = train(TINY, progress=False)
+    second, history_b, meta_b = train(TINY, progress=False)
+    for name, tensor in first.state_dict().items():
+        assert torch.equal(tensor, second.state_dict()[name]), name
+    assert history_a == history_b and meta_a["final"] == meta_b["final"]
+    different, _, _ = train(dataclasses.replace(TINY, seed=1), progress=False)
+    assert not torch.equal(first.embed.weight, different.embed.weight)
+
+
+def test_command_writes_a_loadable_checkpoint_and_curves(tmp_path, capsys):
+    assert main(["train", "--preset", "short", "--steps", "3", "--seed", "5", "--out", str(tmp_path), "--quiet"]) == 0
+    model = load_model(tmp_path)
+    training = json.loads((tmp_path / "training.json").read_text())
+    assert training["recipe"]["steps"] == 3 and training["recipe"]["seed"] == 5
+    assert model.cfg.n_ctx == PRESETS["short"].n_ctx
+    assert (tmp_path / "training_curve.png").stat().st_size > 1000
+    assert (tmp_path / "training_curve.csv").read_text().startswith("step,train_loss")
+    assert main(["train", "--steps", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "steps=0" in capsys.readouterr().err
+
+
+def test_short_recipe_forms_an_induction_head(short_run):
+    _, history, _ = short_run
+    first, last = history[0], history[-1]
+    assert first["induction_score"] < 0.1 and last["induction_score"] > SHORT_INDUCTION_BOUND
+    assert last["repeat_loss"] < first["repeat_loss"] - 2.0  # nats: the repeats became predictable
+    assert last["icl_score"] < SHORT_ICL_BOUND
