@@ -49,10 +49,6 @@ class RoleTargets:
     queries: torch.Tensor
     targets: dict[str, torch.Tensor]
 
-    def role_queries(self, role: str) -> torch.Tensor:
-        """(batch, q) bool: the query positions where ``role`` is defined."""
-        return self.targets[role].sum(-1) > 0
-
     def __getitem__(self, rows: slice) -> "RoleTargets":
         return RoleTargets(self.queries[rows], {role: t[rows] for role, t in self.targets.items()})
 
