@@ -237,7 +237,9 @@ def test_compat_mode_rejects_bad_input(bridge):
 @torch.no_grad()
 def test_batched_ablation_matches_one_head_at_a_time(scratch, bridge):
     probes = probes_for(scratch, 6, seq_len=32, seed=2)
-    effects = ablation_effects(scratch, probes, memory_bytes=2**20, progress=False)  # several chunks
+    effects = ablation_effects(scratch, probes, memory_bytes=1, progress=False)  # one prompt per forward
+    grouped = ablation_effects(scratch, probes, progress=False)  # all heads x prompts in one forward
+    assert (grouped["ablation_effect"] - effects["ablation_effect"]).abs().max() < 1e-5
     mask = probes.predictable[:, 1:]
     clean = scratch(probes.tokens, return_type="loss", loss_per_token=True)[mask].mean()
     _, cache = scratch.run_with_cache(probes.tokens, names_filter=lambda name: name.endswith("hook_z"))
