@@ -43,10 +43,11 @@ def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str
     """A rows x columns heatmap of ``value`` (e.g. layer x head) from a tidy frame; cells are
     annotated when asked and there are at most 200."""
     grid = frame.pivot(index=rows, columns=columns, values=value)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * grid.shape[1] + 2), max(3.0, 0.4 * grid.shape[0] + 1.5)))
+    width = min(16.0, max(4.0, 0.7 * grid.shape[1] + 2))
+    fig, ax = plt.subplots(figsize=(width, min(12.0, max(3.0, 0.5 * grid.shape[0] + 1.5))))
     annotate = annotate and grid.size <= 200
     sns.heatmap(grid, ax=ax, cmap="RdBu_r" if center is not None else "viridis", center=center,
-                annot=annotate, fmt=".3g", cbar_kws={"label": value})
+                annot=annotate, fmt=".2f", cbar_kws={"label": value})
     ax.set_title(title)
     return fig
 
