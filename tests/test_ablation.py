@@ -16,7 +16,9 @@ from analyses.ablation import (
     resample_index,
 )
 from analyses.metrics import loss_metric
-from interp import GPTConfig, GPTModel
+from analyses.probes import probes_for
+from interp import GPTConfig, GPTModel, load_model
+from interp.loading import toy_checkpoint_dir
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +174,15 @@ def test_pruning_curve(scratch_gpt2, prompts):
 def test_bad_inputs_name_the_value(scratch_gpt2, prompts, call, message):
     with pytest.raises(ValueError, match=message):
         call(scratch_gpt2, prompts)
+
+
+@pytest.mark.skipif(not (toy_checkpoint_dir() / "model.safetensors").is_file(), reason="embedded model not installed")
+def test_embedded_model_needs_its_second_layer_for_induction():
+    """The toy model predicts the second copy of a segment (low repeat loss) and loses that when
+    its second layer, where induction heads must sit, is mean-ablated."""
+    model = load_model("toy").eval()
+    probes = probes_for(model, 16, 64, seed=11)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    layers = ablation_sweep(model, probes.tokens, "each_layer", "mean", metric, progress=False)
+    assert layers["baseline"].iloc[0] < 1.0
+    assert layers["effect"].iloc[1] > 1.0
