@@ -6,6 +6,7 @@ HF's ``Conv1D`` stores weights as (in, out); ``nn.Linear`` as (out, in), hence t
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from pathlib import Path
@@ -170,10 +171,11 @@ def make_random_gpt2(n_layers=2, d_model=64, n_heads=4, n_ctx=64, d_vocab=257, s
 
 
 def gpt2_bridge(model, tokenizer, name: str = "gpt2"):
-    """A TransformerLens ``TransformerBridge`` over an in-memory ``GPT2LMHeadModel`` (no network:
-    the config comes from the model and the tokenizer must be given)."""
+    """A TransformerLens ``TransformerBridge`` over a copy of an in-memory ``GPT2LMHeadModel`` (no
+    network: the config comes from the model and the tokenizer must be given). Booting rewires the
+    model it is given, so it gets a copy and ``model`` stays usable, e.g. for ``from_gpt2``."""
     from transformer_lens.model_bridge import TransformerBridge
 
     if tokenizer is None:
         raise ValueError("a TransformerBridge needs a tokenizer offline; the GPT-2 directory has none")
-    return TransformerBridge.boot_transformers(name, hf_model=model.eval(), tokenizer=tokenizer)
+    return TransformerBridge.boot_transformers(name, hf_model=copy.deepcopy(model).eval(), tokenizer=tokenizer)

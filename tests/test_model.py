@@ -47,6 +47,16 @@ def test_every_pattern_and_z_equals_the_transformer_bridge(peers):
             torch.testing.assert_close(our_cache[name], their_cache[name], atol=1e-5, rtol=0, msg=name)
 
 
+@torch.no_grad()
+def test_building_a_bridge_leaves_the_hf_model_usable():
+    hf, tokenizer = make_random_gpt2(1, 32, 2, 16, seed=7)
+    tokens = torch.arange(12)[None]
+    before = hf(tokens).logits
+    bridge = gpt2_bridge(hf, tokenizer)
+    torch.testing.assert_close(hf(tokens).logits, before)
+    torch.testing.assert_close(GPTModel.from_gpt2(hf, tokenizer)(tokens), bridge(tokens), atol=1e-5, rtol=0)
+
+
 def test_cache_is_an_activation_cache_with_documented_shapes(scratch_gpt2):
     from transformer_lens.ActivationCache import ActivationCache
 
