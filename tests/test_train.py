@@ -24,7 +24,7 @@ from interp.train import (
 
 # The shortened recipe must push these past their starting values within its few steps.
 SHORT_INDUCTION_BOUND = 0.5  # best head's induction score (0.03 at initialisation)
-SHORT_ICL_BOUND = -0.4  # late minus early held-out loss, nats (about -0.2 after the first steps)
+SHORT_ICL_BOUND = -0.3  # late minus early held-out loss, nats (about -0.05 at initialisation)
 TINY = dataclasses.replace(PRESETS["short"], steps=3, batch_size=4, eval_every=2, eval_batch=4)
 
 
@@ -118,4 +118,4 @@ def test_short_recipe_forms_an_induction_head(short_run):
     first, last = history[0], history[-1]
     assert first["induction_score"] < 0.1 and last["induction_score"] > SHORT_INDUCTION_BOUND
     assert last["repeat_loss"] < first["repeat_loss"] - 2.0  # nats: the repeats became predictable
-    assert last["icl_score"] < SHORT_ICL_BOUND
+    assert first["icl_score"] > -0.15 and last["icl_score"] < SHORT_ICL_BOUND
