@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 
 from analyses.metrics import Metric, evaluate_metric
 from analyses.probes import model_device
-from interp import GPTModel
 
 Cell = tuple[str, tuple]  # (hook name "blocks.{l}....", index into the activation without batch)
 Variant = Sequence[Cell]
@@ -48,8 +47,9 @@ def layer_of(name: str) -> int:
 
 
 def runs_suffix_only(model) -> bool:
-    """Whether ``model(resid, start_at_layer=l)`` computes only blocks l.. (GPTModel, DESIGN 7)."""
-    return isinstance(model, GPTModel)
+    """Whether ``model(resid, start_at_layer=l)`` computes only blocks l.. (GPTModel's
+    ``suffix_only_start``; a TransformerBridge reruns the earlier blocks, DESIGN 7)."""
+    return getattr(model, "suffix_only_start", False)
 
 
 def as_tokens(model, tokens) -> torch.Tensor:

@@ -113,8 +113,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     hf, tokenizer = make_random_gpt2(n_layers=12, d_model=768, n_heads=12, n_ctx=64, d_vocab=2048, seed=0)
-    scratch = GPTModel.from_gpt2(hf.eval(), tokenizer).eval()
-    scratch.cfg.device = "cpu"  # TransformerLens's sweep reads cfg.device
+    scratch = GPTModel.from_gpt2(hf.eval(), tokenizer).eval()  # its cfg.device is what TL reads
     bridge = gpt2_bridge(hf, tokenizer).eval()
     print(f"GPT-2-small shape, random weights; torch threads {torch.get_num_threads()}")
     pair, exact, forward, exact_seconds = exact_vs_transformer_lens(scratch, bridge, args)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import torch
@@ -46,6 +46,9 @@ class GPTConfig:
     dropout: float = 0.0
     ln_eps: float = 1e-5
     model_name: str = "gpt"
+    # where the model's weights live; kept in sync by GPTModel.to() and read by TransformerLens
+    # utilities (its patching sweeps); not saved in checkpoints
+    device: str = field(default="cpu", compare=False)
 
     def __post_init__(self):
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
@@ -64,7 +67,8 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "device"}
+        return json.dumps(fields, indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, fields: dict) -> "GPTConfig":
@@ -122,6 +126,10 @@ class GPTModel(HookedModule):
     ``start_at_layer=l`` -- the residual stream entering block l, (batch, pos, d_model).
     """
 
+    # ``model(resid, start_at_layer=l)`` computes only blocks l.. (a TransformerBridge reruns the
+    # earlier ones), so interventions at layer l may start there; analyses read this capability.
+    suffix_only_start = True
+
     def __init__(self, cfg: GPTConfig, tokenizer: Tokenizer | None = None):
         super().__init__()
         self.cfg = cfg
@@ -134,6 +142,12 @@ class GPTModel(HookedModule):
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.setup()
+
+    def _apply(self, fn, *args, **kwargs):
+        """Every .to()/.cuda()/.cpu() goes through here: keep ``cfg.device`` in sync."""
+        module = super()._apply(fn, *args, **kwargs)
+        self.cfg.device = str(self.embed.weight.device)
+        return module
 
     # ------------------------------------------------------------------ tokens
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> torch.Tensor:

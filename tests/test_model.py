@@ -190,3 +190,11 @@ def test_attn_only_model_has_no_mlp_hooks():
     assert logits.shape == (1, 6, 257)
     resid = cache["blocks.1.hook_resid_pre"]
     torch.testing.assert_close(model(resid, start_at_layer=1), logits, atol=1e-5, rtol=0)
+
+
+def test_cfg_device_follows_the_model_and_stays_out_of_checkpoints():
+    model = GPTModel(GPTConfig(d_vocab=257, n_ctx=8, d_model=16, n_heads=2, n_layers=1))
+    assert model.cfg.device == "cpu"
+    model.to(torch.float64)
+    assert model.cfg.device == "cpu" and model.embed.weight.dtype == torch.float64
+    assert "device" not in model.cfg.to_json()

@@ -77,9 +77,8 @@ def test_patterns_equal_transformer_lens(model, pair, metric, tl_reference):
 
 
 def test_transformer_lens_sweep_on_gptmodel_agrees(scratch_gpt2, pair, metric):
-    """TL's own sweep driving our GPTModel (given the cfg.device it reads) equals ours."""
+    """TL's own sweep driving our GPTModel equals ours."""
     model = copy.deepcopy(scratch_gpt2).eval()
-    model.cfg.device = "cpu"
     clean, corrupted, _ = pair
     _, clean_cache = model.run_with_cache(clean)
     expected = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupted, clean_cache, metric)
