@@ -1,13 +1,14 @@
 """``interp train``: the recipe behind the embedded "toy" model (DESIGN 3.3).
 
-An attention-only GPT learns, on CPU, from two kinds of sequence mixed in every batch:
+A 2-layer attention-only GPT learns, on one CPU thread, from two kinds of sequence mixed in
+every batch (a quarter text, three quarters synthetic):
 
 - natural text that exists offline on every machine: the Python standard library's own ``.py``
   files, read as bytes from the running interpreter's installation (sorted, so deterministic;
   every ``HELD_OUT_EVERY``-th file is held out for evaluation);
-- synthetic repeats: BOS, random bytes, a random segment of period p, the same segment again,
-  random bytes. p and the offset vary per sequence, so attending by a fixed positional offset
-  cannot predict the repeat: only a content-based (induction) mechanism can.
+- synthetic repeats: BOS, random bytes, then a random segment of period p repeated to the end.
+  p and the offset vary per sequence, so attending by a fixed positional offset cannot predict
+  the repeat: only a content-based (induction) mechanism can.
 
 Every ``eval_every`` steps the recipe records the training loss, the held-out text loss, the
 in-context-learning score (Olsson et al. 2022: mean loss on late tokens minus mean loss on
@@ -372,7 +373,6 @@ def save_curves(history: list[dict], directory: Path) -> tuple[Path, Path]:
 def run(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     """Train by ``recipe`` and write the checkpoint, training.json and curves into ``out``."""
     model, history, metadata = train(recipe, progress)
-    out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(model, out, training={**metadata, "history": history})
     save_curves(history, out)
     return metadata

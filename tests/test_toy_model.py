@@ -7,7 +7,9 @@ role's target position, over the query positions where the role is defined.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import platform
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ import torch
 from analyses.probes import probes_for
 from interp import GPTModel, load_model
 from interp.loading import toy_checkpoint_dir
+from interp.train import PRESETS, TRIED, load_corpus
 
 ROLE_THRESHOLD = 0.7  # the issue's target for a previous-token and an induction head
 ABLATION_TARGET = 1.0  # nats added to the predictable-token loss by ablating the induction heads
@@ -90,12 +93,15 @@ def test_loads_offline_from_package_data_and_by_path(toy):
     assert sum(f.stat().st_size for f in directory.iterdir()) <= 5 * 1024 * 1024
 
 
-def test_training_metadata_describes_the_recipe():
+def test_training_metadata_is_what_interp_train_reproduces():
+    """`interp train` (the 'full' preset) reruns exactly the recipe recorded with the shipped model;
+    on the same Python, on the same stdlib bytes."""
     training = json.loads((toy_checkpoint_dir() / "training.json").read_text())
-    assert training["recipe"]["seed"] == 0 and training["recipe"]["steps"] > 0
-    assert training["data"]["files"] > 100 and len(training["data"]["sha256"]) == 64
-    assert training["history"][-1]["step"] == training["recipe"]["steps"]
-    assert training["final"]["text_loss"] < 3.0
+    assert training["recipe"] == dataclasses.asdict(PRESETS["full"]) and training["tried"] == list(TRIED)
+    assert training["history"][-1] == training["final"] and training["final"]["step"] == PRESETS["full"].steps
+    assert training["final"]["text_loss"] < 2.5 and training["final"]["repeat_loss"] < 0.5
+    if training["data"]["python"] == platform.python_version():
+        assert load_corpus()[2] == training["data"]
 
 
 def test_pickle_checkpoints_are_refused(tmp_path):

@@ -28,6 +28,11 @@ SHORT_ICL_BOUND = -0.3  # late minus early held-out loss, nats (about -0.05 at i
 TINY = dataclasses.replace(PRESETS["short"], steps=3, batch_size=4, eval_every=2, eval_batch=4)
 
 
+def _untrained(recipe: Recipe) -> GPTModel:
+    torch.manual_seed(0)
+    return GPTModel(recipe.model_config()).eval()
+
+
 @pytest.fixture(scope="module")
 def short_run():
     """The 'short' preset trained once: (model, history, metadata)."""
@@ -63,7 +68,7 @@ def test_icl_score_is_late_minus_early_loss():
 
 def test_head_scores_find_a_hand_made_induction_pattern():
     """A model whose layer-1 head 0 attends exactly to i - p + 1 on the second copy scores 1.0."""
-    model = load_model_like(PRESETS["short"])
+    model = _untrained(PRESETS["short"])
     repeats = repeat_batch(8, 64, 4, torch.Generator().manual_seed(1))
 
     def induction_pattern(pattern, hook):
@@ -78,11 +83,6 @@ def test_head_scores_find_a_hand_made_induction_pattern():
         scores = head_scores(model, repeats)
     assert scores["induction"][1, 0] == pytest.approx(1.0)
     assert scores["induction"][0].max() < 0.5
-
-
-def load_model_like(recipe: Recipe) -> GPTModel:
-    torch.manual_seed(0)
-    return GPTModel(recipe.model_config()).eval()
 
 
 @pytest.mark.parametrize("field, value", [("steps", 0), ("batch_size", -1), ("synthetic_fraction", 1.5), ("min_period", 1)])
