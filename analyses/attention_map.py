@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from analyses.atomic import write_atomic
+from interp.files import write_atomic
 from analyses.plots import attention_grid, png_bytes
 
 

@@ -1,41 +1,30 @@
 """Output files of the ablation, patching and study commands: tables and figures, each written to a
-temporary name and renamed, so no file is ever left half-written (DESIGN 5)."""
+temporary name and renamed, so no file is ever left half-written (DESIGN 5). Figures are plain
+matplotlib ``Figure`` objects (no pyplot state, no backend switch), which notebooks display inline."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-
-def write_atomic(path: Path, write) -> Path:
-    """``write(tmp_path)`` then rename onto ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+from analyses.plots import png_bytes
+from interp.files import write_atomic
 
 
 def save_csv(frame: pd.DataFrame, path) -> Path:
     return write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def save_figure(fig, path) -> Path:
-    try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
+def save_figure(fig: Figure, path) -> Path:
+    return write_atomic(path, png_bytes(fig))
+
+
+def _axes(width: float, height: float):
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots()
 
 
 def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str, center: float | None = None,
@@ -44,7 +33,7 @@ def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str
     annotated when asked and there are at most 200."""
     grid = frame.pivot(index=rows, columns=columns, values=value)
     width = min(16.0, max(4.0, 0.7 * grid.shape[1] + 2))
-    fig, ax = plt.subplots(figsize=(width, min(12.0, max(3.0, 0.5 * grid.shape[0] + 1.5))))
+    fig, ax = _axes(width, min(12.0, max(3.0, 0.5 * grid.shape[0] + 1.5)))
     annotate = annotate and grid.size <= 200
     sns.heatmap(grid, ax=ax, cmap="RdBu_r" if center is not None else "viridis", center=center,
                 annot=annotate, fmt=".2f", cbar_kws={"label": value})
@@ -53,7 +42,7 @@ def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str
 
 
 def curve(frame: pd.DataFrame, x: str, y: str, title: str, baseline: float | None = None):
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _axes(6, 4)
     sns.lineplot(data=frame, x=x, y=y, marker="o", ax=ax)
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", label="unablated")
@@ -63,7 +52,7 @@ def curve(frame: pd.DataFrame, x: str, y: str, title: str, baseline: float | Non
 
 
 def bars(frame: pd.DataFrame, label: str, value: str, title: str):
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(frame) + 2), 4))
+    fig, ax = _axes(max(4.0, 0.5 * len(frame) + 2), 4)
     sns.barplot(data=frame, x=label, y=value, ax=ax, color="steelblue")
     ax.tick_params(axis="x", rotation=45)
     ax.set_title(title)

@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.atomic import write_atomic
+from interp.files import write_atomic
 from analyses.attention_map import all_patterns
 from analyses.causal_check import ablation_effects
 from analyses.classify import DEFAULT_THRESHOLD, MEASURES, ROLES, classify_heads, head_table

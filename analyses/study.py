@@ -25,11 +25,12 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses.ablation import Ablation, head_importance, prepare_ablation, sweep_targets
-from analyses.intervention_figures import ablation_figure, save_figure, write_atomic
+from analyses.intervention_figures import ablation_figure, save_figure
 from analyses.metrics import Metric, logit_diff_metric, loss_metric
 from analyses.probes import probes_for
 from analyses.study_spec import StudySpec, load_spec
 from interp import load_model
+from interp.files import write_atomic
 
 COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "effect"]
 
@@ -123,7 +124,7 @@ def check_out_dir(out: Path, spec: StudySpec, resume: bool) -> None:
         raise ValueError(f"{results} already exists; pass --resume to finish it, or choose another --out")
     if resume and recorded.exists() and recorded.read_text() != text:
         raise ValueError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
-    write_atomic(recorded, lambda tmp: tmp.write_text(text))
+    write_atomic(recorded, text)
 
 
 def run_study(spec_path, out, resume: bool = False, *, progress: bool = True,

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from interp.files import write_atomic
 from interp.gpt2 import fetch_gpt2, gpt2_bridge, gpt2_to_scratch
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
@@ -70,12 +71,11 @@ def save_checkpoint(model: GPTModel, directory: str | os.PathLike, training: dic
     if not isinstance(model.tokenizer, ByteTokenizer):
         raise ValueError("only models with the byte-level tokenizer can be saved as interp checkpoints")
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-    _write_atomic(directory / "model.safetensors", lambda tmp: save_file(state, tmp))
+    write_atomic(directory / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
     config = {"format": CHECKPOINT_FORMAT, "config": json.loads(model.cfg.to_json()), "tokenizer": "bytes"}
-    _write_atomic(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    write_atomic(directory / "config.json", json.dumps(config, indent=2) + "\n")
     if training is not None:
-        text = json.dumps(training, indent=2, sort_keys=True) + "\n"
-        _write_atomic(directory / "training.json", lambda tmp: Path(tmp).write_text(text))
+        write_atomic(directory / "training.json", json.dumps(training, indent=2, sort_keys=True) + "\n")
     return directory
 
 
@@ -88,9 +88,3 @@ def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
     model.check_finite()
     return model.eval()
 
-
-def _write_atomic(target: Path, write) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``target``, so no half-written file is ever seen."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    write(str(tmp))
-    os.replace(tmp, target)
