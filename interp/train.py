@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from interp.files import write_atomic
 from interp.loading import save_checkpoint
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
@@ -342,17 +343,14 @@ def _report_progress(row: dict, seconds: float) -> None:
 
 # ------------------------------------------------------------------------------- outputs
 def save_curves(history: list[dict], directory: Path) -> tuple[Path, Path]:
-    """Write the history as ``training_curve.csv`` and a two-panel ``training_curve.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write the history as ``training_curve.csv`` and a two-panel ``training_curve.png``, each
+    atomically; the PNG carries no software/date metadata, so a rerun gives the same bytes."""
     import pandas as pd
+    from matplotlib.figure import Figure  # no pyplot: never switches a notebook's backend
 
     frame = pd.DataFrame(history)
-    csv_path, png_path = directory / "training_curve.csv", directory / "training_curve.png"
-    frame.to_csv(csv_path, index=False, float_format="%.5f")
-    fig, (losses, scores) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    losses, scores = fig.subplots(1, 2)
     for column, label in [("train_loss", "training loss"), ("text_loss", "held-out text loss"),
                           ("repeat_loss", "loss on repeated tokens")]:
         losses.plot(frame["step"], frame[column], label=label)
@@ -365,8 +363,9 @@ def save_curves(history: list[dict], directory: Path) -> tuple[Path, Path]:
     scores.set(xlabel="step", title="head scores and in-context learning")
     scores.legend()
     fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    csv_path = write_atomic(directory / "training_curve.csv", lambda tmp: frame.to_csv(tmp, index=False, float_format="%.5f"))
+    png_path = write_atomic(directory / "training_curve.png",
+                            lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None}))
     return csv_path, png_path
 
 
