@@ -19,7 +19,14 @@ def write_atomic(target: str | os.PathLike, content: bytes | str | Callable[[Pat
             content(tmp)
         else:
             tmp.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+        os.chmod(tmp, 0o666 & ~_umask())  # a writer may create its file private (safetensors does)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
