@@ -18,7 +18,6 @@ from analyses.ablation import (
 from analyses.metrics import loss_metric
 from analyses.probes import probes_for
 from interp import GPTConfig, GPTModel, load_model
-from interp.loading import toy_checkpoint_dir
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +175,6 @@ def test_bad_inputs_name_the_value(scratch_gpt2, prompts, call, message):
         call(scratch_gpt2, prompts)
 
 
-@pytest.mark.skipif(not (toy_checkpoint_dir() / "model.safetensors").is_file(), reason="embedded model not installed")
 def test_embedded_model_needs_its_second_layer_for_induction():
     """The toy model predicts the second copy of a segment (low repeat loss) and loses that when
     its second layer, where induction heads must sit, is mean-ablated."""

@@ -12,10 +12,8 @@ import pytest
 
 from analyses.classify import MEASURES
 from analyses.cli import main
-from interp.loading import toy_checkpoint_dir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TOY_SHIPPED = (toy_checkpoint_dir() / "model.safetensors").is_file()
 
 
 def report(out: Path, model, *extra: str) -> Path:
@@ -94,7 +92,6 @@ def test_attention_map_writes_one_png_and_checks_the_layer(gpt2_dir, tmp_path, c
     assert "n_ctx=64" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not TOY_SHIPPED, reason="the embedded toy model (interp/toy_model/model.safetensors) is not shipped yet")
 def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_path):
     out = tmp_path / "toy"
     assert main(["report", "--model", "toy", "--prompts", "16", "--out", str(out)]) == 0
