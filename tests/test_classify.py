@@ -237,7 +237,7 @@ def test_compat_mode_rejects_bad_input(bridge):
 @torch.no_grad()
 def test_batched_ablation_matches_one_head_at_a_time(scratch, bridge):
     probes = probes_for(scratch, 6, seq_len=32, seed=2)
-    effects = ablation_effects(scratch, probes, memory_bytes=1, progress=False)  # one prompt per forward
+    effects = ablation_effects(scratch, probes, memory_mb=1e-3, progress=False)  # one ablation per forward
     grouped = ablation_effects(scratch, probes, progress=False)  # all heads x prompts in one forward
     assert (grouped["ablation_effect"] - effects["ablation_effect"]).abs().max() < 1e-5
     mask = probes.predictable[:, 1:]
