@@ -24,8 +24,9 @@ import pandas as pd
 import torch
 
 from analyses.attribution import linear_effects, metric_gradients
+from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_names import pattern_name, z_name
 from analyses.interventions import (
-    DEFAULT_MEMORY_MB,
     Variant,
     as_tokens,
     base_run,
@@ -34,8 +35,6 @@ from analyses.interventions import (
     check_heads,
     evaluate_variants,
     head_cells,
-    pattern_name,
-    z_name,
 )
 from analyses.metrics import Metric, evaluate_metric, loss_metric
 

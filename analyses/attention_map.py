@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from interp.files import write_atomic
+from analyses.hook_names import pattern_names
 from analyses.plots import attention_grid, png_bytes
+from interp.files import write_atomic
 
 
 def check_layer(model, layer: int) -> int:
@@ -36,7 +37,7 @@ def text_tokens(model, text: str) -> torch.Tensor:
 @torch.no_grad()
 def all_patterns(model, tokens: torch.Tensor) -> torch.Tensor:
     """tokens (pos,) -> every layer's attention (layer, head, q, k), from one forward."""
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+    names = pattern_names(model)
     _, cache = model.run_with_cache(tokens[None], names_filter=names, return_type=None)
     return torch.stack([cache[name][0] for name in names]).cpu()
 

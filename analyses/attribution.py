@@ -14,7 +14,9 @@ import pandas as pd
 import torch
 from einops import einsum
 
-from analyses.interventions import DEFAULT_MEMORY_MB, cache_run, z_name
+from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_names import z_name
+from analyses.interventions import cache_run
 from analyses.metrics import Metric, evaluate_metric
 from analyses.patching import base_and_source, normalize_values, patch_specific_heads, prepare
 

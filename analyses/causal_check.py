@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analyses.ablation import ablation_sweep
-from analyses.interventions import DEFAULT_MEMORY_MB
+from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.metrics import loss_metric
 from analyses.probes import RepeatedProbes
 

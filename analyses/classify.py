@@ -28,13 +28,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from analyses.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.hook_names import pattern_names
 from analyses.probes import RepeatedProbes, bos_token_id, model_device, probes_for
 
 ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
 MEASURES = (*ROLES, "entropy", "distance")
 TEXT_MEASURES = ("previous_token", "duplicate_token", "self", "bos", "entropy", "distance")
 DEFAULT_THRESHOLD = 0.4
-DEFAULT_MEMORY_BYTES = 512 * 2**20
 
 
 @dataclass
@@ -146,27 +147,17 @@ def _log_row_size(pos: torch.Tensor) -> torch.Tensor:
     return torch.where(pos >= 1, torch.log1p(pos.float()), torch.ones_like(pos, dtype=torch.float))
 
 
-def pattern_names(model) -> list[str]:
-    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
-
-
-def chunk_size(model, n_pos: int, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> int:
-    """How many prompts of ``n_pos`` tokens fit in ``memory_bytes`` of cached patterns and activations."""
-    cfg = model.cfg
-    patterns = cfg.n_layers * cfg.n_heads * n_pos * n_pos
-    activations = 4 * n_pos * (cfg.d_model * 8 + cfg.d_vocab)
-    return max(1, memory_bytes // (4 * patterns + activations))
 
 
 @torch.no_grad()
 def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
-                      memory_bytes: int = DEFAULT_MEMORY_BYTES, progress: bool | None = None) -> dict[str, torch.Tensor]:
+                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
     """Run ``tokens`` (batch, pos) through ``model`` in chunks, caching only the patterns.
 
     Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``).
     """
     names = pattern_names(model)
-    size = chunk_size(model, tokens.shape[1], memory_bytes)
+    size = rows_within(model, tokens.shape[1], memory_mb, kept_patterns=model.cfg.n_layers)
     chunks = []
     disable = None if progress is None else not progress
     for start in tqdm(range(0, len(tokens), size), desc="classify heads", unit="chunk", disable=disable):
@@ -206,7 +197,7 @@ def classify_heads(
     texts: Sequence[str] | None = None,
     *,
     n_boot: int = 1000,
-    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
 ) -> pd.DataFrame:
     """Score every head of a hooked model on every measure.
@@ -217,7 +208,7 @@ def classify_heads(
             the bootstrap.
         texts: score on these texts instead of probes (all measures but induction).
         n_boot: bootstrap resamples over prompts.
-        memory_bytes: budget for one chunk's cached patterns and activations.
+        memory_mb: budget for one chunk's cached patterns and activations.
         progress: show a tqdm bar (None: only on a terminal).
 
     Returns a tidy DataFrame, one row per (layer, head, measure), columns
@@ -229,7 +220,7 @@ def classify_heads(
     else:
         probes = probes_for(model, n_prompts, seq_len, seed=seed)
         tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
-    sums = per_prompt_scores(model, tokens, targets, measures, memory_bytes, progress)
+    sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, progress)
     counts, chance = prompt_counts_and_chance(targets, measures)
     return scores_frame(sums, counts, chance, n_boot=n_boot, seed=seed)
 

@@ -20,30 +20,13 @@ import torch
 from einops import repeat
 from tqdm.auto import tqdm
 
+from analyses.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.hook_names import layer_of, resid_pre_name, z_name
 from analyses.metrics import Metric, evaluate_metric
 from analyses.probes import model_device
 
 Cell = tuple[str, tuple]  # (hook name "blocks.{l}....", index into the activation without batch)
 Variant = Sequence[Cell]
-
-DEFAULT_MEMORY_MB = 1024
-
-
-def z_name(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def pattern_name(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-def resid_pre_name(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_pre"
-
-
-def layer_of(name: str) -> int:
-    """``blocks.{l}.…`` -> l."""
-    return int(name.split(".")[1])
 
 
 def runs_suffix_only(model) -> bool:
@@ -183,12 +166,8 @@ def run_variants(
 
 
 def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float) -> int:
-    """How many variants fit one forward within ``memory_mb``: per row the logits, a few residual-
-    sized activations, the MLP and the attention pattern (float32)."""
-    cfg = model.cfg
-    d_mlp = getattr(cfg, "d_mlp", None) or 4 * cfg.d_model
-    per_row = 4 * n_pos * (cfg.d_vocab + 8 * cfg.d_model + d_mlp + 2 * cfg.n_heads * n_pos)
-    return max(1, int(memory_mb * 2**20 // (per_row * batch)))
+    """How many variants of ``batch`` prompts fit one forward within ``memory_mb``."""
+    return max(1, rows_within(model, n_pos, memory_mb) // batch)
 
 
 def evaluate_variants(

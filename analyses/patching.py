@@ -23,8 +23,9 @@ from itertools import product
 import pandas as pd
 import torch
 
+from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_names import pattern_name, resid_pre_name, z_name
 from analyses.interventions import (
-    DEFAULT_MEMORY_MB,
     Variant,
     as_tokens,
     base_run,
@@ -32,9 +33,6 @@ from analyses.interventions import (
     check_choice,
     evaluate_variants,
     head_cells,
-    pattern_name,
-    resid_pre_name,
-    z_name,
 )
 from analyses.metrics import Metric, evaluate_metric
 

@@ -22,7 +22,9 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from analyses.classify import DEFAULT_MEMORY_BYTES, chunk_size, pattern_names, tokenize_texts
+from analyses.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.classify import tokenize_texts
+from analyses.hook_names import pattern_names
 
 TL_HEAD_NAMES = ("previous_token_head", "duplicate_token_head", "induction_head")
 ERROR_MEASURES = ("mul", "abs")
@@ -77,7 +79,7 @@ def detect_heads(
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
     error_measure: str = "mul",
-    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
 ) -> dict[str, torch.Tensor]:
     """``detect_head`` for several named patterns from one batched forward.
@@ -94,7 +96,7 @@ def detect_heads(
     if int(lengths.max()) >= model.cfg.n_ctx:
         raise ValueError(f"a prompt is {int(lengths.max())} tokens; detect_head needs fewer than n_ctx={model.cfg.n_ctx}")
     detections = detection_patterns(tokens, lengths)
-    size = chunk_size(model, tokens.shape[1], memory_bytes)
+    size = rows_within(model, tokens.shape[1], memory_mb, kept_patterns=model.cfg.n_layers)
     per_prompt = {name: [] for name in names}  # name -> chunks of (batch, layer, head)
     disable = None if progress is None else not progress
     for start in tqdm(range(0, len(tokens), size), desc="detect heads", unit="chunk", disable=disable):

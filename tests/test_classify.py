@@ -170,7 +170,7 @@ def test_text_targets_mark_every_earlier_occurrence():
 
 def test_same_scores_on_both_backends_any_chunking_and_same_seed(scratch, bridge):
     scratch_scores = classify_heads(scratch, n_prompts=12, seq_len=SEQ_LEN, seed=5, progress=False)
-    chunked = classify_heads(scratch, n_prompts=12, seq_len=SEQ_LEN, seed=5, memory_bytes=1, progress=False)
+    chunked = classify_heads(scratch, n_prompts=12, seq_len=SEQ_LEN, seed=5, memory_mb=1e-6, progress=False)
     bridge_scores = classify_heads(bridge, n_prompts=12, seq_len=SEQ_LEN, seed=5, progress=False)
     assert len(scratch_scores) == 2 * 4 * 7
     for column in ("score", "ci_low", "ci_high", "chance"):

@@ -1,0 +1,26 @@
+"""The hook names every analysis reads or edits (DESIGN 2), shared by both backends."""
+
+
+def z_name(layer: int) -> str:
+    """A layer's head outputs before the output projection, (batch, pos, head, d_head)."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def pattern_name(layer: int) -> str:
+    """A layer's attention patterns, (batch, head, q_pos, k_pos)."""
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def resid_pre_name(layer: int) -> str:
+    """The residual stream entering a block, (batch, pos, d_model)."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def pattern_names(model) -> list[str]:
+    """Every layer's ``hook_pattern`` name."""
+    return [pattern_name(layer) for layer in range(model.cfg.n_layers)]
+
+
+def layer_of(name: str) -> int:
+    """``blocks.{l}.…`` -> l."""
+    return int(name.split(".")[1])
