@@ -1,0 +1,63 @@
+"""Keep freed activation memory in the process instead of handing it back to the kernel.
+
+A full ``run_with_cache`` keeps every activation alive until the cache is dropped: on a
+GPT-2-small shape at batch 4 x 128 tokens that is about 250 MB in blocks of 1.5-6 MB. With
+glibc's defaults, freeing those blocks returns them to the kernel (``munmap``, or trimming the
+top of the heap), so the next cache faults every page in again, zero-filled: about 60k minor
+page faults and a fifth more wall time than the forward itself. The analyses pay the same on
+every chunk.
+
+``retain_freed_memory`` tells glibc to serve blocks up to 32 MB from its heap and to keep up to
+``limit_mb`` of freed memory at the top of the heap for the next allocation. The price is that
+the process's resident size stays at its high-water mark, up to that limit, after a cache is
+dropped (as PyTorch's CUDA caching allocator does on the GPU). ``HookedModule.run_with_cache``
+applies it once per process; set ``INTERP_RETAIN_FREED_MEMORY=0`` to leave the allocator alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+DEFAULT_LIMIT_MB = 1024
+MAX_LIMIT_MB = 2047  # mallopt takes a C int of bytes
+OPT_OUT_VARIABLE = "INTERP_RETAIN_FREED_MEMORY"
+
+# mallopt parameters and defaults from glibc's <malloc.h> and mallopt(3)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
+_DEFAULT_MMAP_MAX = 65536
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # the largest value glibc accepts on 64-bit systems
+
+_applied = False
+
+
+def retain_freed_memory(limit_mb: int | None = DEFAULT_LIMIT_MB) -> bool:
+    """Keep up to ``limit_mb`` MB of freed memory for reuse; returns whether the allocator took it.
+
+    With a limit, blocks up to 32 MB come from the heap and freed memory beyond ``limit_mb`` at
+    its top goes back to the kernel; glibc still maps each larger block fresh. ``None`` keeps
+    everything: every block comes from the heap and nothing freed is returned, so repeated
+    caches of any size reuse the last one's pages, at the price of a resident size that never
+    shrinks. A no-op returning False where the C library is not glibc (macOS, Windows, musl).
+    """
+    if limit_mb is None:
+        settings = {_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: -1}  # -1 is SIZE_MAX to glibc: never trim
+    elif isinstance(limit_mb, int) and not isinstance(limit_mb, bool) and 0 <= limit_mb <= MAX_LIMIT_MB:
+        limit = limit_mb * 2**20
+        settings = {_M_MMAP_MAX: _DEFAULT_MMAP_MAX, _M_MMAP_THRESHOLD: _MMAP_THRESHOLD_MAX,
+                    _M_TRIM_THRESHOLD: limit, _M_TOP_PAD: limit}
+    else:
+        raise ValueError(f"limit_mb={limit_mb!r}: expected whole megabytes from 0 to {MAX_LIMIT_MB}, or None to keep all")
+    global _applied
+    _applied = True
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    return all([libc.mallopt(param, value) == 1 for param, value in settings.items()])
+
+
+def retain_freed_memory_once() -> None:
+    """Apply ``retain_freed_memory()`` when a cache is taken, unless it ran already or is opted out."""
+    if not _applied and os.environ.get(OPT_OUT_VARIABLE, "1") != "0":
+        retain_freed_memory()
