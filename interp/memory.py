@@ -10,8 +10,10 @@ every chunk.
 ``retain_freed_memory`` tells glibc to serve blocks up to 32 MB from its heap and to keep up to
 ``limit_mb`` of freed memory at the top of the heap for the next allocation. The price is that
 the process's resident size stays at its high-water mark, up to that limit, after a cache is
-dropped (as PyTorch's CUDA caching allocator does on the GPU). ``HookedModule.run_with_cache``
-applies it once per process; set ``INTERP_RETAIN_FREED_MEMORY=0`` to leave the allocator alone.
+dropped (as PyTorch's CUDA caching allocator does on the GPU; ``release_freed_memory`` is this
+module's ``torch.cuda.empty_cache``). ``HookedModule.run_with_cache`` applies it once per process;
+set ``INTERP_RETAIN_FREED_MEMORY=0`` to leave the allocator alone. The default limit matches the
+analyses' default memory budget, so each chunk they run reuses the last one's pages.
 """
 
 from __future__ import annotations
@@ -51,10 +53,20 @@ def retain_freed_memory(limit_mb: int | None = DEFAULT_LIMIT_MB) -> bool:
         raise ValueError(f"limit_mb={limit_mb!r}: expected whole megabytes from 0 to {MAX_LIMIT_MB}, or None to keep all")
     global _applied
     _applied = True
+    libc = _glibc()
+    return libc is not None and all([libc.mallopt(param, value) == 1 for param, value in settings.items()])
+
+
+def release_freed_memory() -> bool:
+    """Hand every freed page back to the kernel now; returns whether any was released."""
+    libc = _glibc()
+    return libc is not None and libc.malloc_trim(0) == 1
+
+
+def _glibc() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(None)
-    return all([libc.mallopt(param, value) == 1 for param, value in settings.items()])
+        return None
+    return ctypes.CDLL(None)
 
 
 def retain_freed_memory_once() -> None:
