@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from interp.files import write_atomic
 from interp.gpt2 import fetch_gpt2, gpt2_bridge, gpt2_to_scratch
+from interp.memory import retain_freed_memory_once
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
 
@@ -40,6 +41,8 @@ def load_model(spec: str | os.PathLike = "toy", impl: str = "scratch", device: s
         impl: "scratch" for our ``GPTModel``; "transformer_lens" for a ``TransformerBridge``
             (GPT-2 only).
         device: where to put the model (default: CPU).
+
+    A bridge tunes the allocator at load as GPTModel does at its first cache (``interp.memory``).
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)}")
@@ -56,6 +59,7 @@ def load_model(spec: str | os.PathLike = "toy", impl: str = "scratch", device: s
         model = gpt2_to_scratch(str(spec))
     else:
         model = gpt2_bridge(*fetch_gpt2(str(spec)), name=str(spec))
+        retain_freed_memory_once()  # what our run_with_cache does, for a bridge whose caches are not ours
     return model.to(device) if device is not None else model
 
 

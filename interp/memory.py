@@ -70,6 +70,6 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def retain_freed_memory_once() -> None:
-    """Apply ``retain_freed_memory()`` when a cache is taken, unless it ran already or is opted out."""
+    """Apply ``retain_freed_memory()`` when a cache is taken or a bridge loaded, unless it ran already or is opted out."""
     if not _applied and os.environ.get(OPT_OUT_VARIABLE, "1") != "0":
         retain_freed_memory()

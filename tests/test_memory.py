@@ -29,6 +29,14 @@ THIRD_ROUND_FAULTS = textwrap.dedent("""
         import torch
         from interp import GPTConfig, GPTModel
         GPTModel(GPTConfig(d_vocab=16, n_ctx=8, d_model=8, n_heads=2, n_layers=1)).run_with_cache(torch.zeros(1, 8, dtype=torch.long))
+    elif setup == "load_model(transformer_lens)":
+        import tempfile
+        from interp import load_model
+        from interp.gpt2 import make_random_gpt2
+        directory = tempfile.mkdtemp()
+        for saved in make_random_gpt2(n_layers=1, d_model=16, n_heads=2, n_ctx=16, seed=0):
+            saved.save_pretrained(directory)
+        load_model(directory, impl="transformer_lens")
     elif setup != "untouched":  # interp.memory alone, without importing torch and the models
         spec = importlib.util.spec_from_file_location("memory", sys.argv[2])
         memory = importlib.util.module_from_spec(spec)
@@ -70,6 +78,11 @@ def test_untuned_glibc_faults_a_dropped_caches_pages_in_again():
 @glibc_only
 def test_taking_a_cache_tunes_the_allocator_so_the_next_one_reuses_its_pages():
     assert faulted_fraction("run_with_cache", count=50, block_mb=4) < 0.05
+
+
+@glibc_only
+def test_loading_a_bridge_tunes_the_allocator_as_our_caches_do():
+    assert faulted_fraction("load_model(transformer_lens)", count=50, block_mb=4) < 0.05
 
 
 @glibc_only
