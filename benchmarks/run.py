@@ -1,6 +1,8 @@
-"""``make bench``: run every ``benchmarks/bench_*.py`` in turn; each prints its own ratios."""
+"""``make bench``: run every ``benchmarks/bench_*.py`` in turn, each in a fresh interpreter (the
+first cache tunes the process's allocator, so one script must not set the stage for the next);
+each prints its own ratios."""
 
-import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,4 +12,4 @@ for script in sorted(here.glob("bench_*.py")):
     if selected and not any(name in script.stem for name in selected):
         continue
     print(f"\n=== {script.name}", flush=True)
-    runpy.run_path(str(script), run_name="__main__")
+    subprocess.run([sys.executable, str(script)], check=True)
