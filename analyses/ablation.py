@@ -25,7 +25,7 @@ import torch
 
 from analyses.attribution import linear_effects, metric_gradients
 from analyses.budget import DEFAULT_MEMORY_MB
-from analyses.hook_names import pattern_name, z_name
+from analyses.hook_names import pattern_name, pattern_names, z_name, z_names
 from analyses.interventions import (
     Variant,
     as_tokens,
@@ -85,7 +85,7 @@ class Ablation:
 def replacement_z(model, tokens: torch.Tensor, method: str, reference=None, seed: int = 0) -> dict[str, torch.Tensor]:
     """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head)."""
     check_choice("ablation method", method, METHODS)
-    names = [z_name(layer) for layer in range(model.cfg.n_layers)]
+    names = z_names(model)
     if method == "zero":
         shape = (1, tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
         return {name: torch.zeros(shape, device=tokens.device) for name in names}
@@ -120,7 +120,7 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
     tokens = as_tokens(model, tokens)
     metric = metric if metric is not None else loss_metric(tokens)
     sources = replacement_z(model, tokens, method, reference, seed)
-    patterns = [pattern_name(layer) for layer in range(model.cfg.n_layers)] if preserve_patterns else []
+    patterns = pattern_names(model) if preserve_patterns else []
     logits, pattern_cache, starts = base_run(model, tokens, patterns)
     baseline = evaluate_metric(metric, logits).item()
     return Ablation(model, tokens, metric, sources | pattern_cache, starts, baseline, preserve_patterns)

@@ -15,7 +15,7 @@ import torch
 from einops import einsum
 
 from analyses.budget import DEFAULT_MEMORY_MB
-from analyses.hook_names import z_name
+from analyses.hook_names import z_names
 from analyses.interventions import cache_run
 from analyses.metrics import Metric, evaluate_metric
 from analyses.patching import base_and_source, normalize_values, patch_specific_heads, prepare
@@ -36,7 +36,7 @@ def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float
 
         return keep
 
-    names = [z_name(layer) for layer in range(model.cfg.n_layers)]
+    names = z_names(model)
     hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in names]
     with torch.enable_grad():
         value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))
@@ -66,7 +66,7 @@ def attribution_patch_heads(
     """Estimated ``patch_heads``: [n_layers, n_heads] or with ``by_position`` [n_layers, pos, n_heads].
     ``normalize`` rescales to 0 = corrupted, 1 = clean as in ``patch_heads(normalize=True)``."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
-    names = [z_name(layer) for layer in range(model.cfg.n_layers)]
+    names = z_names(model)
     source_logits, source_cache = cache_run(model, source, names, logits=normalize)  # logits: normalising only
     value, z, grads = metric_gradients(model, base, metric)
     effects = linear_effects(grads, z, [source_cache[name] for name in names])
@@ -117,7 +117,7 @@ def shortlist_patch_heads(
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= k <= n_layers * n_heads:
         raise ValueError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
-    names = [z_name(layer) for layer in range(n_layers)]
+    names = z_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     value, z, grads = metric_gradients(model, setup.base, metric)
     estimate = value + linear_effects(grads, z, [setup.sources[name] for name in names]).sum(dim=1).cpu()

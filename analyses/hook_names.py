@@ -16,9 +16,19 @@ def resid_pre_name(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_pre"
 
 
+def z_names(model) -> list[str]:
+    """Every layer's ``hook_z`` name."""
+    return [z_name(layer) for layer in range(model.cfg.n_layers)]
+
+
 def pattern_names(model) -> list[str]:
     """Every layer's ``hook_pattern`` name."""
     return [pattern_name(layer) for layer in range(model.cfg.n_layers)]
+
+
+def resid_pre_names(model) -> list[str]:
+    """Every layer's ``hook_resid_pre`` name."""
+    return [resid_pre_name(layer) for layer in range(model.cfg.n_layers)]
 
 
 def layer_of(name: str) -> int:

@@ -21,7 +21,7 @@ from einops import repeat
 from tqdm.auto import tqdm
 
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.hook_names import layer_of, resid_pre_name, z_name
+from analyses.hook_names import layer_of, resid_pre_names, z_name
 from analyses.metrics import Metric, evaluate_metric
 from analyses.probes import model_device
 
@@ -112,7 +112,7 @@ def base_run(model, tokens: torch.Tensor, names: Sequence[str] = ()) -> tuple[to
     can start there and compute only the rest (GPTModel); None elsewhere.
     """
     suffix = runs_suffix_only(model)
-    resid_names = [resid_pre_name(layer) for layer in range(model.cfg.n_layers)] if suffix else []
+    resid_names = resid_pre_names(model) if suffix else []
     logits, cache = cache_run(model, tokens, [*names, *resid_names])
     starts = {layer: cache[name] for layer, name in enumerate(resid_names)} if suffix else None
     return logits, {name: cache[name] for name in names}, starts

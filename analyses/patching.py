@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from analyses.budget import DEFAULT_MEMORY_MB
-from analyses.hook_names import pattern_name, resid_pre_name, z_name
+from analyses.hook_names import pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name, z_names
 from analyses.interventions import (
     Variant,
     as_tokens,
@@ -118,7 +118,7 @@ def patch_heads(
     [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
     ``..._by_pos`` (denoising, unnormalised)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    names = [z_name(layer) for layer in range(n_layers)]
+    names = z_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     if by_position:
         n_pos = setup.base.shape[1]
@@ -145,7 +145,7 @@ def patch_residual(
     """Patch the residual stream entering each block at each position -> [n_layers, pos].
     Equals TransformerLens's ``get_act_patch_resid_pre``."""
     n_layers = model.cfg.n_layers
-    names = [resid_pre_name(layer) for layer in range(n_layers)]
+    names = resid_pre_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     n_pos = setup.base.shape[1]
     variants = [[(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
@@ -166,7 +166,7 @@ def patch_patterns(
     """Patch each head's whole attention pattern (``hook_pattern``) -> [n_layers, n_heads].
     Equals TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    names = [pattern_name(layer) for layer in range(n_layers)]
+    names = pattern_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     variants = [[(pattern_name(layer), (head,))] for layer, head in product(range(n_layers), range(n_heads))]
     return _sweep(model, setup, metric, variants, (n_layers, n_heads), normalize, memory_mb, progress, "patch patterns")

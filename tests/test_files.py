@@ -4,7 +4,6 @@ import os
 import stat
 
 import pytest
-import torch
 
 from interp import GPTConfig, GPTModel
 from interp.files import write_atomic
