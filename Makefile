@@ -1,12 +1,13 @@
 # The README's commands. Each sets itself up on a fresh machine: a .venv, torch 2.13.0 first
 # (a CPU build is on disk here; letting pip choose would pull gigabytes of CUDA packages),
-# then this package with its dev extras.
+# then this package with its dev extras. `make test` also installs Debian's headless Chromium for
+# the report's browser test when it is missing and apt-get can run (as root); pip cannot provide it.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test report bench clean
+.PHONY: setup chromium test report bench clean
 
 setup: $(STAMP)
 
@@ -17,7 +18,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-test: $(STAMP)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "note: chromium is not installed and apt-get cannot run here; the browser test will skip"
+
+test: $(STAMP) chromium
 	$(PY) -m pytest -q
 
 report: $(STAMP)

@@ -17,10 +17,11 @@ from analyses.cli import main
 from interp.loading import toy_checkpoint_dir
 
 CHROMIUM = shutil.which("chromium")
-# .ci/run installs chromium, so under CI its absence is a failure; elsewhere the test is skipped.
+# `make test` installs chromium wherever apt-get can run as root, and .ci/run sets CI=1, so under
+# CI its absence is a failure; elsewhere (no apt, not root) the test is skipped.
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None and not os.environ.get("CI"),
-    reason="Debian's chromium is not installed (apt-get install -y chromium); CI installs it",
+    reason="chromium is missing and `make test` could not install it (needs Debian's apt-get as root)",
 )
 
 # After load, record "<decoded images>/<images>" where --dump-dom can read it.
