@@ -37,6 +37,7 @@ from analyses.interventions import (
     head_cells,
 )
 from analyses.metrics import Metric, evaluate_metric, loss_metric
+from interp.errors import UserError
 
 METHODS = ("zero", "mean", "resample")
 
@@ -91,7 +92,7 @@ def replacement_z(model, tokens: torch.Tensor, method: str, reference=None, seed
         return {name: torch.zeros(shape, device=tokens.device) for name in names}
     ref = tokens if reference is None else as_tokens(model, reference)
     if ref.shape[1] != tokens.shape[1]:
-        raise ValueError(f"reference prompts are {ref.shape[1]} tokens long but the prompts are {tokens.shape[1]}; "
+        raise UserError(f"reference prompts are {ref.shape[1]} tokens long but the prompts are {tokens.shape[1]}; "
                          "mean and resample ablation need equal lengths")
     _, cache = cache_run(model, ref, names)
     if method == "mean":
@@ -106,7 +107,7 @@ def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int
     if not same_batch:
         return torch.randint(n_reference, (n_prompts,), generator=generator)
     if n_prompts < 2:
-        raise ValueError("resample ablation needs at least 2 prompts (or a reference batch) to draw others from")
+        raise UserError("resample ablation needs at least 2 prompts (or a reference batch) to draw others from")
     order = torch.randperm(n_prompts, generator=generator)
     index = torch.empty(n_prompts, dtype=torch.long)
     index[order] = order.roll(-1)  # each prompt takes the next one in a random cycle
@@ -143,7 +144,7 @@ def sweep_targets(model, targets) -> list[tuple[str, list[tuple[int, int]]]]:
     if targets == "each_layer":
         return [(f"L{l}", [(l, h) for h in range(n_heads)]) for l in range(n_layers)]
     if isinstance(targets, str):
-        raise ValueError(f"unknown targets {targets!r}; allowed: each_head, each_layer, a mapping name -> heads, "
+        raise UserError(f"unknown targets {targets!r}; allowed: each_head, each_layer, a mapping name -> heads, "
                          "or a list of head lists")
     items = targets.items() if isinstance(targets, Mapping) else ((None, heads) for heads in targets)
     named = []

@@ -12,17 +12,18 @@ from matplotlib.figure import Figure
 from analyses.hook_names import pattern_names
 from analyses.plots import attention_grid, png_bytes
 from interp.files import write_atomic
+from interp.errors import UserError
 
 
 def check_layer(model, layer: int) -> int:
     if not 0 <= layer < model.cfg.n_layers:
-        raise ValueError(f"layer {layer} out of range [0, {model.cfg.n_layers - 1}]")
+        raise UserError(f"layer {layer} out of range [0, {model.cfg.n_layers - 1}]")
     return layer
 
 
 def check_text(text: str) -> str:
     if not text or not text.strip():
-        raise ValueError("text is empty; pass --text with at least one non-space character")
+        raise UserError("text is empty; pass --text with at least one non-space character")
     return text
 
 
@@ -30,7 +31,7 @@ def text_tokens(model, text: str) -> torch.Tensor:
     """One text -> token ids (pos,), BOS first; a one-line error when empty or longer than n_ctx."""
     tokens = model.to_tokens(check_text(text))[0]
     if len(tokens) > model.cfg.n_ctx:
-        raise ValueError(f"text is {len(tokens)} tokens, longer than the context n_ctx={model.cfg.n_ctx}")
+        raise UserError(f"text is {len(tokens)} tokens, longer than the context n_ctx={model.cfg.n_ctx}")
     return tokens
 
 

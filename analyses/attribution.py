@@ -19,6 +19,7 @@ from analyses.hook_names import z_names
 from analyses.interventions import cache_run
 from analyses.metrics import Metric, evaluate_metric
 from analyses.patching import base_and_source, normalize_values, patch_specific_heads, prepare
+from interp.errors import UserError
 
 
 def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:
@@ -83,7 +84,7 @@ def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: 
     of the cells, the largest absolute error, and the share of exact's ``top_k`` cells (by distance
     from the median cell, i.e. effect size) that attribution also puts in its top k."""
     if attributed.shape != exact.shape:
-        raise ValueError(f"shapes differ: attribution {tuple(attributed.shape)} vs exact {tuple(exact.shape)}")
+        raise UserError(f"shapes differ: attribution {tuple(attributed.shape)} vs exact {tuple(exact.shape)}")
     a = pd.Series(attributed.detach().flatten().cpu().double().numpy())
     e = pd.Series(exact.detach().flatten().cpu().double().numpy())
     k = min(top_k, len(e))
@@ -116,7 +117,7 @@ def shortlist_patch_heads(
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= k <= n_layers * n_heads:
-        raise ValueError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
+        raise UserError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
     names = z_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     value, z, grads = metric_gradients(model, setup.base, metric)

@@ -13,6 +13,7 @@ from analyses.ablation import ablation_sweep
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.metrics import loss_metric
 from analyses.probes import RepeatedProbes
+from interp.errors import UserError
 
 
 def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
@@ -21,7 +22,7 @@ def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_M
     position) -> one row per head: ``layer, head, ablation_effect`` (ablated minus clean mean loss
     on the predictable tokens, in nats) and ``clean_loss``."""
     if not probes.predictable[:, 1:].any():
-        raise ValueError("the probes have no predictable tokens to measure the loss on")
+        raise UserError("the probes have no predictable tokens to measure the loss on")
     metric = loss_metric(probes.tokens, probes.predictable)
     sweep = ablation_sweep(model, probes.tokens, "each_head", "mean", metric, memory_mb=memory_mb,
                            progress=progress is not False)

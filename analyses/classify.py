@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.hook_names import pattern_names
 from analyses.probes import RepeatedProbes, bos_token_id, model_device, probes_for
+from interp.errors import UserError
 
 ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
 MEASURES = (*ROLES, "entropy", "distance")
@@ -231,7 +232,7 @@ def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Te
     frames = []
     for measure, numerators in sums.items():
         if counts[measure].sum() == 0:
-            raise ValueError(f"no query position defines {measure!r} in these prompts")
+            raise UserError(f"no query position defines {measure!r} in these prompts")
         score, low, high = bootstrap_ratio(numerators, counts[measure], n_boot=n_boot, seed=seed)
         n_layers, n_heads = score.shape
         layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
@@ -252,14 +253,14 @@ def tokenize_texts(model, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Ten
 
     Causal attention makes the padding invisible to the real positions."""
     if isinstance(texts, str) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
+        raise UserError("texts must be a non-empty list of strings")
     rows = []
     for text in texts:
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"text must be a non-empty string, got {text!r}")
+            raise UserError(f"text must be a non-empty string, got {text!r}")
         ids = model.to_tokens(text)[0]
         if not 2 <= len(ids) <= model.cfg.n_ctx:
-            raise ValueError(f"text {text[:30]!r}... is {len(ids)} tokens; it must be 2..{model.cfg.n_ctx} (n_ctx)")
+            raise UserError(f"text {text[:30]!r}... is {len(ids)} tokens; it must be 2..{model.cfg.n_ctx} (n_ctx)")
         rows.append(ids.cpu())
     lengths = torch.tensor([len(r) for r in rows])
     tokens = torch.full((len(rows), int(lengths.max())), bos_token_id(model), dtype=torch.long)
@@ -275,7 +276,7 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] =
     limits = thresholds if isinstance(thresholds, Mapping) else dict.fromkeys(ROLES, thresholds)
     unknown = sorted(set(limits) - set(ROLES))
     if unknown:
-        raise KeyError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
+        raise UserError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
     roles = scores[scores["measure"].isin(limits)].copy()
     roles["threshold"] = roles["measure"].map(limits)
     roles = roles[(roles["score"] >= roles["threshold"]) & (roles["ci_low"] > roles["chance"])]

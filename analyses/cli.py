@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+from interp.errors import UserError
+
 # module path -> it defines register(subparsers), adding one or more subcommands whose
 # parser sets `func(args) -> int`.
 _COMMANDS = [
@@ -29,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as error:
-        # A user mistake: one line naming the bad value, not a traceback.
+    except UserError as error:  # a user mistake: one line; anything else is a bug and keeps its traceback
         print(f"interp {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -13,6 +13,7 @@ from analyses.patching import DIRECTIONS, patch_heads, patch_patterns, patch_res
 from analyses.probes import bos_token_id, corrupt_first_copy, probes_for
 from analyses.study import run_study
 from interp import load_model
+from interp.errors import UserError
 
 PATCH_TARGETS = {
     "heads": (patch_heads, ("layer", "head"), {}),
@@ -70,7 +71,7 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     try:
         return [tuple(int(v) for v in item.split(".")) for item in text.split(",")]
     except ValueError:
-        raise ValueError(f"--heads {text!r}: expected layer.head pairs separated by commas, e.g. 1.4,1.10") from None
+        raise UserError(f"--heads {text!r}: expected layer.head pairs separated by commas, e.g. 1.4,1.10") from None
 
 
 def _prompts(model, args):
@@ -102,7 +103,7 @@ def run_ablate(args) -> int:
 def _patch_pair(model, args):
     """(clean, corrupted, metric)."""
     if (args.clean is None) != (args.corrupted is None):
-        raise ValueError("pass both --clean and --corrupted, or neither (the built-in induction pair)")
+        raise UserError("pass both --clean and --corrupted, or neither (the built-in induction pair)")
     if args.clean is not None:
         clean, corrupted, predictable = model.to_tokens(args.clean), model.to_tokens(args.corrupted), None
     else:
@@ -110,12 +111,12 @@ def _patch_pair(model, args):
         clean, predictable = probes.tokens, probes.predictable
         corrupted = corrupt_first_copy(probes, model.cfg.d_vocab, bos_token_id(model), seed=args.seed + 1)
     if (args.correct is None) != (args.incorrect is None):
-        raise ValueError("pass both --correct and --incorrect, or neither (metric: the clean prompts' loss)")
+        raise UserError("pass both --correct and --incorrect, or neither (metric: the clean prompts' loss)")
     if args.correct is not None:
         ids = [model.to_tokens(t, prepend_bos=False)[0] for t in (args.correct, args.incorrect)]
         for text, id_ in zip((args.correct, args.incorrect), ids):
             if len(id_) != 1:
-                raise ValueError(f"{text!r} is {len(id_)} tokens; --correct/--incorrect must be one token each")
+                raise UserError(f"{text!r} is {len(id_)} tokens; --correct/--incorrect must be one token each")
         return clean, corrupted, logit_diff_metric(int(ids[0][0]), int(ids[1][0]))
     return clean, corrupted, loss_metric(clean, predictable)
 
@@ -135,7 +136,7 @@ def run_patch(args) -> int:
         frame = patching_frame(result, dims, value)
         if args.attribution:
             if args.what not in ("heads", "heads_by_position"):
-                raise ValueError(f"--attribution covers heads and heads_by_position, not --what {args.what}")
+                raise UserError(f"--attribution covers heads and heads_by_position, not --what {args.what}")
             attributed = attribution_patch_heads(model, clean, corrupted, metric, by_position="pos" in dims, **options)
             frame["attribution"] = attributed.flatten().numpy()
             agreement = attribution_agreement(attributed, result)

@@ -24,6 +24,7 @@ from analyses.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.hook_names import layer_of, resid_pre_names, z_name
 from analyses.metrics import Metric, evaluate_metric
 from analyses.probes import model_device
+from interp.errors import UserError
 
 Cell = tuple[str, tuple]  # (hook name "blocks.{l}....", index into the activation without batch)
 Variant = Sequence[Cell]
@@ -43,15 +44,15 @@ def as_tokens(model, tokens) -> torch.Tensor:
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.is_floating_point():
-        raise ValueError(f"tokens must be integer ids of shape (batch, pos) with pos >= 1, got {tuple(tokens.shape)}")
+        raise UserError(f"tokens must be integer ids of shape (batch, pos) with pos >= 1, got {tuple(tokens.shape)}")
     if tokens.shape[1] > model.cfg.n_ctx:
-        raise ValueError(f"tokens are {tokens.shape[1]} long, longer than the context n_ctx={model.cfg.n_ctx}")
+        raise UserError(f"tokens are {tokens.shape[1]} long, longer than the context n_ctx={model.cfg.n_ctx}")
     return tokens.to(model_device(model))
 
 
 def check_choice(name: str, value, allowed: Sequence) -> None:
     if value not in allowed:
-        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}")
+        raise UserError(f"unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}")
 
 
 def check_heads(model, heads) -> list[tuple[int, int]]:
@@ -62,9 +63,9 @@ def check_heads(model, heads) -> list[tuple[int, int]]:
         try:
             layer, head = (int(v) for v in item)
         except (TypeError, ValueError):
-            raise ValueError(f"a head is a (layer, head) pair, got {item!r}") from None
+            raise UserError(f"a head is a (layer, head) pair, got {item!r}") from None
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise ValueError(
+            raise UserError(
                 f"head ({layer}, {head}) out of range: layer must be in [0, {n_layers}), head in [0, {n_heads})"
             )
         checked.append((layer, head))
@@ -189,7 +190,7 @@ def evaluate_variants(
     ``run_variants``. Deterministic in its inputs.
     """
     if any(len(variant) == 0 for variant in variants):
-        raise ValueError("every intervention needs at least one cell to edit")
+        raise UserError("every intervention needs at least one cell to edit")
     by_start = defaultdict(list)
     for v, variant in enumerate(variants):
         by_start[min(layer_of(name) for name, _ in variant)].append(v)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from interp.errors import UserError
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
@@ -23,7 +24,7 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
     targets = tokens[:, 1:]
     mask = None if positions is None else positions[:, 1:].to(tokens.device)
     if mask is not None and not mask.any():
-        raise ValueError("loss positions select no predicted token (the mask is empty after position 0)")
+        raise UserError("loss positions select no predicted token (the mask is empty after position 0)")
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         log_probs = logits[:, :-1].log_softmax(dim=-1)
@@ -54,5 +55,5 @@ def evaluate_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     """``metric(logits)`` checked to be a scalar; returned as a 0-d float tensor."""
     value = torch.as_tensor(metric(logits))
     if value.ndim != 0:
-        raise ValueError(f"the metric must return a scalar, got a tensor of shape {tuple(value.shape)}")
+        raise UserError(f"the metric must return a scalar, got a tensor of shape {tuple(value.shape)}")
     return value.float()

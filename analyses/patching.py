@@ -35,6 +35,7 @@ from analyses.interventions import (
     head_cells,
 )
 from analyses.metrics import Metric, evaluate_metric
+from interp.errors import UserError
 
 DIRECTIONS = ("denoise", "noise")
 
@@ -62,18 +63,18 @@ class PatchSetup:
 def normalize_values(values: torch.Tensor, clean_value: float, corrupted_value: float) -> torch.Tensor:
     """(values - corrupted) / (clean - corrupted): 0 = the corrupted run's metric, 1 = the clean run's."""
     if clean_value == corrupted_value:
-        raise ValueError(f"cannot normalise: the metric is {clean_value} on both clean and corrupted prompts")
+        raise UserError(f"cannot normalise: the metric is {clean_value} on both clean and corrupted prompts")
     return (values - corrupted_value) / (clean_value - corrupted_value)
 
 
 def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
     if clean.shape[1] != corrupted.shape[1]:
-        raise ValueError(
+        raise UserError(
             f"clean prompts are {clean.shape[1]} tokens long but corrupted prompts are {corrupted.shape[1]}; "
             "patching needs equal token lengths"
         )
     if clean.shape[0] != corrupted.shape[0]:
-        raise ValueError(f"{clean.shape[0]} clean prompts but {corrupted.shape[0]} corrupted; they must pair up")
+        raise UserError(f"{clean.shape[0]} clean prompts but {corrupted.shape[0]} corrupted; they must pair up")
 
 
 def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +187,6 @@ def patch_specific_heads(
 def patching_frame(result: torch.Tensor, dims: tuple[str, ...], value: str = "metric") -> pd.DataFrame:
     """A patching tensor -> tidy DataFrame with one column per dim (e.g. ``("layer", "head")``) and ``value``."""
     if result.ndim != len(dims):
-        raise ValueError(f"result has {result.ndim} dims but {len(dims)} names were given: {dims}")
+        raise UserError(f"result has {result.ndim} dims but {len(dims)} names were given: {dims}")
     index = pd.MultiIndex.from_product([range(n) for n in result.shape], names=list(dims))
     return pd.DataFrame({value: result.detach().cpu().flatten().numpy()}, index=index).reset_index()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from interp.errors import UserError
 
 
 @dataclass
@@ -77,19 +78,19 @@ def repeated_probes(
     Deterministic in ``seed``.
     """
     if n_prompts < 1:
-        raise ValueError(f"n_prompts={n_prompts} must be >= 1")
+        raise UserError(f"n_prompts={n_prompts} must be >= 1")
     if seq_len < 8:
-        raise ValueError(f"seq_len={seq_len} must be >= 8 to hold BOS, a prefix and two copies of a segment")
+        raise UserError(f"seq_len={seq_len} must be >= 8 to hold BOS, a prefix and two copies of a segment")
     p_low, p_high = period_range or (max(2, seq_len // 8), max(2, seq_len // 3))
     a_low, a_high = prefix_range or (1, max(1, seq_len // 8))
     if not 2 <= p_low <= p_high or not 0 <= a_low <= a_high or 1 + a_high + 2 * p_high > seq_len:
-        raise ValueError(
+        raise UserError(
             f"period_range={(p_low, p_high)} and prefix_range={(a_low, a_high)} do not fit seq_len={seq_len} "
             f"(need 2 <= period, 1 + prefix + 2 * period <= seq_len)"
         )
     vocab = torch.tensor([t for t in range(d_vocab) if t != bos_token_id])
     if len(vocab) < 2 * p_high:
-        raise ValueError(f"d_vocab={d_vocab} is too small for segments of {p_high} distinct tokens")
+        raise UserError(f"d_vocab={d_vocab} is too small for segments of {p_high} distinct tokens")
     generator = torch.Generator().manual_seed(seed)
     periods = torch.randint(p_low, p_high + 1, (n_prompts,), generator=generator)
     prefixes = torch.randint(a_low, a_high + 1, (n_prompts,), generator=generator)
@@ -108,7 +109,7 @@ def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0,
     ``seq_len`` defaults to min(n_ctx, 128)."""
     seq_len = seq_len or min(model.cfg.n_ctx, 128)
     if seq_len > model.cfg.n_ctx:
-        raise ValueError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
+        raise UserError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
     probes = repeated_probes(n_prompts, seq_len, model.cfg.d_vocab, bos_token_id(model), seed=seed, **ranges)
     return probes.to(model_device(model))
 
@@ -123,7 +124,7 @@ def corrupt_first_copy(probes: RepeatedProbes, d_vocab: int, bos_token_id: int, 
         used = set(corrupted[row].tolist()) | {bos_token_id}
         fresh = torch.tensor([t for t in range(d_vocab) if t not in used])
         if len(fresh) < period:
-            raise ValueError(f"d_vocab={d_vocab} too small to corrupt a segment of {period} tokens")
+            raise UserError(f"d_vocab={d_vocab} too small to corrupt a segment of {period} tokens")
         corrupted[row, start:start + period] = fresh[torch.randperm(len(fresh), generator=generator)[:period]]
     return corrupted.to(probes.tokens.device)
 

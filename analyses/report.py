@@ -30,6 +30,7 @@ from analyses.causal_check import ablation_effects
 from analyses.classify import DEFAULT_THRESHOLD, MEASURES, ROLES, classify_heads, head_table
 from analyses.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.probes import probes_for
+from interp.errors import UserError
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_LEN = 32
@@ -56,7 +57,7 @@ def build_report(model, *, model_name: str, impl: str = "scratch", n_prompts: in
                  thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD, progress: bool | None = None) -> HeadReport:
     """Classify every head, run the ablation check, draw the figures."""
     if n_prompts < 1:
-        raise ValueError(f"prompts={n_prompts} must be >= 1")
+        raise UserError(f"prompts={n_prompts} must be >= 1")
     steps = tqdm(total=3, desc="report", unit="step", disable=None if progress is None else not progress)
     scores = classify_heads(model, n_prompts, seq_len, seed, texts, progress=progress)
     steps.update()
@@ -197,9 +198,11 @@ def write_report(report: HeadReport, out: str | Path) -> Path:
 
 def read_texts(path: str) -> list[str]:
     """One text per non-empty line of ``path``."""
+    if not Path(path).is_file():
+        raise UserError(f"text file {path!r} does not exist")
     lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines:
-        raise ValueError(f"text file {path!r} has no non-empty lines")
+        raise UserError(f"text file {path!r} has no non-empty lines")
     return lines
 
 
@@ -207,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from interp import load_model
 
     if args.prompts < 1:
-        raise ValueError(f"--prompts {args.prompts} must be >= 1")
+        raise UserError(f"--prompts {args.prompts} must be >= 1")
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_model(args.model, impl=args.impl)
     report = build_report(model, model_name=str(args.model), impl=args.impl, n_prompts=args.prompts,

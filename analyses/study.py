@@ -31,6 +31,7 @@ from analyses.probes import probes_for
 from analyses.study_spec import StudySpec, load_spec
 from interp import load_model
 from interp.files import write_atomic
+from interp.errors import UserError
 
 COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "effect"]
 
@@ -42,21 +43,21 @@ def study_prompts(model, spec: StudySpec) -> tuple[torch.Tensor, torch.Tensor | 
         return probes.tokens, probes.predictable
     path = Path(spec.text_file)
     if not path.is_file():
-        raise FileNotFoundError(f"[prompts].file {str(path)!r} does not exist")
+        raise UserError(f"[prompts].file {str(path)!r} does not exist")
     lines = [line for line in path.read_text().splitlines() if line.strip()][: spec.n_prompts]
     if not lines:
-        raise ValueError(f"[prompts].file {str(path)!r} has no non-empty line")
+        raise UserError(f"[prompts].file {str(path)!r} has no non-empty line")
     rows = [model.to_tokens(line)[0] for line in lines]
     length = min(len(row) for row in rows)
     if length < 2:
-        raise ValueError(f"[prompts].file {str(path)!r} has a prompt of {length} token(s); a loss needs at least 2")
+        raise UserError(f"[prompts].file {str(path)!r} has a prompt of {length} token(s); a loss needs at least 2")
     return torch.stack([row[:length] for row in rows]), None
 
 
 def single_token(model, text: str, key: str) -> int:
     ids = model.to_tokens(text, prepend_bos=False)[0]
     if len(ids) != 1:
-        raise ValueError(f"study spec: [metric].{key} = {text!r} is {len(ids)} tokens; it must be exactly one")
+        raise UserError(f"study spec: [metric].{key} = {text!r} is {len(ids)} tokens; it must be exactly one")
     return int(ids[0])
 
 
@@ -77,8 +78,8 @@ def study_targets(model, spec: StudySpec, tokens, metric) -> list[tuple[str, lis
     if isinstance(spec.targets, tuple):
         try:
             singles = sweep_targets(model, [[head] for head in spec.targets])
-        except ValueError as error:
-            raise ValueError(f"study spec: [ablation].targets: {error}") from None
+        except UserError as error:
+            raise UserError(f"study spec: [ablation].targets: {error}") from None
         return singles + [("group", [head for _, heads in singles for head in heads])]
     return sweep_targets(model, spec.targets)
 
@@ -107,12 +108,12 @@ def rows_on_disk(path: Path, expected_names: list[str]) -> int:
     if not lines:
         return 0
     if lines[0] != ",".join(COLUMNS):
-        raise ValueError(f"{path} does not start with the results header {','.join(COLUMNS)!r}; not a study of ours")
+        raise UserError(f"{path} does not start with the results header {','.join(COLUMNS)!r}; not a study of ours")
     rows = list(csv.reader(lines[1:]))
     for i, fields in enumerate(rows):
         if i >= len(expected_names) or fields[:2] != [str(i), expected_names[i]]:
             expected = expected_names[i] if i < len(expected_names) else "nothing"
-            raise ValueError(f"{path} row {i} is {fields[:2]} but the spec gives [{i!r}, {expected!r}]; use a new --out")
+            raise UserError(f"{path} row {i} is {fields[:2]} but the spec gives [{i!r}, {expected!r}]; use a new --out")
     return len(rows)
 
 
@@ -121,9 +122,9 @@ def check_out_dir(out: Path, spec: StudySpec, resume: bool) -> None:
     results, recorded = out / "results.csv", out / "spec.json"
     text = json.dumps(spec.as_dict(), indent=2, sort_keys=True) + "\n"
     if results.exists() and not resume:
-        raise ValueError(f"{results} already exists; pass --resume to finish it, or choose another --out")
+        raise UserError(f"{results} already exists; pass --resume to finish it, or choose another --out")
     if resume and recorded.exists() and recorded.read_text() != text:
-        raise ValueError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
+        raise UserError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
     write_atomic(recorded, text)
 
 

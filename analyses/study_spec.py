@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from analyses.ablation import METHODS
+from interp.errors import UserError
 
 TARGET_KINDS = ("each_head", "each_layer", "cumulative")
 PROMPT_KINDS = ("repeated", "text")
@@ -65,7 +66,7 @@ class StudySpec:
 
 
 def _fail(key: str, problem: str):
-    raise ValueError(f"study spec: {key} {problem}")
+    raise UserError(f"study spec: {key} {problem}")
 
 
 def _get(table: dict, section: str, key: str, kind, default=..., choices=None):
@@ -148,9 +149,9 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
 def load_spec(path) -> StudySpec:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"study spec {str(path)!r} does not exist")
+        raise UserError(f"study spec {str(path)!r} does not exist")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
-        raise ValueError(f"study spec: {path} is not valid TOML: {error}") from None
+        raise UserError(f"study spec: {path} is not valid TOML: {error}") from None
     return parse_spec(data, path.parent)

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.classify import tokenize_texts
 from analyses.hook_names import pattern_names
+from interp.errors import UserError
 
 TL_HEAD_NAMES = ("previous_token_head", "duplicate_token_head", "induction_head")
 ERROR_MEASURES = ("mul", "abs")
@@ -89,12 +90,12 @@ def detect_heads(
     """
     unknown = [name for name in names if name not in TL_HEAD_NAMES]
     if unknown:
-        raise KeyError(f"unknown detection pattern(s) {unknown}; allowed: {', '.join(TL_HEAD_NAMES)}")
+        raise UserError(f"unknown detection pattern(s) {unknown}; allowed: {', '.join(TL_HEAD_NAMES)}")
     if error_measure not in ERROR_MEASURES:
-        raise ValueError(f"unknown error_measure {error_measure!r}; allowed: {', '.join(ERROR_MEASURES)}")
+        raise UserError(f"unknown error_measure {error_measure!r}; allowed: {', '.join(ERROR_MEASURES)}")
     tokens, lengths = tokenize_texts(model, [prompts] if isinstance(prompts, str) else prompts)
     if int(lengths.max()) >= model.cfg.n_ctx:
-        raise ValueError(f"a prompt is {int(lengths.max())} tokens; detect_head needs fewer than n_ctx={model.cfg.n_ctx}")
+        raise UserError(f"a prompt is {int(lengths.max())} tokens; detect_head needs fewer than n_ctx={model.cfg.n_ctx}")
     detections = detection_patterns(tokens, lengths)
     size = rows_within(model, tokens.shape[1], memory_mb, kept_patterns=model.cfg.n_layers)
     per_prompt = {name: [] for name in names}  # name -> chunks of (batch, layer, head)

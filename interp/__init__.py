@@ -7,9 +7,11 @@ from interp.attention import (
     SelfAttentionV1,
     SelfAttentionV2,
 )
+from interp.errors import UserError
 from interp.loading import load_model
 from interp.model import GPTConfig, GPTModel, next_token_loss
 from interp.tokenizer import ByteTokenizer
+from interp.weights import weights_hash
 
 __all__ = [
     "SelfAttentionV1",
@@ -21,6 +23,8 @@ __all__ = [
     "GPTModel",
     "ByteTokenizer",
     "load_model",
+    "UserError",
+    "weights_hash",
     "next_token_loss",
 ]
 __version__ = "0.1.0"

@@ -33,6 +33,7 @@ from einops import rearrange
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 from interp.hooked import HookedModule
+from interp.errors import UserError
 
 __all__ = [
     "SelfAttentionV1",
@@ -183,7 +184,7 @@ class MultiHeadAttention(_Instrumented):
                  qkv_bias: bool = False):
         super().__init__()
         if num_heads <= 0 or d_out % num_heads != 0:
-            raise ValueError(f"d_out={d_out} must be divisible by num_heads={num_heads} (a positive divisor)")
+            raise UserError(f"d_out={d_out} must be divisible by num_heads={num_heads} (a positive divisor)")
         self.d_out = d_out
         self.num_heads = num_heads
         self.head_dim = d_out // num_heads
@@ -246,5 +247,5 @@ class MultiHeadAttention(_Instrumented):
 
 def _check_context(n_tokens: int, context_length: int) -> int:
     if n_tokens > context_length:
-        raise ValueError(f"sequence of {n_tokens} tokens exceeds the context length {context_length}")
+        raise UserError(f"sequence of {n_tokens} tokens exceeds the context length {context_length}")
     return n_tokens

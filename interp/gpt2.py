@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 import torch
 
 from interp.tokenizer import HFTokenizer
+from interp.errors import UserError
 
 # GPT-2 options our architecture does not implement: refuse rather than silently differ.
 _UNSUPPORTED = {
@@ -24,7 +25,7 @@ _UNSUPPORTED = {
 }
 
 
-class OfflineError(RuntimeError):
+class OfflineError(UserError):
     """A hub name was given but the hub cannot be reached."""
 
 
@@ -38,13 +39,13 @@ def fetch_gpt2(source: str):
     local = Path(source).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise FileNotFoundError(f"{str(local)!r} has no config.json: not a directory saved by save_pretrained")
+            raise UserError(f"{str(local)!r} has no config.json: not a directory saved by save_pretrained")
         model = GPT2LMHeadModel.from_pretrained(local, attn_implementation="eager")
         has_tokenizer = any((local / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json"))
         tokenizer = AutoTokenizer.from_pretrained(local) if has_tokenizer else None
         return model.eval(), tokenizer
     if local.exists() or os.sep in source or source.startswith("."):
-        raise FileNotFoundError(f"model path {source!r} is not a directory")
+        raise UserError(f"model path {source!r} is not a directory")
     # The local Hugging Face cache first; the hub only when it answers (else HF retries for ~20 s).
     for local_only in (True, False):
         if not local_only and not hub_reachable():
@@ -82,9 +83,9 @@ def gpt2_to_scratch(source, tokenizer=None):
     hf_cfg = source.config
     for option, supported in _UNSUPPORTED.items():
         if getattr(hf_cfg, option, supported) != supported:
-            raise ValueError(f"GPT-2 option {option}={getattr(hf_cfg, option)!r} is not supported (only {supported})")
+            raise UserError(f"GPT-2 option {option}={getattr(hf_cfg, option)!r} is not supported (only {supported})")
     if hf_cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"activation_function={hf_cfg.activation_function!r} not supported; allowed: gelu_new")
+        raise UserError(f"activation_function={hf_cfg.activation_function!r} not supported; allowed: gelu_new")
     cfg = GPTConfig(
         d_vocab=hf_cfg.vocab_size,
         n_ctx=hf_cfg.n_positions,
@@ -161,7 +162,7 @@ def make_random_gpt2(n_layers=2, d_model=64, n_heads=4, n_ctx=64, d_vocab=257, s
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if d_vocab < 257:
-        raise ValueError(f"d_vocab={d_vocab} must be >= 257 to hold the byte-level tokenizer")
+        raise UserError(f"d_vocab={d_vocab} must be >= 257 to hold the byte-level tokenizer")
     torch.manual_seed(seed)
     config = GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads, n_positions=n_ctx,
                         vocab_size=d_vocab, bos_token_id=256, eos_token_id=256)
@@ -177,5 +178,5 @@ def gpt2_bridge(model, tokenizer, name: str = "gpt2"):
     from transformer_lens.model_bridge import TransformerBridge
 
     if tokenizer is None:
-        raise ValueError("a TransformerBridge needs a tokenizer offline; the GPT-2 directory has none")
+        raise UserError("a TransformerBridge needs a tokenizer offline; the GPT-2 directory has none")
     return TransformerBridge.boot_transformers(name, hf_model=copy.deepcopy(model).eval(), tokenizer=tokenizer)

@@ -20,6 +20,7 @@ from interp.gpt2 import fetch_gpt2, gpt2_bridge, gpt2_to_scratch
 from interp.memory import retain_freed_memory_once
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
+from interp.errors import UserError
 
 CHECKPOINT_FORMAT = "interp-gpt/1"
 IMPLS = ("scratch", "transformer_lens")
@@ -45,15 +46,15 @@ def load_model(spec: str | os.PathLike = "toy", impl: str = "scratch", device: s
     A bridge tunes the allocator at load as GPTModel does at its first cache (``interp.memory``).
     """
     if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)}")
+        raise UserError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)}")
     path = toy_checkpoint_dir() if str(spec) == "toy" else Path(spec).expanduser()
     if path.suffix in _PICKLE_SUFFIXES:
-        raise ValueError(f"refusing to load {str(spec)!r}: pickle checkpoints can run code; use safetensors")
+        raise UserError(f"refusing to load {str(spec)!r}: pickle checkpoints can run code; use safetensors")
     if str(spec) == "toy" and not (path / "model.safetensors").is_file():
-        raise FileNotFoundError("the embedded 'toy' model is not in this installation; run `interp train`")
+        raise UserError("the embedded 'toy' model is not in this installation; run `interp train`")
     if path.is_dir() and _is_our_checkpoint(path):
         if impl != "scratch":
-            raise ValueError(f"{str(spec)!r} is a from-scratch checkpoint; only impl='scratch' can load it")
+            raise UserError(f"{str(spec)!r} is a from-scratch checkpoint; only impl='scratch' can load it")
         model = load_checkpoint(path)
     elif impl == "scratch":
         model = gpt2_to_scratch(str(spec))
@@ -73,7 +74,7 @@ def save_checkpoint(model: GPTModel, directory: str | os.PathLike, training: dic
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if not isinstance(model.tokenizer, ByteTokenizer):
-        raise ValueError("only models with the byte-level tokenizer can be saved as interp checkpoints")
+        raise UserError("only models with the byte-level tokenizer can be saved as interp checkpoints")
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     write_atomic(directory / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
     config = {"format": CHECKPOINT_FORMAT, "config": json.loads(model.cfg.to_json()), "tokenizer": "bytes"}

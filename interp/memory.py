@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from interp.errors import UserError
 
 DEFAULT_LIMIT_MB = 1024
 MAX_LIMIT_MB = 2047  # mallopt takes a C int of bytes
@@ -50,7 +51,7 @@ def retain_freed_memory(limit_mb: int | None = DEFAULT_LIMIT_MB) -> bool:
         settings = {_M_MMAP_MAX: _DEFAULT_MMAP_MAX, _M_MMAP_THRESHOLD: _MMAP_THRESHOLD_MAX,
                     _M_TRIM_THRESHOLD: limit, _M_TOP_PAD: limit}
     else:
-        raise ValueError(f"limit_mb={limit_mb!r}: expected whole megabytes from 0 to {MAX_LIMIT_MB}, or None to keep all")
+        raise UserError(f"limit_mb={limit_mb!r}: expected whole megabytes from 0 to {MAX_LIMIT_MB}, or None to keep all")
     global _applied
     _applied = True
     libc = _glibc()

@@ -27,6 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from interp.attention import LayerKV, MultiHeadAttention
 from interp.hooked import HookedModule
 from interp.tokenizer import ByteTokenizer, Tokenizer
+from interp.errors import UserError
 
 ReturnType = Literal["logits", "loss", "both", None]
 
@@ -54,11 +55,11 @@ class GPTConfig:
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
+                raise UserError(f"GPTConfig.{name}={value!r} must be a positive integer")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+            raise UserError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+            raise UserError(f"dropout={self.dropout} must be in [0, 1)")
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
 
@@ -75,7 +76,7 @@ class GPTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ValueError(f"unknown GPTConfig fields {unknown}; allowed: {sorted(known)}")
+            raise UserError(f"unknown GPTConfig fields {unknown}; allowed: {sorted(known)}")
         return cls(**fields)
 
 
@@ -154,17 +155,17 @@ class GPTModel(HookedModule):
         """Text -> token ids (batch, pos), BOS first. A list of texts must tokenise to equal lengths."""
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
-            raise ValueError("to_tokens got an empty list of texts")
+            raise UserError("to_tokens got an empty list of texts")
         rows = []
         for t in texts:
             if not isinstance(t, str) or not t:
-                raise ValueError(f"text must be a non-empty string, got {t!r}")
+                raise UserError(f"text must be a non-empty string, got {t!r}")
             rows.append(([self.tokenizer.bos_token_id] if prepend_bos else []) + self.tokenizer.encode(t))
         lengths = sorted({len(r) for r in rows})
         if len(lengths) > 1:
-            raise ValueError(f"texts tokenise to different lengths {lengths}; pass texts of equal token length")
+            raise UserError(f"texts tokenise to different lengths {lengths}; pass texts of equal token length")
         if lengths[0] > self.cfg.n_ctx:
-            raise ValueError(f"text is {lengths[0]} tokens, longer than the context n_ctx={self.cfg.n_ctx}")
+            raise UserError(f"text is {lengths[0]} tokens, longer than the context n_ctx={self.cfg.n_ctx}")
         return torch.tensor(rows, dtype=torch.long, device=self.embed.weight.device)
 
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
@@ -185,12 +186,12 @@ class GPTModel(HookedModule):
         if tokens.ndim == 1:
             tokens = tokens[None]
         if tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int, torch.int32):
-            raise ValueError(f"tokens must be integer ids of shape (batch, pos), got {tuple(tokens.shape)} {tokens.dtype}")
+            raise UserError(f"tokens must be integer ids of shape (batch, pos), got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[1] == 0:
-            raise ValueError("tokens are empty (pos = 0)")
+            raise UserError("tokens are empty (pos = 0)")
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= self.cfg.d_vocab:
-            raise ValueError(f"token id {high if high >= self.cfg.d_vocab else low} out of range [0, {self.cfg.d_vocab})")
+            raise UserError(f"token id {high if high >= self.cfg.d_vocab else low} out of range [0, {self.cfg.d_vocab})")
         return tokens
 
     # ----------------------------------------------------------------- forward
@@ -198,7 +199,7 @@ class GPTModel(HookedModule):
         """tokens (batch, pos) -> residual stream entering block 0 (batch, pos, d_model)."""
         n_pos = tokens.shape[1]
         if offset + n_pos > self.cfg.n_ctx:
-            raise ValueError(f"sequence of {offset + n_pos} tokens exceeds the context n_ctx={self.cfg.n_ctx}")
+            raise UserError(f"sequence of {offset + n_pos} tokens exceeds the context n_ctx={self.cfg.n_ctx}")
         positions = torch.arange(offset, offset + n_pos, device=tokens.device)
         resid = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))[None]
         return self.drop_embed(resid)
@@ -239,7 +240,7 @@ class GPTModel(HookedModule):
         else:
             resid = input
             if resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model:
-                raise ValueError(f"with start_at_layer the input must be a residual (batch, pos, {self.cfg.d_model}), got {tuple(resid.shape)}")
+                raise UserError(f"with start_at_layer the input must be a residual (batch, pos, {self.cfg.d_model}), got {tuple(resid.shape)}")
         for layer in range(start, stop):
             resid = self.blocks[layer](resid, None if past_kv is None else past_kv[layer])
         if stop_at_layer is not None:
@@ -250,7 +251,7 @@ class GPTModel(HookedModule):
         if return_type == "logits":
             return logits
         if tokens is None:
-            raise ValueError("a loss needs the token ids: pass tokens=... when input is a residual")
+            raise UserError("a loss needs the token ids: pass tokens=... when input is a residual")
         loss = next_token_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
@@ -258,7 +259,7 @@ class GPTModel(HookedModule):
         if layer is None:
             return default
         if not 0 <= layer <= self.cfg.n_layers:
-            raise ValueError(f"{name}={layer} out of range [0, {self.cfg.n_layers}]")
+            raise UserError(f"{name}={layer} out of range [0, {self.cfg.n_layers}]")
         return layer
 
     # -------------------------------------------------------------- generation
@@ -279,9 +280,9 @@ class GPTModel(HookedModule):
         """
         tokens = self._as_tokens(input)
         if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+            raise UserError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if tokens.shape[1] + max_new_tokens > self.cfg.n_ctx:
-            raise ValueError(f"{tokens.shape[1]} + {max_new_tokens} new tokens exceed the context n_ctx={self.cfg.n_ctx}")
+            raise UserError(f"{tokens.shape[1]} + {max_new_tokens} new tokens exceed the context n_ctx={self.cfg.n_ctx}")
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=tokens.device).manual_seed(0 if seed is None else seed)
@@ -311,7 +312,7 @@ class GPTModel(HookedModule):
         """Raise if any weight is NaN or infinite (a corrupt checkpoint)."""
         for name, param in self.state_dict().items():
             if param.is_floating_point() and not torch.isfinite(param).all():
-                raise ValueError(f"weight {name!r} has non-finite values (NaN or inf); the checkpoint is corrupt")
+                raise UserError(f"weight {name!r} has non-finite values (NaN or inf); the checkpoint is corrupt")
 
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:

@@ -36,6 +36,7 @@ from interp.files import write_atomic
 from interp.loading import save_checkpoint
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
+from interp.errors import UserError
 
 BOS = ByteTokenizer.bos_token_id
 N_BYTES = 256
@@ -86,13 +87,13 @@ class Recipe:
     def __post_init__(self):
         for name in ("steps", "batch_size", "warmup_steps", "eval_every", "eval_batch", "threads"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+                raise UserError(f"{name}={getattr(self, name)} must be a positive integer")
         if not 0.0 <= self.synthetic_fraction <= 1.0:
-            raise ValueError(f"synthetic_fraction={self.synthetic_fraction} must be in [0, 1]")
+            raise UserError(f"synthetic_fraction={self.synthetic_fraction} must be in [0, 1]")
         if not 2 <= self.min_period <= self.max_period:
-            raise ValueError(f"min_period={self.min_period} must be in [2, {self.max_period}] for n_ctx={self.n_ctx}")
+            raise UserError(f"min_period={self.min_period} must be in [2, {self.max_period}] for n_ctx={self.n_ctx}")
         if self.n_ctx < 4 * ICL_WINDOW:
-            raise ValueError(f"n_ctx={self.n_ctx} must be >= {4 * ICL_WINDOW} to measure the ICL score")
+            raise UserError(f"n_ctx={self.n_ctx} must be >= {4 * ICL_WINDOW} to measure the ICL score")
 
     @property
     def max_period(self) -> int:
@@ -406,6 +407,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as error:
+    except UserError as error:
         print(f"interp {args.command}: error: {error}", file=sys.stderr)
         return 2

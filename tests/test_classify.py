@@ -25,6 +25,7 @@ from analyses.classify import (
 from analyses.probes import probes_for, repeated_probes
 from analyses.tl_compat import TL_HEAD_NAMES, detect_heads
 from interp import load_model
+from interp.errors import UserError
 
 SEQ_LEN = 48
 
@@ -144,7 +145,7 @@ def test_assign_roles_needs_threshold_and_interval_above_chance():
     roles = assign_roles(scores).set_index(["layer", "head"])["role"].to_dict()
     assert roles == {(0, 0): "previous_token;induction", (0, 1): "", (1, 0): "", (1, 1): "self"}
     assert assign_roles(scores, {"self": 0.65}).set_index(["layer", "head"])["role"][(1, 1)] == ""
-    with pytest.raises(KeyError, match="unknown role"):
+    with pytest.raises(UserError, match="unknown role"):
         assign_roles(scores, {"copying": 0.5})
 
 
@@ -228,7 +229,7 @@ def test_compat_mode_reproduces_detect_head_on_bridge_and_scratch(scratch, bridg
 
 
 def test_compat_mode_rejects_bad_input(bridge):
-    with pytest.raises(KeyError, match="unknown detection pattern"):
+    with pytest.raises(UserError, match="unknown detection pattern"):
         detect_heads(bridge, ["ab ab"], ["copy_head"])
     with pytest.raises(ValueError, match="error_measure"):
         detect_heads(bridge, ["ab ab"], error_measure="sq")

@@ -10,6 +10,7 @@ from transformers import GPT2LMHeadModel
 
 import interp.gpt2
 from interp import GPTConfig, GPTModel, load_model
+from interp.errors import UserError
 from interp.loading import load_checkpoint, save_checkpoint
 
 
@@ -84,8 +85,8 @@ def test_hub_probe_is_skipped_when_offline_is_declared(monkeypatch):
 @pytest.mark.parametrize(
     "spec, impl, error, message",
     [
-        ("toy", "keras", ValueError, "unknown impl 'keras'; allowed: scratch, transformer_lens"),
-        ("./no/such/dir", "scratch", FileNotFoundError, "is not a directory"),
+        ("toy", "keras", UserError, "unknown impl 'keras'; allowed: scratch, transformer_lens"),
+        ("./no/such/dir", "scratch", UserError, "is not a directory"),
     ],
 )
 def test_bad_specs_get_a_clear_error(spec, impl, error, message):
@@ -94,7 +95,7 @@ def test_bad_specs_get_a_clear_error(spec, impl, error, message):
 
 
 def test_a_directory_without_config_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="has no config.json"):
+    with pytest.raises(UserError, match="has no config.json"):
         load_model(tmp_path)
 
 

@@ -106,3 +106,17 @@ def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_pat
     assert induction["ablation_effect"].max() > table["ablation_effect"].median()
     summary = (out / "report.md").read_text()
     assert re.search(r"\*\*induction\*\*: L\d+H\d+", summary) and re.search(r"\*\*previous_token\*\*: L\d+H\d+", summary)
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, gpt2_dir):
+    """Only UserError is a user mistake; a KeyError or RuntimeError from inside is a bug and
+    must surface with its traceback, not print as a one-line 'error'."""
+    import analyses.report
+
+    for bug in (KeyError("blocks.0.attn.hook_z"), RuntimeError("shape mismatch")):
+        def broken(*args, bug=bug, **kwargs):
+            raise bug
+
+        monkeypatch.setattr(analyses.report, "build_report", broken)
+        with pytest.raises(type(bug)):
+            main(["report", "--model", str(gpt2_dir), "--out", "unused"])
