@@ -11,7 +11,7 @@ from interp.errors import UserError
 from interp.loading import load_model
 from interp.model import GPTConfig, GPTModel, next_token_loss
 from interp.tokenizer import ByteTokenizer
-from interp.weights import weights_hash
+from interp.provenance import provenance, weights_hash
 
 __all__ = [
     "SelfAttentionV1",
@@ -25,6 +25,7 @@ __all__ = [
     "load_model",
     "UserError",
     "weights_hash",
+    "provenance",
     "next_token_loss",
 ]
 __version__ = "0.1.0"

@@ -100,6 +100,7 @@ def gpt2_to_scratch(source, tokenizer=None):
         tokenizer = HFTokenizer(tokenizer)
     model = GPTModel(cfg, tokenizer)
     model.load_state_dict(_convert_state_dict(source.state_dict(), cfg))
+    model.family = "gpt2"
     model.check_finite()
     return model.eval()
 

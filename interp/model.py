@@ -130,6 +130,8 @@ class GPTModel(HookedModule):
     # ``model(resid, start_at_layer=l)`` computes only blocks l.. (a TransformerBridge reruns the
     # earlier ones), so interventions at layer l may start there; analyses read this capability.
     suffix_only_start = True
+    impl = "scratch"  # which implementation runs it (``interp.provenance``)
+    family = "interp-gpt"  # the architecture it was loaded as; a converted GPT-2 says "gpt2"
 
     def __init__(self, cfg: GPTConfig, tokenizer: Tokenizer | None = None):
         super().__init__()
