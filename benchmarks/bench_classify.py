@@ -18,11 +18,12 @@ from analyses.classify import classify_heads
 from analyses.probes import probes_for
 from analyses.tl_compat import detect_heads
 from common import GPT2_SMALL, print_table, time_interleaved
-from interp.gpt2 import gpt2_bridge, make_random_gpt2
+from interp.bridge import boot_bridge
+from interp.random_models import make_random_gpt2
 
 n_prompts, pos = (int(a) for a in (sys.argv[1:3] if len(sys.argv) >= 3 else (8, 64)))
 torch.manual_seed(0)
-bridge = gpt2_bridge(*make_random_gpt2(**GPT2_SMALL, seed=0))
+bridge = boot_bridge(*make_random_gpt2(**GPT2_SMALL, seed=0))
 tokens = probes_for(bridge, n_prompts, seq_len=pos, seed=0).tokens
 
 

@@ -26,8 +26,9 @@ from analyses.attribution import attribution_agreement, attribution_patch_heads
 from analyses.metrics import loss_metric
 from analyses.patching import patch_heads
 from analyses.probes import bos_token_id, corrupt_first_copy, probes_for
-from interp import GPTModel, load_model
-from interp.gpt2 import gpt2_bridge, make_random_gpt2
+from interp import GPTModel, from_hf, load_model
+from interp.bridge import boot_bridge
+from interp.random_models import make_random_gpt2
 from interp.loading import toy_checkpoint_dir
 
 
@@ -113,8 +114,8 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     hf, tokenizer = make_random_gpt2(n_layers=12, d_model=768, n_heads=12, n_ctx=64, d_vocab=2048, seed=0)
-    scratch = GPTModel.from_gpt2(hf.eval(), tokenizer).eval()  # its cfg.device is what TL reads
-    bridge = gpt2_bridge(hf, tokenizer).eval()
+    scratch = from_hf(hf.eval(), tokenizer).eval()  # its cfg.device is what TL reads
+    bridge = boot_bridge(hf, tokenizer).eval()
     print(f"GPT-2-small shape, random weights; torch threads {torch.get_num_threads()}")
     pair, exact, forward, exact_seconds = exact_vs_transformer_lens(scratch, bridge, args)
     attribution_vs_exact("GPT-2-small shape (GPTModel)", scratch, *pair, exact, forward, exact_seconds, args.repeats)

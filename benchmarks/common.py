@@ -8,8 +8,9 @@ from typing import Callable
 
 import torch
 
-from interp import GPTModel
-from interp.gpt2 import gpt2_bridge, make_random_gpt2
+from interp import GPTModel, from_hf
+from interp.bridge import boot_bridge
+from interp.random_models import make_random_gpt2
 
 GPT2_SMALL = dict(n_layers=12, d_model=768, n_heads=12, n_ctx=256, d_vocab=2048)
 
@@ -17,7 +18,7 @@ GPT2_SMALL = dict(n_layers=12, d_model=768, n_heads=12, n_ctx=256, d_vocab=2048)
 def gpt2_small_peers(seed: int = 0):
     """(HF GPT2LMHeadModel, our GPTModel, TransformerBridge) over the same random weights."""
     hf, tokenizer = make_random_gpt2(**GPT2_SMALL, seed=seed)
-    return hf, GPTModel.from_gpt2(hf, tokenizer), gpt2_bridge(hf, tokenizer)
+    return hf, from_hf(hf, tokenizer), boot_bridge(hf, tokenizer)
 
 
 def time_interleaved(candidates: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> dict[str, float]:

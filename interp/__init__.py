@@ -7,6 +7,7 @@ from interp.attention import (
     SelfAttentionV1,
     SelfAttentionV2,
 )
+from interp.convert import from_hf
 from interp.errors import UserError
 from interp.loading import load_model
 from interp.model import GPTConfig, GPTModel, next_token_loss
@@ -23,6 +24,7 @@ __all__ = [
     "GPTModel",
     "ByteTokenizer",
     "load_model",
+    "from_hf",
     "UserError",
     "weights_hash",
     "provenance",

@@ -15,12 +15,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from interp.bridge import boot_bridge
+from interp.convert import check_scratch_family, from_hf, scratch_families
+from interp.errors import UserError
 from interp.files import write_atomic
-from interp.gpt2 import fetch_gpt2, gpt2_bridge, gpt2_to_scratch
+from interp.hub import hf_config, load_hf
 from interp.memory import retain_freed_memory_once
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
-from interp.errors import UserError
 
 CHECKPOINT_FORMAT = "interp-gpt/1"
 IMPLS = ("scratch", "transformer_lens")
@@ -32,36 +34,52 @@ def toy_checkpoint_dir() -> Path:
     return Path(str(resources.files("interp") / "toy_model"))
 
 
-def load_model(spec: str | os.PathLike = "toy", impl: str = "scratch", device: str | torch.device | None = None):
+def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None):
     """Load a hooked model.
 
     Args:
-        spec: "toy" (the embedded model, no network), a directory of ours (safetensors + JSON
-            config), a local GPT-2 directory saved by ``save_pretrained``, or a hub name such as
-            "gpt2" (network needed).
-        impl: "scratch" for our ``GPTModel``; "transformer_lens" for a ``TransformerBridge``
-            (GPT-2 only).
+        spec: "toy" (the embedded model, no network), a checkpoint directory of ours (safetensors +
+            JSON config), a Hugging Face directory saved by ``save_pretrained``, or a hub id
+            ("gpt2", "EleutherAI/pythia-70m"; network or the local HF cache needed). A Hugging Face
+            model is read by its config's ``model_type``; every checkpoint tensor must match it.
+        impl: None (the from-scratch ``GPTModel`` where it implements the family, see
+            ``interp.convert.scratch_families``, else the TransformerLens bridge), "scratch" or
+            "transformer_lens" (a ``TransformerBridge``: any family the bridge supports).
         device: where to put the model (default: CPU).
 
+    The model's family, impl and weights hash are given by ``interp.provenance(model)``.
     A bridge tunes the allocator at load as GPTModel does at its first cache (``interp.memory``).
     """
-    if impl not in IMPLS:
-        raise UserError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)}")
-    path = toy_checkpoint_dir() if str(spec) == "toy" else Path(spec).expanduser()
+    if impl is not None and impl not in IMPLS:
+        raise UserError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)} (or None to choose by family)")
+    spec = str(spec)
+    path = toy_checkpoint_dir() if spec == "toy" else Path(spec).expanduser()
     if path.suffix in _PICKLE_SUFFIXES:
-        raise UserError(f"refusing to load {str(spec)!r}: pickle checkpoints can run code; use safetensors")
-    if str(spec) == "toy" and not (path / "model.safetensors").is_file():
+        raise UserError(f"refusing to load {spec!r}: pickle checkpoints can run code; use safetensors")
+    if spec == "toy" and not (path / "model.safetensors").is_file():
         raise UserError("the embedded 'toy' model is not in this installation; run `interp train`")
     if path.is_dir() and _is_our_checkpoint(path):
-        if impl != "scratch":
-            raise UserError(f"{str(spec)!r} is a from-scratch checkpoint; only impl='scratch' can load it")
+        if impl == "transformer_lens":
+            raise UserError(f"{spec!r} is a from-scratch checkpoint; only impl='scratch' can load it")
         model = load_checkpoint(path)
-    elif impl == "scratch":
-        model = gpt2_to_scratch(str(spec))
     else:
-        model = gpt2_bridge(*fetch_gpt2(str(spec)), name=str(spec))
-        retain_freed_memory_once()  # what our run_with_cache does, for a bridge whose caches are not ours
+        model = _load_hf_model(spec, impl)
     return model.to(device) if device is not None else model
+
+
+def _load_hf_model(spec: str, impl: str | None):
+    """A Hugging Face directory or hub id as the chosen (or the family's default) implementation."""
+    family = hf_config(spec).model_type
+    if impl is None:
+        impl = "scratch" if family in scratch_families() else "transformer_lens"
+    if impl == "scratch":
+        check_scratch_family(family)  # before reading any weight
+    hf_model, tokenizer = load_hf(spec)
+    if impl == "scratch":
+        return from_hf(hf_model, tokenizer)
+    bridge = boot_bridge(hf_model, tokenizer, name=spec)
+    retain_freed_memory_once()  # what our run_with_cache does, for a bridge whose caches are not ours
+    return bridge
 
 
 def _is_our_checkpoint(path: Path) -> bool:
@@ -89,7 +107,21 @@ def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
     directory = Path(directory)
     config = json.loads((directory / "config.json").read_text())
     model = GPTModel(GPTConfig.from_dict(config["config"]), ByteTokenizer())
-    model.load_state_dict(load_file(directory / "model.safetensors"))
+    state = load_file(directory / "model.safetensors")
+    check_tensors(str(directory), state, model.state_dict())
+    model.load_state_dict(state)
     model.check_finite()
     return model.eval()
 
+
+def check_tensors(source: str, found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Refuse a checkpoint whose tensors are not exactly the model's: none missing, none
+    unexpected, every shape equal."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    misshaped = sorted(name for name in set(found) & set(expected) if found[name].shape != expected[name].shape)
+    problems = [f"{kind} {names[:3]}{' ...' if len(names) > 3 else ''}"
+                for kind, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if names]
+    if problems:
+        raise UserError(f"checkpoint {source!r} does not match its config (tensors {'; '.join(problems)}); "
+                        "refusing to analyse re-initialised weights")

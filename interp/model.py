@@ -26,7 +26,7 @@ from transformer_lens.hook_points import HookPoint
 
 from interp.attention import LayerKV, MultiHeadAttention
 from interp.hooked import HookedModule
-from interp.tokenizer import ByteTokenizer, Tokenizer
+from interp.tokenizer import ByteTokenizer, Tokenizer, check_token_ids, encode_texts
 from interp.errors import UserError
 
 ReturnType = Literal["logits", "loss", "both", None]
@@ -135,7 +135,7 @@ class GPTModel(HookedModule):
 
     def __init__(self, cfg: GPTConfig, tokenizer: Tokenizer | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = dataclasses.replace(cfg)  # its own copy: _apply keeps cfg.device in sync with this model
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
@@ -154,21 +154,11 @@ class GPTModel(HookedModule):
 
     # ------------------------------------------------------------------ tokens
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> torch.Tensor:
-        """Text -> token ids (batch, pos), BOS first. A list of texts must tokenise to equal lengths."""
-        texts = [text] if isinstance(text, str) else list(text)
-        if not texts:
-            raise UserError("to_tokens got an empty list of texts")
-        rows = []
-        for t in texts:
-            if not isinstance(t, str) or not t:
-                raise UserError(f"text must be a non-empty string, got {t!r}")
-            rows.append(([self.tokenizer.bos_token_id] if prepend_bos else []) + self.tokenizer.encode(t))
-        lengths = sorted({len(r) for r in rows})
-        if len(lengths) > 1:
-            raise UserError(f"texts tokenise to different lengths {lengths}; pass texts of equal token length")
-        if lengths[0] > self.cfg.n_ctx:
-            raise UserError(f"text is {lengths[0]} tokens, longer than the context n_ctx={self.cfg.n_ctx}")
-        return torch.tensor(rows, dtype=torch.long, device=self.embed.weight.device)
+        """Text -> token ids (batch, pos), BOS first, by the one rule of ``interp.tokenizer.encode_texts``.
+        A list of texts must tokenise to equal lengths (``encode_texts`` pads ragged batches and
+        returns their lengths)."""
+        batch = encode_texts(self.tokenizer, text, self.cfg.n_ctx, prepend_bos=prepend_bos, equal_lengths=True)
+        return batch.tokens.to(self.embed.weight.device)
 
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
         """Token ids -> text (BOS dropped). (pos,) -> str; (batch, pos) -> list of str."""
@@ -185,16 +175,7 @@ class GPTModel(HookedModule):
     def _as_tokens(self, tokens) -> torch.Tensor:
         if isinstance(tokens, (str, list, tuple)):
             return self.to_tokens(tokens)
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        if tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int, torch.int32):
-            raise UserError(f"tokens must be integer ids of shape (batch, pos), got {tuple(tokens.shape)} {tokens.dtype}")
-        if tokens.shape[1] == 0:
-            raise UserError("tokens are empty (pos = 0)")
-        low, high = int(tokens.min()), int(tokens.max())
-        if low < 0 or high >= self.cfg.d_vocab:
-            raise UserError(f"token id {high if high >= self.cfg.d_vocab else low} out of range [0, {self.cfg.d_vocab})")
-        return tokens
+        return check_token_ids(tokens, self.cfg.d_vocab, self.cfg.n_ctx).to(self.embed.weight.device)
 
     # ----------------------------------------------------------------- forward
     def embed_tokens(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -300,15 +281,6 @@ class GPTModel(HookedModule):
             tokens = torch.cat([tokens, next_token], dim=1)
             step_input = next_token if use_kv_cache else tokens
         return tokens
-
-    # ----------------------------------------------------------------- loading
-    @classmethod
-    def from_gpt2(cls, source, tokenizer=None) -> "GPTModel":
-        """GPT-2 weights from a ``transformers`` ``GPT2LMHeadModel``, a local directory saved by
-        ``save_pretrained``, or a hub name (network needed). Logits equal HF's eager GPT-2."""
-        from interp.gpt2 import gpt2_to_scratch
-
-        return gpt2_to_scratch(source, tokenizer)
 
     def check_finite(self) -> None:
         """Raise if any weight is NaN or infinite (a corrupt checkpoint)."""

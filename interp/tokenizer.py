@@ -1,12 +1,24 @@
-"""Tokenizers behind ``to_tokens`` / ``to_string``: one small protocol, two implementations.
+"""Tokenizers behind ``to_tokens`` / ``to_string``, and the one rule for turning texts into tokens.
 
-A tokenizer here has ``encode(text) -> list[int]`` (no BOS), ``decode(ids) -> str``,
-``bos_token_id`` and ``vocab_size``.
+A tokenizer here has ``encode(text) -> list[int]`` (no special tokens), ``decode(ids) -> str``,
+``bos_token_id`` (the token that starts every sequence: the model's BOS, else its EOS, as
+GPT-2's ``<|endoftext|>`` does both jobs), ``vocab_size`` and ``ordinary_ids()``. ``as_tokenizer``
+wraps a Hugging Face tokenizer in that protocol.
+
+The rule (``encode_texts``), used by every analysis and by ``GPTModel.to_tokens``: each text is
+encoded without special tokens, the start token is prepended, and a batch of unequal lengths is
+padded on the right, with the real lengths returned, so the padding can be masked out of every
+score. Causal attention keeps the padding invisible to the real positions.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence
+
+import torch
+
+from interp.errors import UserError
 
 
 class Tokenizer(Protocol):
@@ -16,6 +28,8 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    def ordinary_ids(self) -> list[int]: ...
 
 
 class ByteTokenizer:
@@ -30,14 +44,20 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def ordinary_ids(self) -> list[int]:
+        return list(range(256))
+
 
 class HFTokenizer:
-    """Adapter for a Hugging Face tokenizer (GPT-2's BOS is ``<|endoftext|>``)."""
+    """Adapter for a Hugging Face tokenizer. Its start token is its BOS, else its EOS (GPT-2's
+    and Qwen's ``<|endoftext|>``, Pythia's ``<|endoftext|>``); one with neither is refused."""
 
     def __init__(self, hf_tokenizer):
         self.hf = hf_tokenizer
-        bos = hf_tokenizer.bos_token_id
-        self.bos_token_id = bos if bos is not None else hf_tokenizer.eos_token_id
+        start = hf_tokenizer.bos_token_id if hf_tokenizer.bos_token_id is not None else hf_tokenizer.eos_token_id
+        if start is None:
+            raise UserError(f"tokenizer {hf_tokenizer.name_or_path!r} has neither a BOS nor an EOS token to start a sequence")
+        self.bos_token_id = int(start)
         self.vocab_size = len(hf_tokenizer)
 
     def encode(self, text: str) -> list[int]:
@@ -45,3 +65,82 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids))
+
+    def ordinary_ids(self) -> list[int]:
+        """Ids of ordinary vocabulary tokens: neither special (BOS, EOS, PAD, UNK, ...) nor added
+        afterwards (chat markers and the like), below ``len(tokenizer)``."""
+        excluded = set(self.hf.all_special_ids) | set(self.hf.get_added_vocab().values())
+        return [i for i in range(self.vocab_size) if i not in excluded]
+
+
+def as_tokenizer(tokenizer) -> Tokenizer:
+    """Our tokenizer protocol for ``tokenizer`` (ours as it is; a Hugging Face one wrapped)."""
+    return tokenizer if hasattr(tokenizer, "ordinary_ids") else HFTokenizer(tokenizer)
+
+
+@dataclass
+class TokenBatch:
+    """tokens: (batch, pos) ids, the start token first, right-padded with the start token;
+    lengths: (batch,) how many of each row's tokens are real."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def real(self) -> torch.Tensor:
+        """(batch, pos) bool: True on real tokens, False on padding."""
+        return torch.arange(self.tokens.shape[1], device=self.tokens.device)[None] < self.lengths[:, None]
+
+    def to(self, device) -> "TokenBatch":
+        return TokenBatch(self.tokens.to(device), self.lengths.to(device))
+
+
+def encode_texts(tokenizer: Tokenizer, texts: str | Sequence[str], n_ctx: int, *, prepend_bos: bool = True,
+                 equal_lengths: bool = False) -> TokenBatch:
+    """Texts -> a right-padded ``TokenBatch`` (the rule in the module docstring).
+
+    Every text must be a non-empty string of at most ``n_ctx`` tokens (start token included);
+    with ``equal_lengths`` all must tokenise to the same length (patching pairs need that).
+    """
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts:
+        raise UserError("got an empty list of texts; pass at least one")
+    rows = []
+    for text in texts:
+        if not isinstance(text, str) or not text.strip():
+            raise UserError(f"text must be a non-empty string, got {text!r}")
+        ids = ([tokenizer.bos_token_id] if prepend_bos else []) + list(tokenizer.encode(text))
+        if not ids:
+            raise UserError(f"text {text!r} encodes to no token")
+        if len(ids) > n_ctx:
+            raise UserError(f"text {_clip(text)!r} is {len(ids)} tokens, longer than the context n_ctx={n_ctx}")
+        rows.append(ids)
+    lengths = torch.tensor([len(ids) for ids in rows])
+    if equal_lengths and len(set(lengths.tolist())) > 1:
+        raise UserError(f"texts tokenise to different lengths {sorted(set(lengths.tolist()))}; pass texts of equal token length")
+    tokens = torch.full((len(rows), int(lengths.max())), tokenizer.bos_token_id, dtype=torch.long)
+    for row, ids in enumerate(rows):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+    return TokenBatch(tokens, lengths)
+
+
+def check_token_ids(tokens, d_vocab: int, n_ctx: int) -> torch.Tensor:
+    """Token ids (pos,) or (batch, pos) -> a checked long tensor (batch, pos): integer ids in
+    [0, d_vocab), 1 <= pos <= n_ctx."""
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise UserError(f"tokens must be integer ids of shape (batch, pos), got {tuple(tokens.shape)} {tokens.dtype}")
+    if tokens.shape[1] == 0 or tokens.shape[0] == 0:
+        raise UserError(f"tokens are empty: shape {tuple(tokens.shape)}")
+    if tokens.shape[1] > n_ctx:
+        raise UserError(f"tokens are {tokens.shape[1]} long, longer than the context n_ctx={n_ctx}")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= d_vocab:
+        raise UserError(f"token id {high if high >= d_vocab else low} out of range [0, {d_vocab})")
+    return tokens.long()
+
+
+def _clip(text: str, width: int = 30) -> str:
+    return text if len(text) <= width else text[:width] + "..."

@@ -1,13 +1,19 @@
-"""Shared fixtures: one small randomly initialised GPT-2, as a Hugging Face model, as our
+"""Shared fixtures (and the offline switch): one small randomly initialised GPT-2, as a Hugging Face model, as our
 ``GPTModel`` and as a TransformerLens ``TransformerBridge`` over the same weights. No network."""
 
 from __future__ import annotations
 
+import os
+
+# Nothing in the suite touches the network: huggingface_hub reads this once, at import.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 import pytest
 import torch
 
-from interp import GPTModel
-from interp.gpt2 import gpt2_bridge, make_random_gpt2
+from interp import GPTModel, from_hf
+from interp.bridge import boot_bridge
+from interp.random_models import make_random_gpt2, save_random_model
 
 
 @pytest.fixture(scope="session")
@@ -27,14 +33,28 @@ def hf_gpt2():
 
 @pytest.fixture(scope="session")
 def scratch_gpt2(hf_gpt2) -> GPTModel:
-    return GPTModel.from_gpt2(*hf_gpt2)
+    return from_hf(*hf_gpt2)
 
 
 @pytest.fixture(scope="session")
 def bridge_gpt2(hf_gpt2):
-    return gpt2_bridge(*hf_gpt2)
+    return boot_bridge(*hf_gpt2)
 
 
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory):
+    """family -> a directory holding a tiny randomly initialised model of that family with its
+    tokenizer, as save_pretrained writes it (made once per session)."""
+    made = {}
+
+    def make(family: str):
+        if family not in made:
+            made[family] = save_random_model(family, tmp_path_factory.mktemp(family), seed=3)
+        return made[family]
+
+    return make

@@ -32,7 +32,7 @@ THIRD_ROUND_FAULTS = textwrap.dedent("""
     elif setup == "load_model(transformer_lens)":
         import tempfile
         from interp import load_model
-        from interp.gpt2 import make_random_gpt2
+        from interp.random_models import make_random_gpt2
         directory = tempfile.mkdtemp()
         for saved in make_random_gpt2(n_layers=1, d_model=16, n_heads=2, n_ctx=16, seed=0):
             saved.save_pretrained(directory)

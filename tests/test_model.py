@@ -4,8 +4,9 @@ TransformerLens TransformerBridge's caches; and its own paths against each other
 import pytest
 import torch
 
-from interp import GPTConfig, GPTModel
-from interp.gpt2 import gpt2_bridge, make_random_gpt2
+from interp import GPTConfig, GPTModel, from_hf
+from interp.bridge import boot_bridge
+from interp.random_models import make_random_gpt2
 
 SHAPES = [  # (n_layers, d_model, n_heads, n_ctx)
     (1, 32, 2, 32),
@@ -18,7 +19,7 @@ SHAPES = [  # (n_layers, d_model, n_heads, n_ctx)
 def peers(request):
     n_layers, d_model, n_heads, n_ctx = request.param
     hf, tokenizer = make_random_gpt2(n_layers, d_model, n_heads, n_ctx, seed=n_layers)
-    return hf, GPTModel.from_gpt2(hf, tokenizer), gpt2_bridge(hf, tokenizer)
+    return hf, from_hf(hf, tokenizer), boot_bridge(hf, tokenizer)
 
 
 def random_tokens(model, batch=3, pos=None, seed=0):
@@ -52,9 +53,9 @@ def test_building_a_bridge_leaves_the_hf_model_usable():
     hf, tokenizer = make_random_gpt2(1, 32, 2, 16, seed=7)
     tokens = torch.arange(12)[None]
     before = hf(tokens).logits
-    bridge = gpt2_bridge(hf, tokenizer)
+    bridge = boot_bridge(hf, tokenizer)
     torch.testing.assert_close(hf(tokens).logits, before)
-    torch.testing.assert_close(GPTModel.from_gpt2(hf, tokenizer)(tokens), bridge(tokens), atol=1e-5, rtol=0)
+    torch.testing.assert_close(from_hf(hf, tokenizer)(tokens), bridge(tokens), atol=1e-5, rtol=0)
 
 
 def test_cache_is_an_activation_cache_with_documented_shapes(scratch_gpt2):
@@ -158,7 +159,7 @@ def test_text_round_trip(scratch_gpt2):
         (lambda m: m.to_tokens(["ab", "abc"]), "different lengths"),
         (lambda m: m(torch.tensor([[1, 2, 999]])), "token id 999 out of range \\[0, 257\\)"),
         (lambda m: m(torch.zeros(1, 0, dtype=torch.long)), "empty"),
-        (lambda m: m(torch.zeros(1, 65, dtype=torch.long)), "65 tokens exceeds the context n_ctx=64"),
+        (lambda m: m(torch.zeros(1, 65, dtype=torch.long)), "65 long, longer than the context n_ctx=64"),
         (lambda m: m(torch.zeros(1, 4, 64), start_at_layer=3), "start_at_layer=3 out of range \\[0, 2\\]"),
         (lambda m: m(torch.zeros(1, 4, 5), start_at_layer=1), "residual \\(batch, pos, 64\\)"),
         (lambda m: m.generate(torch.zeros(1, 60, dtype=torch.long), 10), "exceed the context"),
@@ -193,8 +194,23 @@ def test_attn_only_model_has_no_mlp_hooks():
 
 
 def test_cfg_device_follows_the_model_and_stays_out_of_checkpoints():
+    """A real device change each way (there is no GPU here: the meta device, then back to the CPU)."""
     model = GPTModel(GPTConfig(d_vocab=257, n_ctx=8, d_model=16, n_heads=2, n_layers=1))
     assert model.cfg.device == "cpu"
-    model.to(torch.float64)
-    assert model.cfg.device == "cpu" and model.embed.weight.dtype == torch.float64
+    model.to("meta")
+    assert model.cfg.device == "meta" and model.embed.weight.is_meta
+    model.to_empty(device="cpu")
+    assert model.cfg.device == "cpu" and model.embed.weight.device.type == "cpu"
     assert "device" not in model.cfg.to_json()
+
+
+def test_moving_a_model_leaves_a_shared_config_alone():
+    """Each model owns its config: moving or converting one changes neither the caller's object nor
+    another model built from it."""
+    cfg = GPTConfig(d_vocab=257, n_ctx=8, d_model=16, n_heads=2, n_layers=1)
+    moved, other = GPTModel(cfg), GPTModel(cfg)
+    moved.to("meta")
+    moved.to(torch.float64)
+    assert moved.cfg.device == "meta"
+    assert other.cfg.device == "cpu" and cfg.device == "cpu"
+    assert moved.cfg == other.cfg == cfg  # the same shape; device is not compared

@@ -1,0 +1,101 @@
+"""Hugging Face causal LMs from a local directory (as written by ``save_pretrained``) or a hub id
+(``gpt2``, ``EleutherAI/pythia-70m``), loaded strictly: a checkpoint tensor that is missing,
+unexpected or mis-shaped is an error, never a silently re-initialised weight.
+
+A hub id is looked up in the local Hugging Face cache first; the hub is asked only when it
+answers a TCP probe (else ``transformers`` retries for ~20 s), so offline a hub id fails at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+from interp.errors import UserError
+
+# a hub id: "name" or "org/name", letters, digits, "_", "-", "."
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json", "tokenizer.model")
+
+
+class OfflineError(UserError):
+    """A hub id was given but it is not cached and the hub cannot be reached."""
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (False at once when HF_HUB_OFFLINE is set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def locate(spec: str) -> tuple[str, bool]:
+    """``spec`` -> (what to pass to ``from_pretrained``, whether to stay on local files).
+
+    A directory must hold a ``config.json``; anything else must look like a hub id, which is used
+    from the local cache when it is there and from the hub only when the hub answers."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{spec!r} has no config.json: not a directory saved by save_pretrained")
+        return str(path), True
+    if path.exists() or not _HUB_ID.match(spec):
+        raise UserError(f"model {spec!r} is not a directory, nor a hub id such as 'gpt2' or 'EleutherAI/pythia-70m'")
+    if isinstance(try_to_load_from_cache(spec, "config.json"), str):  # a local lookup, no request
+        return spec, True
+    if hub_reachable():
+        return spec, False
+    raise OfflineError(
+        f"could not load {spec!r}: it is not a local directory, not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network?); save it with save_pretrained where there is network and pass that directory"
+    )
+
+
+def hf_config(spec: str):
+    """The ``transformers`` config of ``spec`` (a directory or hub id), read before any weight."""
+    from transformers import AutoConfig
+
+    source, local_only = locate(spec)
+    return AutoConfig.from_pretrained(source, local_files_only=local_only)
+
+
+def load_hf(spec: str):
+    """``(causal LM in eval mode, float32, eager attention; its tokenizer or None)`` from a
+    directory or hub id. Every checkpoint tensor must match the model the config describes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, local_only = locate(spec)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32,
+            output_loading_info=True)
+    except ValueError as error:  # a config class transformers has no causal LM for
+        raise UserError(f"{spec!r} is not a causal language model transformers can load: {str(error).splitlines()[0]}") from None
+    except RuntimeError as error:
+        raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {str(error).splitlines()[0]}") from None
+    check_loading_info(spec, info)
+    has_tokenizer = not Path(source).is_dir() or any((Path(source) / f).is_file() for f in _TOKENIZER_FILES)
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if has_tokenizer else None
+    return model.eval(), tokenizer
+
+
+def check_loading_info(spec: str, info: dict) -> None:
+    """Refuse a checkpoint whose tensors do not match its model one for one."""
+    problems = {kind: sorted(info.get(key) or ()) for kind, key in
+                (("missing", "missing_keys"), ("unexpected", "unexpected_keys"), ("mis-shaped", "mismatched_keys"))}
+    found = [f"{kind} {names[:3]}{' ...' if len(names) > 3 else ''}" for kind, names in problems.items() if names]
+    if found or info.get("error_msgs"):
+        raise UserError(f"checkpoint {spec!r} does not match its config (tensors {'; '.join(found) or info['error_msgs']}); "
+                        "refusing to analyse re-initialised weights")
