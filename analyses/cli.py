@@ -16,6 +16,7 @@ _COMMANDS = [
     "analyses.report",
     "analyses.attention_map",
     "analyses.intervention_cli",
+    "analyses.hook_check",
 ]
 
 

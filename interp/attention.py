@@ -197,6 +197,17 @@ class MultiHeadAttention(_Instrumented):
         self._add_hook_points()
         self.setup()
 
+    @property
+    def W_O(self) -> torch.Tensor:
+        """The output projection per head, (head, d_head, d_out), as TransformerLens names it:
+        the layer's output is sum_h z[..., h, :] @ W_O[h] + b_O."""
+        return self.out_proj.weight.T.reshape(self.num_heads, self.head_dim, self.d_out)
+
+    @property
+    def b_O(self) -> torch.Tensor:
+        """The output projection's bias (d_out,)."""
+        return self.out_proj.bias
+
     def _split(self, x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         """(batch, pos, d_out) -> hooked (batch, pos, head, d_head) -> (batch, head, pos, d_head)."""
         per_head = hook(rearrange(x, "b p (h d) -> b p h d", h=self.num_heads))
