@@ -4,8 +4,11 @@ Each target of the spec is one row of ``DIR/results.csv``, appended (flushed, fs
 it is computed; every row is computed by its own forward, so its value does not depend on which
 rows were computed before (a resumed run gives the very same bytes). A killed run loses at most
 the row in flight (a torn last line is dropped on resume); ``--resume`` checks that the rows on
-disk are the spec's rows in order and computes only the missing ones. ``DIR/spec.json`` records
-the spec; resuming with a different spec is refused. ``DIR/results.png`` plots the table.
+disk are the spec's rows in order and computes only the missing ones. A run holds an exclusive
+lock on DIR (``flock`` of ``DIR/.lock``, dropped when it ends or is killed), so a second run on DIR
+is refused. Once the model is loaded and the spec checked against it, ``DIR/spec.json`` records the
+spec and ``DIR/provenance.json`` the model (``interp.provenance``: family, impl, weights hash);
+resuming with a different spec or another model is refused. ``DIR/results.png`` plots the table.
 
 Columns: ``row, target, layer, head, n_heads, metric, baseline, effect`` (layer / head empty
 where the target is not one layer / one head; floats written in full precision).
@@ -14,11 +17,13 @@ where the target is not one layer / one head; floats written in full precision).
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pandas as pd
 import torch
@@ -29,11 +34,13 @@ from analyses.intervention_figures import ablation_figure, save_figure
 from analyses.metrics import Metric, logit_diff_metric, loss_metric
 from analyses.probes import probes_for
 from analyses.study_spec import StudySpec, load_spec
-from interp import load_model
+from interp import load_model, provenance
 from interp.files import write_atomic
 from interp.errors import UserError
 
 COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "effect"]
+RESULTS, LOCK, SPEC_RECORD, MODEL_RECORD = "results.csv", ".lock", "spec.json", "provenance.json"
+Targets = list[tuple[str, list[tuple[int, int]]]]
 
 
 def study_prompts(model, spec: StudySpec) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -69,7 +76,7 @@ def study_metric(model, spec: StudySpec, tokens: torch.Tensor, predictable: torc
     return logit_diff_metric(single_token(model, spec.correct, "correct"), single_token(model, spec.incorrect, "incorrect"))
 
 
-def study_targets(model, spec: StudySpec, tokens, metric) -> list[tuple[str, list[tuple[int, int]]]]:
+def study_targets(model, spec: StudySpec, tokens, metric) -> Targets:
     """The rows of the study, in order: (target name, heads ablated together)."""
     if spec.targets == "cumulative":
         importance = head_importance(model, tokens, spec.method, metric, seed=spec.ablation_seed)
@@ -98,51 +105,85 @@ def _csv_line(fields: list[str]) -> str:
 
 
 def rows_on_disk(path: Path, expected_names: list[str]) -> int:
-    """Complete rows already in ``path`` (a torn last line is cut off), checked against the spec."""
+    """Complete rows already in ``path``, checked to be the spec's rows in order. Only a file that
+    passes is changed: its torn last line, if any, is cut off."""
     data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
-        with open(path, "r+b") as handle:
-            handle.truncate(len(complete))
-    lines = complete.decode().splitlines()
-    if not lines:
-        return 0
-    if lines[0] != ",".join(COLUMNS):
+    header = _csv_line(COLUMNS).encode()
+    if not (data.startswith(header) or header.startswith(data)):
         raise UserError(f"{path} does not start with the results header {','.join(COLUMNS)!r}; not a study of ours")
-    rows = list(csv.reader(lines[1:]))
+    complete = data[: data.rfind(b"\n") + 1]
+    rows = list(csv.reader(complete.decode().splitlines()[1:]))
     for i, fields in enumerate(rows):
         if i >= len(expected_names) or fields[:2] != [str(i), expected_names[i]]:
             expected = expected_names[i] if i < len(expected_names) else "nothing"
             raise UserError(f"{path} row {i} is {fields[:2]} but the spec gives [{i!r}, {expected!r}]; use a new --out")
+    if len(complete) != len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(len(complete))
     return len(rows)
 
 
+@contextmanager
+def directory_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the directory ``out`` (``flock`` of ``out/.lock``) for the block, or
+    refuse if another run holds it. The kernel drops the lock when the file is closed, also when the
+    process is killed."""
+    with open(out / LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{out} is in use by another study run (it holds {out / LOCK}); "
+                            "wait for it to end, or choose another --out") from None
+        yield
+
+
+def _record_text(record: dict) -> str:
+    return json.dumps(record, indent=2, sort_keys=True) + "\n"
+
+
 def check_out_dir(out: Path, spec: StudySpec, resume: bool) -> None:
-    """Refuse to overwrite results, or to resume results of another spec; record the spec."""
-    results, recorded = out / "results.csv", out / "spec.json"
-    text = json.dumps(spec.as_dict(), indent=2, sort_keys=True) + "\n"
+    """Before loading the model: refuse to overwrite results, or to resume results of another spec."""
+    results, recorded = out / RESULTS, out / SPEC_RECORD
     if results.exists() and not resume:
         raise UserError(f"{results} already exists; pass --resume to finish it, or choose another --out")
-    if resume and recorded.exists() and recorded.read_text() != text:
+    if resume and recorded.exists() and recorded.read_text() != _record_text(spec.as_dict()):
         raise UserError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
-    write_atomic(recorded, text)
 
 
-def run_study(spec_path, out, resume: bool = False, *, progress: bool = True,
-              on_row: Callable[[int], None] | None = None) -> Path:
-    """Run (or finish, with ``resume``) the study of ``spec_path`` into ``out``; returns results.csv.
-    ``on_row(i)`` is called after row i is on disk."""
-    spec, out = load_spec(spec_path), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    check_out_dir(out, spec, resume)
-    model = load_model(spec.model, impl=spec.impl).eval()
+def check_model(out: Path, model_record: dict[str, str]) -> None:
+    """Refuse to add rows to results of another model: ``model_record`` (``interp.provenance`` of
+    the model loaded now: family, impl, weights hash) must be the one recorded with them."""
+    if not (out / RESULTS).exists():
+        return
+    path = out / MODEL_RECORD
+    if not path.is_file():
+        raise UserError(f"--resume: {out} has no {MODEL_RECORD} recording the model its rows came from; use a new --out")
+    recorded = json.loads(path.read_text())
+    for key, value in model_record.items():
+        if recorded.get(key) != value:
+            raise UserError(f"--resume: the rows in {out} came from {key} {recorded.get(key)!r}, "
+                            f"but the model loaded now has {value!r}; use a new --out")
+
+
+def write_records(out: Path, spec: StudySpec, model_record: dict[str, str]) -> None:
+    write_atomic(out / SPEC_RECORD, _record_text(spec.as_dict()))
+    write_atomic(out / MODEL_RECORD, _record_text(model_record))
+
+
+def prepare_study(model, spec: StudySpec) -> tuple[Targets, Ablation]:
+    """The study checked against ``model`` (prompts, metric, targets, method), and what its rows
+    need: the targets in row order and the prepared ablation."""
     tokens, predictable = study_prompts(model, spec)
     metric = study_metric(model, spec, tokens, predictable)
     targets = study_targets(model, spec, tokens, metric)
-    ablation: Ablation = prepare_ablation(model, tokens, spec.method, metric,
-                                          preserve_patterns=spec.preserve_patterns, seed=spec.ablation_seed)
-    results = out / "results.csv"
-    done = rows_on_disk(results, [name for name, _ in targets]) if results.exists() else 0
+    ablation = prepare_ablation(model, tokens, spec.method, metric,
+                                preserve_patterns=spec.preserve_patterns, seed=spec.ablation_seed)
+    return targets, ablation
+
+
+def append_rows(results: Path, targets: Targets, ablation: Ablation, done: int, *, progress: bool,
+                on_row: Callable[[int], None] | None) -> None:
+    """Compute rows ``done:`` and append each to ``results`` (flushed, fsynced) as it comes."""
     with open(results, "a", newline="") as handle:
         if done == 0 and handle.tell() == 0:
             handle.write(_csv_line(COLUMNS))
@@ -155,7 +196,26 @@ def run_study(spec_path, out, resume: bool = False, *, progress: bool = True,
             os.fsync(handle.fileno())
             if on_row is not None:
                 on_row(index)
-    plot_study(results, spec)
+
+
+def run_study(spec_path, out, resume: bool = False, *, progress: bool = True,
+              on_row: Callable[[int], None] | None = None) -> Path:
+    """Run (or finish, with ``resume``) the study of ``spec_path`` into ``out``; returns results.csv.
+    ``on_row(i)`` is called after row i is on disk. ``[model].impl = "auto"`` leaves the choice
+    to ``load_model``."""
+    spec, out = load_spec(spec_path), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with directory_lock(out):
+        check_out_dir(out, spec, resume)
+        model = load_model(spec.model, impl=None if spec.impl == "auto" else spec.impl).eval()
+        targets, ablation = prepare_study(model, spec)
+        model_record = provenance(model)
+        check_model(out, model_record)
+        results = out / RESULTS
+        done = rows_on_disk(results, [name for name, _ in targets]) if results.exists() else 0
+        write_records(out, spec, model_record)
+        append_rows(results, targets, ablation, done, progress=progress, on_row=on_row)
+        plot_study(results, spec)
     return results
 
 

@@ -3,7 +3,7 @@
 ```toml
 [model]
 spec = "toy"                # anything load_model takes
-impl = "scratch"            # scratch | transformer_lens
+impl = "auto"               # auto (load_model's choice) | scratch | transformer_lens
 [prompts]
 kind = "repeated"           # repeated | text (with file = "prompts.txt", one prompt per line)
 n = 64
@@ -34,7 +34,7 @@ from interp.errors import UserError
 TARGET_KINDS = ("each_head", "each_layer", "cumulative")
 PROMPT_KINDS = ("repeated", "text")
 METRIC_KINDS = ("loss", "repeat_loss", "logit_diff")
-IMPLS = ("scratch", "transformer_lens")
+IMPLS = ("auto", "scratch", "transformer_lens")
 
 _ALLOWED = {
     "model": {"spec", "impl"},
@@ -130,7 +130,7 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     needs_tokens = metric_kind == "logit_diff"
     return StudySpec(
         model=_get(model, "model", "spec", str, "toy"),
-        impl=_get(model, "model", "impl", str, "scratch", IMPLS),
+        impl=_get(model, "model", "impl", str, "auto", IMPLS),
         prompt_kind=prompt_kind,
         n_prompts=n_prompts,
         prompt_seed=_get(prompts, "prompts", "seed", int, 0),

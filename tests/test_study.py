@@ -3,7 +3,9 @@ uninterrupted one."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,23 +14,27 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+import torch.nn.functional as F
 
-from analyses.ablation import ablation_sweep
-from analyses.metrics import logit_diff_metric, loss_metric
+import analyses.study
 from analyses.probes import probes_for
-from analyses.study import run_study
+from analyses.study import rows_on_disk, run_study
 from analyses.study_spec import load_spec
-from interp import load_model
+from interp import GPTConfig, GPTModel, UserError, load_model, weights_hash
+from interp.loading import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_spec(directory: Path, model_dir, targets='"each_head"', method="mean", extra="") -> Path:
+def write_spec(directory: Path, model_dir, targets='"each_head"', method="mean", extra="", impl="scratch") -> Path:
+    """A study spec in ``directory``; ``impl=None`` leaves [model].impl to its default."""
     path = directory / "spec.toml"
+    impl_line = "" if impl is None else f'impl = "{impl}"'
     path.write_text(f"""
 [model]
 spec = "{model_dir}"
-impl = "scratch"
+{impl_line}
 [prompts]
 kind = "repeated"
 n = 6
@@ -56,15 +62,35 @@ def interrupt_after(k):
     return on_row
 
 
-def test_rows_match_an_independent_sweep(tmp_path, gpt2_dir):
+def ablated_logits(model, tokens, layer: int, heads: list[int], replacement: torch.Tensor | None = None):
+    """Naive reference: logits (batch, pos, d_vocab) with ``heads`` of ``layer`` replaced at
+    ``hook_z`` by ``replacement`` (pos, head, d_head), or by zeros."""
+    def replace(z, hook):  # z: (batch, pos, head, d_head)
+        z[:, :, heads] = 0.0 if replacement is None else replacement[:, heads]
+        return z
+
+    with torch.no_grad():
+        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", replace)])
+
+
+def test_rows_match_a_naive_ablation(tmp_path, gpt2_dir):
     results = run_study(write_spec(tmp_path, gpt2_dir), tmp_path / "out", progress=False)
     frame = pd.read_csv(results)
-    model = load_model(str(gpt2_dir)).eval()
+    model = load_model(str(gpt2_dir), impl="scratch").eval()
     probes = probes_for(model, 6, 24, seed=3)
-    expected = ablation_sweep(model, probes.tokens, "each_head", "mean",
-                              loss_metric(probes.tokens, probes.predictable), progress=False)
-    assert list(frame["target"]) == list(expected["target"]) and list(frame["row"]) == list(range(8))
-    assert frame["metric"].to_numpy() == pytest.approx(expected["metric"].to_numpy(), abs=1e-5)
+    tokens, counted = probes.tokens, probes.predictable[:, 1:]  # the tokens the repeat loss predicts
+
+    def repeat_loss(logits):
+        return F.cross_entropy(logits[:, :-1][counted], tokens[:, 1:][counted]).item()
+
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+    heads = [(layer, head) for layer in range(2) for head in range(4)]
+    expected = [repeat_loss(ablated_logits(model, tokens, l, [h], cache[f"blocks.{l}.attn.hook_z"].mean(dim=0)))
+                for l, h in heads]
+    assert list(frame["target"]) == [f"L{l}H{h}" for l, h in heads] and list(frame["row"]) == list(range(8))
+    assert frame["metric"].to_numpy() == pytest.approx(expected, abs=1e-5)
+    assert frame["baseline"].to_numpy() == pytest.approx([repeat_loss(logits)] * 8, abs=1e-5)
     assert (tmp_path / "out" / "results.png").stat().st_size > 0
 
 
@@ -126,6 +152,7 @@ def test_existing_results_need_resume_and_same_spec(tmp_path, gpt2_dir):
         ('[prompts]\nn = "many"\n[ablation]\nmethod = "zero"', r"\[prompts\].n must be an integer, got 'many'"),
         ('[prompts]\nkind = "text"\n[ablation]\nmethod = "zero"', r"\[prompts\].file is missing"),
         ('[modle]\nspec = "toy"', r"\[modle\] is not a known section"),
+        ('[model]\nimpl = "jax"', r"\[model\].impl is 'jax'; allowed: auto, scratch, transformer_lens"),
         ('[ablation\nmethod = "zero"', "is not valid TOML"),
         ('[ablation]\nmethod = "zero"\n[metric]\nkind = "logit_diff"', r"\[metric\].correct is missing"),
     ],
@@ -138,10 +165,92 @@ def test_malformed_spec_names_the_key(tmp_path, body, message):
     assert "\n" not in str(error.value)
 
 
-def test_targets_out_of_range_name_the_key(tmp_path, gpt2_dir):
-    spec = write_spec(tmp_path, gpt2_dir, "[[5, 0]]")
-    with pytest.raises(ValueError, match=r"\[ablation\].targets: head \(5, 0\) out of range"):
-        run_study(spec, tmp_path / "out", progress=False)
+def test_a_failed_run_leaves_nothing_in_the_way_of_the_corrected_one(tmp_path, gpt2_dir):
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"\[ablation\].targets: head \(5, 0\) out of range") as error:
+        run_study(write_spec(tmp_path, gpt2_dir, "[[5, 0]]"), out, progress=False)
+    assert "\n" not in str(error.value)
+    assert not (out / "spec.json").exists() and not (out / "results.csv").exists()
+    results = run_study(write_spec(tmp_path, gpt2_dir, "[[1, 0], [0, 3]]"), out, resume=True, progress=False)
+    assert list(pd.read_csv(results)["target"]) == ["L1H0", "L0H3", "group"]
+
+
+def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path, gpt2_dir):
+    spec, out = write_spec(tmp_path, gpt2_dir, '"each_layer"'), tmp_path / "out"
+    refusals = []
+
+    def second_run(index):  # while the first run holds the directory
+        with pytest.raises(UserError, match=f"{re.escape(str(out))} is in use by another study run") as error:
+            run_study(spec, out, resume=True, progress=False)
+        refusals.append(str(error.value))
+
+    results = run_study(spec, out, progress=False, on_row=second_run)
+    assert len(refusals) == 2 and all("\n" not in message for message in refusals)
+    assert list(pd.read_csv(results)["target"]) == ["L0", "L1"]  # the refused runs appended nothing
+    written = results.read_bytes()
+    assert run_study(spec, out, resume=True, progress=False).read_bytes() == written  # and the lock is released
+
+
+HEADER = "row,target,layer,head,n_heads,metric,baseline,effect"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"name,value\nx,1\ny,2", "not a study of ours"),
+    (f"{HEADER}\n0,L0H0,0,0,1,4.5,4.0,0.5\n1,L9H9,9,9,1,4.5,4.0,0.5\n2,L9".encode(), r"row 1 is \['1', 'L9H9'\]"),
+])
+def test_results_that_are_not_ours_are_refused_untouched(tmp_path, content, message):
+    path = tmp_path / "results.csv"
+    path.write_bytes(content)  # each with a torn last line
+    with pytest.raises(UserError, match=message):
+        rows_on_disk(path, ["L0H0", "L0H1", "L0H2"])
+    assert path.read_bytes() == content
+
+
+def small_checkpoint(directory: Path, seed: int) -> GPTModel:
+    torch.manual_seed(seed)
+    model = GPTModel(GPTConfig(d_vocab=257, n_ctx=32, d_model=32, n_heads=4, n_layers=2, attn_only=True)).eval()
+    save_checkpoint(model, directory)
+    return model
+
+
+def test_resume_refuses_rows_of_other_weights(tmp_path):
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    first = small_checkpoint(checkpoint, seed=0)
+    spec = write_spec(tmp_path, checkpoint)
+    with pytest.raises(Interrupt):
+        run_study(spec, out, progress=False, on_row=interrupt_after(2))
+    partial = (out / "results.csv").read_bytes()
+    second = small_checkpoint(checkpoint, seed=1)  # retrained in place
+    with pytest.raises(UserError) as error:
+        run_study(spec, out, resume=True, progress=False)
+    message = str(error.value)
+    assert weights_hash(first) in message and weights_hash(second) in message and "\n" not in message
+    assert (out / "results.csv").read_bytes() == partial
+
+
+def test_resume_refuses_rows_without_a_record_of_their_model(tmp_path, gpt2_dir):
+    spec, out = write_spec(tmp_path, gpt2_dir, '"each_layer"'), tmp_path / "out"
+    run_study(spec, out, progress=False)
+    (out / "provenance.json").unlink()  # as a run of the code before provenance was recorded leaves it
+    with pytest.raises(UserError, match="has no provenance.json recording the model its rows came from"):
+        run_study(spec, out, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("impl, asked", [(None, None), ("auto", None), ("scratch", "scratch"),
+                                         ("transformer_lens", "transformer_lens")])
+def test_impl_auto_is_the_default_and_leaves_the_choice_to_load_model(tmp_path, gpt2_dir, monkeypatch, impl, asked):
+    requests = []
+
+    def load(spec, impl):  # records the impl asked for; loads the scratch model whatever it is
+        requests.append(impl)
+        return load_model(spec, impl="scratch")
+
+    monkeypatch.setattr(analyses.study, "load_model", load)
+    run_study(write_spec(tmp_path, gpt2_dir, '"each_layer"', impl=impl), tmp_path / "out", progress=False)
+    assert requests == [asked]
+    assert json.loads((tmp_path / "out" / "spec.json").read_text())["impl"] == (impl or "auto")
+    recorded = json.loads((tmp_path / "out" / "provenance.json").read_text())
+    assert recorded["impl"] == "scratch" and recorded["family"] == "gpt2" and recorded["weights_hash"].startswith("sha256:")
 
 
 def test_example_spec_parses():
@@ -152,15 +261,17 @@ def test_example_spec_parses():
 def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
     (tmp_path / "prompts.txt").write_text("The cat sat on the mat\n\nA dog ran in the park today\n")
     spec = tmp_path / "text.toml"
-    spec.write_text(f'[model]\nspec = "{gpt2_dir}"\n[prompts]\nkind = "text"\nfile = "prompts.txt"\n'
+    spec.write_text(f'[model]\nspec = "{gpt2_dir}"\nimpl = "scratch"\n[prompts]\nkind = "text"\nfile = "prompts.txt"\n'
                     '[ablation]\nmethod = "zero"\ntargets = "each_layer"\n'
                     '[metric]\nkind = "logit_diff"\ncorrect = "a"\nincorrect = "b"\n')
     frame = pd.read_csv(run_study(spec, tmp_path / "out", progress=False))
-    model = load_model(str(gpt2_dir)).eval()
+    model = load_model(str(gpt2_dir), impl="scratch").eval()
     tokens = model.to_tokens(["The cat sat on the mat", "A dog ran in the park "])  # cut to the shorter
     a, b = model.to_tokens("a", prepend_bos=False)[0, 0], model.to_tokens("b", prepend_bos=False)[0, 0]
-    expected = ablation_sweep(model, tokens, "each_layer", "zero", logit_diff_metric(a, b), progress=False)
-    assert frame["metric"].to_numpy() == pytest.approx(expected["metric"].to_numpy(), abs=1e-5)
+    expected = [(logits[:, -1, a] - logits[:, -1, b]).mean().item()
+                for logits in (ablated_logits(model, tokens, layer, list(range(4))) for layer in range(2))]
+    assert list(frame["target"]) == ["L0", "L1"]
+    assert frame["metric"].to_numpy() == pytest.approx(expected, abs=1e-5)
     bad = tmp_path / "bad.toml"
     bad.write_text(spec.read_text().replace('correct = "a"', 'correct = "ab"'))
     with pytest.raises(ValueError, match=r"\[metric\].correct = 'ab' is 2 tokens"):
