@@ -87,7 +87,8 @@ def study_targets(model, spec: StudySpec, tokens, metric) -> Targets:
             singles = sweep_targets(model, [[head] for head in spec.targets])
         except UserError as error:
             raise UserError(f"study spec: [ablation].targets: {error}") from None
-        return singles + [("group", [head for _, heads in singles for head in heads])]
+        group = [("group", [head for _, heads in singles for head in heads])] if len(singles) > 1 else []
+        return singles + group
     return sweep_targets(model, spec.targets)
 
 

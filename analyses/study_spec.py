@@ -18,7 +18,7 @@ seed = 0                    # resample draws
 kind = "repeat_loss"        # loss | repeat_loss | logit_diff (with correct = "...", incorrect = "...")
 ```
 
-A list of heads as ``targets`` ablates each listed head alone, then all of them together.
+A list of heads as ``targets`` ablates each listed head alone, then (for two or more) all of them together.
 Every mistake is a one-line ``ValueError`` naming the key, e.g. ``[ablation].method``.
 """
 

@@ -276,3 +276,12 @@ def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
     bad.write_text(spec.read_text().replace('correct = "a"', 'correct = "ab"'))
     with pytest.raises(ValueError, match=r"\[metric\].correct = 'ab' is 2 tokens"):
         run_study(bad, tmp_path / "bad_out", progress=False)
+
+
+def test_a_list_of_one_head_is_one_row(tmp_path, gpt2_dir):
+    """A one-head list has no separate 'group' row (it would repeat the head, and its figure's
+    pivot crashed on the duplicate)."""
+    results = run_study(write_spec(tmp_path, gpt2_dir, targets="[[1, 0]]", method="zero"), tmp_path / "out", progress=False)
+    frame = pd.read_csv(results)
+    assert list(frame["target"]) == ["L1H0"]
+    assert (tmp_path / "out" / "results.png").is_file()
