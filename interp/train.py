@@ -164,10 +164,16 @@ class Repeats:
     start: torch.Tensor
 
     def second_copy(self) -> torch.Tensor:
-        """(batch, pos) bool: positions of the second copy, whose earlier occurrence is unique."""
-        pos = torch.arange(self.tokens.shape[1])[None]
+        """(batch, pos) bool: positions i of the second copy whose token occurs exactly once before i
+        (at i - p). Random bytes collide: where the token also occurs elsewhere, an induction head
+        rightly splits its attention over the tokens after each occurrence."""
+        n_pos = self.tokens.shape[1]
+        pos = torch.arange(n_pos)[None]
         begin = (self.start + self.period)[:, None]
-        return (pos >= begin) & (pos < begin + self.period[:, None])
+        in_copy = (pos >= begin) & (pos < begin + self.period[:, None])
+        before = torch.ones(n_pos, n_pos, dtype=torch.bool).tril(diagonal=-1)  # (q, k): k < q
+        occurrences = ((self.tokens[:, :, None] == self.tokens[:, None, :]) & before).sum(dim=-1)  # (b, q)
+        return in_copy & (occurrences == 1)
 
     def predictable(self) -> torch.Tensor:
         """(batch, pos) bool: the repeated positions minus the first (nothing announces the repeat)."""
@@ -210,8 +216,9 @@ def icl_score(per_token_loss: torch.Tensor) -> float:
 
 def head_scores(model: GPTModel, repeats: Repeats) -> dict[str, torch.Tensor]:
     """Induction and previous-token scores per head, each (n_layers, n_heads): mean attention from
-    second-copy positions i to i - p + 1 (later copies are skipped: there attention may rightly
-    split over several earlier occurrences), and from every position i >= 1 to i - 1."""
+    second-copy positions i to i - p + 1 (later copies, and tokens that occur more than once before
+    i, are skipped: there attention may rightly split over several earlier occurrences), and from
+    every position i >= 1 to i - 1."""
     _, cache = model.run_with_cache(repeats.tokens, names_filter=lambda name: name.endswith("hook_pattern"))
     pattern = torch.stack([cache["pattern", layer] for layer in range(model.cfg.n_layers)])  # (L, b, H, q, k)
     n_pos = repeats.tokens.shape[1]
@@ -292,13 +299,18 @@ def learning_rate(recipe: Recipe, step: int) -> float:
 
 
 def train(recipe: Recipe, progress: bool = True) -> tuple[GPTModel, list[dict], dict]:
-    """Train a model by ``recipe`` -> (model in eval mode, history rows, training metadata)."""
-    torch.set_num_threads(recipe.threads)
+    """Train a model by ``recipe`` -> (model in eval mode, history rows, training metadata).
+    The caller's thread count, global random generators and determinism setting are restored on
+    exit, also when training raises."""
+    threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True)
     try:
-        return _train(recipe, progress)
+        with torch.random.fork_rng(devices=range(torch.accelerator.device_count())):  # _train reseeds them
+            return _train(recipe, progress)
     finally:
+        torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
 
 

@@ -37,3 +37,23 @@ def test_checkpoint_files_get_the_umask_mode_not_a_private_one(tmp_path):
         os.umask(old)
     for name in ("model.safetensors", "config.json"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+
+
+@pytest.mark.parametrize("content", [
+    "text",
+    b"bytes",
+    lambda tmp: tmp.write_text("via writer"),
+    lambda tmp: os.close(os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)),  # re-creates it private
+    lambda tmp: (tmp.unlink(missing_ok=True), os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))),  # replaces it private
+], ids=["str", "bytes", "writer", "private-writer", "replacing-writer"])
+def test_mode_follows_the_umask_without_touching_it(tmp_path, monkeypatch, content):
+    """The process umask is never changed, not even briefly: another thread creating a file at that
+    moment would get it world-writable."""
+    old = os.umask(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", lambda mask: pytest.fail("write_atomic called os.umask"))
+        target = write_atomic(tmp_path / "out", content)
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
