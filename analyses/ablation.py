@@ -12,6 +12,9 @@ what they read (values) changes, which isolates the ablated head's direct role.
 Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
 suffix-only on ``GPTModel``): every single head, every layer, named groups, and the cumulative
 pruning curve of Michel et al. (2019), heads removed in increasing order of importance.
+
+Prompts are token ids (batch, pos) or texts; texts of unequal lengths are right-padded, and the
+padding is kept out of the default loss and of the mean replacement (resample needs equal lengths).
 """
 
 from __future__ import annotations
@@ -23,21 +26,24 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
-from analyses.attribution import linear_effects, metric_gradients
 from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_check import require_edit
 from analyses.hook_names import pattern_name, pattern_names, z_name, z_names
 from analyses.interventions import (
     Variant,
-    as_tokens,
     base_run,
     cache_run,
     check_choice,
     check_heads,
     evaluate_variants,
     head_cells,
+    linear_effects,
+    metric_gradients,
 )
 from analyses.metrics import Metric, evaluate_metric, loss_metric
+from analyses.tokens import as_batch
 from interp.errors import UserError
+from interp.tokenizer import TokenBatch
 
 METHODS = ("zero", "mean", "resample")
 
@@ -68,8 +74,8 @@ class Ablation:
             cells += [(pattern_name(layer), ()) for layer in range(first, self.model.cfg.n_layers)]
         return cells
 
-    def run(self, head_sets: Sequence[Sequence[tuple[int, int]]], *, memory_mb=DEFAULT_MEMORY_MB, progress=True,
-            desc="ablations") -> torch.Tensor:
+    def run(self, head_sets: Sequence[Sequence[tuple[int, int]]], *, memory_mb=DEFAULT_MEMORY_MB,
+            progress: bool | None = None, desc="ablations") -> torch.Tensor:
         """The metric with each set of heads ablated together -> (len(head_sets),); an empty set
         gives the baseline."""
         values = torch.full((len(head_sets),), self.baseline)
@@ -82,22 +88,37 @@ class Ablation:
             )
         return values
 
+    def importance(self) -> torch.Tensor:
+        """Michel et al. (2019) head importance -> [n_layers, n_heads]: per prompt, the first-order
+        change of the metric when the head is ablated, |dM/dz . (replacement - z)| (for zero
+        ablation exactly their |dL/d gate|), summed over prompts. One forward and backward."""
+        _, z, grads = metric_gradients(self.model, self.tokens, self.metric)
+        targets = [self.sources[z_name(layer)].expand_as(z[layer]) for layer in range(self.model.cfg.n_layers)]
+        return linear_effects(grads, z, targets, keep="b h").abs().sum(dim=1)
 
-def replacement_z(model, tokens: torch.Tensor, method: str, reference=None, seed: int = 0) -> dict[str, torch.Tensor]:
-    """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head)."""
+
+def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head).
+
+    ``mean`` averages, per position, over the reference prompts that are real there."""
     check_choice("ablation method", method, METHODS)
     names = z_names(model)
     if method == "zero":
-        shape = (1, tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
-        return {name: torch.zeros(shape, device=tokens.device) for name in names}
-    ref = tokens if reference is None else as_tokens(model, reference)
-    if ref.shape[1] != tokens.shape[1]:
-        raise UserError(f"reference prompts are {ref.shape[1]} tokens long but the prompts are {tokens.shape[1]}; "
-                         "mean and resample ablation need equal lengths")
-    _, cache = cache_run(model, ref, names)
+        shape = (1, batch.tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
+        return {name: torch.zeros(shape, device=batch.tokens.device) for name in names}
+    ref = batch if reference is None else as_batch(model, reference)
+    if ref.tokens.shape[1] != batch.tokens.shape[1]:
+        raise UserError(f"reference prompts are {ref.tokens.shape[1]} tokens long but the prompts are "
+                        f"{batch.tokens.shape[1]}; mean and resample ablation need equal lengths")
+    _, cache = cache_run(model, ref.tokens, names)
     if method == "mean":
-        return {name: cache[name].mean(dim=0, keepdim=True) for name in names}
-    return {name: cache[name][resample_index(tokens.shape[0], ref.shape[0], reference is None, seed)] for name in names}
+        weights = ref.real / ref.real.sum(dim=0).clamp(min=1)  # (batch, pos): each position's real rows
+        return {name: torch.einsum("bp,bphd->phd", weights.to(cache[name].dtype), cache[name])[None] for name in names}
+    if not (batch.real.all() and ref.real.all()):
+        raise UserError("resample ablation needs prompts of equal token length (a prompt would receive "
+                        "another's padding); pass texts of equal length or use mean ablation")
+    index = resample_index(batch.tokens.shape[0], ref.tokens.shape[0], reference is None, seed)
+    return {name: cache[name][index] for name in names}
 
 
 def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int) -> torch.Tensor:
@@ -116,15 +137,18 @@ def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int
 
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                      preserve_patterns: bool = False, seed: int = 0) -> Ablation:
-    """Cache what ablations of ``tokens`` need: one forward (two with a separate reference).
-    ``metric`` defaults to the mean next-token loss over all positions."""
-    tokens = as_tokens(model, tokens)
-    metric = metric if metric is not None else loss_metric(tokens)
-    sources = replacement_z(model, tokens, method, reference, seed)
+    """Cache what ablations of ``tokens`` (ids or texts) need: one forward (two with a separate
+    reference). ``metric`` defaults to the mean next-token loss over all real positions."""
+    require_edit(model, "hook_z", "head ablation")
+    if preserve_patterns:
+        require_edit(model, "hook_pattern", "preserve_patterns=True")
+    batch = as_batch(model, tokens)
+    metric = metric if metric is not None else loss_metric(batch.tokens, batch.real)
+    sources = replacement_z(model, batch, method, reference, seed)
     patterns = pattern_names(model) if preserve_patterns else []
-    logits, pattern_cache, starts = base_run(model, tokens, patterns)
+    logits, pattern_cache, starts = base_run(model, batch.tokens, patterns)
     baseline = evaluate_metric(metric, logits).item()
-    return Ablation(model, tokens, metric, sources | pattern_cache, starts, baseline, preserve_patterns)
+    return Ablation(model, batch.tokens, metric, sources | pattern_cache, starts, baseline, preserve_patterns)
 
 
 def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,
@@ -156,7 +180,7 @@ def sweep_targets(model, targets) -> list[tuple[str, list[tuple[int, int]]]]:
 
 def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", metric: Metric | None = None, *,
                    reference=None, preserve_patterns: bool = False, seed: int = 0,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool = True) -> pd.DataFrame:
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Ablate each target separately -> one row per target: ``target`` (name), ``layer`` and
     ``head`` (for a single head; ``layer`` also for a whole layer; else missing), ``n_heads``,
     ``metric`` (ablated), ``baseline`` (unablated), ``effect`` (metric - baseline)."""
@@ -187,32 +211,24 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
 
 def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                     seed: int = 0) -> torch.Tensor:
-    """Michel et al. (2019) head importance -> [n_layers, n_heads]: per prompt, the first-order
-    change of the metric when the head is ablated, |dM/dz . (replacement - z)| (for zero
-    ablation exactly their |dL/d gate|), summed over prompts. One forward and backward."""
-    tokens = as_tokens(model, tokens)
-    metric = metric if metric is not None else loss_metric(tokens)
-    replacement = replacement_z(model, tokens, method, reference, seed)
-    _, z, grads = metric_gradients(model, tokens, metric)
-    targets = [replacement[z_name(layer)].expand_as(z[layer]) for layer in range(model.cfg.n_layers)]
-    return linear_effects(grads, z, targets, keep="b h").abs().sum(dim=1)
+    """Michel et al. (2019) head importance -> [n_layers, n_heads] (see ``Ablation.importance``)."""
+    return prepare_ablation(model, tokens, method, metric, reference=reference, seed=seed).importance()
 
 
 def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = None, *, order=None,
                   reference=None, preserve_patterns: bool = False, seed: int = 0,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool = True) -> pd.DataFrame:
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Cumulative ablation: step i ablates the first i heads of ``order`` (default: increasing
     ``head_importance``, the least important pruned first) -> rows ``step`` (0 = nothing
     ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
     ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect``."""
-    tokens = as_tokens(model, tokens)
-    importance = head_importance(model, tokens, method, metric, reference=reference, seed=seed)
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    importance = ablation.importance()
     if order is None:
         flat = importance.flatten().argsort(stable=True)
         order = [divmod(int(i), model.cfg.n_heads) for i in flat]
     order = check_heads(model, order)
-    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed)
     values = ablation.run([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
                           desc="prune")
     n_total = model.cfg.n_layers * model.cfg.n_heads

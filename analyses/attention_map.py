@@ -10,7 +10,10 @@ import torch
 from matplotlib.figure import Figure
 
 from analyses.hook_names import pattern_names
+from analyses.interventions import cache_run
+from analyses.outputs import add_model_args, load_cli_model
 from analyses.plots import attention_grid, png_bytes
+from analyses.tokens import encode
 from interp.files import write_atomic
 from interp.errors import UserError
 
@@ -27,36 +30,26 @@ def check_text(text: str) -> str:
     return text
 
 
-def text_tokens(model, text: str) -> torch.Tensor:
-    """One text -> token ids (pos,), BOS first; a one-line error when empty or longer than n_ctx."""
-    tokens = model.to_tokens(check_text(text))[0]
-    if len(tokens) > model.cfg.n_ctx:
-        raise UserError(f"text is {len(tokens)} tokens, longer than the context n_ctx={model.cfg.n_ctx}")
-    return tokens
-
-
-@torch.no_grad()
 def all_patterns(model, tokens: torch.Tensor) -> torch.Tensor:
-    """tokens (pos,) -> every layer's attention (layer, head, q, k), from one forward."""
+    """tokens (pos,) -> every layer's attention (layer, head, q, k), from one forward that stops
+    after the last layer's pattern."""
     names = pattern_names(model)
-    _, cache = model.run_with_cache(tokens[None], names_filter=names, return_type=None)
+    _, cache = cache_run(model, tokens[None], names, logits=False)
     return torch.stack([cache[name][0] for name in names]).cpu()
 
 
 def attention_map(model, text: str, layer: int = 0) -> Figure:
     """The figure of every head of ``layer`` attending over ``text``."""
     check_layer(model, layer)
-    tokens = text_tokens(model, text)
+    tokens = encode(model, check_text(text)).tokens[0]
     patterns = all_patterns(model, tokens)[layer]
     titles = [f"L{layer}H{head}" for head in range(model.cfg.n_heads)]
     return attention_grid(patterns, model.to_str_tokens(tokens), titles, suptitle=f"layer {layer}")
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp import load_model
-
     check_text(args.text)  # before the slow model load
-    model = load_model(args.model, impl=args.impl)
+    model = load_cli_model(args)
     figure = attention_map(model, args.text, args.layer)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -67,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("attention-map", help="every head of one layer on one text, as a PNG")
-    parser.add_argument("--model", default="toy", help="toy (default), a checkpoint or GPT-2 directory, or a hub name")
-    parser.add_argument("--impl", default="scratch", choices=["scratch", "transformer_lens"])
-    parser.add_argument("--text", required=True, help="the text to look at (BOS is prepended)")
+    add_model_args(parser)
+    parser.add_argument("--text", required=True, help="the text to look at (the start token is prepended)")
     parser.add_argument("--layer", type=int, default=0, help="which layer (default 0)")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.set_defaults(func=run)

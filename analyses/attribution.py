@@ -12,46 +12,14 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
-from einops import einsum
 
 from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_check import require_edit
 from analyses.hook_names import z_names
-from analyses.interventions import cache_run
+from analyses.interventions import cache_run, linear_effects, metric_gradients
 from analyses.metrics import Metric, evaluate_metric
 from analyses.patching import base_and_source, normalize_values, patch_specific_heads, prepare
 from interp.errors import UserError
-
-
-def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:
-    """One forward and backward -> (metric value, z per layer, dmetric/dz per layer); each z and
-    gradient is (batch, pos, head, d_head). Only activation gradients are computed (no weight grads)."""
-    kept = {}
-
-    def start_graph(embed, hook):  # a graph even when the weights do not require grad
-        return embed.detach().requires_grad_(True)
-
-    def keeper(name):
-        def keep(z, hook):  # hook.name may be the backend's own alias, so the name is bound here
-            kept[name] = z.view_as(z)  # returned, so this very tensor is what the model uses next
-            return kept[name]
-
-        return keep
-
-    names = z_names(model)
-    hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in names]
-    with torch.enable_grad():
-        value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))
-        grads = torch.autograd.grad(value, [kept[name] for name in names])
-    return value.item(), [kept[name].detach() for name in names], list(grads)
-
-
-def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> torch.Tensor:
-    """First-order change of the metric moving each head's z to ``z_target`` (each per layer,
-    (batch, pos, head, d_head)), summed over every axis not in ``keep`` -> [n_layers, *keep],
-    e.g. ``keep="p h"`` -> [n_layers, pos, n_heads]."""
-    return torch.stack([
-        einsum(g, target - current, f"b p h d, b p h d -> {keep}") for g, current, target in zip(grads, z, z_target)
-    ])
 
 
 def attribution_patch_heads(
@@ -66,6 +34,7 @@ def attribution_patch_heads(
 ) -> torch.Tensor:
     """Estimated ``patch_heads``: [n_layers, n_heads] or with ``by_position`` [n_layers, pos, n_heads].
     ``normalize`` rescales to 0 = corrupted, 1 = clean as in ``patch_heads(normalize=True)``."""
+    require_edit(model, "hook_z", "attribution_patch_heads")
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     names = z_names(model)
     source_logits, source_cache = cache_run(model, source, names, logits=normalize)  # logits: normalising only
@@ -107,7 +76,7 @@ def shortlist_patch_heads(
     direction: str = "denoise",
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Attribution ranks every head; exact patching confirms the ``k`` with the largest estimated effect.
 
@@ -115,6 +84,7 @@ def shortlist_patch_heads(
     metric), ``value`` (exact where ``exact`` is True, else the attribution estimate), ``exact``.
     Costs about 3 forwards + the exact patches of k heads (suffix forwards on GPTModel).
     """
+    require_edit(model, "hook_z", "shortlist_patch_heads")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= k <= n_layers * n_heads:
         raise UserError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")

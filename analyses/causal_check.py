@@ -24,8 +24,7 @@ def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_M
     if not probes.predictable[:, 1:].any():
         raise UserError("the probes have no predictable tokens to measure the loss on")
     metric = loss_metric(probes.tokens, probes.predictable)
-    sweep = ablation_sweep(model, probes.tokens, "each_head", "mean", metric, memory_mb=memory_mb,
-                           progress=progress is not False)
+    sweep = ablation_sweep(model, probes.tokens, "each_head", "mean", metric, memory_mb=memory_mb, progress=progress)
     return pd.DataFrame({
         "layer": sweep["layer"].astype(int).to_numpy(),
         "head": sweep["head"].astype(int).to_numpy(),

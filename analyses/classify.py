@@ -15,7 +15,8 @@ query positions where the role is defined (pooled over prompts), so a perfect he
 
 ``chance`` is the same score for a uniform causal head (A[i, k] = 1 / (i + 1)) on the same query
 positions. Intervals are percentile bootstraps over prompts. Patterns come from one forward per
-chunk of prompts caching only ``hook_pattern``; all heads and roles are scored with tensor ops.
+chunk of prompts caching only ``hook_pattern`` and stopping after the last layer's (no logits are
+computed); all heads and roles are scored with tensor ops.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from typing import Mapping, Sequence
 import einops
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.hook_names import pattern_names
-from analyses.probes import RepeatedProbes, bos_token_id, model_device, probes_for
+from analyses.interventions import cache_run
+from analyses.probes import RepeatedProbes, probes_for
+from analyses.progress import progress_bar
+from analyses.tokens import encode
 from interp.errors import UserError
 
 ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
@@ -148,9 +151,16 @@ def _log_row_size(pos: torch.Tensor) -> torch.Tensor:
     return torch.where(pos >= 1, torch.log1p(pos.float()), torch.ones_like(pos, dtype=torch.float))
 
 
+def pattern_chunks(model, tokens: torch.Tensor, memory_mb: float, progress: bool | None, desc: str):
+    """Yield (rows, {hook_pattern name: (chunk, head, q, k)}) for chunks of ``tokens`` (batch, pos)
+    that fit ``memory_mb``; each forward stops after the last layer's pattern (no logits)."""
+    names = pattern_names(model)
+    size = rows_within(model, tokens.shape[1], memory_mb, logits=False, kept_patterns=model.cfg.n_layers)
+    for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
+        rows = slice(start, start + size)
+        yield rows, cache_run(model, tokens[rows], names, logits=False)[1]
 
 
-@torch.no_grad()
 def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
                       memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
     """Run ``tokens`` (batch, pos) through ``model`` in chunks, caching only the patterns.
@@ -158,12 +168,8 @@ def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measure
     Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``).
     """
     names = pattern_names(model)
-    size = rows_within(model, tokens.shape[1], memory_mb, kept_patterns=model.cfg.n_layers)
     chunks = []
-    disable = None if progress is None else not progress
-    for start in tqdm(range(0, len(tokens), size), desc="classify heads", unit="chunk", disable=disable):
-        rows = slice(start, start + size)
-        _, cache = model.run_with_cache(tokens[rows], names_filter=names, return_type=None)
+    for rows, cache in pattern_chunks(model, tokens, memory_mb, progress, "classify heads"):
         chunk_targets = targets[rows]
         layers = [prompt_sums(cache[name].float(), chunk_targets, measures) for name in names]
         chunks.append({m: torch.stack([layer[m] for layer in layers], dim=1) for m in measures})
@@ -197,6 +203,7 @@ def classify_heads(
     seed: int = 0,
     texts: Sequence[str] | None = None,
     *,
+    probes: RepeatedProbes | None = None,
     n_boot: int = 1000,
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
@@ -207,19 +214,23 @@ def classify_heads(
         model: a hooked model (``GPTModel`` or ``TransformerBridge``).
         n_prompts, seq_len, seed: the repeated-segment probes (``probes_for``); ``seed`` also seeds
             the bootstrap.
-        texts: score on these texts instead of probes (all measures but induction).
+        texts: score on these texts instead of probes (all measures but induction); texts of
+            unequal lengths are right-padded and the padding never scores.
+        probes: score on these probes (made once by the caller) instead of drawing them.
         n_boot: bootstrap resamples over prompts.
         memory_mb: budget for one chunk's cached patterns and activations.
-        progress: show a tqdm bar (None: only on a terminal).
+        progress: see ``analyses.progress``.
 
     Returns a tidy DataFrame, one row per (layer, head, measure), columns
     ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
     """
+    if texts is not None and probes is not None:
+        raise UserError("pass probes or texts to classify_heads, not both")
     if texts is not None:
-        tokens, lengths = tokenize_texts(model, texts)
-        targets, measures = text_targets(tokens, lengths), TEXT_MEASURES
+        batch = encode(model, texts)
+        tokens, targets, measures = batch.tokens, text_targets(batch.tokens, batch.lengths), TEXT_MEASURES
     else:
-        probes = probes_for(model, n_prompts, seq_len, seed=seed)
+        probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
         tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
     sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, progress)
     counts, chance = prompt_counts_and_chance(targets, measures)
@@ -246,28 +257,6 @@ def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Te
             "chance": float(chance[measure].sum() / counts[measure].sum()),
         }))
     return pd.concat(frames, ignore_index=True)
-
-
-def tokenize_texts(model, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Texts -> right-padded tokens (batch, pos), BOS first, and their lengths (batch,).
-
-    Causal attention makes the padding invisible to the real positions."""
-    if isinstance(texts, str) or len(texts) == 0:
-        raise UserError("texts must be a non-empty list of strings")
-    rows = []
-    for text in texts:
-        if not isinstance(text, str) or not text.strip():
-            raise UserError(f"text must be a non-empty string, got {text!r}")
-        ids = model.to_tokens(text)[0]
-        if not 2 <= len(ids) <= model.cfg.n_ctx:
-            raise UserError(f"text {text[:30]!r}... is {len(ids)} tokens; it must be 2..{model.cfg.n_ctx} (n_ctx)")
-        rows.append(ids.cpu())
-    lengths = torch.tensor([len(r) for r in rows])
-    tokens = torch.full((len(rows), int(lengths.max())), bos_token_id(model), dtype=torch.long)
-    for row, ids in enumerate(rows):
-        tokens[row, : len(ids)] = ids
-    device = model_device(model)
-    return tokens.to(device), lengths.to(device)
 
 
 def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD) -> pd.DataFrame:

@@ -1,4 +1,7 @@
-"""``interp ablate``, ``interp patch`` and ``interp study run``: each writes a CSV and a PNG."""
+"""``interp ablate``, ``interp patch`` and ``interp study run``: each writes a CSV and a PNG; ablate
+and patch also a ``meta.json`` recording the model (spec, family, impl, weights hash) and the
+arguments. Text prompts follow ``analyses.tokens``' rule: texts of unequal lengths are right-padded
+and only their real tokens count in the loss."""
 
 from __future__ import annotations
 
@@ -9,10 +12,11 @@ from analyses.ablation import METHODS, ablation_sweep, pruning_curve
 from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
 from analyses.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.metrics import logit_diff_metric, loss_metric
+from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
-from analyses.probes import bos_token_id, corrupt_first_copy, probes_for
+from analyses.probes import corrupt_first_copy, probes_for
 from analyses.study import run_study
-from interp import load_model
+from analyses.tokens import as_tokens, single_token_id
 from interp.errors import UserError
 
 PATCH_TARGETS = {
@@ -24,19 +28,19 @@ PATCH_TARGETS = {
 
 
 def _model_and_prompt_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="toy", help="anything load_model takes (default: toy)")
-    parser.add_argument("--impl", default="scratch", choices=["scratch", "transformer_lens"])
+    add_model_args(parser)
     parser.add_argument("--prompts", type=int, default=32, help="number of repeated-segment probe prompts")
     parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
 
 
 def register(subparsers) -> None:
     ablate = subparsers.add_parser("ablate", help="ablate heads (zero/mean/resample) and measure the loss")
     _model_and_prompt_args(ablate)
-    ablate.add_argument("--text", action="append", help="a prompt (repeat for several; default: repeated probes)")
+    ablate.add_argument("--text", action="append",
+                        help="a prompt (repeat for several, of any lengths; default: repeated probes)")
     ablate.add_argument("--method", default="mean", choices=METHODS)
     ablate.add_argument("--targets", default="each_head", choices=["each_head", "each_layer", "cumulative"])
     ablate.add_argument("--heads", help="ablate this group instead, e.g. 1.4,1.10 (layer.head, comma-separated)")
@@ -74,28 +78,41 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
         raise UserError(f"--heads {text!r}: expected layer.head pairs separated by commas, e.g. 1.4,1.10") from None
 
 
-def _prompts(model, args):
-    """(tokens, predictable mask or None)."""
-    if getattr(args, "text", None):
-        return model.to_tokens(args.text), None
+def _progress(args) -> bool | None:
+    """False with --quiet, else None: a bar on a terminal only (``analyses.progress``)."""
+    return False if args.quiet else None
+
+
+def _write_meta(model, args) -> None:
+    arguments = {key: str(value) if isinstance(value, Path) else value
+                 for key, value in vars(args).items() if key not in ("func", "command")}
+    write_meta(args.out, model_meta(model, args.model) | {"command": args.command, "seed": args.seed,
+                                                           "arguments": arguments})
+
+
+def _ablation_prompts(model, args):
+    """(prompts: the --text texts or the probes' tokens (batch, pos), metric: None for texts (the
+    library's loss over real tokens) or the probes' repeat loss)."""
+    if args.text:
+        return args.text, None
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
-    return probes.tokens, probes.predictable
+    return probes.tokens, loss_metric(probes.tokens, probes.predictable)
 
 
 def run_ablate(args) -> int:
-    model = load_model(args.model, impl=args.impl).eval()
-    tokens, predictable = _prompts(model, args)
-    metric = loss_metric(tokens, predictable)
-    common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, progress=not args.quiet)
+    model = load_cli_model(args)
+    prompts, metric = _ablation_prompts(model, args)
+    common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, progress=_progress(args))
     if args.heads:
-        frame = ablation_sweep(model, tokens, {args.heads: parse_heads(args.heads)}, args.method, metric, **common)
+        frame = ablation_sweep(model, prompts, {args.heads: parse_heads(args.heads)}, args.method, metric, **common)
     elif args.targets == "cumulative":
-        frame = pruning_curve(model, tokens, args.method, metric, **common)
+        frame = pruning_curve(model, prompts, args.method, metric, **common)
     else:
-        frame = ablation_sweep(model, tokens, args.targets, args.method, metric, **common)
-    what = "repeat loss" if predictable is not None else "loss"
+        frame = ablation_sweep(model, prompts, args.targets, args.method, metric, **common)
+    what = "loss" if args.text else "repeat loss"
     csv_path = save_csv(frame, args.out / "ablation.csv")
     png_path = save_figure(ablation_figure(frame, f"{args.method} ablation: {what}"), args.out / "ablation.png")
+    _write_meta(model, args)
     print(f"baseline {what} {frame['baseline'].iloc[0]:.4f}; wrote {csv_path} and {png_path}")
     return 0
 
@@ -105,50 +122,50 @@ def _patch_pair(model, args):
     if (args.clean is None) != (args.corrupted is None):
         raise UserError("pass both --clean and --corrupted, or neither (the built-in induction pair)")
     if args.clean is not None:
-        clean, corrupted, predictable = model.to_tokens(args.clean), model.to_tokens(args.corrupted), None
+        clean, corrupted = as_tokens(model, args.clean), as_tokens(model, args.corrupted)
+        predictable = None
     else:
         probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
         clean, predictable = probes.tokens, probes.predictable
-        corrupted = corrupt_first_copy(probes, model.cfg.d_vocab, bos_token_id(model), seed=args.seed + 1)
+        corrupted = corrupt_first_copy(probes, seed=args.seed + 1)
     if (args.correct is None) != (args.incorrect is None):
         raise UserError("pass both --correct and --incorrect, or neither (metric: the clean prompts' loss)")
     if args.correct is not None:
-        ids = [model.to_tokens(t, prepend_bos=False)[0] for t in (args.correct, args.incorrect)]
-        for text, id_ in zip((args.correct, args.incorrect), ids):
-            if len(id_) != 1:
-                raise UserError(f"{text!r} is {len(id_)} tokens; --correct/--incorrect must be one token each")
-        return clean, corrupted, logit_diff_metric(int(ids[0][0]), int(ids[1][0]))
+        return clean, corrupted, logit_diff_metric(single_token_id(model, args.correct),
+                                                   single_token_id(model, args.incorrect))
     return clean, corrupted, loss_metric(clean, predictable)
 
 
 def run_patch(args) -> int:
-    model = load_model(args.model, impl=args.impl).eval()
+    model = load_cli_model(args)
     clean, corrupted, metric = _patch_pair(model, args)
     options = dict(direction=args.direction, normalize=args.normalize)
     value = "normalized" if args.normalize else "metric"
     if args.shortlist is not None:
-        frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=not args.quiet, **options)
+        frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=_progress(args),
+                                      **options)
         frame.insert(1, "target", "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str))
         figure = bars(frame[frame["exact"]], "target", "value", f"exact patching of the top {args.shortlist} heads")
     else:
         sweep, dims, extra = PATCH_TARGETS[args.what]
-        result = sweep(model, clean, corrupted, metric, progress=not args.quiet, **extra, **options)
+        result = sweep(model, clean, corrupted, metric, progress=_progress(args), **extra, **options)
         frame = patching_frame(result, dims, value)
         if args.attribution:
             if args.what not in ("heads", "heads_by_position"):
                 raise UserError(f"--attribution covers heads and heads_by_position, not --what {args.what}")
             attributed = attribution_patch_heads(model, clean, corrupted, metric, by_position="pos" in dims, **options)
-            frame["attribution"] = attributed.flatten().numpy()
+            frame["attribution"] = attributed.flatten().cpu().numpy()
             agreement = attribution_agreement(attributed, result)
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
         figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
     csv_path = save_csv(frame, args.out / "patching.csv")
     png_path = save_figure(figure, args.out / "patching.png")
+    _write_meta(model, args)
     print(f"wrote {csv_path} and {png_path}")
     return 0
 
 
 def run_study_command(args) -> int:
-    results = run_study(args.spec, args.out, resume=args.resume, progress=not args.quiet)
+    results = run_study(args.spec, args.out, resume=args.resume, progress=_progress(args))
     print(f"wrote {results} and {results.with_name('results.png')}")
     return 0

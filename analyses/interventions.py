@@ -9,6 +9,10 @@ row ``v * batch + b`` is prompt b under variant v), chunked to a memory budget.
 On ``GPTModel`` a chunk runs only the blocks from its earliest edited layer on, starting from
 the cached residual stream of the unedited run (``start_at_layer``). A ``TransformerBridge``'s
 ``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the full forward runs.
+
+The linearised counterpart (``metric_gradients``, ``linear_effects``) serves attribution patching
+and Michel et al.'s head importance: the first-order change of the metric for moving each head's
+output, from one forward and backward.
 """
 
 from __future__ import annotations
@@ -17,13 +21,12 @@ from collections import defaultdict
 from typing import Mapping, Sequence
 
 import torch
-from einops import repeat
-from tqdm.auto import tqdm
+from einops import einsum, repeat
 
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.hook_names import layer_of, resid_pre_names, z_name
+from analyses.hook_names import layer_of, resid_pre_names, z_name, z_names
 from analyses.metrics import Metric, evaluate_metric
-from analyses.probes import model_device
+from analyses.progress import progress_bar
 from interp.errors import UserError
 
 Cell = tuple[str, tuple]  # (hook name "blocks.{l}....", index into the activation without batch)
@@ -34,20 +37,6 @@ def runs_suffix_only(model) -> bool:
     """Whether ``model(resid, start_at_layer=l)`` computes only blocks l.. (GPTModel's
     ``suffix_only_start``; a TransformerBridge reruns the earlier blocks, DESIGN 7)."""
     return getattr(model, "suffix_only_start", False)
-
-
-def as_tokens(model, tokens) -> torch.Tensor:
-    """Text, list of texts or ids -> token ids (batch, pos) on the model's device."""
-    if isinstance(tokens, (str, list, tuple)):
-        tokens = model.to_tokens(tokens)
-    tokens = torch.as_tensor(tokens)
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.is_floating_point():
-        raise UserError(f"tokens must be integer ids of shape (batch, pos) with pos >= 1, got {tuple(tokens.shape)}")
-    if tokens.shape[1] > model.cfg.n_ctx:
-        raise UserError(f"tokens are {tokens.shape[1]} long, longer than the context n_ctx={model.cfg.n_ctx}")
-    return tokens.to(model_device(model))
 
 
 def check_choice(name: str, value, allowed: Sequence) -> None:
@@ -168,7 +157,7 @@ def run_variants(
 
 def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float) -> int:
     """How many variants of ``batch`` prompts fit one forward within ``memory_mb``."""
-    return max(1, rows_within(model, n_pos, memory_mb) // batch)
+    return max(1, rows_within(model, n_pos, memory_mb, logits=True) // batch)
 
 
 def evaluate_variants(
@@ -180,14 +169,14 @@ def evaluate_variants(
     *,
     starts: Mapping | None = None,
     memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
     desc: str = "interventions",
 ) -> torch.Tensor:
     """``metric`` under each variant -> (n_variants,) float tensor, in the order given.
 
     Variants are grouped by their earliest edited layer (so a suffix run starts as late as it
     can) and each group is cut into chunks that fit ``memory_mb``. ``starts``: see
-    ``run_variants``. Deterministic in its inputs.
+    ``run_variants``. ``progress``: see ``analyses.progress``. Deterministic in its inputs.
     """
     if any(len(variant) == 0 for variant in variants):
         raise UserError("every intervention needs at least one cell to edit")
@@ -199,10 +188,42 @@ def evaluate_variants(
         members[i:i + chunk] for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)
     ]
     values = torch.empty(len(variants))
-    with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
+    with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
         for members in chunks:
             logits = run_variants(model, tokens, [variants[v] for v in members], sources, starts)
             for v, variant_logits in zip(members, logits):
                 values[v] = evaluate_metric(metric, variant_logits)
             bar.update(len(members))
     return values
+
+
+def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:
+    """One forward and backward -> (metric value, z per layer, dmetric/dz per layer); each z and
+    gradient is (batch, pos, head, d_head). Only activation gradients are computed (no weight grads)."""
+    kept = {}
+
+    def start_graph(embed, hook):  # a graph even when the weights do not require grad
+        return embed.detach().requires_grad_(True)
+
+    def keeper(name):
+        def keep(z, hook):  # hook.name may be the backend's own alias, so the name is bound here
+            kept[name] = z.view_as(z)  # returned, so this very tensor is what the model uses next
+            return kept[name]
+
+        return keep
+
+    names = z_names(model)
+    hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in names]
+    with torch.enable_grad():
+        value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))
+        grads = torch.autograd.grad(value, [kept[name] for name in names])
+    return value.item(), [kept[name].detach() for name in names], list(grads)
+
+
+def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> torch.Tensor:
+    """First-order change of the metric moving each head's z to ``z_target`` (each per layer,
+    (batch, pos, head, d_head)), summed over every axis not in ``keep`` -> [n_layers, *keep],
+    e.g. ``keep="p h"`` -> [n_layers, pos, n_heads]."""
+    return torch.stack([
+        einsum(g, target - current, f"b p h d, b p h d -> {keep}") for g, current, target in zip(grads, z, z_target)
+    ])

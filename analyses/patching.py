@@ -24,17 +24,11 @@ import pandas as pd
 import torch
 
 from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_check import require_edit
 from analyses.hook_names import pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name, z_names
-from analyses.interventions import (
-    Variant,
-    as_tokens,
-    base_run,
-    cache_run,
-    check_choice,
-    evaluate_variants,
-    head_cells,
-)
+from analyses.interventions import Variant, base_run, cache_run, check_choice, evaluate_variants, head_cells
 from analyses.metrics import Metric, evaluate_metric
+from analyses.tokens import as_tokens
 from interp.errors import UserError
 
 DIRECTIONS = ("denoise", "noise")
@@ -113,11 +107,12 @@ def patch_heads(
     direction: str = "denoise",
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> torch.Tensor:
     """Patch each head's output (``hook_z``) -> [n_layers, n_heads], or with ``by_position``
     [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
     ``..._by_pos`` (denoising, unnormalised)."""
+    require_edit(model, "hook_z", "patch_heads")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     names = z_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
@@ -141,7 +136,7 @@ def patch_residual(
     direction: str = "denoise",
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> torch.Tensor:
     """Patch the residual stream entering each block at each position -> [n_layers, pos].
     Equals TransformerLens's ``get_act_patch_resid_pre``."""
@@ -162,10 +157,11 @@ def patch_patterns(
     direction: str = "denoise",
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> torch.Tensor:
     """Patch each head's whole attention pattern (``hook_pattern``) -> [n_layers, n_heads].
     Equals TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``."""
+    require_edit(model, "hook_pattern", "patch_patterns")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     names = pattern_names(model)
     setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
@@ -174,7 +170,7 @@ def patch_patterns(
 
 
 def patch_specific_heads(
-    model, setup: PatchSetup, metric: Metric, heads, *, memory_mb=DEFAULT_MEMORY_MB, progress=True
+    model, setup: PatchSetup, metric: Metric, heads, *, memory_mb=DEFAULT_MEMORY_MB, progress: bool | None = None
 ) -> torch.Tensor:
     """Exact patch of each of ``heads`` [(layer, head), ...] alone -> (len(heads),), with a
     ``PatchSetup`` already made (its sources must hold every ``hook_z``)."""

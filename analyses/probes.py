@@ -1,8 +1,10 @@
 """Probe prompts with a repeated segment, the ground truth for head roles (DESIGN 4.1).
 
-Each prompt is ``BOS, prefix (a tokens), segment (p tokens), the same segment again, filler``,
-all ``seq_len`` long. The period ``p`` and prefix length ``a`` vary per prompt, so a head that
-attends by a fixed positional offset cannot pass as content-based. Segment tokens are distinct
+Each prompt is ``start token, prefix (a tokens), segment (p tokens), the same segment again,
+filler``, all ``seq_len`` long; the start token is the model's BOS (else its EOS) and every other
+token an ordinary one (never a special or added token, never an id of a padded vocabulary). The
+period ``p`` and prefix length ``a`` vary per prompt, so a head that attends by a fixed
+positional offset cannot pass as content-based. Segment tokens are distinct
 and never appear in the prefix or filler, so each token of the second copy has exactly one
 earlier occurrence, at ``i - p``, and the token after it (the induction target) is at ``i - p + 1``.
 """
@@ -10,8 +12,11 @@ earlier occurrence, at ``i - p``, and the token after it (the induction target) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
+
+from analyses.tokens import model_device, ordinary_token_ids, start_token_id
 from interp.errors import UserError
 
 
@@ -19,14 +24,16 @@ from interp.errors import UserError
 class RepeatedProbes:
     """A batch of probe prompts.
 
-    tokens: (batch, pos) token ids, BOS at position 0.
+    tokens: (batch, pos) token ids, the start token at position 0.
     period: (batch,) the segment length p of each prompt.
     segment_start: (batch,) position where the first copy starts (1 + prefix length).
+    vocab: (n,) the ids every token after the start token is drawn from (kept on the CPU).
     """
 
     tokens: torch.Tensor
     period: torch.Tensor
     segment_start: torch.Tensor
+    vocab: torch.Tensor
 
     @property
     def n_prompts(self) -> int:
@@ -59,20 +66,20 @@ class RepeatedProbes:
         return torch.where(self.second_copy, self._positions() - self.period[:, None], -1)
 
     def to(self, device) -> "RepeatedProbes":
-        return RepeatedProbes(self.tokens.to(device), self.period.to(device), self.segment_start.to(device))
+        return RepeatedProbes(self.tokens.to(device), self.period.to(device), self.segment_start.to(device), self.vocab)
 
 
 def repeated_probes(
     n_prompts: int,
     seq_len: int,
-    d_vocab: int,
-    bos_token_id: int,
+    vocab: Sequence[int],
+    start_token_id: int,
     *,
     period_range: tuple[int, int] | None = None,
     prefix_range: tuple[int, int] | None = None,
     seed: int = 0,
 ) -> RepeatedProbes:
-    """Draw ``n_prompts`` probes of length ``seq_len`` from token ids ``[0, d_vocab)`` minus BOS.
+    """Draw ``n_prompts`` probes of length ``seq_len``: ``start_token_id``, then ids from ``vocab``.
 
     Defaults: period in [seq_len // 8, seq_len // 3], prefix in [1, seq_len // 8]; the rest is filler.
     Deterministic in ``seed``.
@@ -88,9 +95,9 @@ def repeated_probes(
             f"period_range={(p_low, p_high)} and prefix_range={(a_low, a_high)} do not fit seq_len={seq_len} "
             f"(need 2 <= period, 1 + prefix + 2 * period <= seq_len)"
         )
-    vocab = torch.tensor([t for t in range(d_vocab) if t != bos_token_id])
+    vocab = torch.as_tensor(list(vocab), dtype=torch.long)
     if len(vocab) < 2 * p_high:
-        raise UserError(f"d_vocab={d_vocab} is too small for segments of {p_high} distinct tokens")
+        raise UserError(f"a vocabulary of {len(vocab)} ordinary tokens is too small for segments of {p_high} distinct tokens")
     generator = torch.Generator().manual_seed(seed)
     periods = torch.randint(p_low, p_high + 1, (n_prompts,), generator=generator)
     prefixes = torch.randint(a_low, a_high + 1, (n_prompts,), generator=generator)
@@ -100,41 +107,31 @@ def repeated_probes(
         segment, others = shuffled[:period], shuffled[period:]
         n_other = seq_len - 1 - 2 * period
         fill = others[torch.randint(len(others), (n_other,), generator=generator)]
-        rows.append(torch.cat([torch.tensor([bos_token_id]), fill[:prefix], segment, segment, fill[prefix:]]))
-    return RepeatedProbes(torch.stack(rows), periods, 1 + prefixes)
+        rows.append(torch.cat([torch.tensor([start_token_id]), fill[:prefix], segment, segment, fill[prefix:]]))
+    return RepeatedProbes(torch.stack(rows), periods, 1 + prefixes, vocab)
 
 
 def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0, **ranges) -> RepeatedProbes:
-    """``repeated_probes`` sized for a hooked model: its vocabulary and BOS, on its device.
-    ``seq_len`` defaults to min(n_ctx, 128)."""
+    """``repeated_probes`` sized for a hooked model: its ordinary tokens and start token, on its
+    device. ``seq_len`` defaults to min(n_ctx, 128)."""
     seq_len = seq_len or min(model.cfg.n_ctx, 128)
     if seq_len > model.cfg.n_ctx:
         raise UserError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
-    probes = repeated_probes(n_prompts, seq_len, model.cfg.d_vocab, bos_token_id(model), seed=seed, **ranges)
+    probes = repeated_probes(n_prompts, seq_len, ordinary_token_ids(model), start_token_id(model), seed=seed, **ranges)
     return probes.to(model_device(model))
 
 
-def corrupt_first_copy(probes: RepeatedProbes, d_vocab: int, bos_token_id: int, seed: int = 0) -> torch.Tensor:
+def corrupt_first_copy(probes: RepeatedProbes, seed: int = 0) -> torch.Tensor:
     """The induction patching pair's corrupted side: the same prompts with the first copy of the
-    segment replaced by other random tokens, so the second copy is no longer predictable.
-    Returns tokens (batch, pos) of the same length as ``probes.tokens``."""
+    segment replaced by other tokens of the probes' vocabulary (none already in the prompt), so the
+    second copy is no longer predictable. Returns tokens (batch, pos) of the same length as
+    ``probes.tokens``."""
     generator = torch.Generator().manual_seed(seed)
     corrupted = probes.tokens.clone().cpu()
     for row, (start, period) in enumerate(zip(probes.segment_start.tolist(), probes.period.tolist())):
-        used = set(corrupted[row].tolist()) | {bos_token_id}
-        fresh = torch.tensor([t for t in range(d_vocab) if t not in used])
+        used = set(corrupted[row].tolist())
+        fresh = torch.tensor([t for t in probes.vocab.tolist() if t not in used])
         if len(fresh) < period:
-            raise UserError(f"d_vocab={d_vocab} too small to corrupt a segment of {period} tokens")
+            raise UserError(f"a vocabulary of {len(probes.vocab)} ordinary tokens is too small to corrupt a segment of {period} tokens")
         corrupted[row, start:start + period] = fresh[torch.randperm(len(fresh), generator=generator)[:period]]
     return corrupted.to(probes.tokens.device)
-
-
-def bos_token_id(model) -> int:
-    """The BOS id of a hooked model (``GPTModel`` or ``TransformerBridge``)."""
-    tokenizer = model.tokenizer
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return int(bos if bos is not None else tokenizer.eos_token_id)
-
-
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device

@@ -4,7 +4,8 @@
                      ablation_effect, role (the assigned roles joined by ';')
     report.md        the roles found, their ablation effects, the figures (figures/*.png)
     index.html       the same, self-contained (figures embedded as base64 PNG)
-    meta.json        model, impl, prompts, seq_len, seed, thresholds, package versions
+    meta.json        model spec, family, impl, weights hash, prompts, seq_len, seed, thresholds,
+                     package versions
 
 Same model, prompts and seed -> the same bytes. Every file is written atomically.
 """
@@ -14,28 +15,27 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import json
-import platform
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
+import torch
 
 from interp.files import write_atomic
 from analyses.attention_map import all_patterns
 from analyses.causal_check import ablation_effects
 from analyses.classify import DEFAULT_THRESHOLD, MEASURES, ROLES, classify_heads, head_table
+from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.plots import attention_grid, png_bytes, role_heatmaps
-from analyses.probes import probes_for
+from analyses.probes import RepeatedProbes, probes_for
+from analyses.progress import progress_bar
+from analyses.tokens import leading_tokens
 from interp.errors import UserError
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
-DISPLAY_LEN = 32
+DISPLAY_TOKENS = 64  # the layer map shows at most this many tokens of its text
 FLOAT_FORMAT = "%.6f"
-VERSIONED = ("interp", "torch", "transformer-lens", "transformers", "matplotlib", "seaborn", "pandas")
 FIGURE_CAPTIONS = {
     "role_scores": "Role scores and ablation effect per head (layer x head)",
     "top_heads": "The top-scoring head of each role on one probe prompt",
@@ -52,25 +52,27 @@ class HeadReport:
     meta: dict
 
 
-def build_report(model, *, model_name: str, impl: str = "scratch", n_prompts: int = 64, seq_len: int | None = None,
-                 seed: int = 0, texts: Sequence[str] | None = None,
-                 thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD, progress: bool | None = None) -> HeadReport:
-    """Classify every head, run the ablation check, draw the figures."""
+def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
+                 texts: Sequence[str] | None = None, thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD,
+                 progress: bool | None = None) -> HeadReport:
+    """Classify every head (on probes, or on ``texts``), run the ablation check on the probes,
+    draw the figures. The probes are drawn once and serve all three. ``model_name``: the spec the
+    model was loaded from, for meta.json."""
     if n_prompts < 1:
         raise UserError(f"prompts={n_prompts} must be >= 1")
-    steps = tqdm(total=3, desc="report", unit="step", disable=None if progress is None else not progress)
-    scores = classify_heads(model, n_prompts, seq_len, seed, texts, progress=progress)
-    steps.update()
+    steps = progress_bar(total=3, progress=progress, desc="report", unit="step")
     probes = probes_for(model, n_prompts, seq_len, seed=seed)
+    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, progress=progress)
+    steps.update()
     table = head_table(scores, ablation_effects(model, probes, progress=progress), thresholds)
     steps.update()
     figures = {"role_scores": png_bytes(role_heatmaps(table, heatmap_columns(table))),
-               "top_heads": png_bytes(top_heads_figure(model, table, seed)),
+               "top_heads": png_bytes(top_heads_figure(model, table, probes)),
                "layer_map": png_bytes(layer_map_figure(model, table, texts[0] if texts else DISPLAY_TEXT))}
     steps.update()
     steps.close()
-    meta = {"model": model_name, "impl": impl, "prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
-            "texts": len(texts) if texts else None, "thresholds": thresholds, "versions": versions()}
+    meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
+                                            "texts": len(texts) if texts else None, "thresholds": thresholds}
     return HeadReport(table, figures, meta)
 
 
@@ -82,9 +84,17 @@ def present_roles(table: pd.DataFrame) -> list[str]:
     return [role for role in ROLES if role in table.columns]
 
 
-def top_heads_figure(model, table: pd.DataFrame, seed: int):
-    """Each role's best head on one short probe prompt."""
-    probe = probes_for(model, 1, min(model.cfg.n_ctx, DISPLAY_LEN), seed=seed).tokens[0]
+def display_probe(probes: RepeatedProbes) -> torch.Tensor:
+    """The probe whose second copy ends first, cut right after it -> tokens (pos,): the shortest
+    prompt that shows a whole repeat."""
+    ends = probes.segment_start + 2 * probes.period  # (batch,) first position after the second copy
+    row = int(ends.argmin())
+    return probes.tokens[row, : int(ends[row])]
+
+
+def top_heads_figure(model, table: pd.DataFrame, probes: RepeatedProbes):
+    """Each role's best head on the display probe."""
+    probe = display_probe(probes)
     patterns = all_patterns(model, probe)
     picks = [(role, table.loc[table[role].idxmax()]) for role in present_roles(table)]
     chosen = patterns[[int(row["layer"]) for _, row in picks], [int(row["head"]) for _, row in picks]]
@@ -93,23 +103,14 @@ def top_heads_figure(model, table: pd.DataFrame, seed: int):
 
 
 def layer_map_figure(model, table: pd.DataFrame, text: str):
-    """Every head of the layer holding the best induction (else previous-token) head, on ``text``."""
+    """Every head of the layer holding the best induction (else previous-token) head, on the start
+    of ``text`` (as much as the context holds, at most ``DISPLAY_TOKENS``)."""
     key = "induction" if "induction" in table.columns else "previous_token"
     layer = int(table.loc[table[key].idxmax(), "layer"])
-    tokens = model.to_tokens(text)[0][: min(model.cfg.n_ctx, 2 * DISPLAY_LEN)]
+    tokens = leading_tokens(model, text, DISPLAY_TOKENS)
     patterns = all_patterns(model, tokens)[layer]
     titles = [f"L{layer}H{head}" for head in range(model.cfg.n_heads)]
     return attention_grid(patterns, model.to_str_tokens(tokens), titles, suptitle=f"layer {layer}")
-
-
-def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for package in VERSIONED:
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = "not installed"
-    return found
 
 
 def role_summary(table: pd.DataFrame) -> list[str]:
@@ -136,7 +137,8 @@ def markdown_table(table: pd.DataFrame) -> list[str]:
 def render_markdown(report: HeadReport) -> str:
     meta = report.meta
     lines = [f"# Head roles: {meta['model']}", "",
-             f"impl `{meta['impl']}`, {meta['prompts']} probe prompts of {meta['seq_len']} tokens, seed {meta['seed']}"
+             f"family `{meta['family']}`, impl `{meta['impl']}`, weights `{meta['weights_hash']}`, "
+             f"{meta['prompts']} probe prompts of {meta['seq_len']} tokens, seed {meta['seed']}"
              + (f", {meta['texts']} texts" if meta["texts"] else "") + ".", "",
              "A head has a role when its score is at least the threshold and its 95% bootstrap interval "
              "lies above chance (a uniform head's score). Ablation effect: the rise in loss on the "
@@ -171,7 +173,8 @@ th, td {{ padding: 2px 6px; border-bottom: 1px solid #ddd; text-align: right; }}
 </head>
 <body>
 <h1>Head roles: {html.escape(meta['model'])}</h1>
-<p>impl <code>{html.escape(meta['impl'])}</code>, {meta['prompts']} probe prompts of {meta['seq_len']} tokens, seed {meta['seed']}.</p>
+<p>family <code>{html.escape(meta['family'])}</code>, impl <code>{html.escape(meta['impl'])}</code>,
+weights <code>{html.escape(meta['weights_hash'])}</code>, {meta['prompts']} probe prompts of {meta['seq_len']} tokens, seed {meta['seed']}.</p>
 <h2>Roles</h2>
 <ul>{summary}</ul>
 <h2>Figures</h2>
@@ -192,7 +195,7 @@ def write_report(report: HeadReport, out: str | Path) -> Path:
     write_atomic(out / "head_roles.csv", report.table.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n"))
     write_atomic(out / "report.md", render_markdown(report))
     write_atomic(out / "index.html", render_html(report))
-    write_atomic(out / "meta.json", json.dumps(report.meta, indent=2, sort_keys=True) + "\n")
+    write_meta(out, report.meta)
     return out
 
 
@@ -207,22 +210,19 @@ def read_texts(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp import load_model
-
     if args.prompts < 1:
         raise UserError(f"--prompts {args.prompts} must be >= 1")
     texts = read_texts(args.text_file) if args.text_file else None
-    model = load_model(args.model, impl=args.impl)
-    report = build_report(model, model_name=str(args.model), impl=args.impl, n_prompts=args.prompts,
-                          seq_len=args.seq_len, seed=args.seed, texts=texts, thresholds=args.threshold)
+    model = load_cli_model(args)
+    report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
+                          seed=args.seed, texts=texts, thresholds=args.threshold)
     print(write_report(report, args.out))
     return 0
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
-    parser.add_argument("--model", default="toy", help="toy (default), a checkpoint or GPT-2 directory, or a hub name")
-    parser.add_argument("--impl", default="scratch", choices=["scratch", "transformer_lens"])
+    add_model_args(parser)
     parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
     parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
     parser.add_argument("--seed", type=int, default=0)

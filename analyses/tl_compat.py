@@ -4,7 +4,9 @@
 runs one forward per prompt and per role; ``detect_heads`` gives the same numbers (to float
 rounding) for all three of its named patterns from one chunked forward. Its conventions, kept here:
 
-- each prompt is tokenised on its own, BOS prepended, and must be 2 .. n_ctx - 1 tokens;
+- each prompt is tokenised on its own by ``model.to_tokens(prompt)`` (on a bridge that follows the
+  family's own ``default_prepend_bos``) and must be 2 .. n_ctx - 1 tokens. This is the one
+  deliberate exception to ``analyses.tokens``' rule: it is how ``detect_head`` tokenises;
 - the detection pattern D (pos, pos) covers the whole prompt, BOS row included:
   previous_token_head: D[i, i-1] = 1; duplicate_token_head: D[i, j] = 1 for j < i with the same
   token; induction_head: the duplicate pattern shifted one key to the right (D[i, j] = dup[i, j-1]),
@@ -20,15 +22,31 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
+from torch.nn.utils.rnn import pad_sequence
 
-from analyses.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.classify import tokenize_texts
+from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.classify import pattern_chunks
 from analyses.hook_names import pattern_names
+from analyses.tokens import model_device
 from interp.errors import UserError
 
 TL_HEAD_NAMES = ("previous_token_head", "duplicate_token_head", "induction_head")
 ERROR_MEASURES = ("mul", "abs")
+
+
+def detect_head_tokens(model, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts tokenised as ``detect_head`` does, one ``model.to_tokens`` each -> right-padded
+    tokens (batch, pos) and real lengths (batch,), on the model's device."""
+    bad = [prompt for prompt in prompts if not (isinstance(prompt, str) and prompt.strip())]
+    if not prompts or bad:
+        raise UserError(f"every prompt must be a non-empty string, got {bad[0] if bad else 'no prompt'!r}")
+    rows = [model.to_tokens(prompt)[0].cpu() for prompt in prompts]
+    lengths = torch.tensor([len(row) for row in rows])
+    if not (2 <= int(lengths.min()) and int(lengths.max()) < model.cfg.n_ctx):
+        raise UserError(f"prompts are {int(lengths.min())}..{int(lengths.max())} tokens; detect_head needs "
+                        f"2 to {model.cfg.n_ctx - 1} (fewer than n_ctx={model.cfg.n_ctx})")
+    device = model_device(model)
+    return pad_sequence(rows, batch_first=True).to(device), lengths.to(device)
 
 
 def detection_patterns(tokens: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -93,16 +111,10 @@ def detect_heads(
         raise UserError(f"unknown detection pattern(s) {unknown}; allowed: {', '.join(TL_HEAD_NAMES)}")
     if error_measure not in ERROR_MEASURES:
         raise UserError(f"unknown error_measure {error_measure!r}; allowed: {', '.join(ERROR_MEASURES)}")
-    tokens, lengths = tokenize_texts(model, [prompts] if isinstance(prompts, str) else prompts)
-    if int(lengths.max()) >= model.cfg.n_ctx:
-        raise UserError(f"a prompt is {int(lengths.max())} tokens; detect_head needs fewer than n_ctx={model.cfg.n_ctx}")
+    tokens, lengths = detect_head_tokens(model, [prompts] if isinstance(prompts, str) else list(prompts))
     detections = detection_patterns(tokens, lengths)
-    size = rows_within(model, tokens.shape[1], memory_mb, kept_patterns=model.cfg.n_layers)
     per_prompt = {name: [] for name in names}  # name -> chunks of (batch, layer, head)
-    disable = None if progress is None else not progress
-    for start in tqdm(range(0, len(tokens), size), desc="detect heads", unit="chunk", disable=disable):
-        rows = slice(start, start + size)
-        _, cache = model.run_with_cache(tokens[rows], names_filter=pattern_names(model), return_type=None)
+    for rows, cache in pattern_chunks(model, tokens, memory_mb, progress, "detect heads"):
         patterns = [cache[name] for name in pattern_names(model)]
         for name in names:
             scores = [similarity(pattern, detections[name][rows], lengths[rows], exclude_bos=exclude_bos,

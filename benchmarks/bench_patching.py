@@ -16,52 +16,22 @@ same model.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import contextlib
 
 import torch
-from transformer_lens import patching as tl_patching
 
 from analyses.attribution import attribution_agreement, attribution_patch_heads
-from analyses.metrics import loss_metric
 from analyses.patching import patch_heads
-from analyses.probes import bos_token_id, corrupt_first_copy, probes_for
-from interp import GPTModel, from_hf, load_model
+from common import Samples, forward_seconds, induction_pair, load_note, time_interleaved, tl_sweep
+from interp import from_hf, load_model
 from interp.bridge import boot_bridge
 from interp.random_models import make_random_gpt2
 from interp.loading import toy_checkpoint_dir
 
 
-def interleaved(candidates: dict, repeats: int) -> tuple[dict, dict, dict]:
-    """(median CPU seconds, median wall seconds, last result) per candidate, run round-robin."""
-    cpu, wall, results = {name: [] for name in candidates}, {name: [] for name in candidates}, {}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
-            start_cpu, start_wall = time.process_time(), time.perf_counter()
-            results[name] = fn()
-            cpu[name].append(time.process_time() - start_cpu)
-            wall[name].append(time.perf_counter() - start_wall)
-    median = lambda times: {name: statistics.median(ts) for name, ts in times.items()}  # noqa: E731
-    return median(cpu), median(wall), results
-
-
-def induction_pair(model, n_prompts: int, seq_len: int):
-    probes = probes_for(model, n_prompts, seq_len, seed=0)
-    corrupted = corrupt_first_copy(probes, model.cfg.d_vocab, bos_token_id(model), seed=1)
-    return probes.tokens, corrupted, loss_metric(probes.tokens, probes.predictable)
-
-
-def tl_sweep(model, clean, corrupted, metric):
-    with torch.no_grad():
-        _, cache = model.run_with_cache(clean)
-        return tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
-
-
-def forward_seconds(model, tokens, repeats: int = 10) -> float:
-    """Median CPU seconds of one plain forward (after a warm-up)."""
-    with torch.no_grad():
-        model(tokens)
-        return interleaved({"forward": lambda: model(tokens)}, repeats)[0]["forward"]
+def interleaved(candidates: dict, repeats: int) -> dict[str, Samples]:
+    """Round-robin, no warm-up round (each candidate is seconds long); CPU medians are the figures."""
+    return time_interleaved(candidates, repeats, warmup=0, mode=contextlib.nullcontext)
 
 
 def exact_vs_transformer_lens(scratch, bridge, args):
@@ -70,12 +40,15 @@ def exact_vs_transformer_lens(scratch, bridge, args):
     forward = {"scratch": forward_seconds(scratch, corrupted), "bridge": forward_seconds(bridge, corrupted)}
     print(f"plain forward ({args.prompts} x {args.seq_len} tokens, CPU time): GPTModel {forward['scratch'] * 1e3:.0f} ms, "
           f"bridge {forward['bridge'] * 1e3:.0f} ms")
-    seconds, wall, results = interleaved({
+    samples = interleaved({
         "TL sweep on bridge": lambda: tl_sweep(bridge, clean, corrupted, metric),
         "TL sweep on GPTModel": lambda: tl_sweep(scratch, clean, corrupted, metric),
         "ours on GPTModel": lambda: patch_heads(scratch, clean, corrupted, metric, progress=False),
         "ours on bridge": lambda: patch_heads(bridge, clean, corrupted, metric, progress=False),
     }, args.repeats)
+    seconds = {name: s.median("cpu") for name, s in samples.items()}
+    wall = {name: s.median("wall") for name, s in samples.items()}
+    results = {name: s.result for name, s in samples.items()}
     # the forward measured again after the sweeps, so load drift during them is averaged in
     forward = {name: (secs + forward_seconds(m, corrupted)) / 2
                for (name, secs), m in zip(forward.items(), (scratch, bridge))}
@@ -97,9 +70,9 @@ def exact_vs_transformer_lens(scratch, bridge, args):
 def attribution_vs_exact(label, model, clean, corrupted, metric, exact, forward, exact_seconds, repeats):
     attribute = lambda: attribution_patch_heads(model, clean, corrupted, metric)  # noqa: E731
     attribute()  # warm-up: autograd's first call pays one-time costs
-    seconds, _, results = interleaved({"attribution": attribute}, max(3, repeats))
-    agreement = attribution_agreement(results["attribution"], exact)
-    secs = seconds["attribution"]
+    samples = interleaved({"attribution": attribute}, max(3, repeats))["attribution"]
+    agreement = attribution_agreement(samples.result, exact)
+    secs = samples.median("cpu")
     print(f"\nattribution vs exact on {label}: attribution {secs:.2f} s = {secs / forward:.2f} forward-equivalents, "
           f"exact {exact_seconds:.2f} s -> {exact_seconds / secs:.1f}x faster")
     print("agreement with exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
@@ -116,17 +89,16 @@ def main():
     hf, tokenizer = make_random_gpt2(n_layers=12, d_model=768, n_heads=12, n_ctx=64, d_vocab=2048, seed=0)
     scratch = from_hf(hf.eval(), tokenizer).eval()  # its cfg.device is what TL reads
     bridge = boot_bridge(hf, tokenizer).eval()
-    print(f"GPT-2-small shape, random weights; torch threads {torch.get_num_threads()}")
+    print(f"GPT-2-small shape, random weights; torch threads {torch.get_num_threads()}; {load_note()}")
     pair, exact, forward, exact_seconds = exact_vs_transformer_lens(scratch, bridge, args)
     attribution_vs_exact("GPT-2-small shape (GPTModel)", scratch, *pair, exact, forward, exact_seconds, args.repeats)
 
     if (toy_checkpoint_dir() / "model.safetensors").is_file():
         toy = load_model("toy").eval()
         clean, corrupted, metric = induction_pair(toy, 16, min(64, toy.cfg.n_ctx))
-        exact_seconds, _, exact_results = interleaved(
-            {"exact": lambda: patch_heads(toy, clean, corrupted, metric, progress=False)}, args.repeats)
-        attribution_vs_exact("the embedded toy model", toy, clean, corrupted, metric, exact_results["exact"],
-                             forward_seconds(toy, corrupted), exact_seconds["exact"], args.repeats)
+        exact = interleaved({"exact": lambda: patch_heads(toy, clean, corrupted, metric, progress=False)}, args.repeats)["exact"]
+        attribution_vs_exact("the embedded toy model", toy, clean, corrupted, metric, exact.result,
+                             forward_seconds(toy, corrupted), exact.median("cpu"), args.repeats)
     else:
         print("\n(the embedded toy model is not installed: its attribution comparison is skipped)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,16 +16,34 @@ from analyses.ablation import (
     pruning_curve,
     resample_index,
 )
+from analyses.attribution import shortlist_patch_heads
+from analyses.causal_check import ablation_effects
+from analyses.classify import classify_heads
+from analyses.interventions import rows_per_chunk
 from analyses.metrics import loss_metric
+from analyses.patching import patch_heads
 from analyses.probes import probes_for
-from interp import GPTConfig, GPTModel, load_model
+from interp import ByteTokenizer, GPTConfig, GPTModel, load_model
+from interp.errors import UserError
+from interp.tokenizer import as_tokenizer, encode_texts
+
+
+class TinyTokenizer(ByteTokenizer):
+    """Ids 0..9 as tokens and 10 as the start token: the tiny model's whole vocabulary."""
+
+    bos_token_id = 10
+    vocab_size = 11
+
+    def ordinary_ids(self) -> list[int]:
+        return list(range(10))
 
 
 @pytest.fixture(scope="module")
 def tiny():
     """One attention-only layer, two heads: small enough to compute by hand."""
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(d_vocab=11, n_ctx=8, d_model=8, n_heads=2, n_layers=1, attn_only=True)).eval()
+    cfg = GPTConfig(d_vocab=11, n_ctx=8, d_model=8, n_heads=2, n_layers=1, attn_only=True)
+    model = GPTModel(cfg, TinyTokenizer()).eval()
     tokens = torch.tensor([[10, 3, 4, 5, 3, 4], [10, 7, 1, 2, 7, 1], [10, 6, 6, 0, 9, 8]])
     return model, tokens
 
@@ -99,14 +118,34 @@ def test_sweeps_agree_across_backends(scratch_gpt2, bridge_gpt2, prompts, method
     assert ours["effect"].abs().max() > 1e-4
 
 
+def naive_ablated_loss(model, tokens, heads, real=None):
+    """Mean next-token loss over the real predicted tokens with ``heads`` zeroed by hand-written
+    hooks on ``hook_z[:, :, h]`` (no analyses code involved)."""
+    def zero(head):
+        def hook(z, hook):
+            z = z.clone()
+            z[:, :, head] = 0
+            return z
+
+        return hook
+
+    hooks = [(f"blocks.{layer}.attn.hook_z", zero(head)) for layer, head in heads]
+    with torch.no_grad():
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    return (losses.mean() if real is None else losses[real[:, 1:]].mean()).item()
+
+
 def test_layer_and_group_targets(scratch_gpt2, prompts):
     frame = ablation_sweep(scratch_gpt2, prompts, "each_layer", "zero", progress=False)
     assert list(frame["target"]) == ["L0", "L1"] and list(frame["n_heads"]) == [4, 4]
-    whole_layer = ablate_heads(scratch_gpt2, prompts, [(1, h) for h in range(4)], "zero")
-    assert frame["metric"].iloc[1] == pytest.approx(whole_layer, abs=1e-5)
+    for layer in range(2):
+        expected = naive_ablated_loss(scratch_gpt2, prompts, [(layer, h) for h in range(4)])
+        assert frame["metric"].iloc[layer] == pytest.approx(expected, abs=1e-5)
+    assert frame["baseline"].iloc[0] == pytest.approx(naive_ablated_loss(scratch_gpt2, prompts, []), abs=1e-5)
     groups = ablation_sweep(scratch_gpt2, prompts, {"pair": [(0, 1), (1, 2)]}, "zero", progress=False)
     assert groups["target"].item() == "pair" and groups["layer"].isna().item()
-    assert groups["metric"].item() == pytest.approx(ablate_heads(scratch_gpt2, prompts, [(1, 2), (0, 1)]), abs=1e-5)
+    assert groups["metric"].item() == pytest.approx(naive_ablated_loss(scratch_gpt2, prompts, [(1, 2), (0, 1)]), abs=1e-5)
 
 
 def test_pattern_preserving_matches_hand_written_hooks(scratch_gpt2, bridge_gpt2, prompts):
@@ -149,15 +188,82 @@ def test_importance_is_the_gate_derivative(scratch_gpt2, prompts):
     assert importance[1, 2].item() == pytest.approx(abs(derivative), rel=1e-2, abs=1e-5)
 
 
+def gate_importance(model, tokens):
+    """Michel et al.'s importance computed independently: a gate per prompt and head multiplies
+    the head's output; importance = sum over prompts of |d loss / d gate| at gates = 1."""
+    gates = torch.ones(2, tokens.shape[0], 4, requires_grad=True)  # (layer, batch, head)
+
+    def gate(layer):
+        return lambda z, hook: z * gates[layer][:, None, :, None]
+
+    logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", gate(l)) for l in range(2)])
+    loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:])
+    (grad,) = torch.autograd.grad(loss, gates)
+    return grad.abs().sum(dim=1)  # (layer, head)
+
+
 def test_pruning_curve(scratch_gpt2, prompts):
     curve = pruning_curve(scratch_gpt2, prompts, "zero", progress=False)
     assert list(curve["step"]) == list(range(9)) and curve["fraction"].iloc[-1] == 1.0
-    assert curve["importance"].iloc[1:].is_monotonic_increasing
-    assert curve["metric"].iloc[0] == pytest.approx(curve["baseline"].iloc[0])
-    everything = [(l, h) for l in range(2) for h in range(4)]
-    assert curve["metric"].iloc[-1] == pytest.approx(ablate_heads(scratch_gpt2, prompts, everything), abs=1e-5)
-    first_three = [tuple(map(int, pair)) for pair in curve[["layer", "head"]].iloc[1:4].to_numpy()]
-    assert curve["metric"].iloc[3] == pytest.approx(ablate_heads(scratch_gpt2, prompts, first_three), abs=1e-5)
+    importance = gate_importance(scratch_gpt2, prompts)
+    expected_order = [divmod(int(i), 4) for i in importance.flatten().argsort(stable=True)]
+    order = [tuple(map(int, pair)) for pair in curve[["layer", "head"]].iloc[1:].to_numpy()]
+    assert order == expected_order
+    torch.testing.assert_close(torch.tensor(curve["importance"].iloc[1:].to_numpy(), dtype=torch.float32),
+                               torch.stack([importance[l, h] for l, h in order]), atol=1e-6, rtol=1e-4)
+    for step in range(9):  # step i: the first i heads of the order ablated together, by hand
+        expected = naive_ablated_loss(scratch_gpt2, prompts, order[:step])
+        assert curve["metric"].iloc[step] == pytest.approx(expected, abs=1e-5)
+    assert curve["baseline"].iloc[0] == pytest.approx(naive_ablated_loss(scratch_gpt2, prompts, []), abs=1e-5)
+
+
+def test_chunks_count_the_logits_and_their_log_softmax_copy():
+    """A 150k vocabulary: a chunk's logits and the metric's log-softmax copy of them fit the budget."""
+    cfg = SimpleNamespace(d_vocab=151_936, d_model=896, n_heads=14, d_head=64, d_mlp=4864, n_layers=24, n_ctx=512)
+    model = SimpleNamespace(cfg=cfg)
+    for batch, n_pos, memory_mb in [(2, 64, 1024), (1, 128, 4096), (4, 32, 512)]:
+        variants = rows_per_chunk(model, batch, n_pos, memory_mb)
+        assert variants * batch * 2 * (4 * cfg.d_vocab * n_pos) <= memory_mb * 2**20
+
+
+def test_ragged_texts_are_padded_and_the_padding_masked(scratch_gpt2):
+    """Texts of unequal length: right-padded, the loss taken on real tokens only, and the mean
+    replacement averaged over the prompts where each position is real."""
+    texts = ["the cat sat on the mat", "a dog", "birds fly south"]
+    batch = encode_texts(as_tokenizer(scratch_gpt2.tokenizer), texts, scratch_gpt2.cfg.n_ctx)
+    tokens, real = batch.tokens, batch.real
+    assert ablate_heads(scratch_gpt2, texts, [], "zero") == pytest.approx(
+        naive_ablated_loss(scratch_gpt2, tokens, [], real), abs=1e-5)
+    assert ablate_heads(scratch_gpt2, texts, [(1, 2)], "zero") == pytest.approx(
+        naive_ablated_loss(scratch_gpt2, tokens, [(1, 2)], real), abs=1e-5)
+    with torch.no_grad():
+        _, cache = scratch_gpt2.run_with_cache(tokens)
+        z = cache["blocks.0.attn.hook_z"][:, :, 3]  # (batch, pos, d_head)
+        mean = (z * real[..., None]).sum(0) / real.sum(0)[:, None]
+
+        def hook(z, hook):
+            z = z.clone()
+            z[:, :, 3] = mean
+            return z
+
+        logits = scratch_gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", hook)])
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    assert ablate_heads(scratch_gpt2, texts, [(0, 3)], "mean") == pytest.approx(losses[real[:, 1:]].mean().item(), abs=1e-5)
+    with pytest.raises(UserError, match="resample ablation needs prompts of equal token length"):
+        ablate_heads(scratch_gpt2, texts, [(0, 3)], "resample")
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, t: ablation_sweep(m, t, "each_layer"),
+    lambda m, t: pruning_curve(m, t),
+    lambda m, t: patch_heads(m, t, t.flip(0), loss_metric(t)),
+    lambda m, t: shortlist_patch_heads(m, t, t.flip(0), loss_metric(t), k=2),
+    lambda m, t: ablation_effects(m, probes_for(m, 2, 16), progress=None),
+    lambda m, t: classify_heads(m, 2, 16, n_boot=10),
+])
+def test_progress_bars_only_on_a_terminal_by_default(scratch_gpt2, prompts, capsys, call):
+    call(scratch_gpt2, prompts)
+    assert capsys.readouterr().err == ""  # pytest's captured stderr is not a terminal
 
 
 @pytest.mark.parametrize(

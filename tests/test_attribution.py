@@ -14,9 +14,9 @@ from analyses.probes import corrupt_first_copy, repeated_probes
 
 @pytest.fixture(scope="module")
 def pair():
-    probes = repeated_probes(3, 12, 257, bos_token_id=256, seed=7)
+    probes = repeated_probes(3, 12, range(256), 256, seed=7)
     clean = probes.tokens
-    return clean, corrupt_first_copy(probes, 257, 256, seed=8), loss_metric(clean, probes.predictable)
+    return clean, corrupt_first_copy(probes, seed=8), loss_metric(clean, probes.predictable)
 
 
 def moved_metric(model, tokens, metric, layer, head, target_z, eps):
@@ -73,18 +73,41 @@ def test_agreement_with_exact_is_measured(scratch_gpt2, pair):
         attribution_agreement(attributed, exact[0])
 
 
+def naive_patch(model, base, source, metric, layer, head):
+    """The metric of ``base`` with one head's output taken from the ``source`` run, by hand."""
+    _, cache = model.run_with_cache(source)
+    name = f"blocks.{layer}.attn.hook_z"
+
+    def hook(z, hook):
+        z = z.clone()
+        z[:, :, head] = cache[name][:, :, head]
+        return z
+
+    with torch.no_grad():
+        return metric(model.run_with_hooks(base, fwd_hooks=[(name, hook)])).item()
+
+
 def test_shortlist_confirms_top_k_exactly(scratch_gpt2, pair):
     clean, corrupted, metric = pair
-    exact = patch_heads(scratch_gpt2, clean, corrupted, metric, progress=False)
     attributed = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric)
-    base = metric(scratch_gpt2(corrupted)).item()
     frame = shortlist_patch_heads(scratch_gpt2, clean, corrupted, metric, k=3, progress=False)
     assert len(frame) == 8 and frame["exact"].sum() == 3 and frame["exact"].iloc[:3].all()
-    estimated_effect = (frame["attribution"] - base).abs()
-    assert estimated_effect.is_monotonic_decreasing
+    # the ranking: each head's first-order effect, by central finite differences in the test
+    _, cache = scratch_gpt2.run_with_cache(clean)
+    eps = 1e-2
+    effect = {}
+    for layer, head in zip(frame["layer"], frame["head"]):
+        target = cache[f"blocks.{layer}.attn.hook_z"]
+        up = moved_metric(scratch_gpt2, corrupted, metric, layer, head, target, eps)
+        down = moved_metric(scratch_gpt2, corrupted, metric, layer, head, target, -eps)
+        effect[layer, head] = abs(up - down) / (2 * eps)
+    ranked = [effect[layer, head] for layer, head in zip(frame["layer"], frame["head"])]
+    assert all(earlier >= later - 1e-5 for earlier, later in zip(ranked, ranked[1:]))
+    assert max(ranked) - min(ranked) > 1e-3  # the ranking is not among ties
     for row in frame.itertuples():
-        expected = exact[row.layer, row.head] if row.exact else attributed[row.layer, row.head]
-        assert row.value == pytest.approx(expected.item(), abs=1e-5)
+        expected = (naive_patch(scratch_gpt2, corrupted, clean, metric, row.layer, row.head) if row.exact
+                    else attributed[row.layer, row.head].item())
+        assert row.value == pytest.approx(expected, abs=1e-5)
         assert row.attribution == pytest.approx(attributed[row.layer, row.head].item(), abs=1e-5)
     with pytest.raises(ValueError, match=r"k=9 out of range \[0, 8\]"):
         shortlist_patch_heads(scratch_gpt2, clean, corrupted, metric, k=9)

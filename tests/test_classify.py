@@ -3,6 +3,7 @@ with TransformerLens's detect_head, and the batched ablation check against a one
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import pandas as pd
@@ -22,10 +23,12 @@ from analyses.classify import (
     scores_frame,
     text_targets,
 )
-from analyses.probes import probes_for, repeated_probes
+from analyses.probes import corrupt_first_copy, probes_for, repeated_probes
+from analyses.tokens import encode, model_device, ordinary_token_ids, start_token_id
 from analyses.tl_compat import TL_HEAD_NAMES, detect_heads
 from interp import load_model
 from interp.errors import UserError
+from interp.random_models import FAMILIES
 
 SEQ_LEN = 48
 
@@ -80,7 +83,7 @@ def lookup(scores: pd.DataFrame, head: int, measure: str, column: str = "score")
 
 
 def test_known_patterns_score_one_where_they_match_and_chance_is_the_uniform_head():
-    probes = repeated_probes(24, SEQ_LEN, d_vocab=257, bos_token_id=256, seed=3)
+    probes = repeated_probes(24, SEQ_LEN, vocab=range(256), start_token_id=256, seed=3)
     offset = 8
     scores = score_synthetic(probes, synthetic_patterns(probes, offset))
     assert lookup(scores, 0, "previous_token") == pytest.approx(1.0)
@@ -100,7 +103,7 @@ def test_known_patterns_score_one_where_they_match_and_chance_is_the_uniform_hea
 
 
 def test_fixed_positional_offset_is_not_induction():
-    probes = repeated_probes(32, SEQ_LEN, d_vocab=257, bos_token_id=256, seed=4)
+    probes = repeated_probes(32, SEQ_LEN, vocab=range(256), start_token_id=256, seed=4)
     periods = probes.period.tolist()
     offset = max(set(periods), key=periods.count) - 1  # the offset an induction head has most often
     scores = score_synthetic(probes, synthetic_patterns(probes, offset))
@@ -260,3 +263,86 @@ def test_batched_ablation_matches_one_head_at_a_time(scratch, bridge):
             assert float(row["ablation_effect"].iloc[0]) == pytest.approx(float(loss - clean), abs=1e-5)
     on_bridge = ablation_effects(bridge, probes, progress=False)
     assert (on_bridge["ablation_effect"] - effects["ablation_effect"]).abs().max() < 1e-4
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.cpu().long().numpy().tobytes()).hexdigest()
+
+
+# The probes and their corrupted side as drawn before probes came from ordinary tokens only:
+# on byte-level models the ordinary ids are all ids but the start token, so nothing moved.
+PINNED_PROBES = {
+    "tokens": "a1c454ad006e77db2d8b094fb7c493bf5eda8aefd84b0632c417a11519efd217",
+    "corrupted": "eefb05328cb5f707c87ef52bb3696b903d80c8aedc7b4a138bcc9a5c6735bd42",
+    "period": "cc1880d8fd53697e556c281b6dd0cf7a35a2cb6d8f37ee1621306779e7b6a957",
+    "segment_start": "15cf304534f8f989e2b3a5dd63f95b7ae3f437a50de0a907967080a103163887",
+}
+
+
+@pytest.mark.parametrize("which", ["toy", "gpt2"])
+def test_probes_of_byte_level_models_are_unchanged(which, scratch):
+    model = load_model("toy") if which == "toy" else scratch
+    assert start_token_id(model) == 256
+    assert ordinary_token_ids(model) == [t for t in range(model.cfg.d_vocab) if t != 256]
+    probes = probes_for(model, 16, 64, seed=7)
+    drawn = {"tokens": probes.tokens, "corrupted": corrupt_first_copy(probes, seed=8), "period": probes.period,
+             "segment_start": probes.segment_start}
+    assert {name: digest(tensor) for name, tensor in drawn.items()} == PINNED_PROBES
+
+
+# The start token each family's sequences begin with: its BOS, else its EOS (Qwen2 has no BOS).
+START_TOKENS = {"gpt2": 256, "phi": 256, "gpt_neo": 256, "llama": 1, "mistral": 1, "gemma": 2, "opt": 2,
+                "gpt_neox": 0, "qwen2": 256}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_probes_use_only_ordinary_tokens_on_every_family(family, family_dir):
+    """Start token first, then only ordinary tokens: never a special or added token, never an id
+    of the padded vocabulary beyond the tokenizer (the models' vocab is 320, the tokenizers' ~260)."""
+    from transformers import AutoTokenizer
+
+    model = load_model(family_dir(family))
+    hf = AutoTokenizer.from_pretrained(family_dir(family))
+    ordinary = set(range(len(hf))) - set(hf.all_special_ids) - set(hf.get_added_vocab().values())
+    assert model.cfg.d_vocab > len(hf) and len(ordinary) == 256
+    probes = probes_for(model, 8, 32, seed=0)
+    corrupted = corrupt_first_copy(probes, seed=1)
+    for tokens in (probes.tokens, corrupted):
+        assert (tokens[:, 0] == START_TOKENS[family]).all()
+        assert set(tokens[:, 1:].flatten().tolist()) <= ordinary
+    assert not torch.equal(probes.tokens, corrupted)
+
+
+def test_classify_takes_probes_made_once(scratch):
+    probes = probes_for(scratch, 6, SEQ_LEN, seed=3)
+    given = classify_heads(scratch, probes=probes, seed=3, n_boot=50, progress=False)
+    drawn = classify_heads(scratch, 6, SEQ_LEN, seed=3, n_boot=50, progress=False)
+    pd.testing.assert_frame_equal(given, drawn)
+    with pytest.raises(UserError, match="probes or texts"):
+        classify_heads(scratch, probes=probes, texts=["a b"], progress=False)
+
+
+@pytest.mark.parametrize("fixture", ["scratch", "bridge"])
+def test_classification_computes_no_logits(request, fixture, monkeypatch):
+    """Classification reads patterns only: its forwards stop before the unembedding on both
+    backends (the bridge computes logits even with return_type=None), so a chunk's memory
+    never holds logits of a large vocabulary."""
+    model = request.getfixturevalue(fixture)
+    unembedded = []
+    if fixture == "scratch":
+        original = model.unembed
+        monkeypatch.setattr(model, "unembed", lambda resid: unembedded.append(1) or original(resid))
+        context = model.hooks(fwd_hooks=[])
+    else:
+        context = model.hooks(fwd_hooks=[("unembed.hook_out", lambda out, hook: unembedded.append(1))])
+    with context:
+        classify_heads(model, 4, SEQ_LEN, n_boot=10, progress=False)
+        classify_heads(model, texts=["the cat sat on the mat", "a b"], n_boot=10, progress=False)
+        detect_heads(model, ["ab ab", "xyz xyz"], progress=False)
+    assert unembedded == []
+
+
+def test_texts_of_unequal_length_are_padded_with_the_start_token(bridge):
+    batch = encode(bridge, ["a b c d", "a"])
+    assert batch.tokens.shape == (2, 8) and batch.lengths.tolist() == [8, 2]
+    assert (batch.tokens[1, 2:] == start_token_id(bridge)).all() and batch.tokens.device == model_device(bridge)

@@ -7,10 +7,12 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+EXPECTED = ["01_attention_from_scratch", "02_induction_heads", "03_gpt2_and_other_families", "04_ablation_study"]
 
 
-def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 1
+def test_the_notebooks_are_the_expected_ones():
+    """A renamed or deleted notebook is caught here, not silently dropped from the runs below."""
+    assert [path.stem for path in NOTEBOOKS] == EXPECTED
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -8,9 +8,12 @@ import pytest
 import torch
 from transformer_lens import patching as tl_patching
 
+from analyses.ablation import ablate_heads
 from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.patching import patch_heads, patch_patterns, patch_residual, patching_frame
-from analyses.probes import corrupt_first_copy, repeated_probes
+from analyses.probes import corrupt_first_copy, probes_for, repeated_probes
+from interp import load_model
+from interp.errors import UserError
 
 N_POS = 12
 
@@ -18,8 +21,8 @@ N_POS = 12
 @pytest.fixture(scope="module")
 def pair():
     """Clean: repeated segments; corrupted: first copy replaced (the built-in induction pair)."""
-    probes = repeated_probes(3, N_POS, 257, bos_token_id=256, seed=4)
-    return probes.tokens, corrupt_first_copy(probes, 257, 256, seed=5), probes.predictable
+    probes = repeated_probes(3, N_POS, range(256), 256, seed=4)
+    return probes.tokens, corrupt_first_copy(probes, seed=5), probes.predictable
 
 
 @pytest.fixture(scope="module")
@@ -85,29 +88,59 @@ def test_transformer_lens_sweep_on_gptmodel_agrees(scratch_gpt2, pair, metric):
     torch.testing.assert_close(patch_heads(model, clean, corrupted, metric, progress=False), expected, atol=1e-4, rtol=0)
 
 
-def test_normalized_and_noising_endpoints(scratch_gpt2, pair, metric):
-    """Patching the whole residual at layer 0 reproduces the source run: normalised 1 when
-    denoising, 0 when noising (the clean run patched with everything corrupted is corrupted)."""
+@pytest.fixture(scope="module")
+def one_token_pair(pair):
+    """Clean probes and a corrupted copy differing in one position (the first segment token)."""
+    clean, _, predictable = pair
+    corrupted = clean.clone()
+    corrupted[:, 3] = (clean[:, 3] + 1) % 256
+    return clean, corrupted, loss_metric(clean, predictable), 3
+
+
+@pytest.mark.parametrize("fixture", ["scratch_gpt2", "bridge_gpt2"])
+def test_normalized_endpoints(request, fixture, one_token_pair):
+    """The docstring's endpoints: 0 = the corrupted run, 1 = the clean run. At layer 0 the only
+    residual that differs is the changed position's, so patching it there reproduces the source
+    run (denoising: 1; noising: 0) and patching any other position changes nothing."""
+    model = request.getfixturevalue(fixture)
+    clean, corrupted, metric, changed = one_token_pair
+    others = [pos for pos in range(N_POS) if pos != changed]
+    denoised = patch_residual(model, clean, corrupted, metric, normalize=True, progress=False)
+    assert denoised[0, changed].item() == pytest.approx(1.0, abs=1e-5)
+    assert denoised[0, others].abs().max().item() < 1e-5
+    noised = patch_residual(model, clean, corrupted, metric, direction="noise", normalize=True, progress=False)
+    assert noised[0, changed].item() == pytest.approx(0.0, abs=1e-5)
+    assert (noised[0, others] - 1).abs().max().item() < 1e-5
+
+
+def test_noising_a_head_is_the_clean_run_with_its_corrupted_output(scratch_gpt2, pair, metric):
     clean, corrupted, _ = pair
-    clean_loss = metric(scratch_gpt2(clean)).item()
-    corrupted_loss = metric(scratch_gpt2(corrupted)).item()
-    denoised = patch_residual(scratch_gpt2, clean, corrupted, metric, normalize=True, progress=False)
-    raw = patch_residual(scratch_gpt2, clean, corrupted, metric, progress=False)
-    torch.testing.assert_close(denoised, (raw - corrupted_loss) / (clean_loss - corrupted_loss))
-    # positions where clean and corrupted tokens agree change nothing: normalised 0
-    same = (clean == corrupted).all(0)
-    assert denoised[0, same].abs().max() < 1e-4
     noised = patch_heads(scratch_gpt2, clean, corrupted, metric, direction="noise", progress=False)
-    # noising head h: the clean run with h's output from the corrupted run
     with torch.no_grad():
         _, cache = scratch_gpt2.run_with_cache(corrupted)
+        for layer, head in [(0, 0), (1, 2)]:
+            def hook(z, hook, head=head, name=f"blocks.{layer}.attn.hook_z"):
+                z = z.clone()
+                z[:, :, head] = cache[name][:, :, head]
+                return z
 
-        def hook(z, hook):
-            z[:, :, 2] = cache["blocks.1.attn.hook_z"][:, :, 2]
-            return z
+            expected = metric(scratch_gpt2.run_with_hooks(clean, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)]))
+            assert noised[layer, head].item() == pytest.approx(expected.item(), abs=1e-5)
 
-        expected = metric(scratch_gpt2.run_with_hooks(clean, fwd_hooks=[("blocks.1.attn.hook_z", hook)]))
-    assert noised[1, 2].item() == pytest.approx(expected.item(), abs=1e-5)
+
+def test_heads_equal_transformer_lens_on_a_grouped_query_model(family_dir, pair, metric):
+    """Llama with 2 key/value heads for 4 query heads, on the bridge (whose hook_k/hook_v carry the
+    2 key/value heads): hook_z carries the 4 query heads, and head patching equals TransformerLens."""
+    model = load_model(family_dir("llama"), impl="transformer_lens")
+    clean, corrupted, _ = pair
+    clean, corrupted = clean % 256 + 3, corrupted % 256 + 3  # byte tokens of the Llama tokenizer
+    clean[:, 0] = corrupted[:, 0] = 1
+    metric = loss_metric(clean)
+    _, clean_cache = model.run_with_cache(clean)
+    expected = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupted, clean_cache, metric)
+    ours = patch_heads(model, clean, corrupted, metric, progress=False)
+    torch.testing.assert_close(ours, expected.cpu().float(), atol=1e-4, rtol=0)
+    assert ours.std() > 1e-4
 
 
 def test_logit_diff_metric_and_frame(scratch_gpt2, pair):
@@ -131,3 +164,19 @@ def test_bad_inputs_name_the_value(scratch_gpt2, pair, metric, kwargs, message):
     args = {"clean_tokens": clean, "corrupted_tokens": corrupted} | kwargs
     with pytest.raises(ValueError, match=message):
         patch_heads(scratch_gpt2, metric=metric, progress=False, **args)
+
+
+@pytest.mark.parametrize("family", ["opt", "gpt_neo"])
+def test_edits_that_reach_nothing_are_refused(family, family_dir):
+    """On these bridges an edit of hook_pattern changes nothing (the hook self-test measures it):
+    pattern patching and pattern-preserving ablation are refused instead of returning numbers;
+    hook_z edits reach the output, so head patching and plain ablation run."""
+    model = load_model(family_dir(family))
+    probes = probes_for(model, 2, 16, seed=0)
+    clean, corrupted, metric = probes.tokens, corrupt_first_copy(probes, seed=1), loss_metric(probes.tokens)
+    with pytest.raises(UserError, match=f"patch_patterns needs edits of hook_pattern.*{family}"):
+        patch_patterns(model, clean, corrupted, metric, progress=False)
+    with pytest.raises(UserError, match="preserve_patterns=True needs edits of hook_pattern"):
+        ablate_heads(model, clean, [(0, 0)], preserve_patterns=True)
+    assert patch_heads(model, clean, corrupted, metric, progress=False).shape == (2, 4)
+    assert ablate_heads(model, clean, [(0, 0)]) != ablate_heads(model, clean, [])

@@ -10,8 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import analyses.probes
 from analyses.classify import MEASURES
-from analyses.cli import main
+from analyses.cli import build_parser, main
+from analyses.report import build_report
+from interp import GPTConfig, GPTModel, load_model, provenance
+from interp.loading import save_checkpoint
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -120,3 +124,55 @@ def test_a_bug_keeps_its_traceback(monkeypatch, gpt2_dir):
         monkeypatch.setattr(analyses.report, "build_report", broken)
         with pytest.raises(type(bug)):
             main(["report", "--model", str(gpt2_dir), "--out", "unused"])
+
+
+def test_report_on_a_byte_model_with_a_short_context(tmp_path):
+    """A context shorter than the display text (48 tokens): the text is cut to fit, not refused."""
+    model = GPTModel(GPTConfig(d_vocab=257, n_ctx=32, d_model=32, n_heads=4, n_layers=2, attn_only=True))
+    directory = save_checkpoint(model, tmp_path / "short")
+    out = tmp_path / "report"
+    assert main(["report", "--model", str(directory), "--out", str(out), "--prompts", "4"]) == 0
+    assert json.loads((out / "meta.json").read_text())["seq_len"] == 32
+    assert (out / "figures" / "layer_map.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_report_draws_its_probes_once(gpt2_dir, monkeypatch):
+    drawn = []
+    original = analyses.probes.repeated_probes
+    monkeypatch.setattr(analyses.probes, "repeated_probes", lambda *a, **k: drawn.append(a) or original(*a, **k))
+    build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=False)
+    assert len(drawn) == 1
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "opt"])
+def test_report_on_any_family_records_provenance(family, family_dir, tmp_path):
+    """The default impl (auto) loads any family, and meta.json records the spec, family, impl and
+    weights hash of what was analysed: those of ``load_model(directory)``."""
+    directory = family_dir(family)
+    out = report(tmp_path / family, directory)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["model"] == str(directory) and meta["family"] == family
+    assert {key: meta[key] for key in ("family", "impl", "weights_hash")} == provenance(load_model(directory))
+    table = pd.read_csv(out / "head_roles.csv", keep_default_na=False)
+    assert len(table) == 8 and table["ablation_effect"].notna().all()
+
+
+def test_report_meta_of_the_scratch_model(scratch_report, gpt2_dir):
+    meta = json.loads((scratch_report / "meta.json").read_text())
+    assert {key: meta[key] for key in ("family", "impl", "weights_hash")} == provenance(load_model(gpt2_dir))
+    assert meta["impl"] == "scratch" and meta["family"] == "gpt2"
+
+
+def test_attention_map_on_any_family(family_dir, tmp_path):
+    out = tmp_path / "map.png"
+    assert main(["attention-map", "--model", str(family_dir("mistral")), "--text", "the cat", "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize("command", ["report", "attention-map", "ablate", "patch"])
+def test_impl_defaults_to_auto(command):
+    required = {"attention-map": ["--text", "x", "--out", "x.png"], "ablate": ["--out", "o"], "patch": ["--out", "o"]}
+    parser = build_parser()
+    assert parser.parse_args([command, *required.get(command, [])]).impl == "auto"
+    for impl in ("auto", "scratch", "transformer_lens"):
+        assert parser.parse_args([command, "--impl", impl, *required.get(command, [])]).impl == impl
