@@ -16,7 +16,7 @@ _COMMANDS = [
     "analyses.report",
     "analyses.attention_map",
     "analyses.intervention_cli",
-    "analyses.hook_check",
+    "analyses.check_cli",
 ]
 
 

@@ -17,6 +17,7 @@ an edit that did nothing.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ import pandas as pd
 import torch
 from einops import einsum
 
+from analyses.tokens import model_device, ordinary_token_ids, start_token_id
 from interp import provenance
 from interp.errors import UserError
 from interp.provenance import model_family, model_impl
@@ -94,13 +96,10 @@ def documented_shapes(cfg, batch: int, n_pos: int) -> dict[str, tuple[int, ...]]
 
 def probe_tokens(model) -> torch.Tensor:
     """One short fixed prompt (1, pos) of ordinary tokens, the start token first."""
-    from interp.tokenizer import as_tokenizer
-
-    tokenizer = as_tokenizer(model.tokenizer)
-    ordinary = tokenizer.ordinary_ids()
+    ordinary = ordinary_token_ids(model)
     n_pos = min(model.cfg.n_ctx, 12)
     body = [ordinary[(7 * i + 3) % len(ordinary)] for i in range(n_pos - 1)]
-    return torch.tensor([[tokenizer.bos_token_id, *body]], device=next(model.parameters()).device)
+    return torch.tensor([[start_token_id(model), *body]], device=model_device(model))
 
 
 @torch.no_grad()
@@ -123,7 +122,9 @@ def measure_shapes(model, tokens: torch.Tensor) -> tuple[pd.DataFrame, torch.Ten
 def edit_effect(model, tokens: torch.Tensor, logits: torch.Tensor, name: str, edit) -> float:
     """Largest change of the logits when ``edit(activation)`` replaces the activation at ``name``,
     relative to the logits' scale."""
-    edited = model.run_with_hooks(tokens, fwd_hooks=[(name, lambda activation, hook: edit(activation))])
+    with warnings.catch_warnings():  # the bridge warns where it discards the edit: that is what is measured
+        warnings.simplefilter("ignore", UserWarning)
+        edited = model.run_with_hooks(tokens, fwd_hooks=[(name, lambda activation, hook: edit(activation))])
     return float((edited - logits).abs().max() / logits.abs().max().clamp(min=1e-12))
 
 
@@ -141,6 +142,7 @@ def _pattern_edit(pattern: torch.Tensor) -> torch.Tensor:
     return edited
 
 
+@torch.no_grad()
 def head_sum_error(model, cache: dict) -> float | None:
     """max |sum_h z_h @ W_O[h] + b_O - hook_attn_out| over layers, or None where ``W_O`` is not
     reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model)."""
@@ -158,6 +160,7 @@ def head_sum_error(model, cache: dict) -> float | None:
     return max(errors)
 
 
+@torch.no_grad()
 def check_hooks(model) -> HookCheck:
     """Run the self-test on ``model`` (once per model object; later calls return the result)."""
     if model in _checked:
@@ -189,21 +192,3 @@ def describe(model) -> dict:
     check = check_hooks(model)
     return {**provenance(model), "hooks_as_documented": check.shapes_ok, "edits_reach_output": check.reaches_output,
             "heads_sum_to_attn_out": check.sums_ok}
-
-
-def run(args) -> int:
-    """``interp check``: print the self-test; exit 1 when a hook does not fire as documented."""
-    from interp import load_model
-
-    model = load_model(args.model, impl=None if args.impl == "auto" else args.impl)
-    check = check_hooks(model)
-    print(f"{args.model}: {check.summary()}")
-    return 0 if check.shapes_ok and check.sums_ok is not False else 1
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("check", help="the hook self-test: do this model's hooks do what the analyses assume?")
-    parser.add_argument("--model", default="toy", help="toy (default), a checkpoint, a Hugging Face directory or hub id")
-    parser.add_argument("--impl", default="auto", choices=["auto", "scratch", "transformer_lens"],
-                        help="auto (default): from scratch where implemented, else the TransformerLens bridge")
-    parser.set_defaults(func=run)

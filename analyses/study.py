@@ -27,13 +27,14 @@ from typing import Callable, Iterator
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from analyses.ablation import Ablation, head_importance, prepare_ablation, sweep_targets
 from analyses.intervention_figures import ablation_figure, save_figure
 from analyses.metrics import Metric, logit_diff_metric, loss_metric
 from analyses.probes import probes_for
+from analyses.progress import progress_bar
 from analyses.study_spec import StudySpec, load_spec
+from analyses.tokens import encode, single_token_id
 from interp import load_model, provenance
 from interp.files import write_atomic
 from interp.errors import UserError
@@ -43,43 +44,48 @@ RESULTS, LOCK, SPEC_RECORD, MODEL_RECORD = "results.csv", ".lock", "spec.json", 
 Targets = list[tuple[str, list[tuple[int, int]]]]
 
 
-def study_prompts(model, spec: StudySpec) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(tokens (batch, pos), predictable-token mask (batch, pos) or None for text prompts)."""
+def study_prompts(model, spec: StudySpec) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """(what the ablation takes: the probe ids or the texts, tokens (batch, pos), the mask (batch,
+    pos) of tokens the loss counts: the predictable ones of probes, the real ones of texts).
+
+    Texts follow the one tokenization rule (``analyses.tokens``): the start token first, a ragged
+    batch right-padded with the padding masked out; a logit difference, read at the last
+    position, needs texts of equal token length."""
     if spec.prompt_kind == "repeated":
         probes = probes_for(model, spec.n_prompts, spec.seq_len, seed=spec.prompt_seed)
-        return probes.tokens, probes.predictable
+        return probes.tokens, probes.tokens, probes.predictable
     path = Path(spec.text_file)
     if not path.is_file():
         raise UserError(f"[prompts].file {str(path)!r} does not exist")
     lines = [line for line in path.read_text().splitlines() if line.strip()][: spec.n_prompts]
     if not lines:
         raise UserError(f"[prompts].file {str(path)!r} has no non-empty line")
-    rows = [model.to_tokens(line)[0] for line in lines]
-    length = min(len(row) for row in rows)
-    if length < 2:
-        raise UserError(f"[prompts].file {str(path)!r} has a prompt of {length} token(s); a loss needs at least 2")
-    return torch.stack([row[:length] for row in rows]), None
+    batch = encode(model, lines, equal_lengths=spec.metric == "logit_diff")
+    if int(batch.lengths.min()) < 2:
+        raise UserError(f"[prompts].file {str(path)!r} has a prompt of 1 token; a loss needs at least 2")
+    return lines, batch.tokens, batch.real
 
 
 def single_token(model, text: str, key: str) -> int:
-    ids = model.to_tokens(text, prepend_bos=False)[0]
-    if len(ids) != 1:
-        raise UserError(f"study spec: [metric].{key} = {text!r} is {len(ids)} tokens; it must be exactly one")
-    return int(ids[0])
+    try:
+        return single_token_id(model, text)
+    except UserError as error:
+        raise UserError(f"study spec: [metric].{key}: {error}") from None
 
 
-def study_metric(model, spec: StudySpec, tokens: torch.Tensor, predictable: torch.Tensor | None) -> Metric:
+def study_metric(model, spec: StudySpec, tokens: torch.Tensor, counted: torch.Tensor) -> Metric:
+    """The spec's metric; ``counted`` (batch, pos) marks the tokens a loss counts."""
     if spec.metric == "loss":
-        return loss_metric(tokens)
+        return loss_metric(tokens, counted if spec.prompt_kind == "text" else None)
     if spec.metric == "repeat_loss":
-        return loss_metric(tokens, predictable)
+        return loss_metric(tokens, counted)
     return logit_diff_metric(single_token(model, spec.correct, "correct"), single_token(model, spec.incorrect, "incorrect"))
 
 
-def study_targets(model, spec: StudySpec, tokens, metric) -> Targets:
+def study_targets(model, spec: StudySpec, prompts, metric) -> Targets:
     """The rows of the study, in order: (target name, heads ablated together)."""
     if spec.targets == "cumulative":
-        importance = head_importance(model, tokens, spec.method, metric, seed=spec.ablation_seed)
+        importance = head_importance(model, prompts, spec.method, metric, seed=spec.ablation_seed)
         order = [divmod(int(i), model.cfg.n_heads) for i in importance.flatten().argsort(stable=True)]
         return [("none", [])] + [(f"prune:L{l}H{h}", order[: i + 1]) for i, (l, h) in enumerate(order)]
     if isinstance(spec.targets, tuple):
@@ -174,21 +180,21 @@ def write_records(out: Path, spec: StudySpec, model_record: dict[str, str]) -> N
 def prepare_study(model, spec: StudySpec) -> tuple[Targets, Ablation]:
     """The study checked against ``model`` (prompts, metric, targets, method), and what its rows
     need: the targets in row order and the prepared ablation."""
-    tokens, predictable = study_prompts(model, spec)
-    metric = study_metric(model, spec, tokens, predictable)
-    targets = study_targets(model, spec, tokens, metric)
-    ablation = prepare_ablation(model, tokens, spec.method, metric,
+    prompts, tokens, counted = study_prompts(model, spec)
+    metric = study_metric(model, spec, tokens, counted)
+    targets = study_targets(model, spec, prompts, metric)
+    ablation = prepare_ablation(model, prompts, spec.method, metric,
                                 preserve_patterns=spec.preserve_patterns, seed=spec.ablation_seed)
     return targets, ablation
 
 
-def append_rows(results: Path, targets: Targets, ablation: Ablation, done: int, *, progress: bool,
+def append_rows(results: Path, targets: Targets, ablation: Ablation, done: int, *, progress: bool | None,
                 on_row: Callable[[int], None] | None) -> None:
     """Compute rows ``done:`` and append each to ``results`` (flushed, fsynced) as it comes."""
     with open(results, "a", newline="") as handle:
         if done == 0 and handle.tell() == 0:
             handle.write(_csv_line(COLUMNS))
-        for index in tqdm(range(done, len(targets)), desc="study", disable=not progress,
+        for index in progress_bar(range(done, len(targets)), progress=progress, desc="study",
                           initial=done, total=len(targets)):
             name, heads = targets[index]
             value = ablation.run([heads], progress=False).item()
@@ -199,7 +205,7 @@ def append_rows(results: Path, targets: Targets, ablation: Ablation, done: int, 
                 on_row(index)
 
 
-def run_study(spec_path, out, resume: bool = False, *, progress: bool = True,
+def run_study(spec_path, out, resume: bool = False, *, progress: bool | None = None,
               on_row: Callable[[int], None] | None = None) -> Path:
     """Run (or finish, with ``resume``) the study of ``spec_path`` into ``out``; returns results.csv.
     ``on_row(i)`` is called after row i is on disk. ``[model].impl = "auto"`` leaves the choice

@@ -259,14 +259,14 @@ def test_example_spec_parses():
 
 
 def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
-    (tmp_path / "prompts.txt").write_text("The cat sat on the mat\n\nA dog ran in the park today\n")
+    (tmp_path / "prompts.txt").write_text("The cat sat on the mat\n\nA dog ran in the parks\n")  # 22 bytes each
     spec = tmp_path / "text.toml"
     spec.write_text(f'[model]\nspec = "{gpt2_dir}"\nimpl = "scratch"\n[prompts]\nkind = "text"\nfile = "prompts.txt"\n'
                     '[ablation]\nmethod = "zero"\ntargets = "each_layer"\n'
                     '[metric]\nkind = "logit_diff"\ncorrect = "a"\nincorrect = "b"\n')
     frame = pd.read_csv(run_study(spec, tmp_path / "out", progress=False))
     model = load_model(str(gpt2_dir), impl="scratch").eval()
-    tokens = model.to_tokens(["The cat sat on the mat", "A dog ran in the park "])  # cut to the shorter
+    tokens = model.to_tokens(["The cat sat on the mat", "A dog ran in the parks"])
     a, b = model.to_tokens("a", prepend_bos=False)[0, 0], model.to_tokens("b", prepend_bos=False)[0, 0]
     expected = [(logits[:, -1, a] - logits[:, -1, b]).mean().item()
                 for logits in (ablated_logits(model, tokens, layer, list(range(4))) for layer in range(2))]
@@ -274,8 +274,30 @@ def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
     assert frame["metric"].to_numpy() == pytest.approx(expected, abs=1e-5)
     bad = tmp_path / "bad.toml"
     bad.write_text(spec.read_text().replace('correct = "a"', 'correct = "ab"'))
-    with pytest.raises(ValueError, match=r"\[metric\].correct = 'ab' is 2 tokens"):
+    with pytest.raises(ValueError, match=r"\[metric\].correct: 'ab' is 2 tokens"):
         run_study(bad, tmp_path / "bad_out", progress=False)
+    (tmp_path / "prompts.txt").write_text("The cat sat on the mat\nA dog ran\n")
+    with pytest.raises(ValueError, match=r"different lengths \[10, 23\]"):  # read at the last position
+        run_study(spec, tmp_path / "ragged_out", progress=False)
+
+
+def test_ragged_text_prompts_count_only_real_tokens(tmp_path, gpt2_dir):
+    """Texts of unequal lengths are padded, not cut: the loss is over every real token of each
+    text (a naive per-text loss, weighted by its number of predicted tokens)."""
+    texts = ["The cat sat on the mat", "A dog ran"]
+    (tmp_path / "prompts.txt").write_text("\n".join(texts) + "\n")
+    spec = tmp_path / "text.toml"
+    spec.write_text(f'[model]\nspec = "{gpt2_dir}"\nimpl = "scratch"\n[prompts]\nkind = "text"\nfile = "prompts.txt"\n'
+                    '[ablation]\nmethod = "zero"\ntargets = "each_layer"\n[metric]\nkind = "loss"\n')
+    frame = pd.read_csv(run_study(spec, tmp_path / "out", progress=False))
+    model = load_model(str(gpt2_dir), impl="scratch").eval()
+    for layer, value in enumerate(frame["metric"]):
+        losses = []
+        for text in texts:
+            tokens = model.to_tokens(text)
+            logits = ablated_logits(model, tokens, layer, list(range(4)))
+            losses.append(torch.nn.functional.cross_entropy(logits[0, :-1], tokens[0, 1:], reduction="none"))
+        assert value == pytest.approx(torch.cat(losses).mean().item(), abs=1e-5)
 
 
 def test_a_list_of_one_head_is_one_row(tmp_path, gpt2_dir):
