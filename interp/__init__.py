@@ -2,6 +2,7 @@
 
 from interp.attention import (
     CausalAttention,
+    GroupedQueryAttention,
     MultiHeadAttention,
     MultiHeadAttentionWrapper,
     SelfAttentionV1,
@@ -20,6 +21,7 @@ __all__ = [
     "CausalAttention",
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
+    "GroupedQueryAttention",
     "GPTConfig",
     "GPTModel",
     "ByteTokenizer",

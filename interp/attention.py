@@ -18,6 +18,12 @@ uses the TransformerLens layout (q/k/v/z ``(batch, pos, head, d_head)``, scores/
 ``(batch, head, q_pos, k_pos)``). ``MultiHeadAttentionWrapper`` exposes its heads' hooks as
 ``heads.{i}.hook_*``.
 
+A sixth module goes past the progression to what current open models use:
+``GroupedQueryAttention`` (query heads sharing key/value heads; multi-query attention is one
+group), with rotary position embeddings (full or partial, any base; ``hook_rot_q``/``hook_rot_k``
+see queries and keys after rotation), ALiBi, and a sliding-window mask. Its ``hook_k``/``hook_v``
+carry the key/value heads, everything else all query heads. ``GPTModel`` builds every family from it.
+
 Parameters are created in the reference order (query, key, value[, out_proj]) so that, under the
 same ``torch.manual_seed``, each module reproduces the published reference outputs exactly.
 """
@@ -41,6 +47,7 @@ __all__ = [
     "CausalAttention",
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
+    "GroupedQueryAttention",
     "LayerKV",
 ]
 
@@ -58,11 +65,19 @@ class _Instrumented(HookedModule):
 
     def _attend(self, scores: torch.Tensor, values: torch.Tensor, dropout: nn.Module | None):
         """scores (..., q, k) already scaled and masked; values (..., k, d) -> z (..., q, d)."""
+        return self._pattern(scores, dropout) @ values
+
+    def _needs_pattern(self) -> bool:
+        """Whether a forward must materialise the pattern (modules with a fast path): dropout on
+        it is active, or a hook reads the scores or the pattern."""
+        dropping = self.training and self.dropout.p > 0
+        return dropping or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
+
+    def _pattern(self, scores: torch.Tensor, dropout: nn.Module | None) -> torch.Tensor:
+        """Hooked scores (..., q, k) -> hooked softmax pattern, then dropout (training only)."""
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
-        if dropout is not None:
-            pattern = dropout(pattern)
-        return pattern @ values
+        return pattern if dropout is None else dropout(pattern)
 
 
 def _causal_mask(context_length: int) -> torch.Tensor:
@@ -152,7 +167,7 @@ class MultiHeadAttentionWrapper(HookedModule):
 
 @dataclass
 class LayerKV:
-    """One layer's cached keys and values for incremental decoding, each (batch, head, pos, d_head)."""
+    """One layer's cached keys and values for incremental decoding, each (batch, kv_head, pos, d_head)."""
 
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -213,10 +228,6 @@ class MultiHeadAttention(_Instrumented):
         per_head = hook(rearrange(x, "b p (h d) -> b p h d", h=self.num_heads))
         return per_head.transpose(1, 2)
 
-    def _needs_pattern(self) -> bool:
-        dropping = self.training and self.dropout.p > 0
-        return dropping or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
-
     def _masked_scores(self, queries: torch.Tensor, keys: torch.Tensor, offset: int) -> torch.Tensor:
         """queries (batch, head, q, d_head), keys (batch, head, k, d_head) -> scaled scores with
         -inf above the causal diagonal (batch, head, q, k). One ``baddbmm`` adds the mask as a bias
@@ -254,6 +265,202 @@ class MultiHeadAttention(_Instrumented):
             )
         z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, d_head)
         return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
+
+
+class GroupedQueryAttention(_Instrumented):
+    """Causal attention whose ``num_heads`` query heads share ``num_kv_groups`` key/value heads.
+
+    x: (batch, pos, d_in) -> (batch, pos, d_out). Query head h reads key/value head
+    ``h // (num_heads // num_kv_groups)`` (Hugging Face's ``repeat_kv`` order); ``num_kv_groups ==
+    num_heads`` is multi-head attention, ``num_kv_groups == 1`` multi-query attention. Layers are
+    created in the reference order: ``W_query`` (d_in -> num_heads * head_dim), ``W_key`` and
+    ``W_value`` (d_in -> num_kv_groups * head_dim), ``out_proj`` (num_heads * head_dim -> d_out).
+
+    Positions, each optional:
+    - ``rotary_dim``: rotary embeddings (RoPE) on the first ``rotary_dim`` dims of every query and
+      key head (all of them: ``head_dim``; fewer: GPT-NeoX / Phi's partial rotary), in Hugging
+      Face's rotate-half convention with frequencies ``rotary_base ** (-2i / rotary_dim)``;
+    - ``alibi``: ALiBi, added to the scores as BLOOM adds it: ``slope_h * key_position`` (equal,
+      after the softmax, to the paper's ``-slope_h * distance``);
+    - ``sliding_window``: each query sees only its last ``sliding_window`` positions (Mistral).
+
+    Hooks: ``hook_q`` (batch, pos, head, head_dim) and ``hook_k``/``hook_v`` (batch, pos, kv_head,
+    head_dim) as projected; with rotary, ``hook_rot_q``/``hook_rot_k`` after rotation (same shapes);
+    ``hook_attn_scores``/``hook_pattern`` (batch, head, q, k); ``hook_z`` (batch, pos, head, head_dim).
+    As in ``MultiHeadAttention``, the forward uses ``scaled_dot_product_attention`` when no hook
+    needs the scores or the pattern.
+    """
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
+                 num_kv_groups: int, qkv_bias: bool = False, *, head_dim: int | None = None,
+                 out_bias: bool = True, rotary_dim: int = 0, rotary_base: float = 10_000.0,
+                 alibi: bool = False, sliding_window: int | None = None):
+        super().__init__()
+        if num_kv_groups <= 0 or num_heads % num_kv_groups:
+            raise UserError(f"num_heads={num_heads} must be divisible by num_kv_groups={num_kv_groups} "
+                            "(a positive divisor)")
+        if head_dim is None and d_out % num_heads:
+            raise UserError(f"d_out={d_out} must be divisible by num_heads={num_heads}, or give head_dim")
+        self.num_heads, self.num_kv_groups = num_heads, num_kv_groups
+        self.group_size = num_heads // num_kv_groups
+        self.head_dim = head_dim or d_out // num_heads
+        self.context_length = context_length
+        self.sliding_window = sliding_window
+        self.W_query = nn.Linear(d_in, num_heads * self.head_dim, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, d_out, bias=out_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.rotary = Rotary(rotary_dim, self.head_dim, rotary_base) if rotary_dim else None
+        self.register_buffer("alibi_slopes", alibi_slopes(num_heads) if alibi else None, persistent=False)
+        self._add_hook_points()
+        if self.rotary is not None:
+            self.hook_rot_q = HookPoint()
+            self.hook_rot_k = HookPoint()
+        self.setup()
+
+    @property
+    def W_O(self) -> torch.Tensor:
+        """The output projection per head, (head, head_dim, d_out): the layer's output is
+        sum_h z[..., h, :] @ W_O[h] + b_O."""
+        return rearrange(self.out_proj.weight, "o (h d) -> h d o", h=self.num_heads)
+
+    @property
+    def b_O(self) -> torch.Tensor | None:
+        """The output projection's bias (d_out,), None where it has none."""
+        return self.out_proj.bias
+
+    def forward(self, x: torch.Tensor, past: LayerKV | None = None) -> torch.Tensor:
+        """x: (batch, new_pos, d_in); ``past`` (optional) holds earlier positions' (rotated) keys
+        and values and is extended in place, so the new queries attend to past + new keys."""
+        offset = 0 if past is None else past.length
+        _check_context(offset + x.shape[1], self.context_length)
+        queries = self._heads(self.W_query(x), self.hook_q)
+        keys = self._heads(self.W_key(x), self.hook_k)
+        values = self._heads(self.W_value(x), self.hook_v)
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(offset, x.shape[1], like=queries)
+            queries = self.hook_rot_q(apply_rotary(queries, cos, sin))
+            keys = self.hook_rot_k(apply_rotary(keys, cos, sin))
+        queries, keys, values = (t.transpose(1, 2) for t in (queries, keys, values))  # (batch, head, pos, d)
+        if past is not None:
+            keys, values = past.extend(keys, values)
+        if self._needs_pattern():
+            z = self._grouped_attend(self._masked_scores(queries, keys, offset), values)
+        else:
+            mask, is_causal = self._sdpa_mask(offset, queries, keys)
+            z = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=is_causal,
+                                               enable_gqa=self.group_size > 1)
+        z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, head_dim)
+        return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
+
+    def _heads(self, x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        """(batch, pos, heads * head_dim) -> hooked (batch, pos, heads, head_dim)."""
+        return hook(rearrange(x, "b p (h d) -> b p h d", d=self.head_dim))
+
+    def _blocked(self, offset: int, n_queries: int, n_keys: int, device) -> torch.Tensor:
+        """(q, k) bool, True where query ``offset + i`` may not see key j: a later key, or one
+        ``sliding_window`` or more positions back."""
+        query_pos = torch.arange(offset, offset + n_queries, device=device)[:, None]
+        key_pos = torch.arange(n_keys, device=device)[None, :]
+        blocked = key_pos > query_pos
+        if self.sliding_window is not None:
+            blocked |= key_pos <= query_pos - self.sliding_window
+        return blocked
+
+    def _score_bias(self, offset: int, queries: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """What is added to the scaled scores: -inf where blocked, plus ALiBi's ``slope_h * key
+        position`` -> (q, k), or (head, q, k) with ALiBi."""
+        blocked = self._blocked(offset, queries.shape[2], n_keys, queries.device)
+        bias = torch.zeros(blocked.shape, dtype=queries.dtype, device=queries.device)
+        bias.masked_fill_(blocked, -torch.inf)
+        if self.alibi_slopes is None:
+            return bias
+        key_pos = torch.arange(n_keys, device=queries.device)
+        return (self.alibi_slopes[:, None, None] * key_pos).to(queries.dtype) + bias
+
+    def _masked_scores(self, queries: torch.Tensor, keys: torch.Tensor, offset: int) -> torch.Tensor:
+        """queries (batch, head, q, d), keys (batch, kv_head, k, d) -> scaled scores plus the bias
+        of ``_score_bias`` (batch, head, q, k). The query heads of a group are stacked on the query
+        axis, so one ``bmm`` serves the group without repeating its keys. The product is scaled by
+        ``head_dim ** -0.5`` after it is rounded, as Hugging Face's eager attention does, so the
+        scores agree with it to the bit; one ``add`` scales and adds the bias."""
+        stacked = torch.bmm(rearrange(queries, "b (kv g) q d -> (b kv) (g q) d", g=self.group_size),
+                            rearrange(keys, "b kv k d -> (b kv) d k"))
+        raw = rearrange(stacked, "(b kv) (g q) k -> b (kv g) q k", b=queries.shape[0], g=self.group_size)
+        return torch.add(self._score_bias(offset, queries, keys.shape[2]), raw, alpha=self.head_dim ** -0.5)
+
+    def _grouped_attend(self, scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """scores (batch, head, q, k), values (batch, kv_head, k, d) -> z (batch, head, q, d)."""
+        pattern = self._pattern(scores, self.dropout)
+        stacked = rearrange(pattern, "b (kv g) q k -> (b kv) (g q) k", g=self.group_size)
+        z = torch.bmm(stacked, rearrange(values, "b kv k d -> (b kv) k d"))
+        return rearrange(z, "(b kv) (g q) d -> b (kv g) q d", b=scores.shape[0], g=self.group_size)
+
+    def _sdpa_mask(self, offset: int, queries: torch.Tensor, keys: torch.Tensor):
+        """(attn_mask, is_causal) for ``scaled_dot_product_attention``: its own causal flag when
+        the plain causal mask is all there is, else the mask (a float bias with ALiBi)."""
+        n_queries, n_keys = queries.shape[2], keys.shape[2]
+        if self.alibi_slopes is not None:
+            return self._score_bias(offset, queries, n_keys), False
+        if self.sliding_window is None and (offset == 0 or n_queries == 1):
+            return None, offset == 0 and n_queries > 1  # one new token sees every cached key
+        return ~self._blocked(offset, n_queries, n_keys, queries.device), False
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings (RoPE) as Hugging Face computes them: ``inv_freq`` in float32 on
+    the CPU at creation, angles ``position * inv_freq`` in float32, each frequency used for a dim
+    of the first half and its twin in the second half of the rotated dims (``rotate_half``)."""
+
+    def __init__(self, rotary_dim: int, head_dim: int, base: float):
+        super().__init__()
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise UserError(f"rotary_dim={rotary_dim} must be even and in (0, head_dim={head_dim}]")
+        self.rotary_dim = rotary_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, offset: int, n_pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (pos, rotary_dim) for positions offset.., in ``like``'s dtype and device."""
+        positions = torch.arange(offset, offset + n_pos, device=like.device)
+        freqs = positions[:, None].float() * self.inv_freq.float()
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(..., d) -> (..., d): (x1, x2) -> (-x2, x1) on the two halves of the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (batch, pos, head, d); cos, sin (pos, rotary_dim) -> x with its first ``rotary_dim`` dims
+    rotated, the rest passed through."""
+    rotary_dim = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+    rotated = x[..., :rotary_dim] * cos + rotate_half(x[..., :rotary_dim]) * sin
+    if rotary_dim == x.shape[-1]:
+        return rotated
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's per-head slopes (head,) in float32, as BLOOM computes them: the geometric series
+    2^(-8/n), 2^(-16/n), ... for the largest power of two n <= num_heads, then every other term of
+    the series for 2n for the remaining heads."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+
+    def series(n: int, powers: torch.Tensor) -> torch.Tensor:
+        base = torch.tensor(2 ** (-(2 ** -(math.log2(n) - 3))), dtype=torch.float32)
+        return torch.pow(base, powers)
+
+    slopes = series(closest, torch.arange(1, 1 + closest, dtype=torch.int32))
+    remaining = min(closest, num_heads - closest)
+    if remaining:
+        slopes = torch.cat([slopes, series(2 * closest, torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))])
+    return slopes
 
 
 def _check_context(n_tokens: int, context_length: int) -> int:

@@ -1,17 +1,36 @@
 """From a Hugging Face model to our from-scratch ``GPTModel``: one converter per family (DESIGN 3.4).
 
-The only place that asks which family a model is. ``load_model`` reads directories and hub ids and
-calls ``from_hf``; ``impl=None`` picks the from-scratch model for the families listed here and
-the TransformerLens bridge for every other one.
+The converters (``interp.gpt2``, ``interp.llama`` for Llama / Mistral / Qwen2 / Gemma,
+``interp.neox``, ``interp.phi``, ``interp.bloom``; their shared parts in ``interp.hf_common``) are
+the only code that asks which family a model is: each reads its family's config into
+``GPTConfig`` knobs and maps its state dict onto ``GPTModel``. ``load_model`` reads directories and
+hub ids and calls ``from_hf``; ``impl=None`` picks the from-scratch model for the families listed
+here and the TransformerLens bridge for every other one.
 """
 
 from __future__ import annotations
 
+from interp.bloom import bloom_to_scratch
 from interp.errors import UserError
 from interp.gpt2 import gpt2_to_scratch
+from interp.llama import gemma_to_scratch, llama_to_scratch, mistral_to_scratch, qwen2_to_scratch
 from interp.model import GPTModel
+from interp.neox import gpt_neox_to_scratch
+from interp.phi import phi_to_scratch
 
-CONVERTERS = {"gpt2": gpt2_to_scratch}
+# Hugging Face model_type -> its converter. A family listed here loads from scratch by default
+# (``load_model(impl=None)``); each passes tests/test_scratch_families.py (logits vs Hugging Face,
+# every hook vs the TransformerLens bridge).
+CONVERTERS = {
+    "gpt2": gpt2_to_scratch,
+    "llama": llama_to_scratch,
+    "mistral": mistral_to_scratch,
+    "qwen2": qwen2_to_scratch,
+    "gemma": gemma_to_scratch,
+    "gpt_neox": gpt_neox_to_scratch,
+    "phi": phi_to_scratch,
+    "bloom": bloom_to_scratch,
+}
 
 
 def scratch_families() -> tuple[str, ...]:

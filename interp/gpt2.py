@@ -1,16 +1,16 @@
 """The GPT-2 converter: a ``transformers`` ``GPT2LMHeadModel`` -> our ``GPTModel`` (DESIGN 3.4).
 
-HF's ``Conv1D`` stores weights as (in, out); ``nn.Linear`` as (out, in), hence the transposes.
-``c_attn`` packs query, key and value side by side on the output axis.
+GPT-2 is what ``GPTConfig``'s defaults describe. HF's ``Conv1D`` stores weights as (in, out);
+``nn.Linear`` as (out, in), hence the transposes. ``c_attn`` packs query, key and value side by
+side on the output axis.
 """
 
 from __future__ import annotations
 
 import torch
 
-from interp.errors import UserError
+from interp.hf_common import activation, refuse_options, scratch_model
 from interp.model import GPTConfig, GPTModel
-from interp.tokenizer import as_tokenizer
 
 # GPT-2 options our architecture does not implement: refuse rather than silently differ.
 _UNSUPPORTED = {
@@ -24,11 +24,7 @@ def gpt2_to_scratch(source, tokenizer=None) -> GPTModel:
     """A ``GPTModel`` with the weights of ``source``, an in-memory ``GPT2LMHeadModel``
     (``interp.load_model`` reads directories and hub ids); ``tokenizer``: its HF tokenizer."""
     hf_cfg = source.config
-    for option, supported in _UNSUPPORTED.items():
-        if getattr(hf_cfg, option, supported) != supported:
-            raise UserError(f"GPT-2 option {option}={getattr(hf_cfg, option)!r} is not supported (only {supported})")
-    if hf_cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise UserError(f"activation_function={hf_cfg.activation_function!r} not supported; allowed: gelu_new")
+    refuse_options(hf_cfg, "gpt2", _UNSUPPORTED)
     cfg = GPTConfig(
         d_vocab=hf_cfg.vocab_size,
         n_ctx=hf_cfg.n_positions,
@@ -37,13 +33,10 @@ def gpt2_to_scratch(source, tokenizer=None) -> GPTModel:
         n_layers=hf_cfg.n_layer,
         d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd,
         ln_eps=hf_cfg.layer_norm_epsilon,
+        act_fn=activation(hf_cfg.activation_function, "gpt2"),
         model_name=getattr(hf_cfg, "name_or_path", "") or "gpt2",
     )
-    model = GPTModel(cfg, as_tokenizer(tokenizer) if tokenizer is not None else None)
-    model.load_state_dict(_convert_state_dict(source.state_dict(), cfg))
-    model.family = "gpt2"
-    model.check_finite()
-    return model.eval()
+    return scratch_model(cfg, _convert_state_dict(source.state_dict(), cfg), tokenizer, "gpt2")
 
 
 def _convert_state_dict(hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
@@ -69,4 +62,4 @@ def _convert_state_dict(hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Ten
         ours[dst + "mlp.fc.bias"] = hf[src + "mlp.c_fc.bias"]
         ours[dst + "mlp.proj.weight"] = hf[src + "mlp.c_proj.weight"].T
         ours[dst + "mlp.proj.bias"] = hf[src + "mlp.c_proj.bias"]
-    return {name: tensor.detach().clone().contiguous() for name, tensor in ours.items()}
+    return ours

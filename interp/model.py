@@ -1,22 +1,39 @@
-"""``GPTModel``: GPT-2's architecture built from ``interp.attention.MultiHeadAttention``.
+"""``GPTModel``: one transformer, GPT-2's by default, every supported family by its config knobs.
 
-Token + learned position embeddings, pre-LayerNorm blocks (attention, then a GELU-tanh MLP unless
-``attn_only``), a final LayerNorm and an unembedding tied to the token embedding. Hook names follow
-TransformerLens (DESIGN section 2), so every analysis treats it like a ``TransformerBridge``:
+Where things live (DESIGN 3.2, 3.4):
+
+- ``GPTConfig``: the shape and the family knobs (norm, MLP kind, positions, key/value heads,
+  parallel block, biases, tied unembedding, embedding scale); the defaults are GPT-2.
+- attention, with grouped-query heads, RoPE, ALiBi and the sliding window:
+  ``interp.attention.GroupedQueryAttention`` (one per block, built by ``_attention``);
+- ``RMSNorm`` and ``MLP`` (plain, SwiGLU or GeGLU) below; ``TransformerBlock`` (sequential or
+  parallel attention + MLP); ``GPTModel`` (embeddings, blocks, final norm, unembedding).
+- the Hugging Face converters, one per family, that set the knobs: ``interp.convert.CONVERTERS``.
+
+GPT-2 (the defaults): token + learned position embeddings, pre-LayerNorm blocks of attention then
+a GELU-tanh MLP (unless ``attn_only``), a final LayerNorm and an unembedding tied to the token
+embedding. Hook names follow TransformerLens (DESIGN section 2), so every analysis treats it like a
+``TransformerBridge``:
 
     hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre          (batch, pos, d_model)
-    blocks.{l}.attn.hook_q / hook_k / hook_v / hook_z              (batch, pos, head, d_head)
+    blocks.{l}.attn.hook_q / hook_z                                (batch, pos, head, d_head)
+    blocks.{l}.attn.hook_k / hook_v                                (batch, pos, kv_head, d_head)
+    blocks.{l}.attn.hook_rot_q / hook_rot_k  (rotary only)         (batch, pos, head | kv_head, d_head)
     blocks.{l}.attn.hook_attn_scores / hook_pattern                (batch, head, q_pos, k_pos)
     blocks.{l}.hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post   (batch, pos, d_model)
 
-(``attn_only`` models have no ``hook_resid_mid`` / ``hook_mlp_out``.)
+(``attn_only`` models have no ``hook_resid_mid`` / ``hook_mlp_out``; parallel blocks no
+``hook_resid_mid``; rotary and ALiBi models no ``hook_pos_embed``. Masked scores are -inf.
+``hook_embed`` is after ``embed_scale`` and ``post_embedding_ln``, as the bridge places it.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, Sequence
 
 import torch
@@ -24,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from interp.attention import LayerKV, MultiHeadAttention
+from interp.attention import GroupedQueryAttention, LayerKV
 from interp.hooked import HookedModule
 from interp.tokenizer import ByteTokenizer, Tokenizer, check_token_ids, encode_texts
 from interp.errors import UserError
@@ -32,9 +49,30 @@ from interp.errors import UserError
 ReturnType = Literal["logits", "loss", "both", None]
 
 
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation written out, as GPT-2's and Phi's code computes it. ``gelu_tanh``
+    is the same function fused by PyTorch (Gemma's ``gelu_pytorch_tanh``); they differ by rounding."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+NORMS = ("LN", "RMS")
+ACTIVATIONS = {"gelu_tanh": partial(F.gelu, approximate="tanh"), "gelu_new": gelu_new, "gelu": F.gelu,
+               "silu": F.silu}
+POSITIONS = ("standard", "rotary", "alibi")
+
+
 @dataclass
 class GPTConfig:
-    """Shape of a ``GPTModel``; field names match TransformerLens's ``cfg``."""
+    """Shape of a ``GPTModel``; field names match TransformerLens's ``cfg`` where it has them.
+
+    The family knobs default to GPT-2. What each family sets (``interp.convert.CONVERTERS``):
+    Llama / Mistral / Qwen2: RMS norm, SwiGLU (``gated_mlp`` + silu), rotary, fewer key/value
+    heads, no biases (Qwen2: qkv biases), an untied unembedding (Mistral: a sliding window).
+    Gemma: as Llama with GeGLU (``gated_mlp`` + gelu_tanh), ``embed_scale = sqrt(d_model)``, its
+    own ``d_head``, tied. GPT-NeoX: LayerNorm, exact GELU, partial rotary, parallel attention + MLP,
+    biases, untied. Phi: as GPT-NeoX with ``gelu_new`` and an unembedding bias. BLOOM: ALiBi
+    (``positional_embedding_type="alibi"``), a LayerNorm on the embeddings, GELU-tanh, biases, tied.
+    """
 
     d_vocab: int
     n_ctx: int
@@ -50,22 +88,52 @@ class GPTConfig:
     # where the model's weights live; kept in sync by GPTModel.to() and read by TransformerLens
     # utilities (its patching sweeps); not saved in checkpoints
     device: str = field(default="cpu", compare=False)
+    # ---- family knobs (DESIGN 3.4); the defaults are GPT-2 -----------------------------------
+    d_head: int | None = None  # width of a head; default d_model // n_heads
+    n_key_value_heads: int | None = None  # None: n_heads; fewer: grouped-query (1: multi-query)
+    normalization_type: str = "LN"  # "LN" (LayerNorm) | "RMS" (RMSNorm, float32)
+    act_fn: str = "gelu_tanh"  # "gelu_tanh" | "gelu_new" (both tanh-approximate) | "gelu" (erf) | "silu"
+    gated_mlp: bool = False  # proj(act(gate(x)) * fc(x)): SwiGLU with silu, GeGLU with gelu_tanh
+    positional_embedding_type: str = "standard"  # "standard" (learned) | "rotary" | "alibi"
+    rotary_dim: int | None = None  # rotated dims of each head (rotary only); default d_head
+    rotary_base: float = 10_000.0
+    sliding_window: int | None = None  # a query sees only its last sliding_window positions
+    parallel_attn_mlp: bool = False  # resid + attn(ln1(resid)) + mlp(ln2(resid))
+    attn_out_bias: bool = True
+    mlp_bias: bool = True
+    tie_word_embeddings: bool = True  # unembed with embed.weight; False: a separate lm_head
+    unembed_bias: bool = False  # the lm_head's bias (untied only)
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(d_model))
+    post_embedding_ln: bool = False  # a norm on the token embeddings, before block 0 (BLOOM)
+    # whether to_tokens prepends the start token when not told (TransformerLens's per-family
+    # convention: False for Qwen2, GPT-NeoX and Phi); analyses always prepend it
+    default_prepend_bos: bool = True
 
     def __post_init__(self):
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise UserError(f"GPTConfig.{name}={value!r} must be a positive integer")
-        if self.d_model % self.n_heads:
-            raise UserError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise UserError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} (or give d_head)")
+            self.d_head = self.d_model // self.n_heads
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout={self.dropout} must be in [0, 1)")
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        _check_choice("normalization_type", self.normalization_type, NORMS)
+        _check_choice("act_fn", self.act_fn, tuple(ACTIVATIONS))
+        _check_choice("positional_embedding_type", self.positional_embedding_type, POSITIONS)
+        n_kv = self.n_key_value_heads
+        if n_kv is not None and (n_kv <= 0 or self.n_heads % n_kv):
+            raise UserError(f"n_key_value_heads={n_kv} must divide n_heads={self.n_heads}")
+        if self.positional_embedding_type == "rotary" and self.rotary_dim is None:
+            self.rotary_dim = self.d_head
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise UserError(f"sliding_window={self.sliding_window} must be a positive number of positions (or None)")
+        if self.unembed_bias and self.tie_word_embeddings:
+            raise UserError("unembed_bias=True needs a separate unembedding (tie_word_embeddings=False)")
 
     def to_json(self) -> str:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "device"}
@@ -80,43 +148,93 @@ class GPTConfig:
         return cls(**fields)
 
 
+def _check_choice(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise UserError(f"GPTConfig.{name}={value!r} not supported; allowed: {', '.join(map(repr, allowed))}")
+
+
+class RMSNorm(nn.Module):
+    """(..., d_model) -> (..., d_model): ``weight * x / sqrt(mean(x^2) + eps)``, the statistics in
+    float32 (Llama's; Gemma's ``(1 + weight)`` is folded into ``weight`` by its converter)."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    """The config's normalisation over d_model: LayerNorm or RMSNorm."""
+    if cfg.normalization_type == "RMS":
+        return RMSNorm(cfg.d_model, cfg.ln_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+
+
 class MLP(nn.Module):
-    """(batch, pos, d_model) -> (batch, pos, d_model): Linear, GELU (tanh), Linear."""
+    """(batch, pos, d_model) -> (batch, pos, d_model): ``proj(act(fc(x)))``, or with ``gated_mlp``
+    ``proj(act(gate(x)) * fc(x))`` (SwiGLU with silu, GeGLU with gelu_tanh)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.d_mlp)
-        self.proj = nn.Linear(cfg.d_mlp, cfg.d_model)
+        self.fc = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        self.proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias) if cfg.gated_mlp else None
+        self.act = ACTIVATIONS[cfg.act_fn]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        hidden = self.act(self.fc(x)) if self.gate is None else self.act(self.gate(x)) * self.fc(x)
+        return self.proj(hidden)
+
+
+def _attention(cfg: GPTConfig) -> GroupedQueryAttention:
+    """A block's attention, with the config's heads, biases and positions."""
+    return GroupedQueryAttention(
+        cfg.d_model, cfg.d_model, cfg.n_ctx, cfg.dropout, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
+        cfg.qkv_bias, head_dim=cfg.d_head, out_bias=cfg.attn_out_bias,
+        rotary_dim=cfg.rotary_dim if cfg.positional_embedding_type == "rotary" else 0, rotary_base=cfg.rotary_base,
+        alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window,
+    )
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(.))."""
+    """Pre-norm block. Sequential: resid_mid = resid_pre + attn(ln1(resid_pre)), resid_post =
+    resid_mid + mlp(ln2(resid_mid)). Parallel (``parallel_attn_mlp``): resid_post = resid_pre +
+    attn(ln1(resid_pre)) + mlp(ln2(resid_pre)), with no resid_mid."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.attn_only = cfg.attn_only
-        self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
-        self.attn = MultiHeadAttention(cfg.d_model, cfg.d_model, cfg.n_ctx, cfg.dropout, cfg.n_heads, cfg.qkv_bias)
+        self.parallel = cfg.parallel_attn_mlp
+        self.ln1 = _norm(cfg)
+        self.attn = _attention(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
         if not cfg.attn_only:
-            self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+            self.ln2 = _norm(cfg)
             self.mlp = MLP(cfg)
-            self.hook_resid_mid = HookPoint()
+            if not cfg.parallel_attn_mlp:
+                self.hook_resid_mid = HookPoint()
             self.hook_mlp_out = HookPoint()
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, resid: torch.Tensor, past: LayerKV | None = None) -> torch.Tensor:
         resid = self.hook_resid_pre(resid)
-        resid = resid + self.hook_attn_out(self.dropout(self.attn(self.ln1(resid), past)))
-        if not self.attn_only:
-            resid = self.hook_resid_mid(resid)
-            resid = resid + self.hook_mlp_out(self.dropout(self.mlp(self.ln2(resid))))
-        return self.hook_resid_post(resid)
+        attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(resid), past)))
+        if self.attn_only:
+            return self.hook_resid_post(resid + attn_out)
+        if self.parallel:  # summed in GPT-NeoX's and Phi's order, so the floats agree to the bit
+            return self.hook_resid_post(attn_out + self._mlp_out(resid) + resid)
+        resid = self.hook_resid_mid(resid + attn_out)
+        return self.hook_resid_post(resid + self._mlp_out(resid))
+
+    def _mlp_out(self, resid: torch.Tensor) -> torch.Tensor:
+        return self.hook_mlp_out(self.dropout(self.mlp(self.ln2(resid))))
 
 
 class GPTModel(HookedModule):
@@ -131,19 +249,26 @@ class GPTModel(HookedModule):
     # earlier ones), so interventions at layer l may start there; analyses read this capability.
     suffix_only_start = True
     impl = "scratch"  # which implementation runs it (``interp.provenance``)
-    family = "interp-gpt"  # the architecture it was loaded as; a converted GPT-2 says "gpt2"
+    family = "interp-gpt"  # the architecture it was loaded as: a converter sets its model_type ("llama", ...)
 
     def __init__(self, cfg: GPTConfig, tokenizer: Tokenizer | None = None):
         super().__init__()
         self.cfg = dataclasses.replace(cfg)  # its own copy: _apply keeps cfg.device in sync with this model
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        # a float32 tensor, cast to the embeddings' dtype at use, as Gemma does
+        self.register_buffer("embed_scale", torch.tensor(cfg.embed_scale), persistent=False)
+        if cfg.post_embedding_ln:
+            self.ln_embed = _norm(cfg)
         self.hook_embed = HookPoint()
-        self.hook_pos_embed = HookPoint()
+        if cfg.positional_embedding_type == "standard":  # learned; rotary and ALiBi live in the attention
+            self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+            self.hook_pos_embed = HookPoint()
         self.drop_embed = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.ln_final = _norm(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
         self.setup()
 
     def _apply(self, fn, *args, **kwargs):
@@ -153,11 +278,12 @@ class GPTModel(HookedModule):
         return module
 
     # ------------------------------------------------------------------ tokens
-    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> torch.Tensor:
-        """Text -> token ids (batch, pos), BOS first, by the one rule of ``interp.tokenizer.encode_texts``.
-        A list of texts must tokenise to equal lengths (``encode_texts`` pads ragged batches and
-        returns their lengths)."""
-        batch = encode_texts(self.tokenizer, text, self.cfg.n_ctx, prepend_bos=prepend_bos, equal_lengths=True)
+    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool | None = None) -> torch.Tensor:
+        """Text -> token ids (batch, pos) by the one rule of ``interp.tokenizer.encode_texts``; the
+        start token first when ``prepend_bos`` (None: ``cfg.default_prepend_bos``, as in
+        TransformerLens). A list of texts must tokenise to equal lengths (``encode_texts`` pads
+        ragged batches and returns their lengths)."""
+        batch = encode_texts(self.tokenizer, text, self.cfg.n_ctx, prepend_bos=self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos, equal_lengths=True)
         return batch.tokens.to(self.embed.weight.device)
 
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
@@ -183,13 +309,21 @@ class GPTModel(HookedModule):
         n_pos = tokens.shape[1]
         if offset + n_pos > self.cfg.n_ctx:
             raise UserError(f"sequence of {offset + n_pos} tokens exceeds the context n_ctx={self.cfg.n_ctx}")
-        positions = torch.arange(offset, offset + n_pos, device=tokens.device)
-        resid = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))[None]
+        embeddings = self.embed(tokens)
+        embeddings = embeddings * self.embed_scale.to(embeddings.dtype)
+        if self.cfg.post_embedding_ln:
+            embeddings = self.ln_embed(embeddings)
+        resid = self.hook_embed(embeddings)  # as the token embeddings enter the residual stream
+        if self.cfg.positional_embedding_type == "standard":
+            positions = torch.arange(offset, offset + n_pos, device=tokens.device)
+            resid = resid + self.hook_pos_embed(self.pos_embed(positions).expand_as(resid))
         return self.drop_embed(resid)
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
-        """Final residual (batch, pos, d_model) -> logits (batch, pos, d_vocab), tied to ``embed``."""
-        return self.ln_final(resid) @ self.embed.weight.T
+        """Final residual (batch, pos, d_model) -> logits (batch, pos, d_vocab): the final norm, then
+        ``embed.weight`` transposed (tied) or ``lm_head``."""
+        normed = self.ln_final(resid)
+        return normed @ self.embed.weight.T if self.cfg.tie_word_embeddings else self.lm_head(normed)
 
     def forward(
         self,

@@ -118,7 +118,8 @@ def test_our_checkpoint_cannot_be_bridged(tmp_path):
         load_model(tmp_path, impl="transformer_lens")
 
 
-EXPECTED_IMPL = {"gpt2": "scratch"}  # the families GPTModel implements; the bridge runs the rest
+# the families GPTModel implements; the bridge runs the rest
+EXPECTED_IMPL = {family: "scratch" for family in ("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -134,8 +135,9 @@ def test_every_family_loads_by_its_model_type_with_logits_equal_to_hf(family_dir
 
 
 def test_scratch_refuses_a_family_it_does_not_implement_in_one_line(family_dir):
-    with pytest.raises(UserError, match=r"^impl='scratch' does not implement the 'llama' family \(it implements: gpt2\)"):
-        load_model(family_dir("llama"), impl="scratch")
+    with pytest.raises(UserError, match=r"^impl='scratch' does not implement the 'opt' family \(it implements: gpt2, "
+                                        r"llama, mistral, qwen2, gemma, gpt_neox, phi, bloom\)"):
+        load_model(family_dir("opt"), impl="scratch")
 
 
 def _edit_safetensors(directory, edit):
@@ -172,3 +174,14 @@ def test_our_checkpoint_with_a_tensor_that_does_not_fit_is_refused(tmp_path, pro
     _edit_safetensors(tmp_path, edits[problem])
     with pytest.raises(UserError, match=f"{problem}.*refusing to analyse re-initialised weights"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f in EXPECTED_IMPL])
+def test_to_tokens_follows_the_familys_convention_as_the_bridge_does(family_dir, family):
+    """TransformerLens prepends no start token by default on qwen2, gpt_neox and phi; our
+    to_tokens follows the same per-family default, so TL-convention tools see the same tokens."""
+    scratch = load_model(family_dir(family), impl="scratch")
+    bridge = load_model(family_dir(family), impl="transformer_lens")
+    for text in ("hello world", "a"):
+        assert torch.equal(scratch.to_tokens(text), bridge.to_tokens(text))
+        assert torch.equal(scratch.to_tokens(text, prepend_bos=True), bridge.to_tokens(text, prepend_bos=True))

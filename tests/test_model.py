@@ -1,8 +1,11 @@
 """GPTModel against its peers on the same weights: Hugging Face eager GPT-2 logits and a
 TransformerLens TransformerBridge's caches; and its own paths against each other."""
 
+import json
+
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from interp import GPTConfig, GPTModel, from_hf
 from interp.bridge import boot_bridge
@@ -140,7 +143,10 @@ def test_kv_cache_generation_equals_uncached(scratch_gpt2, temperature):
 def test_generation_matches_hugging_face_greedy(hf_gpt2, scratch_gpt2):
     prompt = random_tokens(scratch_gpt2, batch=1, pos=5)
     ours = scratch_gpt2.generate(prompt, 20)
-    theirs = hf_gpt2[0].generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=256, min_new_tokens=20)
+    # no end-of-sequence token: HF generates all 20 tokens greedily, as ours does (min_new_tokens
+    # would instead ban EOS, and differ from ours where EOS is the argmax)
+    greedy = GenerationConfig(do_sample=False, max_new_tokens=20, eos_token_id=[], pad_token_id=256)
+    theirs = hf_gpt2[0].generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=greedy)
     assert torch.equal(ours, theirs)
 
 
@@ -214,3 +220,90 @@ def test_moving_a_model_leaves_a_shared_config_alone():
     assert moved.cfg.device == "meta"
     assert other.cfg.device == "cpu" and cfg.device == "cpu"
     assert moved.cfg == other.cfg == cfg  # the same shape; device is not compared
+
+
+# ---------------------------------------------------------------------------------------------
+# the family knobs (DESIGN 3.4): every combination keeps the model's own paths consistent; the
+# families themselves are checked against Hugging Face in tests/test_scratch_families.py
+
+KNOBS = {
+    "llama-like": dict(normalization_type="RMS", act_fn="silu", gated_mlp=True, positional_embedding_type="rotary",
+                       n_key_value_heads=2, qkv_bias=False, attn_out_bias=False, mlp_bias=False,
+                       tie_word_embeddings=False),
+    "gemma-like-mqa": dict(normalization_type="RMS", gated_mlp=True, positional_embedding_type="rotary",
+                           n_key_value_heads=1, d_head=12, embed_scale=32 ** 0.5),
+    "neox-like": dict(positional_embedding_type="rotary", rotary_dim=2, rotary_base=500.0, parallel_attn_mlp=True,
+                      act_fn="gelu", tie_word_embeddings=False, unembed_bias=True),
+    "alibi-window-embed-ln": dict(positional_embedding_type="alibi", sliding_window=5, post_embedding_ln=True,
+                                  act_fn="gelu_new"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(KNOBS))
+def knobbed(request):
+    torch.manual_seed(9)
+    model = GPTModel(GPTConfig(d_vocab=257, n_ctx=32, d_model=32, n_heads=4, n_layers=2, **KNOBS[request.param]))
+    with torch.no_grad():  # larger weights than the default initialisation: attention far from uniform
+        for param in model.parameters():
+            param.mul_(2.0 if param.ndim == 2 else 1.0)
+    return model.eval()
+
+
+@torch.no_grad()
+def test_each_knob_combination_keeps_the_fast_cached_and_suffix_paths_equal(knobbed):
+    tokens = random_tokens(knobbed, batch=2, pos=20)
+    full, cache = knobbed.run_with_cache(tokens)
+    atol = 1e-6 * full.abs().max()  # float32 rounding, on logits of up to ~100
+    torch.testing.assert_close(knobbed(tokens), full, atol=atol, rtol=0)  # SDPA fast path vs the hooked one
+    for layer in range(knobbed.cfg.n_layers):
+        torch.testing.assert_close(knobbed(cache[f"blocks.{layer}.hook_resid_pre"], start_at_layer=layer), full,
+                                   atol=atol, rtol=0)
+    prompt = tokens[:, :4]
+    assert torch.equal(knobbed.generate(prompt, 16), knobbed.generate(prompt, 16, use_kv_cache=False))
+
+
+def test_each_knob_combination_has_the_documented_hooks(knobbed):
+    cfg = knobbed.cfg
+    _, cache = knobbed.run_with_cache(random_tokens(knobbed, batch=2, pos=7))
+    n_kv = cfg.n_key_value_heads or cfg.n_heads
+    assert cache["blocks.1.attn.hook_q"].shape == cache["blocks.1.attn.hook_z"].shape == (2, 7, cfg.n_heads, cfg.d_head)
+    assert cache["blocks.1.attn.hook_k"].shape == cache["blocks.1.attn.hook_v"].shape == (2, 7, n_kv, cfg.d_head)
+    assert cache["blocks.1.attn.hook_pattern"].shape == (2, cfg.n_heads, 7, 7)
+    rotary = cfg.positional_embedding_type == "rotary"
+    assert ("blocks.1.attn.hook_rot_k" in cache.keys()) == rotary
+    assert ("hook_pos_embed" in cache.keys()) == (cfg.positional_embedding_type == "standard")
+    assert ("blocks.1.hook_resid_mid" in cache.keys()) == (not cfg.parallel_attn_mlp)
+    if cfg.sliding_window:  # a query sees only its last sliding_window positions
+        assert (cache["blocks.0.attn.hook_pattern"][:, :, -1, : 7 - cfg.sliding_window] == 0).all()
+
+
+def test_gpt2_is_the_default_and_a_config_saved_without_the_knobs_still_loads():
+    old = dict(d_vocab=257, n_ctx=64, d_model=128, n_heads=8, n_layers=2, attn_only=True, d_mlp=512, dropout=0.0,
+               ln_eps=1e-5, model_name="toy", qkv_bias=True)  # the shipped toy's config.json
+    cfg = GPTConfig.from_dict(old)
+    assert (cfg.d_head, cfg.n_key_value_heads, cfg.normalization_type) == (16, None, "LN")
+    assert (cfg.positional_embedding_type, cfg.act_fn, cfg.embed_scale) == ("standard", "gelu_tanh", 1.0)
+    assert cfg.tie_word_embeddings and not cfg.parallel_attn_mlp and not cfg.gated_mlp
+    assert GPTConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_position_embeddings_hook_with_the_batch(scratch_gpt2):
+    _, cache = scratch_gpt2.run_with_cache(random_tokens(scratch_gpt2, batch=2, pos=5))
+    assert cache["hook_pos_embed"].shape == (2, 5, scratch_gpt2.cfg.d_model)
+
+
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        (dict(normalization_type="BN"), "normalization_type='BN' not supported; allowed: 'LN', 'RMS'"),
+        (dict(act_fn="relu"), "act_fn='relu' not supported"),
+        (dict(positional_embedding_type="sinusoidal"), "positional_embedding_type='sinusoidal' not supported"),
+        (dict(n_key_value_heads=3), "n_key_value_heads=3 must divide n_heads=4"),
+        (dict(positional_embedding_type="rotary", rotary_dim=3), "rotary_dim=3 must be even"),
+        (dict(sliding_window=0), "sliding_window=0 must be a positive number"),
+        (dict(unembed_bias=True), "unembed_bias=True needs a separate unembedding"),
+    ],
+)
+def test_bad_knobs_get_a_clear_error(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        GPTModel(GPTConfig(d_vocab=10, n_ctx=8, d_model=8, n_heads=4, n_layers=1, **knobs))
