@@ -4,6 +4,7 @@ multi-head attention map), token labels on both axes."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -11,7 +12,7 @@ from matplotlib.figure import Figure
 
 from analyses.hook_names import pattern_names
 from analyses.interventions import cache_run
-from analyses.outputs import add_model_args, load_cli_model
+from analyses.outputs import add_model_args, load_cli_model, model_meta
 from analyses.plots import attention_grid, png_bytes
 from analyses.tokens import encode
 from interp.files import write_atomic
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     figure = attention_map(model, args.text, args.layer)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, png_bytes(figure))
+    # a lone PNG has no meta.json beside it: the model's record travels in its Description chunk
+    write_atomic(out, png_bytes(figure, json.dumps(model_meta(model, args.model), sort_keys=True)))
     print(out)
     return 0
 

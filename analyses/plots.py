@@ -17,10 +17,11 @@ from matplotlib.figure import Figure
 DPI = 100
 
 
-def png_bytes(figure: Figure) -> bytes:
-    """The figure as PNG bytes, byte-stable across runs (no software/date metadata)."""
+def png_bytes(figure: Figure, description: str | None = None) -> bytes:
+    """The figure as PNG bytes, byte-stable across runs (no software/date metadata);
+    ``description`` goes into the PNG's Description text chunk."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None, "Description": description})
     return buffer.getvalue()
 
 

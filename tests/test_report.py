@@ -163,10 +163,16 @@ def test_report_meta_of_the_scratch_model(scratch_report, gpt2_dir):
     assert meta["impl"] == "scratch" and meta["family"] == "gpt2"
 
 
-def test_attention_map_on_any_family(family_dir, tmp_path):
+@pytest.mark.parametrize("family", ["mistral", "opt"])
+def test_attention_map_on_any_family_records_the_model_in_the_png(family_dir, tmp_path, family):
+    """A lone PNG has no meta.json beside it: the model's record is its Description text chunk."""
+    from PIL import Image
+
     out = tmp_path / "map.png"
-    assert main(["attention-map", "--model", str(family_dir("mistral")), "--text", "the cat", "--out", str(out)]) == 0
+    assert main(["attention-map", "--model", str(family_dir(family)), "--text", "the cat", "--out", str(out)]) == 0
     assert out.read_bytes().startswith(PNG_SIGNATURE)
+    meta = json.loads(Image.open(out).text["Description"])
+    assert {key: meta[key] for key in ("family", "impl", "weights_hash")} == provenance(load_model(family_dir(family)))
 
 
 @pytest.mark.parametrize("command", ["report", "attention-map", "ablate", "patch"])
