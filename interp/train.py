@@ -15,6 +15,9 @@ in-context-learning score (Olsson et al. 2022: mean loss on late tokens minus me
 early tokens of the same held-out sequences; it falls below zero as the model learns to use its
 context), the loss on the predictable half of synthetic repeats, and the best head's induction
 and previous-token scores. The run is seeded and deterministic on CPU for a given thread count.
+
+The same recipe trains the embedded model's shape with other positions (``positions``: learned,
+rotary or ALiBi) and grouped key/value heads (``kv_heads``); the defaults are the shipped model's.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ N_BYTES = 256
 HELD_OUT_EVERY = 10  # every 10th stdlib file (in sorted order) is held-out text
 _SKIPPED_DIRS = {"site-packages", "test", "tests", "idle_test"}
 ICL_WINDOW = 8  # ICL score: mean loss over the last 8 positions minus over positions 8..15
+# Recipe.positions -> GPTConfig.positional_embedding_type
+POSITIONS = {"learned": "standard", "rotary": "rotary", "alibi": "alibi"}
+# Fields added after the embedded model was recorded: written into training.json only when they
+# differ from these defaults, so the default recipe's metadata stays byte for byte the shipped one.
+VARIANT_DEFAULTS = {"positions": "learned", "kv_heads": None}
 
 # What was tried on the way to the shipped recipe (2 shared CPU cores); written into training.json.
 TRIED = (
@@ -83,8 +91,15 @@ class Recipe:
     eval_every: int = 50
     eval_batch: int = 64
     threads: int = 1
+    positions: str = "learned"  # "learned" (sinusoid-initialised) | "rotary" | "alibi"
+    kv_heads: int | None = None  # key/value heads (None: one per head; fewer: grouped-query, 1: multi-query)
 
     def __post_init__(self):
+        if self.positions not in POSITIONS:
+            raise UserError(f"positions={self.positions!r} not supported; allowed: {', '.join(POSITIONS)}")
+        if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads <= 0
+                                          or self.n_heads % self.kv_heads):
+            raise UserError(f"kv_heads={self.kv_heads} must be a positive divisor of n_heads={self.n_heads}")
         for name in ("steps", "batch_size", "warmup_steps", "eval_every", "eval_batch", "threads"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name}={getattr(self, name)} must be a positive integer")
@@ -104,7 +119,15 @@ class Recipe:
         return GPTConfig(
             d_vocab=ByteTokenizer.vocab_size, n_ctx=self.n_ctx, d_model=self.d_model, n_heads=self.n_heads,
             n_layers=self.n_layers, attn_only=self.attn_only, model_name="toy",
+            positional_embedding_type=POSITIONS[self.positions], n_key_value_heads=self.kv_heads,
         )
+
+    def record(self) -> dict:
+        """The recipe as written into training.json: every field, except that the variant fields
+        (``VARIANT_DEFAULTS``) appear only when set, so the default recipe records as it always did."""
+        fields = dataclasses.asdict(self)
+        return {key: value for key, value in fields.items()
+                if key not in VARIANT_DEFAULTS or value != VARIANT_DEFAULTS[key]}
 
 
 PRESETS = {
@@ -266,9 +289,11 @@ def evaluate(model: GPTModel, data: EvalSet) -> dict[str, float]:
 # ------------------------------------------------------------------------------ training
 def initialise(model: GPTModel) -> GPTModel:
     """GPT-2's initialisation -- weights and embeddings N(0, 0.02), biases 0, each attention output
-    projection scaled by 1 / sqrt(2 n_layers) -- except that position embeddings start as 0.02 x the
-    sinusoids of Vaswani et al. (still learned), so that attending to i - 1 is easy from the start.
-    (PyTorch's defaults would give logits of std ~ sqrt(d_model) through the tied unembedding.)"""
+    projection scaled by 1 / sqrt(2 n_layers) -- except that learned position embeddings start as
+    0.02 x the sinusoids of Vaswani et al. (still learned), so that attending to i - 1 is easy from
+    the start. (PyTorch's defaults would give logits of std ~ sqrt(d_model) through the tied
+    unembedding.) Rotary and ALiBi models have no position embeddings: their attention is given
+    relative positions."""
     for name, param in model.named_parameters():
         if name.endswith("bias"):
             torch.nn.init.zeros_(param)
@@ -277,8 +302,9 @@ def initialise(model: GPTModel) -> GPTModel:
             continue
         std = 0.02 / math.sqrt(2 * model.cfg.n_layers) if "out_proj" in name else 0.02
         torch.nn.init.normal_(param, std=std)
-    with torch.no_grad():
-        model.pos_embed.weight.copy_(0.02 * sinusoids(model.cfg.n_ctx, model.cfg.d_model))
+    if model.cfg.positional_embedding_type == "standard":
+        with torch.no_grad():
+            model.pos_embed.weight.copy_(0.02 * sinusoids(model.cfg.n_ctx, model.cfg.d_model))
     return model
 
 
@@ -340,7 +366,7 @@ def _train(recipe: Recipe, progress: bool) -> tuple[GPTModel, list[dict], dict]:
                 _report_progress(history[-1], time.perf_counter() - began)
     seconds = time.perf_counter() - began
     metadata = {
-        "recipe": dataclasses.asdict(recipe),
+        "recipe": recipe.record(),
         "data": data_description,
         "final": history[-1],
         "tried": list(TRIED),
@@ -399,12 +425,19 @@ def register(subparsers) -> None:
                         help="'full' is the shipped model's recipe; 'short' is a fast variant for tests")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument("--seed", type=int, help="override the preset's seed")
+    parser.add_argument("--positions", metavar="learned|rotary|alibi",
+                        help="position information: learned embeddings (the shipped model's, the default), "
+                             "rotary (RoPE) or ALiBi")
+    parser.add_argument("--kv-heads", dest="kv_heads", type=int, metavar="K",
+                        help="key/value heads per layer, a divisor of the heads (default: one per head; "
+                             "fewer: grouped-query attention, 1: multi-query)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(func=_command)
 
 
 def _command(args) -> int:
-    overrides = {key: getattr(args, key) for key in ("steps", "seed") if getattr(args, key) is not None}
+    overrides = {key: getattr(args, key) for key in ("steps", "seed", "positions", "kv_heads")
+                 if getattr(args, key) is not None}
     recipe = dataclasses.replace(PRESETS[args.preset], **overrides)
     metadata = run(recipe, args.out, progress=not args.quiet)
     print(f"wrote {args.out} ({metadata['environment']['train_seconds']:.0f}s): {metadata['final']}")

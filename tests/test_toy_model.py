@@ -7,7 +7,6 @@ role's target position, over the query positions where the role is defined.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import platform
 
@@ -97,7 +96,7 @@ def test_training_metadata_is_what_interp_train_reproduces():
     """`interp train` (the 'full' preset) reruns exactly the recipe recorded with the shipped model;
     on the same Python, on the same stdlib bytes."""
     training = json.loads((toy_checkpoint_dir() / "training.json").read_text())
-    assert training["recipe"] == dataclasses.asdict(PRESETS["full"]) and training["tried"] == list(TRIED)
+    assert training["recipe"] == PRESETS["full"].record() and training["tried"] == list(TRIED)
     assert training["history"][-1] == training["final"] and training["final"]["step"] == PRESETS["full"].steps
     assert training["final"]["text_loss"] < 2.5 and training["final"]["repeat_loss"] < 0.5
     if training["data"]["python"] == platform.python_version():

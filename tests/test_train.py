@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
 
 from interp import GPTModel, load_model
+from interp.errors import UserError
 from interp.train import (
     BOS,
     PRESETS,
@@ -17,8 +19,10 @@ from interp.train import (
     Repeats,
     head_scores,
     icl_score,
+    initialise,
     main,
     repeat_batch,
+    sinusoids,
     stdlib_files,
     text_batch,
     train,
@@ -127,6 +131,44 @@ def test_bad_recipe_values_are_refused(field, value):
         dataclasses.replace(Recipe(), **{field: value})
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("positions", "sinusoidal", "positions='sinusoidal' not supported; allowed: learned, rotary, alibi"),
+    ("kv_heads", 3, "kv_heads=3 must be a positive divisor of n_heads=8"),
+    ("kv_heads", 0, "kv_heads=0 must be a positive divisor"),
+])
+def test_bad_variant_values_are_one_line_user_errors(field, value, message):
+    with pytest.raises(UserError, match=re.escape(message)) as error:
+        dataclasses.replace(Recipe(), **{field: value})
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("positions, kind", [("learned", "standard"), ("rotary", "rotary"), ("alibi", "alibi")])
+def test_variant_fields_map_onto_the_model_config(positions, kind):
+    recipe = dataclasses.replace(PRESETS["short"], positions=positions, kv_heads=2)
+    config = recipe.model_config()
+    assert config.positional_embedding_type == kind and config.n_key_value_heads == 2
+    torch.manual_seed(0)
+    model = initialise(GPTModel(config))
+    assert model.blocks[0].attn.W_key.weight.shape == (2 * config.d_head, config.d_model)  # 2 key/value heads
+    if positions == "learned":  # only learned positions exist, and get the sinusoidal start
+        assert torch.equal(model.pos_embed.weight, 0.02 * sinusoids(config.n_ctx, config.d_model))
+    else:
+        assert not hasattr(model, "pos_embed")
+
+
+def test_the_default_recipe_records_and_configures_as_before_the_variant_fields():
+    """The shipped model's training.json and config.json predate ``positions`` and ``kv_heads``:
+    at their defaults they are neither recorded nor change the model's config."""
+    recipe = PRESETS["full"]
+    recorded = recipe.record()
+    assert "positions" not in recorded and "kv_heads" not in recorded
+    assert recorded == {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("positions", "kv_heads")}
+    config = recipe.model_config()
+    assert config.positional_embedding_type == "standard" and config.n_key_value_heads is None
+    variant = dataclasses.replace(recipe, positions="alibi", kv_heads=4).record()
+    assert variant == {**recorded, "positions": "alibi", "kv_heads": 4}
+
+
 def test_training_is_deterministic():
     first, history_a, meta_a = train(TINY, progress=False)
     second, history_b, meta_b = train(TINY, progress=False)
@@ -135,6 +177,15 @@ def test_training_is_deterministic():
     assert history_a == history_b and meta_a["final"] == meta_b["final"]
     different, _, _ = train(dataclasses.replace(TINY, seed=1), progress=False)
     assert not torch.equal(first.embed.weight, different.embed.weight)
+
+
+def test_variant_training_is_deterministic():
+    recipe = dataclasses.replace(TINY, positions="alibi", kv_heads=2)
+    first, history_a, _ = train(recipe, progress=False)
+    second, history_b, _ = train(recipe, progress=False)
+    assert history_a == history_b
+    for name, tensor in first.state_dict().items():
+        assert torch.equal(tensor, second.state_dict()[name]), name
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
@@ -164,6 +215,36 @@ def test_command_writes_a_loadable_checkpoint_and_curves(tmp_path, capsys):
     assert (tmp_path / "training_curve.csv").read_text().startswith("step,train_loss")
     assert main(["train", "--steps", "0", "--out", str(tmp_path / "bad")]) == 2
     assert "steps=0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("positions, kv_heads", [("rotary", 2), ("alibi", 1), ("learned", 2)])
+def test_command_trains_position_and_key_value_variants(tmp_path, positions, kv_heads):
+    """``interp train --positions P --kv-heads K``: the checkpoint loads with its config, the
+    recipe is recorded, and the history has the head scores."""
+    out = tmp_path / positions
+    argv = ["train", "--preset", "short", "--steps", "3", "--positions", positions, "--kv-heads", str(kv_heads),
+            "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    model = load_model(out)
+    assert model.cfg.positional_embedding_type == {"learned": "standard"}.get(positions, positions)
+    assert model.cfg.n_key_value_heads == kv_heads and model.cfg.n_heads == PRESETS["short"].n_heads
+    training = json.loads((out / "training.json").read_text())
+    assert training["recipe"].get("positions", "learned") == positions and training["recipe"]["kv_heads"] == kv_heads
+    assert training["recipe"] == dataclasses.replace(PRESETS["short"], steps=3, positions=positions, kv_heads=kv_heads).record()
+    history = training["history"]
+    assert [row["step"] for row in history] == [0, 3]
+    for row in history:
+        assert 0.0 <= row["induction_score"] <= 1.0 and 0.0 <= row["previous_token_score"] <= 1.0
+    assert torch.isfinite(model(torch.tensor([[BOS, 1, 2, 3, 1, 2, 3]]))).all()
+
+
+def test_command_refuses_a_bad_variant_in_one_line(tmp_path, capsys):
+    for flags, message in [(["--positions", "sinusoid"], "positions='sinusoid' not supported"),
+                           (["--kv-heads", "3"], "kv_heads=3 must be a positive divisor of n_heads=4")]:
+        assert main(["train", "--preset", "short", *flags, "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
 
 
 def test_short_recipe_forms_an_induction_head(short_run):
