@@ -8,7 +8,6 @@ number of prompts of the same token length as classify_heads' probes.
     .venv/bin/python benchmarks/bench_classify.py [PROMPTS] [POS]
 """
 
-import random
 import sys
 
 import torch
@@ -17,7 +16,7 @@ from transformer_lens.head_detector import HEAD_NAMES, detect_head
 from analyses.classify import classify_heads
 from analyses.probes import probes_for
 from analyses.tl_compat import detect_heads
-from common import GPT2_SMALL, print_table, time_interleaved
+from common import GPT2_SMALL, load_note, print_table, repeated_texts, speedup, time_interleaved
 from interp.bridge import boot_bridge
 from interp.random_models import make_random_gpt2
 
@@ -25,19 +24,7 @@ n_prompts, pos = (int(a) for a in (sys.argv[1:3] if len(sys.argv) >= 3 else (8, 
 torch.manual_seed(0)
 bridge = boot_bridge(*make_random_gpt2(**GPT2_SMALL, seed=0))
 tokens = probes_for(bridge, n_prompts, seq_len=pos, seed=0).tokens
-
-
-def repeated_text(rng: random.Random) -> str:
-    """A text of pos - 1 byte tokens (BOS makes pos): random prefix, a segment twice, filler."""
-    period, prefix = rng.randint(pos // 8, pos // 3), rng.randint(1, pos // 8)
-    segment = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(period))
-    filler = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ ") for _ in range(pos - 1 - 2 * period))
-    return filler[:prefix] + segment + segment + filler[prefix:]
-
-
-rng = random.Random(0)
-texts = [repeated_text(rng) for _ in range(n_prompts)]
-assert all(bridge.to_tokens(text).shape[1] == pos for text in texts)
+texts = repeated_texts(bridge, n_prompts, pos)
 
 seconds = time_interleaved({
     "one plain batched forward (floor)": lambda: bridge(tokens),
@@ -45,8 +32,7 @@ seconds = time_interleaved({
     "detect_heads (ours, TL-compatible, 3 roles)": lambda: detect_heads(bridge, texts, progress=False),
     "detect_head x 3 roles (TransformerLens)": lambda: [detect_head(bridge, texts, name) for name in HEAD_NAMES],
 }, repeats=3)
-print(f"prompts={n_prompts} pos={pos} threads={torch.get_num_threads()} shape={GPT2_SMALL}")
+print(f"prompts={n_prompts} pos={pos} threads={torch.get_num_threads()} shape={GPT2_SMALL}; {load_note()}")
 print_table("Head classification, one TransformerBridge", seconds, "one plain batched forward (floor)")
-peer = seconds["detect_head x 3 roles (TransformerLens)"]
 for name in ("classify_heads (all 7 measures, bootstrap CIs)", "detect_heads (ours, TL-compatible, 3 roles)"):
-    print(f"  detect_head / {name}: {peer / seconds[name]:.1f}x faster")
+    print(f"  {name} faster than detect_head by {speedup(seconds, 'detect_head x 3 roles (TransformerLens)', name)}")

@@ -13,7 +13,7 @@ import torch
 
 from interp.memory import retain_freed_memory
 
-from common import gpt2_small_peers, print_table, time_interleaved
+from common import gpt2_small_peers, load_note, print_table, time_interleaved
 
 batch, pos = (int(a) for a in (sys.argv[1:3] if len(sys.argv) >= 3 else (4, 128)))
 torch.manual_seed(0)
@@ -26,7 +26,7 @@ forward = time_interleaved({
     "GPTModel forward (no hooks, SDPA)": lambda: ours(tokens),
     "TransformerBridge forward": lambda: bridge(tokens),
 })
-print(f"batch={batch} pos={pos} threads={torch.get_num_threads()}")
+print(f"batch={batch} pos={pos} threads={torch.get_num_threads()}; {load_note()}")
 print_table("Forward without hooks", forward, "HF eager GPT-2 forward")
 
 caching = time_interleaved({
@@ -48,3 +48,4 @@ keep_all = time_interleaved({
     "GPTModel run_with_cache (everything)": lambda: ours.run_with_cache(tokens),
 })
 print_table("GPTModel caching after retain_freed_memory(None)", keep_all, "GPTModel forward")
+print(f"\n{load_note()}")

@@ -1,6 +1,9 @@
 """``make bench``: run every ``benchmarks/bench_*.py`` in turn, each in a fresh interpreter (the
 first cache tunes the process's allocator, so one script must not set the stage for the next);
-each prints its own ratios."""
+each prints its own ratios. ``run.py NAME ...`` runs the scripts whose names contain a NAME:
+``model``, ``classify``, ``patching`` (GPT-2-small shape), ``llama`` (our GPTModel on a Llama shape
+with grouped-query attention: forward against Hugging Face eager and SDPA, caching, classification
+and head patching against TransformerLens on the bridge over the same weights)."""
 
 import subprocess
 import sys
