@@ -10,9 +10,10 @@ this run, candidates interleaved round-robin; tables give the min and the median
   attention, logits compared;
 - cache: a full ``run_with_cache`` (and patterns only) against our own forward, the bridge's full
   cache against its forward beside it;
-- classify: ``classify_heads`` and ``detect_heads`` on GPTModel against TransformerLens's
-  ``detect_head`` (3 roles) on the bridge, same number of prompts of the same token length, and
-  against one plain batched forward (the floor); ``detect_heads``' values against ``detect_head``'s;
+- classify: ``classify_heads`` and ``detect_heads`` on GPTModel, and ``classify_heads`` on the
+  bridge, against TransformerLens's ``detect_head`` (3 roles) on the bridge, same number of prompts
+  of the same token length, and against one plain batched forward (the floor); ``detect_heads``'
+  values against ``detect_head``'s;
 - patching: exact head patching, ``patch_heads`` on GPTModel (suffix-only reruns, batched) against
   ``get_act_patch_attn_head_out_all_pos`` on the bridge, values compared (they must agree to 1e-4),
   at a small batch (the induction pair, 2 prompts x 24 tokens) and a realistic one (8 x 64); CPU
@@ -112,12 +113,13 @@ def classification(ours, bridge, n_prompts: int, pos: int, repeats: int) -> None
         floor: lambda: ours(tokens),
         "classify_heads on GPTModel (7 measures, bootstrap CIs)": lambda: classify_heads(ours, n_prompts, pos, progress=False),
         "detect_heads on GPTModel (TL-compatible, 3 roles)": lambda: detect_heads(ours, texts, progress=False),
+        "classify_heads on the bridge (7 measures, CIs)": lambda: classify_heads(bridge, n_prompts, pos, progress=False),
         peer: lambda: [detect_head(bridge, texts, name) for name in HEAD_NAMES],
     }, repeats, warmup=0)  # the values above were the warm-up
     print(f"\nprompts={n_prompts} pos={pos} threads={torch.get_num_threads()}")
     for clock in ("wall", "cpu"):
         print_table("Head classification", samples, floor, clock)
-        for name in list(samples)[1:3]:
+        for name in list(samples)[1:4]:
             print(f"  {name} faster than detect_head by {speedup(samples, peer, name, clock)}")
     print("\nvalues, max abs diff of detect_heads on GPTModel (same texts):")
     for name, diff in diffs.items():
