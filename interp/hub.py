@@ -12,6 +12,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import torch
@@ -39,8 +40,16 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def locate(spec: str) -> tuple[str, bool]:
-    """``spec`` -> (what to pass to ``from_pretrained``, whether to stay on local files).
+class Located(NamedTuple):
+    """Where a model is: what to pass to ``from_pretrained``, and whether to stay on local files."""
+
+    spec: str
+    source: str
+    local_only: bool
+
+
+def locate(spec: str) -> Located:
+    """``spec`` -> where to load it from (at most one TCP probe of the hub).
 
     A directory must hold a ``config.json``; anything else must look like a hub id, which is used
     from the local cache when it is there and from the hub only when the hub answers."""
@@ -50,33 +59,32 @@ def locate(spec: str) -> tuple[str, bool]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"{spec!r} has no config.json: not a directory saved by save_pretrained")
-        return str(path), True
+        return Located(spec, str(path), True)
     if path.exists() or not _HUB_ID.match(spec):
         raise UserError(f"model {spec!r} is not a directory, nor a hub id such as 'gpt2' or 'EleutherAI/pythia-70m'")
     if isinstance(try_to_load_from_cache(spec, "config.json"), str):  # a local lookup, no request
-        return spec, True
+        return Located(spec, spec, True)
     if hub_reachable():
-        return spec, False
+        return Located(spec, spec, False)
     raise OfflineError(
         f"could not load {spec!r}: it is not a local directory, not in the Hugging Face cache, and the hub "
         "cannot be reached (no network?); save it with save_pretrained where there is network and pass that directory"
     )
 
 
-def hf_config(spec: str):
-    """The ``transformers`` config of ``spec`` (a directory or hub id), read before any weight."""
+def hf_config(located: Located):
+    """The ``transformers`` config of a located model, read before any weight."""
     from transformers import AutoConfig
 
-    source, local_only = locate(spec)
-    return AutoConfig.from_pretrained(source, local_files_only=local_only)
+    return AutoConfig.from_pretrained(located.source, local_files_only=located.local_only)
 
 
-def load_hf(spec: str):
-    """``(causal LM in eval mode, float32, eager attention; its tokenizer or None)`` from a
-    directory or hub id. Every checkpoint tensor must match the model the config describes."""
+def load_hf(located: Located):
+    """``(causal LM in eval mode, float32, eager attention; its tokenizer or None)`` of a located
+    model. Every checkpoint tensor must match the model the config describes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source, local_only = locate(spec)
+    spec, source, local_only = located
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             source, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32,
@@ -85,17 +93,19 @@ def load_hf(spec: str):
         raise UserError(f"{spec!r} is not a causal language model transformers can load: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
         raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {str(error).splitlines()[0]}") from None
-    check_loading_info(spec, info)
+    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+    refuse_mismatched_tensors(spec, *(info.get(kind) or () for kind in kinds), errors=info.get("error_msgs") or ())
     has_tokenizer = not Path(source).is_dir() or any((Path(source) / f).is_file() for f in _TOKENIZER_FILES)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if has_tokenizer else None
     return model.eval(), tokenizer
 
 
-def check_loading_info(spec: str, info: dict) -> None:
-    """Refuse a checkpoint whose tensors do not match its model one for one."""
-    problems = {kind: sorted(info.get(key) or ()) for kind, key in
-                (("missing", "missing_keys"), ("unexpected", "unexpected_keys"), ("mis-shaped", "mismatched_keys"))}
-    found = [f"{kind} {names[:3]}{' ...' if len(names) > 3 else ''}" for kind, names in problems.items() if names]
-    if found or info.get("error_msgs"):
-        raise UserError(f"checkpoint {spec!r} does not match its config (tensors {'; '.join(found) or info['error_msgs']}); "
+def refuse_mismatched_tensors(source: str, missing, unexpected, misshaped, errors=()) -> None:
+    """Refuse, in one line, a checkpoint whose tensors do not match its model one for one (any
+    tensor name missing, unexpected or mis-shaped, or a loader error); for Hugging Face directories
+    and our own checkpoints alike."""
+    kinds = {"missing": sorted(missing), "unexpected": sorted(unexpected), "mis-shaped": sorted(misshaped)}
+    found = [f"{kind} {names[:3]}{' ...' if len(names) > 3 else ''}" for kind, names in kinds.items() if names]
+    if found or errors:
+        raise UserError(f"checkpoint {source!r} does not match its config (tensors {'; '.join(found) or list(errors)}); "
                         "refusing to analyse re-initialised weights")

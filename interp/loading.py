@@ -19,7 +19,7 @@ from interp.bridge import boot_bridge
 from interp.convert import check_scratch_family, from_hf, scratch_families
 from interp.errors import UserError
 from interp.files import write_atomic
-from interp.hub import hf_config, load_hf
+from interp.hub import hf_config, load_hf, locate, refuse_mismatched_tensors
 from interp.memory import retain_freed_memory_once
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
@@ -69,12 +69,13 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
 
 def _load_hf_model(spec: str, impl: str | None):
     """A Hugging Face directory or hub id as the chosen (or the family's default) implementation."""
-    family = hf_config(spec).model_type
+    located = locate(spec)
+    family = hf_config(located).model_type
     if impl is None:
         impl = "scratch" if family in scratch_families() else "transformer_lens"
     if impl == "scratch":
         check_scratch_family(family)  # before reading any weight
-    hf_model, tokenizer = load_hf(spec)
+    hf_model, tokenizer = load_hf(located)
     if impl == "scratch":
         return from_hf(hf_model, tokenizer)
     bridge = boot_bridge(hf_model, tokenizer, name=spec)
@@ -117,11 +118,5 @@ def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
 def check_tensors(source: str, found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     """Refuse a checkpoint whose tensors are not exactly the model's: none missing, none
     unexpected, every shape equal."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    misshaped = sorted(name for name in set(found) & set(expected) if found[name].shape != expected[name].shape)
-    problems = [f"{kind} {names[:3]}{' ...' if len(names) > 3 else ''}"
-                for kind, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if names]
-    if problems:
-        raise UserError(f"checkpoint {source!r} does not match its config (tensors {'; '.join(problems)}); "
-                        "refusing to analyse re-initialised weights")
+    misshaped = [name for name in set(found) & set(expected) if found[name].shape != expected[name].shape]
+    refuse_mismatched_tensors(source, set(expected) - set(found), set(found) - set(expected), misshaped)
