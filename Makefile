@@ -1,7 +1,8 @@
 # The README's commands. Each sets itself up on a fresh machine: a .venv, torch 2.13.0 first
 # (a CPU build is on disk here; letting pip choose would pull gigabytes of CUDA packages),
-# then this package with its dev extras. `make test` also installs Debian's headless Chromium for
-# the report's browser test when it is missing and apt-get can run (as root); pip cannot provide it.
+# then this package with its dev and ray extras. `make test` also installs Debian's headless Chromium
+# and its WebDriver (chromium-driver) for the report's browser test when they are missing and apt-get
+# can run (as root); pip cannot provide them.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -15,13 +16,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,ray]"
 	touch $(STAMP)
 
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
-		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-		|| echo "note: chromium is not installed and apt-get cannot run here; the browser test will skip"
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ] && apt-get update -qq \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+		|| echo "note: chromium/chromedriver are not installed and apt-get cannot run here; the browser test will skip"
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -q
