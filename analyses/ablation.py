@@ -2,7 +2,13 @@
 
 A head's output (its slice of ``hook_z``, (batch, pos, d_head)) is replaced by
 - ``zero``: zeros;
-- ``mean``: its mean over a reference batch, per position (the reference defaults to the prompts);
+- ``mean``: its mean at the same position over the *other* prompts (leave-one-out: a prompt's own
+  output never leaks into its replacement), or over a separate ``reference`` batch as given;
+- ``mean_aligned``: its mean over the other prompts at the same place in the probes' structure
+  (``RepeatedProbes.places``: the same region -- start, prefix, first copy, second copy, filler --
+  at the same offset in it), so the second copy of one prompt is replaced by second copies of
+  others even where periods and prefixes differ; a place no other prompt has falls back to the
+  leave-one-out mean at that position. Needs the prompts as ``RepeatedProbes``;
 - ``resample``: its output on another prompt of the reference batch (seeded; never the prompt itself
   when the reference is the prompts).
 With ``preserve_patterns`` every attention pattern is frozen at its value in the unablated run
@@ -13,8 +19,10 @@ Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: b
 suffix-only on ``GPTModel``): every single head, every layer, named groups, and the cumulative
 pruning curve of Michel et al. (2019), heads removed in increasing order of importance.
 
-Prompts are token ids (batch, pos) or texts; texts of unequal lengths are right-padded, and the
-padding is kept out of the default loss and of the mean replacement (resample needs equal lengths).
+Prompts are token ids (batch, pos), texts, or ``RepeatedProbes``; texts of unequal lengths are
+right-padded, and the padding is kept out of the default loss and of the mean replacement (a
+position where no other prompt is real takes the mean over every real position of the others;
+resample needs equal lengths).
 """
 
 from __future__ import annotations
@@ -41,11 +49,12 @@ from analyses.interventions import (
     metric_gradients,
 )
 from analyses.metrics import Metric, evaluate_metric, loss_metric
+from analyses.probes import RepeatedProbes
 from analyses.tokens import as_batch
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
 
-METHODS = ("zero", "mean", "resample")
+METHODS = ("zero", "mean", "mean_aligned", "resample")
 
 
 @dataclass
@@ -91,34 +100,84 @@ class Ablation:
     def importance(self) -> torch.Tensor:
         """Michel et al. (2019) head importance -> [n_layers, n_heads]: per prompt, the first-order
         change of the metric when the head is ablated, |dM/dz . (replacement - z)| (for zero
-        ablation exactly their |dL/d gate|), summed over prompts. One forward and backward."""
-        _, z, grads = metric_gradients(self.model, self.tokens, self.metric)
+        ablation exactly their |dL/d gate|), summed over prompts. One forward and backward. With
+        ``preserve_patterns`` every attention pattern is held constant in the derivative too (no
+        gradient flows through where heads attend), the linearisation of the pattern-preserving
+        ablation this object runs, so a pruning order follows the same ablation it prunes by."""
+        frozen = [(name, _constant) for name in pattern_names(self.model)] if self.preserve_patterns else []
+        with self.model.hooks(fwd_hooks=frozen):
+            _, z, grads = metric_gradients(self.model, self.tokens, self.metric)
         targets = [self.sources[z_name(layer)].expand_as(z[layer]) for layer in range(self.model.cfg.n_layers)]
         return linear_effects(grads, z, targets, keep="b h").abs().sum(dim=1)
 
 
-def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: int = 0) -> dict[str, torch.Tensor]:
+def _constant(pattern: torch.Tensor, hook) -> torch.Tensor:
+    """A hook that keeps an activation's value and cuts its gradient."""
+    return pattern.detach()
+
+
+def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: int = 0,
+                  places: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head).
 
-    ``mean`` averages, per position, over the reference prompts that are real there."""
+    ``places`` (batch, pos): the probes' structure, for ``mean_aligned`` (see the module docstring)."""
     check_choice("ablation method", method, METHODS)
     names = z_names(model)
     if method == "zero":
         shape = (1, batch.tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
         return {name: torch.zeros(shape, device=batch.tokens.device) for name in names}
+    if method == "mean_aligned" and (places is None or reference is not None):
+        raise UserError("mean_aligned ablation needs the prompts as RepeatedProbes (their structure says which "
+                        "positions align) and no reference batch; use mean for other prompts")
     ref = batch if reference is None else as_batch(model, reference)
     if ref.tokens.shape[1] != batch.tokens.shape[1]:
         raise UserError(f"reference prompts are {ref.tokens.shape[1]} tokens long but the prompts are "
                         f"{batch.tokens.shape[1]}; mean and resample ablation need equal lengths")
     _, cache = cache_run(model, ref.tokens, names)
-    if method == "mean":
+    if method == "mean" and reference is not None:
         weights = ref.real / ref.real.sum(dim=0).clamp(min=1)  # (batch, pos): each position's real rows
         return {name: torch.einsum("bp,bphd->phd", weights.to(cache[name].dtype), cache[name])[None] for name in names}
+    if method == "mean":
+        return {name: leave_one_out_mean(cache[name], batch.real) for name in names}
+    if method == "mean_aligned":
+        return {name: aligned_mean(cache[name], places) for name in names}
     if not (batch.real.all() and ref.real.all()):
         raise UserError("resample ablation needs prompts of equal token length (a prompt would receive "
                         "another's padding); pass texts of equal length or use mean ablation")
     index = resample_index(batch.tokens.shape[0], ref.tokens.shape[0], reference is None, seed)
     return {name: cache[name][index] for name in names}
+
+
+def leave_one_out_mean(z: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """z (batch, pos, ...) -> (batch, pos, ...): for each prompt and position, the mean of ``z`` at
+    that position over the *other* prompts that are real there (``real`` (batch, pos) bool); where
+    no other prompt is real, the mean over every real position of the other prompts."""
+    n_prompts = z.shape[0]
+    if n_prompts < 2:
+        raise UserError("mean ablation over the prompts themselves needs at least 2 prompts (a prompt's own output "
+                        "is left out of its mean); pass more prompts or a reference batch")
+    mask = real.to(z.dtype).reshape(*real.shape, *[1] * (z.ndim - 2))
+    kept = z * mask
+    others_sum = kept.sum(0, keepdim=True) - kept  # (batch, pos, ...)
+    others_n = mask.sum(0, keepdim=True) - mask
+    anywhere_sum = kept.sum((0, 1), keepdim=True) - kept.sum(1, keepdim=True)  # (batch, 1, ...)
+    anywhere_n = mask.sum((0, 1), keepdim=True) - mask.sum(1, keepdim=True)
+    return torch.where(others_n > 0, others_sum / others_n.clamp(min=1), anywhere_sum / anywhere_n.clamp(min=1))
+
+
+def aligned_mean(z: torch.Tensor, places: torch.Tensor) -> torch.Tensor:
+    """z (batch, pos, ...) -> (batch, pos, ...): for each prompt and position, the mean of ``z`` over
+    the other prompts' positions at the same place (``places`` (batch, pos) long, each place at most
+    once per prompt); the leave-one-out mean at that position where no other prompt has the place."""
+    flat_places = places.flatten()
+    flat_z = z.flatten(0, 1)
+    totals = torch.zeros(int(flat_places.max()) + 1, *z.shape[2:], dtype=z.dtype, device=z.device)
+    totals.index_add_(0, flat_places, flat_z)
+    counts = torch.bincount(flat_places, minlength=totals.shape[0])
+    others_n = (counts[places] - 1).reshape(*places.shape, *[1] * (z.ndim - 2)).to(z.dtype)
+    aligned = (totals[places] - z) / others_n.clamp(min=1)
+    fallback = leave_one_out_mean(z, torch.ones(places.shape, dtype=torch.bool, device=z.device))
+    return torch.where(others_n > 0, aligned, fallback)
 
 
 def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int) -> torch.Tensor:
@@ -137,14 +196,15 @@ def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int
 
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                      preserve_patterns: bool = False, seed: int = 0) -> Ablation:
-    """Cache what ablations of ``tokens`` (ids or texts) need: one forward (two with a separate
+    """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
     reference). ``metric`` defaults to the mean next-token loss over all real positions."""
     require_edit(model, "hook_z", "head ablation")
     if preserve_patterns:
         require_edit(model, "hook_pattern", "preserve_patterns=True")
-    batch = as_batch(model, tokens)
+    places = tokens.places if isinstance(tokens, RepeatedProbes) else None
+    batch = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens)
     metric = metric if metric is not None else loss_metric(batch.tokens, batch.real)
-    sources = replacement_z(model, batch, method, reference, seed)
+    sources = replacement_z(model, batch, method, reference, seed, places)
     patterns = pattern_names(model) if preserve_patterns else []
     logits, pattern_cache, starts = base_run(model, batch.tokens, patterns)
     baseline = evaluate_metric(metric, logits).item()

@@ -48,22 +48,36 @@ def attribution_patch_heads(
     return normalize_values(estimate, clean_value, corrupted_value)
 
 
-def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: int = 10) -> dict[str, float]:
+def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: int = 10, *,
+                          baseline: float) -> dict[str, float]:
     """How well attribution matches exact patching (same shape): Pearson and Spearman correlation
-    of the cells, the largest absolute error, and the share of exact's ``top_k`` cells (by distance
-    from the median cell, i.e. effect size) that attribution also puts in its top k."""
+    of the cells, the largest absolute error, and the share of exact's ``top_k`` cells by effect
+    size (distance from ``baseline``, the unpatched run's metric: ``unpatched_value``) that
+    attribution also puts in its top k."""
     if attributed.shape != exact.shape:
         raise UserError(f"shapes differ: attribution {tuple(attributed.shape)} vs exact {tuple(exact.shape)}")
     a = pd.Series(attributed.detach().flatten().cpu().double().numpy())
     e = pd.Series(exact.detach().flatten().cpu().double().numpy())
     k = min(top_k, len(e))
-    top = lambda s: set((s - s.median()).abs().nlargest(k).index)  # noqa: E731
+    top = lambda s: set((s - baseline).abs().nlargest(k).index)  # noqa: E731
     return {
         "pearson": float(a.corr(e)),
         "spearman": float(a.rank().corr(e.rank())),
         "max_abs_error": float((a - e).abs().max()),
         f"top{k}_overlap": len(top(a) & top(e)) / k,
     }
+
+
+def unpatched_value(model, clean_tokens, corrupted_tokens, metric: Metric, *, direction: str = "denoise",
+                    normalize: bool = False) -> float:
+    """The metric of the run that patching edits (the corrupted run when denoising, the clean one
+    when noising): every patched cell's effect is measured from it. Normalised: 0 when denoising,
+    1 when noising."""
+    base, _ = base_and_source(model, clean_tokens, corrupted_tokens, direction)
+    if normalize:
+        return 0.0 if direction == "denoise" else 1.0
+    logits, _ = cache_run(model, base, [])
+    return evaluate_metric(metric, logits).item()
 
 
 def shortlist_patch_heads(

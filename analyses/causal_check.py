@@ -1,7 +1,7 @@
 """The causal check behind head roles (DESIGN 4.1): each head's mean-ablation effect on the loss
 of the probes' predictable tokens (the second copy of the segment, minus its first token).
 
-It is one ``ablation_sweep`` (mean ablation of each head at ``hook_z``, batched and chunked by the
+It is one ``ablation_sweep`` (position-aligned mean ablation of each head at ``hook_z``, batched and chunked by the
 shared intervention mechanism), reported in the report's terms.
 """
 
@@ -17,14 +17,17 @@ from interp.errors import UserError
 
 
 def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
-                     progress: bool | None = None) -> pd.DataFrame:
-    """Mean-ablate each head in turn (its output replaced by its mean over the probes, per
-    position) -> one row per head: ``layer, head, ablation_effect`` (ablated minus clean mean loss
-    on the predictable tokens, in nats) and ``clean_loss``."""
+                     progress: bool | None = None, *, method: str = "mean_aligned") -> pd.DataFrame:
+    """Ablate each head in turn -> one row per head: ``layer, head, ablation_effect`` (ablated minus
+    clean mean loss on the predictable tokens, in nats) and ``clean_loss``.
+
+    ``method`` (``analyses.ablation.METHODS``): by default the position-aligned mean, the head's
+    mean output over the *other* probes at the same place in their structure (the same region,
+    the same offset in it), so neither the prompt's own output nor other regions' leak into it."""
     if not probes.predictable[:, 1:].any():
         raise UserError("the probes have no predictable tokens to measure the loss on")
     metric = loss_metric(probes.tokens, probes.predictable)
-    sweep = ablation_sweep(model, probes.tokens, "each_head", "mean", metric, memory_mb=memory_mb, progress=progress)
+    sweep = ablation_sweep(model, probes, "each_head", method, metric, memory_mb=memory_mb, progress=progress)
     return pd.DataFrame({
         "layer": sweep["layer"].astype(int).to_numpy(),
         "head": sweep["head"].astype(int).to_numpy(),

@@ -14,7 +14,9 @@ query positions where the role is defined (pooled over prompts), so a perfect he
     distance         query i >= 1: sum_k A[i, k] (i - k), the mean attention distance in tokens
 
 ``chance`` is the same score for a uniform causal head (A[i, k] = 1 / (i + 1)) on the same query
-positions. Intervals are percentile bootstraps over prompts. Patterns come from one forward per
+positions. Intervals are percentile bootstraps over prompts. Roles (``assign_roles``) are decided
+either against calibrated nulls under false-discovery control (``analyses.nulls``) or by the
+fixed rule: a threshold and an interval above chance. Patterns come from one forward per
 chunk of prompts caching only ``hook_pattern`` and stopping after the last layer's (no logits are
 computed); all heads and roles are scored with tensor ops.
 """
@@ -40,6 +42,9 @@ ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
 MEASURES = (*ROLES, "entropy", "distance")
 TEXT_MEASURES = ("previous_token", "duplicate_token", "self", "bos", "entropy", "distance")
 DEFAULT_THRESHOLD = 0.4
+DEFAULT_FDR = 0.05  # Benjamini-Hochberg false discovery rate of calibrated roles (analyses.nulls)
+NO_EFFECT_BELOW = 0.01  # nats: a smaller |ablation effect| is reported as "no causal effect"
+NO_EFFECT = "no causal effect"
 
 
 @dataclass
@@ -259,28 +264,61 @@ def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Te
     return pd.concat(frames, ignore_index=True)
 
 
-def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD) -> pd.DataFrame:
-    """One row per head with ``role``: the roles (in ``ROLES`` order) whose score is at least the
-    threshold and whose bootstrap interval lies above chance, joined by ';' ('' for none)."""
-    limits = thresholds if isinstance(thresholds, Mapping) else dict.fromkeys(ROLES, thresholds)
-    unknown = sorted(set(limits) - set(ROLES))
-    if unknown:
-        raise UserError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
-    roles = scores[scores["measure"].isin(limits)].copy()
-    roles["threshold"] = roles["measure"].map(limits)
-    roles = roles[(roles["score"] >= roles["threshold"]) & (roles["ci_low"] > roles["chance"])]
+def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] | None = None, *,
+                 calibration: pd.DataFrame | None = None, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
+    """One row per head with ``role``: its roles in ``ROLES`` order joined by ';' ('' for none).
+
+    Two rules (DESIGN 4.7):
+    - with ``calibration`` (``analyses.nulls.calibrate_roles``): the roles whose Benjamini-Hochberg
+      q-value over all heads x roles is at most ``fdr`` (the head beats its nulls); ``thresholds``,
+      when given, also asks for a score of at least the threshold (a strong role, not only a
+      non-random one);
+    - without: the fixed rule, a score of at least ``thresholds`` (default ``DEFAULT_THRESHOLD``)
+      and a bootstrap interval above chance.
+    """
+    limits = _limits(DEFAULT_THRESHOLD if thresholds is None and calibration is None else thresholds)
+    roles = scores[scores["measure"].isin(ROLES)].rename(columns={"measure": "role"})
+    if calibration is not None:
+        check_fdr(fdr)
+        roles = roles.merge(calibration[["layer", "head", "role", "q"]], on=["layer", "head", "role"])
+        keep = roles["q"] <= fdr
+    else:
+        keep = roles["ci_low"] > roles["chance"]
+    if limits is not None:
+        keep &= roles["score"] >= roles["role"].map(limits).fillna(-float("inf"))
+    roles = roles[keep]
     order = {role: rank for rank, role in enumerate(ROLES)}
-    roles = roles.assign(rank=roles["measure"].map(order)).sort_values(["layer", "head", "rank"])
-    joined = roles.groupby(["layer", "head"])["measure"].agg(";".join)
+    roles = roles.assign(rank=roles["role"].map(order)).sort_values(["layer", "head", "rank"])
+    joined = roles.groupby(["layer", "head"])["role"].agg(";".join)
     heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
     heads["role"] = [joined.get((layer, head), "") for layer, head in zip(heads["layer"], heads["head"])]
     return heads.reset_index(drop=True)
 
 
+def check_fdr(fdr: float) -> None:
+    if not 0 < fdr < 1:
+        raise UserError(f"fdr={fdr} must be in (0, 1)")
+
+
+def _limits(thresholds: float | Mapping[str, float] | None) -> dict[str, float] | None:
+    """thresholds -> {role: threshold} (a number applies to every role), checked; None stays None."""
+    if thresholds is None:
+        return None
+    limits = dict(thresholds) if isinstance(thresholds, Mapping) else dict.fromkeys(ROLES, thresholds)
+    unknown = sorted(set(limits) - set(ROLES))
+    if unknown:
+        raise UserError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
+    return limits
+
+
 def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
-               thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD) -> pd.DataFrame:
+               thresholds: float | Mapping[str, float] | None = None, *, calibration: pd.DataFrame | None = None,
+               fdr: float = DEFAULT_FDR, no_effect_below: float = NO_EFFECT_BELOW) -> pd.DataFrame:
     """The report's wide table, one row per head: ``layer, head``, per measure ``m, m_ci_low,
-    m_ci_high``, ``ablation_effect`` (when ``effects`` is given) and ``role``."""
+    m_ci_high``; with ``calibration`` per role ``{role}_null_low, {role}_null_high`` (the null
+    band), ``{role}_z, {role}_p, {role}_q``; with ``effects`` ``ablation_effect`` and ``causal``
+    ("no causal effect" where |ablation_effect| < ``no_effect_below`` nats, else ""); and ``role``
+    (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``)."""
     wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
     columns = {}
     for measure in [m for m in MEASURES if m in scores["measure"].unique()]:
@@ -288,6 +326,24 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
         columns[f"{measure}_ci_low"] = wide[("ci_low", measure)]
         columns[f"{measure}_ci_high"] = wide[("ci_high", measure)]
     table = pd.DataFrame(columns).reset_index()
+    if calibration is not None:
+        table = table.merge(null_columns(calibration), on=["layer", "head"], how="left")
     if effects is not None:
         table = table.merge(effects[["layer", "head", "ablation_effect"]], on=["layer", "head"], how="left")
-    return table.merge(assign_roles(scores, thresholds), on=["layer", "head"])
+        table["causal"] = no_effect_labels(table["ablation_effect"], no_effect_below)
+    return table.merge(assign_roles(scores, thresholds, calibration=calibration, fdr=fdr), on=["layer", "head"])
+
+
+def no_effect_labels(effects: pd.Series, no_effect_below: float = NO_EFFECT_BELOW) -> pd.Series:
+    """"no causal effect" where |effect| < ``no_effect_below`` (nats), else ""."""
+    return effects.abs().lt(no_effect_below).map({True: NO_EFFECT, False: ""})
+
+
+def null_columns(calibration: pd.DataFrame) -> pd.DataFrame:
+    """The head table's null columns from a calibration table (``analyses.nulls``), one row per
+    head: ``layer, head`` and per role ``{role}_null_low, {role}_null_high, {role}_z, {role}_p, {role}_q``."""
+    values = ("null_low", "null_high", "z", "p", "q")
+    wide = calibration.pivot(index=["layer", "head"], columns="role", values=list(values))
+    present = [role for role in ROLES if role in calibration["role"].unique()]
+    columns = {f"{role}_{value}": wide[(value, role)] for role in present for value in values}
+    return pd.DataFrame(columns).reset_index()

@@ -65,6 +65,20 @@ class RepeatedProbes:
         """(batch, pos) long: for second-copy positions, i - p (the same token earlier); -1 elsewhere."""
         return torch.where(self.second_copy, self._positions() - self.period[:, None], -1)
 
+    @property
+    def places(self) -> torch.Tensor:
+        """(batch, pos) long: the place of each position in the probe's structure, equal for two
+        positions exactly when they are in the same region (start token, prefix, first copy, second
+        copy, filler) at the same offset from that region's start: ``region * seq_len + offset``."""
+        pos = self._positions()
+        first = self.segment_start[:, None]
+        second = first + self.period[:, None]
+        filler = second + self.period[:, None]
+        bounds = torch.stack([torch.zeros_like(first), torch.ones_like(first), first, second, filler])  # (5, batch, 1)
+        region = (pos[None] >= bounds).sum(0) - 1  # (batch, pos) in 0..4
+        offset = pos - bounds.squeeze(-1).T.gather(1, region)
+        return region * self.seq_len + offset
+
     def to(self, device) -> "RepeatedProbes":
         return RepeatedProbes(self.tokens.to(device), self.period.to(device), self.segment_start.to(device), self.vocab)
 
@@ -135,3 +149,26 @@ def corrupt_first_copy(probes: RepeatedProbes, seed: int = 0) -> torch.Tensor:
             raise UserError(f"a vocabulary of {len(probes.vocab)} ordinary tokens is too small to corrupt a segment of {period} tokens")
         corrupted[row, start:start + period] = fresh[torch.randperm(len(fresh), generator=generator)[:period]]
     return corrupted.to(probes.tokens.device)
+
+
+def shuffle_second_copy(probes: RepeatedProbes, seed: int = 0) -> RepeatedProbes:
+    """Control probes for the content roles: the same prompts with each second copy permuted by a
+    random cycle (Sattolo's algorithm), so no token of the second copy sits at ``i - p`` after its
+    earlier occurrence. Positions, periods, the multiset of tokens and every positional relation
+    are kept; "the token at i - p" (duplicate) and "the token after it" (induction) now mean nothing.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    tokens = probes.tokens.clone().cpu()
+    for row, (start, period) in enumerate(zip(probes.segment_start.tolist(), probes.period.tolist())):
+        second = slice(start + period, start + 2 * period)
+        tokens[row, second] = tokens[row, second][random_cycle(period, generator)]
+    return RepeatedProbes(tokens.to(probes.tokens.device), probes.period, probes.segment_start, probes.vocab)
+
+
+def random_cycle(n: int, generator: torch.Generator) -> torch.Tensor:
+    """(n,) a uniformly drawn cyclic permutation of 0..n-1 (Sattolo): no element stays in place."""
+    order = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = int(torch.randint(i, (1,), generator=generator))
+        order[i], order[j] = order[j], order[i]
+    return torch.tensor(order)

@@ -10,6 +10,8 @@ here and the TransformerLens bridge for every other one.
 
 from __future__ import annotations
 
+import copy
+
 from interp.bloom import bloom_to_scratch
 from interp.errors import UserError
 from interp.gpt2 import gpt2_to_scratch
@@ -47,7 +49,11 @@ def check_scratch_family(family: str) -> None:
 
 def from_hf(hf_model, tokenizer=None) -> GPTModel:
     """A ``GPTModel`` with the weights of an in-memory Hugging Face causal LM (logits equal its
-    eager forward); ``tokenizer``: its HF tokenizer (the byte tokenizer when None)."""
+    eager forward); ``tokenizer``: its HF tokenizer (the byte tokenizer when None). The model keeps
+    the Hugging Face config as ``hf_config`` (``interp.random_models.random_like`` rebuilds the
+    same architecture from it, as the bridge's null does)."""
     family = hf_model.config.model_type
     check_scratch_family(family)
-    return CONVERTERS[family](hf_model, tokenizer)
+    model = CONVERTERS[family](hf_model, tokenizer)
+    model.hf_config = copy.deepcopy(hf_model.config)
+    return model

@@ -129,3 +129,50 @@ def make_random_gpt2(n_layers=2, d_model=64, n_heads=4, n_ctx=64, d_vocab=257, s
     256 bytes + ``<|endoftext|>`` (id 256). ``d_vocab`` must be >= 257."""
     return random_hf_model("gpt2", seed=seed, n_ctx=n_ctx, d_vocab=d_vocab, n_layer=n_layers, n_embd=d_model,
                            n_head=n_heads)
+
+
+def random_like(model, seed: int = 0):
+    """The architecture of ``model`` (a loaded ``GPTModel`` or ``TransformerBridge``) at random
+    initialisation, with the same tokenizer, device and dtype, in eval mode: the null model of
+    calibration (DESIGN 4.7). Deterministic in ``seed``; the global random state is restored.
+
+    A model that came from a Hugging Face one (a bridge; a ``GPTModel`` made by ``from_hf``, which
+    keeps ``hf_config``) is rebuilt by ``AutoModelForCausalLM.from_config`` with that family's own
+    initialisation, so both implementations of one model get the very same random weights (the
+    ``GPTModel`` converted from them); our own ``GPTModel`` checkpoints are rebuilt from ``cfg``
+    with GPT-2's initialisation (``gpt2_initialise``)."""
+    from transformers import AutoModelForCausalLM
+
+    from interp.bridge import boot_bridge
+    from interp.convert import from_hf
+
+    parameter = next(model.parameters())
+    config = getattr(model, "original_model", None)
+    config = config.config if config is not None else getattr(model, "hf_config", None)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        torch.manual_seed(seed)
+        if config is None:
+            fresh = gpt2_initialise(type(model)(model.cfg, model.tokenizer))
+            fresh.family = model.family
+            return fresh.to(device=parameter.device, dtype=parameter.dtype).eval()
+        hf_model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        hf_model = hf_model.to(device=parameter.device, dtype=parameter.dtype).eval()
+        if hasattr(model, "original_model"):
+            return boot_bridge(hf_model, model.tokenizer, name=f"random-init-{seed}", copy=False)
+        return from_hf(hf_model, model.tokenizer).eval()
+
+
+def gpt2_initialise(model):
+    """GPT-2's initialisation in place (as Hugging Face's ``GPT2PreTrainedModel``): every weight
+    matrix and embedding N(0, 0.02), each projection back into the residual stream (attention
+    output, MLP output) N(0, 0.02 / sqrt(2 n_layers)), biases 0, norm gains 1. Returns ``model``."""
+    std = 0.02
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim < 2:
+                param.fill_(0.0 if name.endswith("bias") else 1.0)
+            else:
+                into_residual = name.endswith(("attn.out_proj.weight", "mlp.proj.weight"))
+                scale = (2 * model.cfg.n_layers) ** -0.5 if into_residual else 1.0
+                param.normal_(0.0, std * scale)
+    return model

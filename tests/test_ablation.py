@@ -13,6 +13,8 @@ from analyses.ablation import (
     ablate_heads,
     ablation_sweep,
     head_importance,
+    aligned_mean,
+    leave_one_out_mean,
     pruning_curve,
     resample_index,
 )
@@ -22,7 +24,7 @@ from analyses.classify import classify_heads
 from analyses.interventions import rows_per_chunk
 from analyses.metrics import loss_metric
 from analyses.patching import patch_heads
-from analyses.probes import probes_for
+from analyses.probes import RepeatedProbes, probes_for
 from interp import ByteTokenizer, GPTConfig, GPTModel, load_model
 from interp.errors import UserError
 from interp.tokenizer import as_tokenizer, encode_texts
@@ -74,7 +76,10 @@ def test_zero_mean_resample_match_hand_computation(tiny):
     with torch.no_grad():
         unablated, heads = hand_forward(model, tokens)
         zero, _ = hand_forward(model, tokens, 1, torch.zeros(1, 6, 4))
-        mean, _ = hand_forward(model, tokens, 1, heads[1].mean(0, keepdim=True))
+        # leave-one-out: prompt b's replacement is the mean of the other two prompts' outputs
+        others = torch.stack([(heads[1][1] + heads[1][2]) / 2, (heads[1][0] + heads[1][2]) / 2,
+                              (heads[1][0] + heads[1][1]) / 2])
+        mean, _ = hand_forward(model, tokens, 1, others)
         index = resample_index(3, 3, same_batch=True, seed=5)
         resample, _ = hand_forward(model, tokens, 1, heads[1][index])
     assert ablate_heads(model, tokens, [], "zero") == pytest.approx(unablated, abs=1e-5)
@@ -188,15 +193,20 @@ def test_importance_is_the_gate_derivative(scratch_gpt2, prompts):
     assert importance[1, 2].item() == pytest.approx(abs(derivative), rel=1e-2, abs=1e-5)
 
 
-def gate_importance(model, tokens):
+def gate_importance(model, tokens, frozen_patterns=False):
     """Michel et al.'s importance computed independently: a gate per prompt and head multiplies
-    the head's output; importance = sum over prompts of |d loss / d gate| at gates = 1."""
+    the head's output; importance = sum over prompts of |d loss / d gate| at gates = 1. With
+    ``frozen_patterns`` every pattern is replaced by its (constant) value in the clean run."""
     gates = torch.ones(2, tokens.shape[0], 4, requires_grad=True)  # (layer, batch, head)
+    names = [f"blocks.{l}.attn.hook_pattern" for l in range(2)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    frozen = [(name, lambda pattern, hook, name=name: cache[name].clone()) for name in names] if frozen_patterns else []
 
     def gate(layer):
         return lambda z, hook: z * gates[layer][:, None, :, None]
 
-    logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", gate(l)) for l in range(2)])
+    logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", gate(l)) for l in range(2)] + frozen)
     loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:])
     (grad,) = torch.autograd.grad(loss, gates)
     return grad.abs().sum(dim=1)  # (layer, head)
@@ -217,6 +227,76 @@ def test_pruning_curve(scratch_gpt2, prompts):
     assert curve["baseline"].iloc[0] == pytest.approx(naive_ablated_loss(scratch_gpt2, prompts, []), abs=1e-5)
 
 
+def test_pattern_preserving_pruning_orders_by_the_pattern_preserving_importance(scratch_gpt2, bridge_gpt2, prompts):
+    """With preserve_patterns, importance is the gate derivative with every pattern held at its
+    clean value (the ablation the curve then runs), not the free one."""
+    curve = pruning_curve(scratch_gpt2, prompts, "zero", preserve_patterns=True, progress=False)
+    frozen = gate_importance(scratch_gpt2, prompts, frozen_patterns=True)
+    free = gate_importance(scratch_gpt2, prompts)
+    assert (frozen[0] - free[0]).abs().max() > 1e-5  # layer-0 heads act through layer-1 patterns too (float noise ~1e-8)
+    expected_order = [divmod(int(i), 4) for i in frozen.flatten().argsort(stable=True)]
+    order = [tuple(map(int, pair)) for pair in curve[["layer", "head"]].iloc[1:].to_numpy()]
+    assert order == expected_order
+    torch.testing.assert_close(torch.tensor(curve["importance"].iloc[1:].to_numpy(), dtype=torch.float32),
+                               torch.stack([frozen[l, h] for l, h in order]), atol=1e-6, rtol=1e-4)
+    on_bridge = pruning_curve(bridge_gpt2, prompts, "zero", preserve_patterns=True, progress=False)
+    assert (on_bridge["importance"] - curve["importance"]).abs().max() < 1e-4
+
+
+def test_leave_one_out_mean_by_hand():
+    """Three prompts of two positions (scalar outputs); the third prompt is padding at position 1."""
+    z = torch.tensor([[1.0, 10.0], [3.0, 20.0], [5.0, 99.0]])[..., None]
+    real = torch.tensor([[True, True], [True, True], [True, False]])
+    expected = torch.tensor([
+        [(3 + 5) / 2, 20.0],  # position 1: the third prompt is padding there, so only the second counts
+        [(1 + 5) / 2, 10.0],
+        [(1 + 3) / 2, (10 + 20) / 2],  # the third prompt's padded position: the others' only real one
+    ])[..., None]
+    torch.testing.assert_close(leave_one_out_mean(z, real), expected)
+    lonely = torch.tensor([[True, True], [True, False], [True, False]])  # position 1 real in prompt 0 only
+    assert leave_one_out_mean(z, lonely)[0, 1].item() == pytest.approx((3 + 5) / 2)  # the others' real positions
+    with pytest.raises(UserError, match="at least 2 prompts"):
+        leave_one_out_mean(z[:1], real[:1])
+
+
+def test_places_and_position_aligned_mean_by_hand():
+    """Two probes of 8 tokens: start, prefix, segment, segment again, filler."""
+    tokens = torch.tensor([[0, 9, 1, 2, 1, 2, 8, 7],    # prefix 1, period 2: filler at 6, 7
+                           [0, 9, 8, 1, 2, 1, 2, 7]])   # prefix 2, period 2: filler at 7
+    probes = RepeatedProbes(tokens, torch.tensor([2, 2]), torch.tensor([2, 3]), torch.arange(1, 10))
+    start, prefix, first, second, filler = (region * 8 for region in range(5))
+    assert probes.places.tolist() == [
+        [start, prefix, first, first + 1, second, second + 1, filler, filler + 1],
+        [start, prefix, prefix + 1, first, first + 1, second, second + 1, filler],
+    ]
+    z = torch.arange(16, dtype=torch.float).reshape(2, 8, 1)  # prompt 0: 0..7, prompt 1: 8..15
+    expected = torch.tensor([
+        [8, 9, 11, 12, 13, 14, 15, 15],  # prompt 0's filler + 1 (pos 7) has no partner: prompt 1 at pos 7
+        [0, 1, 2, 2, 3, 4, 5, 6],       # prompt 1's prefix + 1 (pos 2) has no partner: prompt 0 at pos 2
+    ], dtype=torch.float)[..., None]
+    torch.testing.assert_close(aligned_mean(z, probes.places), expected)
+
+
+def test_mean_aligned_ablation_matches_hand_forward(tiny):
+    """Position-aligned mean ablation of the tiny model, the replacement written out by hand."""
+    model, _ = tiny
+    tokens = torch.tensor([[10, 3, 4, 5, 4, 5], [10, 6, 7, 8, 6, 7]])  # periods 2 (prefix 2) and 2 (prefix 1)
+    probes = RepeatedProbes(tokens, torch.tensor([2, 2]), torch.tensor([3, 2]), torch.arange(10))
+    with torch.no_grad():
+        _, heads = hand_forward(model, tokens)
+        z = heads[0]  # (batch, pos, d_head)
+        # places: prompt 0 = start, prefix, prefix+1, first, first+1, second; prompt 1 = start, prefix,
+        # first, first+1, second, second+1
+        replacement = torch.stack([
+            torch.stack([z[1, 0], z[1, 1], z[1, 2], z[1, 2], z[1, 3], z[1, 4]]),
+            torch.stack([z[0, 0], z[0, 1], z[0, 3], z[0, 4], z[0, 5], z[0, 5]]),
+        ])
+        expected, _ = hand_forward(model, tokens, 0, replacement)
+    assert ablate_heads(model, probes, [(0, 0)], "mean_aligned") == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(UserError, match="mean_aligned ablation needs the prompts as RepeatedProbes"):
+        ablate_heads(model, tokens, [(0, 0)], "mean_aligned")
+
+
 def test_chunks_count_the_logits_and_their_log_softmax_copy():
     """A 150k vocabulary: a chunk's logits and the metric's log-softmax copy of them fit the budget."""
     cfg = SimpleNamespace(d_vocab=151_936, d_model=896, n_heads=14, d_head=64, d_mlp=4864, n_layers=24, n_ctx=512)
@@ -228,7 +308,8 @@ def test_chunks_count_the_logits_and_their_log_softmax_copy():
 
 def test_ragged_texts_are_padded_and_the_padding_masked(scratch_gpt2):
     """Texts of unequal length: right-padded, the loss taken on real tokens only, and the mean
-    replacement averaged over the prompts where each position is real."""
+    replacement averaged over the other prompts where each position is real (where none is: over
+    every real position of the others)."""
     texts = ["the cat sat on the mat", "a dog", "birds fly south"]
     batch = encode_texts(as_tokenizer(scratch_gpt2.tokenizer), texts, scratch_gpt2.cfg.n_ctx)
     tokens, real = batch.tokens, batch.real
@@ -239,7 +320,14 @@ def test_ragged_texts_are_padded_and_the_padding_masked(scratch_gpt2):
     with torch.no_grad():
         _, cache = scratch_gpt2.run_with_cache(tokens)
         z = cache["blocks.0.attn.hook_z"][:, :, 3]  # (batch, pos, d_head)
-        mean = (z * real[..., None]).sum(0) / real.sum(0)[:, None]
+        mean = torch.empty_like(z)
+        for b in range(len(texts)):
+            others = [o for o in range(len(texts)) if o != b]
+            for p in range(tokens.shape[1]):
+                there = [z[o, p] for o in others if real[o, p]]
+                anywhere = [z[o, q] for o in others for q in range(tokens.shape[1]) if real[o, q]]
+                mean[b, p] = torch.stack(there or anywhere).mean(0)
+        assert not real[1:, -1].any()  # the last position is real in the first text only: the fallback is used
 
         def hook(z, hook):
             z = z.clone()
@@ -269,7 +357,7 @@ def test_progress_bars_only_on_a_terminal_by_default(scratch_gpt2, prompts, caps
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda m, t: ablate_heads(m, t, [(0, 0)], "shuffle"), "unknown ablation method 'shuffle'; allowed: zero, mean, resample"),
+        (lambda m, t: ablate_heads(m, t, [(0, 0)], "shuffle"), "unknown ablation method 'shuffle'; allowed: zero, mean, mean_aligned, resample"),
         (lambda m, t: ablate_heads(m, t, [(2, 0)]), r"head \(2, 0\) out of range: layer must be in \[0, 2\), head in \[0, 4\)"),
         (lambda m, t: ablate_heads(m, t, [(0, 4)]), r"head \(0, 4\) out of range"),
         (lambda m, t: ablation_sweep(m, t, "each_neuron"), "unknown targets 'each_neuron'"),

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
+from analyses.attribution import (
+    attribution_agreement,
+    attribution_patch_heads,
+    shortlist_patch_heads,
+    unpatched_value,
+)
 from analyses.metrics import loss_metric
 from analyses.patching import patch_heads
 from analyses.probes import corrupt_first_copy, repeated_probes
@@ -63,14 +68,30 @@ def test_agreement_with_exact_is_measured(scratch_gpt2, pair):
     clean, corrupted, metric = pair
     exact = patch_heads(scratch_gpt2, clean, corrupted, metric, progress=False)
     attributed = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric)
-    agreement = attribution_agreement(attributed, exact, top_k=3)
+    unpatched = metric(scratch_gpt2(corrupted)).item()
+    assert unpatched_value(scratch_gpt2, clean, corrupted, metric) == pytest.approx(unpatched, abs=1e-6)
+    assert unpatched_value(scratch_gpt2, clean, corrupted, metric, direction="noise") == pytest.approx(
+        metric(scratch_gpt2(clean)).item(), abs=1e-6)
+    assert unpatched_value(scratch_gpt2, clean, corrupted, metric, direction="noise", normalize=True) == 1.0
+    agreement = attribution_agreement(attributed, exact, top_k=3, baseline=unpatched)
     # small random weights: patching effects are nearly linear
     assert agreement["pearson"] > 0.9
     assert agreement["max_abs_error"] == pytest.approx((attributed - exact).abs().max().item(), rel=1e-5)
-    perfect = attribution_agreement(exact, exact, top_k=3)
+    perfect = attribution_agreement(exact, exact, top_k=3, baseline=unpatched)
     assert perfect["pearson"] == pytest.approx(1.0) and perfect["top3_overlap"] == 1.0
     with pytest.raises(ValueError, match="shapes differ"):
-        attribution_agreement(attributed, exact[0])
+        attribution_agreement(attributed, exact[0], baseline=unpatched)
+
+
+def test_agreement_top_k_is_measured_from_the_unpatched_value():
+    """The largest effects are the cells farthest from the unpatched run (10 here), not from the
+    median cell: cell 0 (|1 - 10| = 9) is exact's top effect, and attribution's too, although
+    measured from the medians (2.5 and 2.6) the two would pick different cells."""
+    exact = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    attributed = torch.tensor([1.0, 2.2, 3.0, 4.0])
+    assert attribution_agreement(attributed, exact, top_k=1, baseline=10.0)["top1_overlap"] == 1.0
+    assert attribution_agreement(attributed, exact, top_k=1, baseline=2.5)["top1_overlap"] == 0.0
+
 
 
 def naive_patch(model, base, source, metric, layer, head):

@@ -238,8 +238,21 @@ def test_compat_mode_rejects_bad_input(bridge):
         detect_heads(bridge, ["ab ab"], error_measure="sq")
 
 
+def naive_aligned_mean(z: torch.Tensor, places: torch.Tensor) -> torch.Tensor:
+    """z (batch, pos, d) -> each prompt and position's mean over the other prompts' positions at the
+    same place, else over the other prompts at the same position (loops, as written in the docs)."""
+    out = torch.empty_like(z)
+    for b in range(z.shape[0]):
+        for p in range(z.shape[1]):
+            same = [z[o, q] for o in range(z.shape[0]) if o != b for q in range(z.shape[1]) if places[o, q] == places[b, p]]
+            out[b, p] = torch.stack(same or [z[o, p] for o in range(z.shape[0]) if o != b]).mean(0)
+    return out
+
+
 @torch.no_grad()
 def test_batched_ablation_matches_one_head_at_a_time(scratch, bridge):
+    """The causal check (position-aligned mean ablation by default) against a hand loop: one head
+    at a time, its output replaced by the mean over the other probes at the same place."""
     probes = probes_for(scratch, 6, seq_len=32, seed=2)
     effects = ablation_effects(scratch, probes, memory_mb=1e-3, progress=False)  # one ablation per forward
     grouped = ablation_effects(scratch, probes, progress=False)  # all heads x prompts in one forward
@@ -250,7 +263,7 @@ def test_batched_ablation_matches_one_head_at_a_time(scratch, bridge):
     for layer in range(2):
         for head in range(4):
             name = f"blocks.{layer}.attn.hook_z"
-            mean = cache[name][:, :, head].mean(0)
+            mean = naive_aligned_mean(cache[name][:, :, head], probes.places)
 
             def ablate(z, hook, head=head, mean=mean):
                 z = z.clone()

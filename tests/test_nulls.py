@@ -1,0 +1,214 @@
+"""Null distributions, p-values and Benjamini-Hochberg roles: the statistics against closed forms and
+hand computations, random-init models of several families and shapes getting no role, the embedded
+model keeping its roles, and the random-init builder on both implementations."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from analyses.classify import ROLES, assign_roles, classify_heads, head_table
+from analyses.nulls import (
+    benjamini_hochberg,
+    calibrate_roles,
+    layer_null,
+    ratio_and_error,
+    role_samples,
+    t_upper_tail,
+)
+from analyses.probes import probes_for, repeated_probes, shuffle_second_copy
+from interp import GPTConfig, GPTModel, load_model
+from interp.errors import UserError
+from interp.random_models import gpt2_initialise, random_like
+
+N_PROMPTS, SEQ_LEN = 32, 32
+
+
+def test_t_tail_matches_closed_forms():
+    t = torch.tensor([-2.0, 0.0, 0.5, 1.0, 3.0, 30.0])
+    cauchy = [0.5 - math.atan(x) / math.pi for x in t.tolist()]  # 1 degree of freedom
+    two = [0.5 - x / (2 * math.sqrt(x * x + 2)) for x in t.tolist()]  # 2 degrees of freedom
+    normal = [0.5 * math.erfc(x / math.sqrt(2)) for x in t.tolist()]
+    torch.testing.assert_close(t_upper_tail(t, 1), torch.tensor(cauchy, dtype=torch.double))
+    torch.testing.assert_close(t_upper_tail(t, 2), torch.tensor(two, dtype=torch.double))
+    torch.testing.assert_close(t_upper_tail(t[:5], 4001), torch.tensor(normal[:5], dtype=torch.double), atol=2e-4, rtol=0)
+    assert t_upper_tail(torch.tensor(1.0), 3).item() == pytest.approx(0.19550, abs=1e-5)  # tables: t_3
+    assert t_upper_tail(torch.tensor(3.0), 4).item() == pytest.approx(0.019971, abs=1e-6)  # tables: t_4
+    mixed = t_upper_tail(torch.tensor([1.0, 1.0]), torch.tensor([1, 2]))
+    torch.testing.assert_close(mixed, torch.tensor([0.25, 0.5 - 1 / (2 * math.sqrt(3))], dtype=torch.double))
+
+
+def test_benjamini_hochberg_by_hand():
+    p = torch.tensor([0.01, 0.04, 0.03, 0.005], dtype=torch.double)
+    # sorted 0.005, 0.01, 0.03, 0.04 -> p * 4 / rank = 0.02, 0.02, 0.04, 0.04 (already monotone)
+    torch.testing.assert_close(benjamini_hochberg(p), torch.tensor([0.02, 0.04, 0.04, 0.02], dtype=torch.double))
+    p = torch.tensor([0.2, 0.011, 0.012], dtype=torch.double)
+    # 0.011 * 3 = 0.033, 0.012 * 3 / 2 = 0.018 -> the smaller later one carries back: both 0.018
+    torch.testing.assert_close(benjamini_hochberg(p), torch.tensor([0.2, 0.018, 0.018], dtype=torch.double))
+
+
+def test_ratio_error_is_the_linearised_ratio_estimator():
+    sums = torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.double)
+    counts = torch.tensor([2.0, 2.0, 4.0], dtype=torch.double)
+    ratio, se = ratio_and_error(sums, counts)
+    r = 7 / 8
+    residuals = [1 - r * 2, 2 - r * 2, 4 - r * 4]
+    expected = math.sqrt(3 / 2 * sum(x * x for x in residuals) / 8 ** 2)
+    assert ratio.item() == pytest.approx(r) and se.item() == pytest.approx(expected)
+
+
+def test_layer_null_is_two_level():
+    """Heads of one seed share a model effect: the spread grows with it, and the degrees of
+    freedom fall towards seeds - 1; with no model effect they are seeds x heads - 1."""
+    torch.manual_seed(0)
+    heads_only = torch.randn(4, 1, 6)
+    centre, spread, dof = layer_null(heads_only - heads_only.mean(2, keepdim=True))  # seed means all 0
+    assert centre.item() == pytest.approx(0.0, abs=1e-6) and dof.item() == 4 * 6 - 1
+    shared = heads_only + 10 * torch.randn(4, 1, 1)
+    _, wide, few = layer_null(shared)
+    assert wide.item() > 3 * spread.item() and few.item() <= 4
+
+
+def test_control_probes_break_the_repeat_and_keep_everything_else():
+    probes = repeated_probes(20, 40, range(3, 200), 0, seed=4)
+    control = shuffle_second_copy(probes, seed=1)
+    assert torch.equal(control.period, probes.period) and torch.equal(control.segment_start, probes.segment_start)
+    second = probes.second_copy
+    assert torch.equal(control.tokens[~second], probes.tokens[~second])
+    for row in range(20):
+        assert sorted(control.tokens[row][second[row]].tolist()) == sorted(probes.tokens[row][second[row]].tolist())
+    earlier = probes.earlier_occurrence
+    rows, cols = second.nonzero(as_tuple=True)
+    assert (control.tokens[rows, cols] != probes.tokens[rows, earlier[rows, cols]]).all()  # no token at i - p
+    assert torch.equal(shuffle_second_copy(probes, seed=1).tokens, control.tokens)
+
+
+def test_random_like_on_both_implementations(scratch_gpt2, bridge_gpt2):
+    for model in (scratch_gpt2, bridge_gpt2):
+        first, again, other = random_like(model, 5), random_like(model, 5), random_like(model, 6)
+        tokens = torch.tensor([[256, 1, 2, 3, 4]])
+        with torch.no_grad():
+            logits = [m(tokens) for m in (model, first, again, other)]
+        assert logits[1].shape == logits[0].shape
+        torch.testing.assert_close(logits[1], logits[2])  # deterministic in the seed
+        assert not torch.allclose(logits[1], logits[3]) and not torch.allclose(logits[1], logits[0])
+    assert random_like(scratch_gpt2, 5).cfg == scratch_gpt2.cfg
+    with torch.no_grad():  # one null for both implementations of one model: the very same random weights
+        tokens = torch.tensor([[256, 7, 8, 9]])
+        torch.testing.assert_close(random_like(scratch_gpt2, 5)(tokens), random_like(bridge_gpt2, 5)(tokens),
+                                   atol=1e-4, rtol=0)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    random_like(bridge_gpt2, 5), random_like(scratch_gpt2, 5)
+    assert torch.equal(torch.rand(3), expected)  # the caller's random state is untouched
+    assert random_like(bridge_gpt2, 5).original_model.config.to_dict() == bridge_gpt2.original_model.config.to_dict()
+
+
+def small_gpt(n_layers: int, n_heads: int, d_model: int, positions: str, seed: int) -> GPTModel:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(d_vocab=257, n_ctx=64, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                    positional_embedding_type=positions)
+    return gpt2_initialise(GPTModel(cfg)).eval()
+
+
+RANDOM_MODELS = {
+    "gpt2-scratch": lambda family_dir: load_model(family_dir("gpt2"), impl="scratch"),
+    "llama-bridge": lambda family_dir: load_model(family_dir("llama"), impl="transformer_lens"),
+    "gpt_neox-scratch": lambda family_dir: load_model(family_dir("gpt_neox"), impl="scratch"),
+    "qwen2-bridge": lambda family_dir: load_model(family_dir("qwen2"), impl="transformer_lens"),
+    "opt-bridge": lambda family_dir: load_model(family_dir("opt"), impl="transformer_lens"),
+    "3x6-rotary-scratch": lambda family_dir: small_gpt(3, 6, 48, "rotary", seed=11),
+    "1x2-learned-scratch": lambda family_dir: small_gpt(1, 2, 32, "standard", seed=12),
+}
+
+
+@pytest.mark.parametrize("name", RANDOM_MODELS)
+def test_random_init_models_get_no_role(name, family_dir):
+    model = RANDOM_MODELS[name](family_dir)
+    calibration = calibrate_roles(model, n_prompts=N_PROMPTS, seq_len=SEQ_LEN, progress=False)
+    assert len(calibration) == model.cfg.n_layers * model.cfg.n_heads * len(ROLES)
+    assert not calibration["significant"].any(), calibration[calibration["significant"]]
+    assert calibration["p"].between(0, 1).all() and (calibration["null_low"] <= calibration["null_high"]).all()
+
+
+def test_p_values_of_random_init_heads_are_not_too_small():
+    """Calibration, not one lucky draw: over 12 random models, p < 0.05 about 5% of the time or
+    less, and few models get any role (at FDR 0.05 each null model gets one with probability at
+    most 5%: 3 or more of 12 would happen by chance 2% of the time)."""
+    p, any_role = [], 0
+    for seed in range(12):
+        calibration = calibrate_roles(small_gpt(2, 4, 64, "standard", seed=100 + seed), n_prompts=N_PROMPTS,
+                                      seq_len=SEQ_LEN, progress=False)
+        p.append(calibration["p"])
+        any_role += int(calibration["significant"].any())
+    p = pd.concat(p)
+    assert (p < 0.05).mean() <= 0.08 and (p < 0.01).mean() <= 0.02 and any_role <= 2
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy")
+
+
+@pytest.fixture(scope="module")
+def toy_calibration(toy):
+    probes = probes_for(toy, 64, seed=0)
+    return probes, calibrate_roles(toy, probes, progress=False)
+
+
+def test_embedded_model_keeps_its_roles_under_fdr(toy, toy_calibration):
+    probes, calibration = toy_calibration
+    scores = classify_heads(toy, probes=probes, n_boot=50, progress=False)
+    roles = assign_roles(scores, calibration=calibration).set_index(["layer", "head"])["role"].str.split(";")
+    assert "previous_token" in roles[(0, 3)]
+    assert all("induction" in roles[(1, head)] for head in range(8))
+    assert not any("induction" in roles[(0, head)] for head in range(8))
+    assert not any("duplicate_token" in r for r in roles)
+    significant = calibration[calibration["significant"]]
+    assert significant["q"].max() <= 0.05
+    induction = calibration[(calibration["role"] == "induction") & (calibration["layer"] == 1)]
+    assert (induction["score"] > induction["null_high"]).all()
+    # the fixed threshold on top of the null: only strong roles remain
+    strong = assign_roles(scores, 0.4, calibration=calibration).set_index(["layer", "head"])["role"]
+    assert strong[(0, 3)] == "previous_token" and (strong.loc[1] == "induction").all()
+    assert (strong.loc[0].drop(3) == "").all()
+
+
+def test_random_init_embedded_model_gets_no_role(toy):
+    calibration = calibrate_roles(random_like(toy, 5), n_prompts=N_PROMPTS, seq_len=SEQ_LEN, progress=False)
+    assert not calibration["significant"].any()
+
+
+def test_head_table_shows_null_bands_and_roles_by_fdr(toy, toy_calibration):
+    probes, calibration = toy_calibration
+    scores = classify_heads(toy, probes=probes, n_boot=50, progress=False)
+    table = head_table(scores, calibration=calibration)
+    for role in ROLES:
+        for column in ("null_low", "null_high", "z", "p", "q"):
+            assert f"{role}_{column}" in table.columns
+    row = table[(table["layer"] == 1) & (table["head"] == 5)].iloc[0]
+    assert row["induction_null_low"] < row["induction_null_high"] < row["induction"]
+    fixed = head_table(scores, thresholds=0.4)  # the fixed-threshold path, unchanged
+    assert "induction_q" not in fixed.columns
+    assert fixed.set_index(["layer", "head"])["role"][(0, 3)] == "previous_token"
+    with pytest.raises(UserError, match="fdr=1.5 must be in"):
+        assign_roles(scores, calibration=calibration, fdr=1.5)
+
+
+def test_observed_samples_agree_across_backends(scratch_gpt2, bridge_gpt2):
+    probes = probes_for(scratch_gpt2, 8, 24, seed=3)
+    ours, theirs = role_samples(scratch_gpt2, probes), role_samples(bridge_gpt2, probes)
+    for role in ROLES:
+        assert (ours.sums[role] - theirs.sums[role]).abs().max() < 1e-4
+        assert torch.equal(ours.counts[role], theirs.counts[role])
+
+
+def test_bad_null_settings_are_refused(scratch_gpt2):
+    with pytest.raises(UserError, match="at least 2 random initialisations"):
+        calibrate_roles(scratch_gpt2, n_prompts=4, seq_len=16, null_seeds=(1,), progress=False)
+    with pytest.raises(UserError, match="fdr=0 must be in"):
+        calibrate_roles(scratch_gpt2, n_prompts=4, seq_len=16, fdr=0, progress=False)
