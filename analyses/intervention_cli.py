@@ -1,4 +1,4 @@
-"""``interp ablate``, ``interp patch`` and ``interp study run``: each writes a CSV and a PNG; ablate
+"""``interp ablate``, ``interp patch`` and ``interp study run [--ray [ADDRESS]]``: each writes a CSV and a PNG; ablate
 and patch also a ``meta.json`` recording the model (spec, family, impl, weights hash) and the
 arguments. Text prompts follow ``analyses.tokens``' rule: texts of unequal lengths are right-padded
 and only their real tokens count in the loss."""
@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from analyses.ablation import METHODS, ablation_sweep, pruning_curve
-from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
+from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads, unpatched_value
 from analyses.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
@@ -67,6 +67,10 @@ def register(subparsers) -> None:
     run.add_argument("spec", type=Path)
     run.add_argument("--out", type=Path, required=True)
     run.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="compute rows on Ray actors (pip install 'interp[ray]'): a cluster's HOST:PORT, "
+                          "or none for the spec's [run].address, else a local instance")
+    run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, else per CPU)")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=run_study_command)
 
@@ -91,12 +95,12 @@ def _write_meta(model, args) -> None:
 
 
 def _ablation_prompts(model, args):
-    """(prompts: the --text texts or the probes' tokens (batch, pos), metric: None for texts (the
-    library's loss over real tokens) or the probes' repeat loss)."""
+    """(prompts: the --text texts or the probes (whose structure --method mean_aligned needs),
+    metric: None for texts (the library's loss over real tokens) or the probes' repeat loss)."""
     if args.text:
         return args.text, None
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
-    return probes.tokens, loss_metric(probes.tokens, probes.predictable)
+    return probes, loss_metric(probes.tokens, probes.predictable)
 
 
 def run_ablate(args) -> int:
@@ -155,7 +159,8 @@ def run_patch(args) -> int:
                 raise UserError(f"--attribution covers heads and heads_by_position, not --what {args.what}")
             attributed = attribution_patch_heads(model, clean, corrupted, metric, by_position="pos" in dims, **options)
             frame["attribution"] = attributed.flatten().cpu().numpy()
-            agreement = attribution_agreement(attributed, result)
+            agreement = attribution_agreement(
+                attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, **options))
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
         figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
     csv_path = save_csv(frame, args.out / "patching.csv")
@@ -166,6 +171,7 @@ def run_patch(args) -> int:
 
 
 def run_study_command(args) -> int:
-    results = run_study(args.spec, args.out, resume=args.resume, progress=_progress(args))
+    results = run_study(args.spec, args.out, resume=args.resume, progress=_progress(args),
+                        executor=None if args.ray is None else "ray", address=args.ray or None, workers=args.workers)
     print(f"wrote {results} and {results.with_name('results.png')}")
     return 0

@@ -1,6 +1,8 @@
 """The TOML spec of a scripted ablation study (DESIGN 4.5), parsed and checked key by key.
 
 ```toml
+[run]                       # optional
+executor = "local"          # local | ray
 [model]
 spec = "toy"                # anything load_model takes
 impl = "auto"               # auto (load_model's choice) | scratch | transformer_lens
@@ -10,7 +12,7 @@ n = 64
 seed = 0
 seq_len = 64                # repeated only; default min(n_ctx, 128)
 [ablation]
-method = "mean"             # zero | mean | resample
+method = "mean"             # zero | mean (leave-one-out) | mean_aligned | resample
 targets = "each_head"       # each_head | each_layer | cumulative | [[1, 4], [1, 10]]
 preserve_patterns = false
 seed = 0                    # resample draws
@@ -19,14 +21,28 @@ kind = "repeat_loss"        # loss | repeat_loss | logit_diff (with correct = ".
 ```
 
 A list of heads as ``targets`` ablates each listed head alone, then (for two or more) all of them together.
+
+**Grids.** A list in place of any other value (``spec = ["toy", "runs/ckpt"]``, ``seed = [0, 1]``,
+``method = ["zero", "mean"]``; for ``targets``, a list of kinds or of head lists) makes a grid: one
+cell per combination, in the order of the keys above and then of the values listed, each a complete
+study named ``"spec=toy method=zero"`` (``section.key`` where the key alone is ambiguous:
+``prompts.seed``, ``ablation.seed``, ``prompts.kind``, ``metric.kind``).
+
+**[run]** says how, never what: ``executor = "local" | "ray"``, ``address`` (a Ray cluster,
+``HOST:PORT`` or ``ray://HOST:PORT``; default a local one), ``workers`` (default one per GPU, else per
+CPU). It is not part of the study's identity: a run may be resumed by another executor.
+
 Every mistake is a one-line ``ValueError`` naming the key, e.g. ``[ablation].method``.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import asdict, dataclass
+from itertools import product
 from pathlib import Path
+from typing import NamedTuple
 
 from analyses.ablation import METHODS
 from interp.errors import UserError
@@ -35,17 +51,22 @@ TARGET_KINDS = ("each_head", "each_layer", "cumulative")
 PROMPT_KINDS = ("repeated", "text")
 METRIC_KINDS = ("loss", "repeat_loss", "logit_diff")
 IMPLS = ("auto", "scratch", "transformer_lens")
+EXECUTORS = ("local", "ray")
 
+# section -> its keys, in the order that orders a grid's cells
 _ALLOWED = {
-    "model": {"spec", "impl"},
-    "prompts": {"kind", "n", "seed", "seq_len", "file"},
-    "ablation": {"method", "targets", "preserve_patterns", "seed"},
-    "metric": {"kind", "correct", "incorrect"},
+    "model": ("spec", "impl"),
+    "prompts": ("kind", "n", "seed", "seq_len", "file"),
+    "ablation": ("method", "targets", "preserve_patterns", "seed"),
+    "metric": ("kind", "correct", "incorrect"),
 }
+_RUN_KEYS = ("executor", "address", "workers")
 
 
 @dataclass(frozen=True)
 class StudySpec:
+    """One cell of a study: one model, one set of prompts, one ablation, one metric."""
+
     model: str
     impl: str
     prompt_kind: str
@@ -63,6 +84,34 @@ class StudySpec:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class Cell(NamedTuple):
+    """A grid cell: its name (None for a study that is not a grid) and its spec."""
+
+    name: str | None
+    spec: StudySpec
+
+
+@dataclass(frozen=True)
+class Study:
+    """A parsed spec file: its cells in row order (one, unnamed, unless it is a grid) and how to run
+    them (``executor``, ``address``, ``workers``: see the module docstring)."""
+
+    cells: tuple[Cell, ...]
+    executor: str = "local"
+    address: str | None = None
+    workers: int | None = None
+
+    @property
+    def is_grid(self) -> bool:
+        return self.cells[0].name is not None
+
+    def record(self) -> dict:
+        """What identifies the study's results (``spec.json``): the cells' specs, not how they run."""
+        if not self.is_grid:
+            return self.cells[0].spec.as_dict()
+        return {"cells": [{"cell": name, "spec": spec.as_dict()} for name, spec in self.cells]}
 
 
 def _fail(key: str, problem: str):
@@ -101,13 +150,14 @@ def _targets(value) -> str | tuple[tuple[int, int], ...]:
     return tuple(heads)
 
 
-def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
-    """A parsed TOML document -> ``StudySpec``; relative ``[prompts].file`` is resolved against ``base_dir``."""
+def _check_layout(data: dict) -> dict[str, dict]:
+    """The spec's tables by section (missing ones empty), with unknown sections and keys refused."""
+    allowed = _ALLOWED | {"run": _RUN_KEYS}
     for section in data:
-        if section not in _ALLOWED:
-            _fail(f"[{section}]", f"is not a known section; allowed: {', '.join(f'[{s}]' for s in _ALLOWED)}")
+        if section not in allowed:
+            _fail(f"[{section}]", f"is not a known section; allowed: {', '.join(f'[{s}]' for s in allowed)}")
     tables = {}
-    for section, keys in _ALLOWED.items():
+    for section, keys in allowed.items():
         table = data.get(section, {})
         if not isinstance(table, dict):
             _fail(f"[{section}]", "must be a table")
@@ -115,6 +165,13 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
             if key not in keys:
                 _fail(f"[{section}].{key}", f"is not a known key; allowed: {', '.join(sorted(keys))}")
         tables[section] = table
+    return tables
+
+
+def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
+    """A parsed TOML document without lists of values -> ``StudySpec``; relative ``[prompts].file``
+    is resolved against ``base_dir``. ``[run]`` is not read here (see ``parse_study``)."""
+    tables = _check_layout(data)
     model, prompts, ablation, metric = (tables[s] for s in ("model", "prompts", "ablation", "metric"))
     prompt_kind = _get(prompts, "prompts", "kind", str, "repeated", PROMPT_KINDS)
     n_prompts = _get(prompts, "prompts", "n", int, 64)
@@ -146,7 +203,73 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     )
 
 
-def load_spec(path) -> StudySpec:
+def _is_head_list(value: list) -> bool:
+    """Whether a ``targets`` list is one value (a list of [layer, head] pairs) rather than a grid
+    (a list of kinds or of head lists)."""
+    return not any(isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], list))
+                   for item in value)
+
+
+def _axis_name(section: str, key: str) -> str:
+    """A grid axis as cell names show it: the key, or ``section.key`` where the key is ambiguous."""
+    ambiguous = sum(key in keys for keys in _ALLOWED.values()) > 1
+    return f"{section}.{key}" if ambiguous else key
+
+
+def _value_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _grid_axes(tables: dict[str, dict]) -> list[tuple[str, str, list]]:
+    """(section, key, values) of every key given a list of values, in ``_ALLOWED``'s order."""
+    axes = []
+    for section, keys in _ALLOWED.items():
+        for key in keys:
+            value = tables[section].get(key)
+            if not isinstance(value, list) or (section, key) == ("ablation", "targets") and _is_head_list(value):
+                continue
+            texts = [_value_text(v) for v in value]
+            if not value:
+                _fail(f"[{section}].{key}", "is an empty list; a grid needs at least one value")
+            if len(set(texts)) < len(texts):
+                _fail(f"[{section}].{key}", f"lists a value twice ({value!r}); each grid cell must differ")
+            axes.append((section, key, value))
+    return axes
+
+
+def _cells(data: dict, tables: dict[str, dict], base_dir: Path) -> tuple[Cell, ...]:
+    """Every combination of the grid axes' values, in order, as named cells (one unnamed cell
+    when there is no grid)."""
+    axes = _grid_axes(tables)
+    if not axes:
+        return (Cell(None, parse_spec(data, base_dir)),)
+    cells = []
+    for values in product(*(values for _, _, values in axes)):
+        cell_data = {section: dict(table) for section, table in data.items()}
+        for (section, key, _), value in zip(axes, values):
+            cell_data[section][key] = value
+        name = " ".join(f"{_axis_name(section, key)}={_value_text(value)}" for (section, key, _), value in zip(axes, values))
+        cells.append(Cell(name, parse_spec(cell_data, base_dir)))
+    return tuple(cells)
+
+
+def parse_study(data: dict, base_dir: Path = Path(".")) -> Study:
+    """A parsed TOML document -> ``Study``: its cells (a grid where values are lists) and ``[run]``."""
+    tables = _check_layout(data)
+    run = tables["run"]
+    workers = _get(run, "run", "workers", int, None)
+    if workers is not None and workers < 1:
+        _fail("[run].workers", f"must be >= 1, got {workers}")
+    return Study(
+        cells=_cells({s: t for s, t in data.items() if s != "run"}, tables, base_dir),
+        executor=_get(run, "run", "executor", str, "local", EXECUTORS),
+        address=_get(run, "run", "address", str, None),
+        workers=workers,
+    )
+
+
+def load_spec(path) -> Study:
+    """The study spec file at ``path``, parsed and checked (one-line ``UserError`` on any mistake)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"study spec {str(path)!r} does not exist")
@@ -154,4 +277,4 @@ def load_spec(path) -> StudySpec:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"study spec: {path} is not valid TOML: {error}") from None
-    return parse_spec(data, path.parent)
+    return parse_study(data, path.parent)

@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from analyses.attribution import attribution_agreement, attribution_patch_heads
+from analyses.attribution import attribution_agreement, attribution_patch_heads, unpatched_value
 from analyses.patching import patch_heads
 from common import Samples, forward_seconds, induction_pair, load_note, time_interleaved, tl_sweep
 from interp import from_hf, load_model
@@ -71,7 +71,7 @@ def attribution_vs_exact(label, model, clean, corrupted, metric, exact, forward,
     attribute = lambda: attribution_patch_heads(model, clean, corrupted, metric)  # noqa: E731
     attribute()  # warm-up: autograd's first call pays one-time costs
     samples = interleaved({"attribution": attribute}, max(3, repeats))["attribution"]
-    agreement = attribution_agreement(samples.result, exact)
+    agreement = attribution_agreement(samples.result, exact, baseline=unpatched_value(model, clean, corrupted, metric))
     secs = samples.median("cpu")
     print(f"\nattribution vs exact on {label}: attribution {secs:.2f} s = {secs / forward:.2f} forward-equivalents, "
           f"exact {exact_seconds:.2f} s -> {exact_seconds / secs:.1f}x faster")

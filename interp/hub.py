@@ -79,16 +79,18 @@ def hf_config(located: Located):
     return AutoConfig.from_pretrained(located.source, local_files_only=located.local_only)
 
 
-def load_hf(located: Located):
+def load_hf(located: Located, device_map: str | dict | None = None):
     """``(causal LM in eval mode, float32, eager attention; its tokenizer or None)`` of a located
-    model. Every checkpoint tensor must match the model the config describes."""
+    model, on the CPU or placed by an accelerate ``device_map`` (checked by the caller). Every
+    checkpoint tensor must match the model the config describes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec, source, local_only = located
+    placement = {} if device_map is None else {"device_map": device_map}
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             source, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32,
-            output_loading_info=True)
+            output_loading_info=True, **placement)
     except ValueError as error:  # a config class transformers has no causal LM for
         raise UserError(f"{spec!r} is not a causal language model transformers can load: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:

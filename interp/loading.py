@@ -7,6 +7,7 @@ Checkpoints of ours are a directory with ``model.safetensors`` and ``config.json
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from importlib import resources
@@ -26,6 +27,7 @@ from interp.tokenizer import ByteTokenizer
 
 CHECKPOINT_FORMAT = "interp-gpt/1"
 IMPLS = ("scratch", "transformer_lens")
+DEVICE_MAP_KINDS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 
 
@@ -34,7 +36,8 @@ def toy_checkpoint_dir() -> Path:
     return Path(str(resources.files("interp") / "toy_model"))
 
 
-def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None):
+def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None,
+               device_map: str | dict | None = None):
     """Load a hooked model.
 
     Args:
@@ -43,9 +46,16 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
             ("gpt2", "EleutherAI/pythia-70m"; network or the local HF cache needed). A Hugging Face
             model is read by its config's ``model_type``; every checkpoint tensor must match it.
         impl: None (the from-scratch ``GPTModel`` where it implements the family, see
-            ``interp.convert.scratch_families``, else the TransformerLens bridge), "scratch" or
-            "transformer_lens" (a ``TransformerBridge``: any family the bridge supports).
+            ``interp.convert.scratch_families``, else the TransformerLens bridge; always the bridge
+            with a ``device_map``), "scratch" or "transformer_lens" (a ``TransformerBridge``: any
+            family the bridge supports).
         device: where to put the model (default: CPU).
+        device_map: instead of ``device``, for a model larger than one device: an accelerate device
+            map ("auto", "balanced", "balanced_low_0", "sequential", or ``{module name: device}``,
+            e.g. ``{"": "cpu"}``, ``{"transformer.h.0": 0, ...}``) with which transformers places the
+            Hugging Face model's layers as it loads them; the TransformerLens bridge then runs it
+            where it lies (TransformerLens's multi-device loading). Needs ``accelerate``. The
+            from-scratch model runs on one device and refuses it.
 
     The model's family, impl and weights hash are given by ``interp.provenance(model)``.
     A bridge tunes the allocator at load as GPTModel does at its first cache (``interp.memory``).
@@ -53,6 +63,8 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
     if impl is not None and impl not in IMPLS:
         raise UserError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)} (or None to choose by family)")
     spec = str(spec)
+    if device_map is not None:
+        check_device_map(spec, impl, device, device_map)
     path = toy_checkpoint_dir() if spec == "toy" else Path(spec).expanduser()
     if path.suffix in _PICKLE_SUFFIXES:
         raise UserError(f"refusing to load {spec!r}: pickle checkpoints can run code; use safetensors")
@@ -61,24 +73,42 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
     if path.is_dir() and _is_our_checkpoint(path):
         if impl == "transformer_lens":
             raise UserError(f"{spec!r} is a from-scratch checkpoint; only impl='scratch' can load it")
+        if device_map is not None:
+            raise UserError(f"{spec!r} is a from-scratch checkpoint, which runs on one device: pass device=..., "
+                            "not device_map")
         model = load_checkpoint(path)
     else:
-        model = _load_hf_model(spec, impl)
+        model = _load_hf_model(spec, impl, device_map)
     return model.to(device) if device is not None else model
 
 
-def _load_hf_model(spec: str, impl: str | None):
-    """A Hugging Face directory or hub id as the chosen (or the family's default) implementation."""
+def check_device_map(spec: str, impl: str | None, device, device_map) -> None:
+    """Refuse, in one line, a ``device_map`` that cannot be honoured (before anything is read)."""
+    if device is not None:
+        raise UserError(f"pass device ({device!r}) or device_map ({device_map!r}), not both")
+    if impl == "scratch":
+        raise UserError(f"device_map {device_map!r}: the from-scratch model (impl='scratch') runs on one device; "
+                        "pass device=..., or impl='transformer_lens' to spread the model over devices")
+    if not (device_map in DEVICE_MAP_KINDS or isinstance(device_map, dict) and device_map):
+        raise UserError(f"device_map {device_map!r}: allowed: {', '.join(DEVICE_MAP_KINDS)}, or a non-empty dict "
+                        "of module name -> device")
+    if importlib.util.find_spec("accelerate") is None:
+        raise UserError(f"device_map for {spec!r} needs the accelerate package: pip install accelerate")
+
+
+def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = None):
+    """A Hugging Face directory or hub id as the chosen (or the family's default) implementation;
+    a bridge with a ``device_map``."""
     located = locate(spec)
     family = hf_config(located).model_type
     if impl is None:
-        impl = "scratch" if family in scratch_families() else "transformer_lens"
+        impl = "scratch" if family in scratch_families() and device_map is None else "transformer_lens"
     if impl == "scratch":
         check_scratch_family(family)  # before reading any weight
-    hf_model, tokenizer = load_hf(located)
+    hf_model, tokenizer = load_hf(located, device_map=device_map)
     if impl == "scratch":
         return from_hf(hf_model, tokenizer)
-    bridge = boot_bridge(hf_model, tokenizer, name=spec)
+    bridge = boot_bridge(hf_model, tokenizer, name=spec, copy=False)  # nothing else holds hf_model
     retain_freed_memory_once()  # what our run_with_cache does, for a bridge whose caches are not ours
     return bridge
 

@@ -185,3 +185,41 @@ def test_to_tokens_follows_the_familys_convention_as_the_bridge_does(family_dir,
     for text in ("hello world", "a"):
         assert torch.equal(scratch.to_tokens(text), bridge.to_tokens(text))
         assert torch.equal(scratch.to_tokens(text, prepend_bos=True), bridge.to_tokens(text, prepend_bos=True))
+
+
+@pytest.mark.parametrize("device_map", [{"": "cpu"}, "auto"])
+@torch.no_grad()
+def test_a_device_map_reaches_transformers_and_the_bridge_runs_the_model_where_it_lies(monkeypatch, gpt2_dir,
+                                                                                       device_map):
+    """On the CPU (the only device here) every map places everything on it: what can be checked is
+    that the map is what transformers loads with, that the bridge wraps that very model (no copy,
+    which would undo a multi-device placement and double the memory), and equal logits."""
+    loaded = []
+    from_pretrained = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        model, info = from_pretrained(*args, **kwargs)
+        loaded.append((kwargs.get("device_map"), model))
+        return model, info
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    bridge = load_model(gpt2_dir, device_map=device_map)  # impl=None: the bridge, the one impl that takes a map
+    [(passed, hf_model)] = loaded
+    assert passed == device_map and bridge.original_model is hf_model
+    reference = load_model(gpt2_dir, impl="transformer_lens")
+    tokens = reference.to_tokens("heads spread over devices")
+    torch.testing.assert_close(bridge(tokens), reference(tokens), atol=1e-4, rtol=0)
+    assert provenance(bridge) == provenance(reference)
+
+
+@pytest.mark.parametrize("spec, options, message", [
+    ("gpt2_dir", dict(impl="scratch", device_map="auto"), "the from-scratch model .* runs on one device"),
+    ("toy", dict(device_map="auto"), "'toy' is a from-scratch checkpoint, which runs on one device"),
+    ("gpt2_dir", dict(device_map="auto", device="cpu"), "pass device .* or device_map .*, not both"),
+    ("gpt2_dir", dict(device_map="everywhere"), "device_map 'everywhere': allowed: auto, balanced"),
+    ("gpt2_dir", dict(device_map={}), "device_map {}: allowed"),
+])
+def test_a_device_map_that_cannot_be_honoured_is_one_line(gpt2_dir, spec, options, message):
+    with pytest.raises(UserError, match=message) as error:
+        load_model(gpt2_dir if spec == "gpt2_dir" else spec, **options)
+    assert "\n" not in str(error.value)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import analyses.study
 from analyses.probes import probes_for
-from analyses.study import rows_on_disk, run_study
+from analyses.study import read_rows, run_study
 from analyses.study_spec import load_spec
 from interp import GPTConfig, GPTModel, UserError, load_model, weights_hash
 from interp.loading import save_checkpoint
@@ -64,9 +64,9 @@ def interrupt_after(k):
 
 def ablated_logits(model, tokens, layer: int, heads: list[int], replacement: torch.Tensor | None = None):
     """Naive reference: logits (batch, pos, d_vocab) with ``heads`` of ``layer`` replaced at
-    ``hook_z`` by ``replacement`` (pos, head, d_head), or by zeros."""
+    ``hook_z`` by ``replacement`` (batch, pos, head, d_head), or by zeros."""
     def replace(z, hook):  # z: (batch, pos, head, d_head)
-        z[:, :, heads] = 0.0 if replacement is None else replacement[:, heads]
+        z[:, :, heads] = 0.0 if replacement is None else replacement[:, :, heads]
         return z
 
     with torch.no_grad():
@@ -85,8 +85,11 @@ def test_rows_match_a_naive_ablation(tmp_path, gpt2_dir):
 
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
+    def others_mean(z):  # mean ablation: each prompt gets the mean of the *other* prompts' outputs
+        return (z.sum(dim=0, keepdim=True) - z) / (z.shape[0] - 1)
+
     heads = [(layer, head) for layer in range(2) for head in range(4)]
-    expected = [repeat_loss(ablated_logits(model, tokens, l, [h], cache[f"blocks.{l}.attn.hook_z"].mean(dim=0)))
+    expected = [repeat_loss(ablated_logits(model, tokens, l, [h], others_mean(cache[f"blocks.{l}.attn.hook_z"])))
                 for l, h in heads]
     assert list(frame["target"]) == [f"L{l}H{h}" for l, h in heads] and list(frame["row"]) == list(range(8))
     assert frame["metric"].to_numpy() == pytest.approx(expected, abs=1e-5)
@@ -109,6 +112,21 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, gpt2_dir, target
     assert run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes() == clean  # nothing twice
 
 
+def kill_at_rows(command: list[str], results: Path, rows: int) -> int:
+    """Run ``command`` (a study run) and SIGKILL it once ``results`` holds ``rows`` rows; returns the
+    lines (header included) in ``results`` after the kill."""
+    process = subprocess.Popen(command, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not results.exists() or results.read_bytes().count(b"\n") <= rows):
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    return results.read_bytes().count(b"\n")
+
+
 def test_killed_subprocess_resumes_without_duplicates(tmp_path, gpt2_dir):
     spec = write_spec(tmp_path, gpt2_dir, '"each_head"', extra="preserve_patterns = true")
     clean = run_study(spec, tmp_path / "clean", progress=False).read_bytes()
@@ -117,16 +135,7 @@ def test_killed_subprocess_resumes_without_duplicates(tmp_path, gpt2_dir):
     # a row every half second at least, so the kill lands mid-run
     code = ("import sys, time; from analyses.study import run_study; "
             "run_study(sys.argv[1], sys.argv[2], progress=False, on_row=lambda i: time.sleep(0.5))")
-    process = subprocess.Popen([sys.executable, "-c", code, str(spec), str(out)], cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (not results.exists() or results.read_bytes().count(b"\n") < 3):
-            time.sleep(0.05)
-        os.kill(process.pid, signal.SIGKILL)
-    finally:
-        process.wait()
-    assert process.returncode == -signal.SIGKILL
-    lines = results.read_bytes().count(b"\n")
+    lines = kill_at_rows([sys.executable, "-c", code, str(spec), str(out)], results, 2)
     assert 3 <= lines < 9  # killed mid-run: some rows, not all
     assert run_study(spec, out, resume=True, progress=False).read_bytes() == clean
 
@@ -144,7 +153,7 @@ def test_existing_results_need_resume_and_same_spec(tmp_path, gpt2_dir):
 @pytest.mark.parametrize(
     "body, message",
     [
-        ('[ablation]\nmethod = "shuffle"', r"\[ablation\].method is 'shuffle'; allowed: zero, mean, resample"),
+        ('[ablation]\nmethod = "shuffle"', r"\[ablation\].method is 'shuffle'; allowed: zero, mean"),
         ("[ablation]\ntargets = \"each_head\"", r"\[ablation\].method is missing"),
         ('[ablation]\nmethod = "zero"\ntargets = "each_neuron"', r"\[ablation\].targets is 'each_neuron'"),
         ('[ablation]\nmethod = "zero"\ntargets = [[1]]', r"\[ablation\].targets has \[1\]"),
@@ -155,6 +164,13 @@ def test_existing_results_need_resume_and_same_spec(tmp_path, gpt2_dir):
         ('[model]\nimpl = "jax"', r"\[model\].impl is 'jax'; allowed: auto, scratch, transformer_lens"),
         ('[ablation\nmethod = "zero"', "is not valid TOML"),
         ('[ablation]\nmethod = "zero"\n[metric]\nkind = "logit_diff"', r"\[metric\].correct is missing"),
+        ('[ablation]\nmethod = []', r"\[ablation\].method is an empty list; a grid needs at least one value"),
+        ('[ablation]\nmethod = ["zero", "zero"]', r"\[ablation\].method lists a value twice"),
+        ('[ablation]\nmethod = ["zero", "scramble"]', r"\[ablation\].method is 'scramble'; allowed"),
+        ('[run]\nexecutor = ["local", "ray"]\n[ablation]\nmethod = "zero"', r"\[run\].executor must be a str"),
+        ('[run]\nexecutor = "spark"\n[ablation]\nmethod = "zero"', r"\[run\].executor is 'spark'; allowed: local, ray"),
+        ('[run]\nworkers = 0\n[ablation]\nmethod = "zero"', r"\[run\].workers must be >= 1, got 0"),
+        ('[run]\nthreads = 2\n[ablation]\nmethod = "zero"', r"\[run\].threads is not a known key"),
     ],
 )
 def test_malformed_spec_names_the_key(tmp_path, body, message):
@@ -197,12 +213,14 @@ HEADER = "row,target,layer,head,n_heads,metric,baseline,effect"
 @pytest.mark.parametrize("content, message", [
     (b"name,value\nx,1\ny,2", "not a study of ours"),
     (f"{HEADER}\n0,L0H0,0,0,1,4.5,4.0,0.5\n1,L9H9,9,9,1,4.5,4.0,0.5\n2,L9".encode(), r"row 1 is \['1', 'L9H9'\]"),
+    (f"{HEADER}\n0,L0H0,0,0,1,4.5,4.0,0.5\n2,L0H2,0,2,1,4.5,4.0,0.5\n".encode(), "line 3 is row '2' where row 1 was due"),
 ])
-def test_results_that_are_not_ours_are_refused_untouched(tmp_path, content, message):
+def test_results_that_are_not_ours_are_refused_untouched(tmp_path, gpt2_dir, content, message):
     path = tmp_path / "results.csv"
     path.write_bytes(content)  # each with a torn last line
+    study = load_spec(write_spec(tmp_path, gpt2_dir))
     with pytest.raises(UserError, match=message):
-        rows_on_disk(path, ["L0H0", "L0H1", "L0H2"])
+        read_rows(path, study).check_cell(None, ["L0H0", "L0H1", "L0H2"])
     assert path.read_bytes() == content
 
 
@@ -241,9 +259,9 @@ def test_resume_refuses_rows_without_a_record_of_their_model(tmp_path, gpt2_dir)
 def test_impl_auto_is_the_default_and_leaves_the_choice_to_load_model(tmp_path, gpt2_dir, monkeypatch, impl, asked):
     requests = []
 
-    def load(spec, impl):  # records the impl asked for; loads the scratch model whatever it is
+    def load(spec, impl, device=None):  # records the impl asked for; loads the scratch model whatever it is
         requests.append(impl)
-        return load_model(spec, impl="scratch")
+        return load_model(spec, impl="scratch", device=device)
 
     monkeypatch.setattr(analyses.study, "load_model", load)
     run_study(write_spec(tmp_path, gpt2_dir, '"each_layer"', impl=impl), tmp_path / "out", progress=False)
@@ -254,8 +272,8 @@ def test_impl_auto_is_the_default_and_leaves_the_choice_to_load_model(tmp_path, 
 
 
 def test_example_spec_parses():
-    spec = load_spec(ROOT / "examples" / "studies" / "induction_ablation.toml")
-    assert (spec.model, spec.method, spec.targets, spec.metric) == ("toy", "mean", "each_head", "repeat_loss")
+    [(name, spec)] = load_spec(ROOT / "examples" / "studies" / "induction_ablation.toml").cells
+    assert name is None and (spec.model, spec.method, spec.targets, spec.metric) == ("toy", "mean", "each_head", "repeat_loss")
 
 
 def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
@@ -307,3 +325,64 @@ def test_a_list_of_one_head_is_one_row(tmp_path, gpt2_dir):
     frame = pd.read_csv(results)
     assert list(frame["target"]) == ["L1H0"]
     assert (tmp_path / "out" / "results.png").is_file()
+
+
+def grid_spec(directory: Path, models: list, methods='["zero", "resample"]') -> Path:
+    path = directory / "grid.toml"
+    path.write_text(f'[model]\nspec = {json.dumps([str(m) for m in models])}\nimpl = "scratch"\n'
+                    f'[prompts]\nn = 6\nseed = 3\nseq_len = 24\n[ablation]\nmethod = {methods}\ntargets = "each_layer"\n')
+    return path
+
+
+def test_a_grid_is_its_cells_studies_one_after_another(tmp_path, gpt2_dir):
+    """Each cell's rows are byte for byte the rows of the study it stands for, run alone; cells in
+    the order of the keys, then of the values; provenance.json names each cell's model."""
+    checkpoint = tmp_path / "checkpoint"
+    small_checkpoint(checkpoint, seed=0)
+    results = run_study(grid_spec(tmp_path, [gpt2_dir, checkpoint]), tmp_path / "grid", progress=False)
+    lines = results.read_text().splitlines()
+    assert lines[0] == "cell," + HEADER
+    cells = [(model, method) for model in (gpt2_dir, checkpoint) for method in ("zero", "resample")]
+    for i, (model, method) in enumerate(cells):
+        single = run_study(write_spec(tmp_path, model, '"each_layer"', method=method), tmp_path / f"single{i}",
+                           progress=False).read_text().splitlines()
+        name = f"spec={model} method={method}"
+        assert lines[1 + 2 * i: 3 + 2 * i] == [f"{name},{row}" for row in single[1:]]
+    records = json.loads((tmp_path / "grid" / "provenance.json").read_text())["cells"]
+    assert records[f"spec={checkpoint} method=zero"]["weights_hash"] == weights_hash(load_model(str(checkpoint)))
+    assert records[f"spec={gpt2_dir} method=zero"] == json.loads((tmp_path / "single0" / "provenance.json").read_text())
+    assert (tmp_path / "grid" / "results.png").stat().st_size > 0
+
+
+def test_a_grid_resumes_from_its_last_cell_on_disk(tmp_path, gpt2_dir, monkeypatch):
+    """Killed in its second cell, a grid resumes there (the first cell is not prepared again) and
+    ends byte-identical to an uninterrupted run."""
+    spec = grid_spec(tmp_path, [gpt2_dir, "toy"])
+    clean = run_study(spec, tmp_path / "clean", progress=False).read_bytes()
+    with pytest.raises(Interrupt):
+        run_study(spec, tmp_path / "resumed", progress=False, on_row=interrupt_after(3))  # cell 1, row 0
+    with open(tmp_path / "resumed" / "results.csv", "ab") as handle:
+        handle.write(f"spec={gpt2_dir} method=resample,1,L".encode())  # torn mid-write
+    prepared = []
+    prepare = analyses.study.prepare_study
+    monkeypatch.setattr(analyses.study, "prepare_study", lambda model, cell: prepared.append(cell.method) or
+                        prepare(model, cell))
+    resumed = run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes()
+    assert resumed == clean
+    assert prepared == ["resample", "zero", "resample"]  # cells 1, 2, 3
+    other = grid_spec(tmp_path, [gpt2_dir, "toy"], methods='["zero", "mean"]')
+    with pytest.raises(UserError, match="different spec"):
+        run_study(other, tmp_path / "resumed", resume=True, progress=False)
+
+
+def test_grid_cells_are_named_by_their_values(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text('[run]\nexecutor = "ray"\nworkers = 2\n[prompts]\nseed = [0, 1]\n'
+                    '[ablation]\nmethod = "zero"\nseed = [5]\ntargets = ["each_layer", [[1, 4], [0, 2]]]\n')
+    study = load_spec(path)
+    assert [name for name, _ in study.cells] == [
+        f"prompts.seed={p} targets={t} ablation.seed=5" for p in (0, 1) for t in ("each_layer", "[[1, 4], [0, 2]]")]
+    assert [(spec.prompt_seed, spec.targets, spec.ablation_seed) for _, spec in study.cells][1] == (0, ((1, 4), (0, 2)), 5)
+    assert (study.executor, study.workers, study.address) == ("ray", 2, None)
+    path.write_text('[ablation]\nmethod = "zero"\ntargets = [[1, 4], [0, 2]]\n')  # a list of heads: one value
+    assert [name for name, _ in load_spec(path).cells] == [None]
