@@ -34,3 +34,20 @@ def resid_pre_names(model) -> list[str]:
 def layer_of(name: str) -> int:
     """``blocks.{l}.…`` -> l."""
     return int(name.split(".")[1])
+
+
+def qkv_name(layer: int, which: str) -> str:
+    """A layer's queries, keys or values (``which`` = "q" | "k" | "v"), (batch, pos, head, d_head)
+    (keys and values: key/value heads)."""
+    return f"blocks.{layer}.attn.hook_{which}"
+
+
+def qkv_input_name(layer: int, which: str) -> str:
+    """Each head's own copy of the residual its query, key or value reads, before ln1
+    (batch, pos, head, d_model); fires only with ``set_use_split_qkv_input(True)``."""
+    return f"blocks.{layer}.hook_{which}_input"
+
+
+def final_resid_name(model) -> str:
+    """The residual stream leaving the last block: what the final norm and the unembedding read."""
+    return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"

@@ -2,17 +2,20 @@
 
 An intervention (a *variant*) is a list of cells ``(hook name, index)``: the part ``index`` of that
 activation (indexed without its batch dim) takes its value from a *source* activation of the same
-name, shape (batch, ...). Ablation's sources are zero / mean / resampled head outputs; patching's
-are the other run's cache. ``k`` variants run as one forward of ``k * batch`` rows (variant-major:
-row ``v * batch + b`` is prompt b under variant v), chunked to a memory budget.
+name, shape (batch, ...). A cell ``(hook name, index, value)`` carries its own value instead
+(batch, *the indexed part's shape): path patching gives every variant a different one. Ablation's
+sources are zero / mean / resampled head outputs; patching's are the other run's cache. ``k``
+variants run as one forward of ``k * batch`` rows (variant-major: row ``v * batch + b`` is prompt b
+under variant v), chunked to a memory budget; ``collect_variants`` returns activations instead of
+a metric, stopping each forward once they are stored.
 
 On ``GPTModel`` a chunk runs only the blocks from its earliest edited layer on, starting from
 the cached residual stream of the unedited run (``start_at_layer``). A ``TransformerBridge``'s
 ``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the full forward runs.
 
-The linearised counterpart (``metric_gradients``, ``linear_effects``) serves attribution patching
-and Michel et al.'s head importance: the first-order change of the metric for moving each head's
-output, from one forward and backward.
+The linearised counterpart (``metric_gradients``, ``linear_effects``; ``activation_gradients`` for
+any hooks) serves attribution patching, edge attribution and Michel et al.'s head importance: the
+first-order change of the metric for moving an activation, from one forward and backward.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from analyses.metrics import Metric, evaluate_metric
 from analyses.progress import progress_bar
 from interp.errors import UserError
 
-Cell = tuple[str, tuple]  # (hook name "blocks.{l}....", index into the activation without batch)
+Cell = tuple  # (hook name "blocks.{l}....", index into the activation without batch[, value (batch, ...)])
 Variant = Sequence[Cell]
 
 
@@ -108,30 +111,59 @@ def base_run(model, tokens: torch.Tensor, names: Sequence[str] = ()) -> tuple[to
     return logits, {name: cache[name] for name in names}, starts
 
 
-def _edit_hook(mask: torch.Tensor, source: torch.Tensor, n_variants: int):
-    """Hook writing ``source`` (batch, ...) where ``mask`` (variants, ...) is True, per variant."""
+def _edit_hook(mask: torch.Tensor | None, source: torch.Tensor | None, n_variants: int, valued: Sequence = ()):
+    """Hook writing ``source`` (batch, ...) where ``mask`` (variants, ...) is True, per variant,
+    then each valued cell's ``(variant, index, value)``."""
 
     def hook(activation, hook):
         grouped = activation.unflatten(0, (n_variants, -1))  # (variants, batch, ...)
-        return torch.where(mask[:, None], source[None].to(activation.dtype), grouped).flatten(0, 1)
+        if mask is not None:
+            grouped = torch.where(mask[:, None], source[None].to(activation.dtype), grouped)
+        elif valued:
+            grouped = grouped.clone()
+        for v, index, value in valued:
+            grouped[v][(slice(None), *index)] = value.to(activation.dtype)
+        return grouped.flatten(0, 1)
 
     return hook
 
 
 def edit_hooks(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor]) -> list[tuple[str, object]]:
-    """One forward hook per edited activation, covering every variant of the expanded batch."""
-    cells_by_name = defaultdict(list)
+    """One forward hook per edited activation, covering every variant of the expanded batch.
+    ``sources`` needs an entry for every name edited by a cell without its own value."""
+    cells_by_name, valued_by_name = defaultdict(list), defaultdict(list)
     for v, variant in enumerate(variants):
-        for name, index in variant:
-            cells_by_name[name].append((v, index))
+        for name, index, *value in variant:
+            if value:
+                valued_by_name[name].append((v, index, value[0]))
+            else:
+                cells_by_name[name].append((v, index))
     hooks = []
-    for name, cells in cells_by_name.items():
-        source = sources[name]
-        mask = torch.zeros((len(variants), *source.shape[1:]), dtype=torch.bool, device=source.device)
-        for v, index in cells:
-            mask[v][index] = True
-        hooks.append((name, _edit_hook(mask, source, len(variants))))
+    for name in dict.fromkeys([*cells_by_name, *valued_by_name]):
+        mask = source = None
+        if name in cells_by_name:
+            source = sources[name]
+            mask = torch.zeros((len(variants), *source.shape[1:]), dtype=torch.bool, device=source.device)
+            for v, index in cells_by_name[name]:
+                mask[v][index] = True
+        hooks.append((name, _edit_hook(mask, source, len(variants), valued_by_name.get(name, ()))))
     return hooks
+
+
+def first_layer(variant: Variant) -> int:
+    """The earliest layer a variant edits."""
+    return min(layer_of(cell[0]) for cell in variant)
+
+
+def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None):
+    """One forward of ``tokens`` repeated once per variant (variant-major) under ``hooks``; with
+    ``starts`` it begins at the variants' earliest edited layer."""
+    k = len(variants)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        if starts is not None:
+            start = min(first_layer(variant) for variant in variants)
+            return model(repeat(starts[start], "b p d -> (k b) p d", k=k), start_at_layer=start)
+        return model(repeat(tokens, "b p -> (k b) p", k=k))
 
 
 def run_variants(
@@ -142,22 +174,26 @@ def run_variants(
     ``sources`` maps every edited hook name to its source (batch, ...). With ``starts`` (from
     ``base_run``) the forward begins at the chunk's earliest edited layer.
     """
-    k = len(variants)
-    hooks = edit_hooks(variants, sources)
-    with torch.no_grad():
-        if starts is not None:
-            start = min(layer_of(name) for variant in variants for name, _ in variant)
-            resid = repeat(starts[start], "b p d -> (k b) p d", k=k)
-            with model.hooks(fwd_hooks=hooks):
-                logits = model(resid, start_at_layer=start)
-        else:
-            logits = model.run_with_hooks(repeat(tokens, "b p -> (k b) p", k=k), fwd_hooks=hooks)
-    return logits.unflatten(0, (k, -1))
+    logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts)
+    return logits.unflatten(0, (len(variants), -1))
 
 
-def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float) -> int:
+def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float, *, logits: bool = True) -> int:
     """How many variants of ``batch`` prompts fit one forward within ``memory_mb``."""
-    return max(1, rows_within(model, n_pos, memory_mb, logits=True) // batch)
+    return max(1, rows_within(model, n_pos, memory_mb, logits=logits) // batch)
+
+
+def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], memory_mb: float,
+                   *, logits: bool = True) -> list[list[int]]:
+    """The variants' indices grouped by their earliest edited layer (so a suffix run starts as late
+    as it can), each group cut into chunks that fit ``memory_mb``."""
+    if any(len(variant) == 0 for variant in variants):
+        raise UserError("every intervention needs at least one cell to edit")
+    by_start = defaultdict(list)
+    for v, variant in enumerate(variants):
+        by_start[first_layer(variant)].append(v)
+    chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb, logits=logits)
+    return [members[i:i + chunk] for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)]
 
 
 def evaluate_variants(
@@ -174,22 +210,12 @@ def evaluate_variants(
 ) -> torch.Tensor:
     """``metric`` under each variant -> (n_variants,) float tensor, in the order given.
 
-    Variants are grouped by their earliest edited layer (so a suffix run starts as late as it
-    can) and each group is cut into chunks that fit ``memory_mb``. ``starts``: see
-    ``run_variants``. ``progress``: see ``analyses.progress``. Deterministic in its inputs.
+    Variants run in the chunks of ``variant_chunks``. ``starts``: see ``run_variants``.
+    ``progress``: see ``analyses.progress``. Deterministic in its inputs.
     """
-    if any(len(variant) == 0 for variant in variants):
-        raise UserError("every intervention needs at least one cell to edit")
-    by_start = defaultdict(list)
-    for v, variant in enumerate(variants):
-        by_start[min(layer_of(name) for name, _ in variant)].append(v)
-    chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb)
-    chunks = [
-        members[i:i + chunk] for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)
-    ]
     values = torch.empty(len(variants))
     with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
-        for members in chunks:
+        for members in variant_chunks(model, tokens, variants, memory_mb):
             logits = run_variants(model, tokens, [variants[v] for v in members], sources, starts)
             for v, variant_logits in zip(members, logits):
                 values[v] = evaluate_metric(metric, variant_logits)
@@ -197,27 +223,77 @@ def evaluate_variants(
     return values
 
 
-def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:
-    """One forward and backward -> (metric value, z per layer, dmetric/dz per layer); each z and
-    gradient is (batch, pos, head, d_head). Only activation gradients are computed (no weight grads)."""
+def collect_variants(
+    model,
+    tokens: torch.Tensor,
+    variants: Sequence[Variant],
+    sources: Mapping[str, torch.Tensor],
+    names: Sequence[str],
+    *,
+    starts: Mapping | None = None,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+) -> dict[str, torch.Tensor]:
+    """The activations ``names`` under each variant -> {name: (n_variants, batch, ...)}, in the order
+    given. Each forward stops once they are stored, so a chunk runs only up to the last of them
+    (from its earliest edited layer where ``starts`` allows). ``names`` must come at or after
+    every variant's edits."""
+    wanted, collected = list(dict.fromkeys(names)), defaultdict(dict)
+    for members in variant_chunks(model, tokens, variants, memory_mb, logits=False):
+        chunk = [variants[v] for v in members]
+        kept = {}
+
+        def keeper(name):
+            def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
+                kept[name] = activation.detach().unflatten(0, (len(chunk), -1))
+                if len(kept) == len(wanted):
+                    raise _Collected
+
+            return keep
+
+        try:
+            hooks = [*edit_hooks(chunk, sources), *((name, keeper(name)) for name in wanted)]
+            _forward_variants(model, tokens, chunk, hooks, starts)
+        except _Collected:
+            pass
+        for name in wanted:
+            collected[name].update(zip(members, kept[name]))
+    return {name: torch.stack([collected[name][v] for v in range(len(variants))]) for name in wanted}
+
+
+def activation_gradients(model, tokens: torch.Tensor, metric: Metric, names: Sequence[str],
+                         also_keep: Sequence[str] = ()) -> tuple[float, dict, dict]:
+    """One forward and backward -> (metric value, {name: activation} for ``names`` and
+    ``also_keep``, {name: dmetric/dactivation} for ``names``). Only the gradients asked for are
+    computed (no weight grads; the backward stops at the earliest of ``names``)."""
     kept = {}
 
     def start_graph(embed, hook):  # a graph even when the weights do not require grad
         return embed.detach().requires_grad_(True)
 
     def keeper(name):
-        def keep(z, hook):  # hook.name may be the backend's own alias, so the name is bound here
-            kept[name] = z.view_as(z)  # returned, so this very tensor is what the model uses next
+        def keep(activation, hook):  # hook.name may be the backend's own alias, so the name is bound here
+            kept[name] = activation.view_as(activation)  # returned, so this very tensor is what the model uses next
             return kept[name]
 
         return keep
 
-    names = z_names(model)
-    hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in names]
+    kept_names = list(dict.fromkeys([*names, *also_keep]))
+    hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in kept_names]
     with torch.enable_grad():
         value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))
+        silent = [name for name in kept_names if name not in kept]
+        if silent:
+            raise UserError(f"{type(model).__name__} never fired {', '.join(silent)}, which this analysis needs")
         grads = torch.autograd.grad(value, [kept[name] for name in names])
-    return value.item(), [kept[name].detach() for name in names], list(grads)
+    return value.item(), {name: kept[name].detach() for name in kept_names}, dict(zip(names, grads))
+
+
+def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:
+    """One forward and backward -> (metric value, z per layer, dmetric/dz per layer); each z and
+    gradient is (batch, pos, head, d_head). Only activation gradients are computed (no weight grads)."""
+    names = z_names(model)
+    value, z, grads = activation_gradients(model, tokens, metric, names)
+    return value, [z[name] for name in names], [grads[name] for name in names]
 
 
 def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> torch.Tensor:

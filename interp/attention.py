@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import einsum, rearrange, repeat
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 from interp.hooked import HookedModule
@@ -333,24 +333,51 @@ class GroupedQueryAttention(_Instrumented):
     def forward(self, x: torch.Tensor, past: LayerKV | None = None) -> torch.Tensor:
         """x: (batch, new_pos, d_in); ``past`` (optional) holds earlier positions' (rotated) keys
         and values and is extended in place, so the new queries attend to past + new keys."""
-        offset = 0 if past is None else past.length
-        _check_context(offset + x.shape[1], self.context_length)
         queries = self._heads(self.W_query(x), self.hook_q)
         keys = self._heads(self.W_key(x), self.hook_k)
         values = self._heads(self.W_value(x), self.hook_v)
+        return self._mix(queries, keys, values, past, self.group_size)
+
+    def forward_split(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
+        """Per-head inputs (batch, pos, head, d_in) -> (batch, pos, d_out), as TransformerLens's
+        ``use_split_qkv_input``: query head h's query, key and value are projected from its own
+        copies ``q_in[:, :, h]``, ``k_in[:, :, h]``, ``v_in[:, :, h]``. With grouped-query attention
+        each query head gets its own key and value, projected by its group's weights (equal to the
+        shared ones while the copies are equal), so ``hook_k``/``hook_v`` carry all query heads and
+        an edit of head h's key or value input changes head h's attention alone."""
+        queries = self.hook_q(self._per_head(self.W_query, q_in, 1))
+        keys = self.hook_k(self._per_head(self.W_key, k_in, self.group_size))
+        values = self.hook_v(self._per_head(self.W_value, v_in, self.group_size))
+        return self._mix(queries, keys, values, None, 1)
+
+    def _per_head(self, linear: nn.Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
+        """x (batch, pos, head, d_in) -> (batch, pos, head, head_dim): head h's copy through its own
+        rows of ``linear`` (key/value rows repeated ``group_size`` times, one per query head)."""
+        weight = repeat(linear.weight, "(kv d) i -> (kv g) d i", d=self.head_dim, g=group_size)
+        out = einsum(x, weight, "b p h i, h d i -> b p h d")
+        if linear.bias is None:
+            return out
+        return out + repeat(linear.bias, "(kv d) -> (kv g) d", d=self.head_dim, g=group_size)
+
+    def _mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: LayerKV | None,
+             group_size: int) -> torch.Tensor:
+        """Hooked queries (batch, pos, head, d) and keys/values (batch, pos, head // group_size, d)
+        -> rotated, attended, hooked z, projected: (batch, pos, d_out)."""
+        offset = 0 if past is None else past.length
+        _check_context(offset + queries.shape[1], self.context_length)
         if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(offset, x.shape[1], like=queries)
+            cos, sin = self.rotary.cos_sin(offset, queries.shape[1], like=queries)
             queries = self.hook_rot_q(apply_rotary(queries, cos, sin))
             keys = self.hook_rot_k(apply_rotary(keys, cos, sin))
         queries, keys, values = (t.transpose(1, 2) for t in (queries, keys, values))  # (batch, head, pos, d)
         if past is not None:
             keys, values = past.extend(keys, values)
         if self._needs_pattern():
-            z = self._grouped_attend(self._masked_scores(queries, keys, offset), values)
+            z = self._grouped_attend(self._masked_scores(queries, keys, offset, group_size), values, group_size)
         else:
             mask, is_causal = self._sdpa_mask(offset, queries, keys)
             z = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=is_causal,
-                                               enable_gqa=self.group_size > 1)
+                                               enable_gqa=group_size > 1)
         z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, head_dim)
         return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
 
@@ -379,23 +406,23 @@ class GroupedQueryAttention(_Instrumented):
         key_pos = torch.arange(n_keys, device=queries.device)
         return (self.alibi_slopes[:, None, None] * key_pos).to(queries.dtype) + bias
 
-    def _masked_scores(self, queries: torch.Tensor, keys: torch.Tensor, offset: int) -> torch.Tensor:
-        """queries (batch, head, q, d), keys (batch, kv_head, k, d) -> scaled scores plus the bias
-        of ``_score_bias`` (batch, head, q, k). The query heads of a group are stacked on the query
-        axis, so one ``bmm`` serves the group without repeating its keys. The product is scaled by
-        ``head_dim ** -0.5`` after it is rounded, as Hugging Face's eager attention does, so the
-        scores agree with it to the bit; one ``add`` scales and adds the bias."""
-        stacked = torch.bmm(rearrange(queries, "b (kv g) q d -> (b kv) (g q) d", g=self.group_size),
+    def _masked_scores(self, queries: torch.Tensor, keys: torch.Tensor, offset: int, group_size: int) -> torch.Tensor:
+        """queries (batch, head, q, d), keys (batch, head // group_size, k, d) -> scaled scores plus
+        the bias of ``_score_bias`` (batch, head, q, k). The query heads of a group are stacked on
+        the query axis, so one ``bmm`` serves the group without repeating its keys. The product is
+        scaled by ``head_dim ** -0.5`` after it is rounded, as Hugging Face's eager attention does,
+        so the scores agree with it to the bit; one ``add`` scales and adds the bias."""
+        stacked = torch.bmm(rearrange(queries, "b (kv g) q d -> (b kv) (g q) d", g=group_size),
                             rearrange(keys, "b kv k d -> (b kv) d k"))
-        raw = rearrange(stacked, "(b kv) (g q) k -> b (kv g) q k", b=queries.shape[0], g=self.group_size)
+        raw = rearrange(stacked, "(b kv) (g q) k -> b (kv g) q k", b=queries.shape[0], g=group_size)
         return torch.add(self._score_bias(offset, queries, keys.shape[2]), raw, alpha=self.head_dim ** -0.5)
 
-    def _grouped_attend(self, scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """scores (batch, head, q, k), values (batch, kv_head, k, d) -> z (batch, head, q, d)."""
+    def _grouped_attend(self, scores: torch.Tensor, values: torch.Tensor, group_size: int) -> torch.Tensor:
+        """scores (batch, head, q, k), values (batch, head // group_size, k, d) -> z (batch, head, q, d)."""
         pattern = self._pattern(scores, self.dropout)
-        stacked = rearrange(pattern, "b (kv g) q k -> (b kv) (g q) k", g=self.group_size)
+        stacked = rearrange(pattern, "b (kv g) q k -> (b kv) (g q) k", g=group_size)
         z = torch.bmm(stacked, rearrange(values, "b kv k d -> (b kv) k d"))
-        return rearrange(z, "(b kv) (g q) d -> b (kv g) q d", b=scores.shape[0], g=self.group_size)
+        return rearrange(z, "(b kv) (g q) d -> b (kv g) q d", b=scores.shape[0], g=group_size)
 
     def _sdpa_mask(self, offset: int, queries: torch.Tensor, keys: torch.Tensor):
         """(attn_mask, is_causal) for ``scaled_dot_product_attention``: its own causal flag when

@@ -21,6 +21,8 @@ embedding. Hook names follow TransformerLens (DESIGN section 2), so every analys
     blocks.{l}.attn.hook_rot_q / hook_rot_k  (rotary only)         (batch, pos, head | kv_head, d_head)
     blocks.{l}.attn.hook_attn_scores / hook_pattern                (batch, head, q_pos, k_pos)
     blocks.{l}.hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post   (batch, pos, d_model)
+    blocks.{l}.hook_q_input / hook_k_input / hook_v_input          (batch, pos, head, d_model)
+        (only after ``set_use_split_qkv_input(True)``: each query head's own copy of resid_pre)
 
 (``attn_only`` models have no ``hook_resid_mid`` / ``hook_mlp_out``; parallel blocks no
 ``hook_resid_mid``; rotary and ALiBi models no ``hook_pos_embed``. Masked scores are -inf.
@@ -38,11 +40,13 @@ from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import repeat
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from interp.attention import GroupedQueryAttention, LayerKV
 from interp.hooked import HookedModule
+from interp.weights import HeadWeights
 from interp.tokenizer import ByteTokenizer, Tokenizer, check_token_ids, encode_texts
 from interp.errors import UserError
 
@@ -108,6 +112,9 @@ class GPTConfig:
     # whether to_tokens prepends the start token when not told (TransformerLens's per-family
     # convention: False for Qwen2, GPT-NeoX and Phi); analyses always prepend it
     default_prepend_bos: bool = True
+    # per-head q/k/v inputs (``GPTModel.set_use_split_qkv_input``), a runtime switch as in
+    # TransformerLens's cfg; not saved in checkpoints
+    use_split_qkv_input: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
@@ -136,7 +143,7 @@ class GPTConfig:
             raise UserError("unembed_bias=True needs a separate unembedding (tie_word_embeddings=False)")
 
     def to_json(self) -> str:
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "device"}
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in _RUNTIME_FIELDS}
         return json.dumps(fields, indent=2, sort_keys=True)
 
     @classmethod
@@ -146,6 +153,9 @@ class GPTConfig:
         if unknown:
             raise UserError(f"unknown GPTConfig fields {unknown}; allowed: {sorted(known)}")
         return cls(**fields)
+
+
+_RUNTIME_FIELDS = ("device", "use_split_qkv_input")  # GPTConfig fields that describe a run, not the model
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:
@@ -204,7 +214,13 @@ def _attention(cfg: GPTConfig) -> GroupedQueryAttention:
 class TransformerBlock(nn.Module):
     """Pre-norm block. Sequential: resid_mid = resid_pre + attn(ln1(resid_pre)), resid_post =
     resid_mid + mlp(ln2(resid_mid)). Parallel (``parallel_attn_mlp``): resid_post = resid_pre +
-    attn(ln1(resid_pre)) + mlp(ln2(resid_pre)), with no resid_mid."""
+    attn(ln1(resid_pre)) + mlp(ln2(resid_pre)), with no resid_mid.
+
+    With ``split_qkv_input`` (off by default; ``GPTModel.set_use_split_qkv_input``) every query
+    head reads its own copies of resid_pre for its query, key and value, hooked before ln1 as
+    ``hook_q_input``/``hook_k_input``/``hook_v_input`` (batch, pos, head, d_model), as in
+    TransformerLens (see ``GroupedQueryAttention.forward_split`` for grouped-query heads).
+    """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -215,6 +231,10 @@ class TransformerBlock(nn.Module):
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
+        self.split_qkv_input = False
+        self.hook_q_input = HookPoint()
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
         if not cfg.attn_only:
             self.ln2 = _norm(cfg)
             self.mlp = MLP(cfg)
@@ -225,7 +245,7 @@ class TransformerBlock(nn.Module):
 
     def forward(self, resid: torch.Tensor, past: LayerKV | None = None) -> torch.Tensor:
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(resid), past)))
+        attn_out = self.hook_attn_out(self.dropout(self._attention(resid, past)))
         if self.attn_only:
             return self.hook_resid_post(resid + attn_out)
         if self.parallel:  # summed in GPT-NeoX's and Phi's order, so the floats agree to the bit
@@ -233,11 +253,20 @@ class TransformerBlock(nn.Module):
         resid = self.hook_resid_mid(resid + attn_out)
         return self.hook_resid_post(resid + self._mlp_out(resid))
 
+    def _attention(self, resid: torch.Tensor, past: LayerKV | None) -> torch.Tensor:
+        if not self.split_qkv_input:
+            return self.attn(self.ln1(resid), past)
+        if past is not None:
+            raise UserError("per-head q/k/v inputs (use_split_qkv_input) do not work with a key/value cache")
+        copies = repeat(resid, "b p d -> b p h d", h=self.attn.num_heads)  # a view: each hook gets its own copy
+        hooks = (self.hook_q_input, self.hook_k_input, self.hook_v_input)
+        return self.attn.forward_split(*(self.ln1(hook(copies.clone())) for hook in hooks))
+
     def _mlp_out(self, resid: torch.Tensor) -> torch.Tensor:
         return self.hook_mlp_out(self.dropout(self.mlp(self.ln2(resid))))
 
 
-class GPTModel(HookedModule):
+class GPTModel(HeadWeights, HookedModule):
     """A from-scratch GPT with TransformerLens hook points.
 
     ``model(tokens)`` returns logits (batch, pos, d_vocab). Inputs may be token ids (batch, pos),
@@ -270,6 +299,15 @@ class GPTModel(HookedModule):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
         self.setup()
+        self.set_use_split_qkv_input(cfg.use_split_qkv_input)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give every query head its own hooked copies of the residual for its query, key and
+        value (``blocks.{l}.hook_{q,k,v}_input``, (batch, pos, head, d_model), before ln1), as
+        TransformerLens's switch of the same name; off by default (the forward is faster)."""
+        self.cfg.use_split_qkv_input = bool(use_split_qkv_input)
+        for block in self.blocks:
+            block.split_qkv_input = self.cfg.use_split_qkv_input
 
     def _apply(self, fn, *args, **kwargs):
         """Every .to()/.cuda()/.cpu() goes through here: keep ``cfg.device`` in sync."""

@@ -1,0 +1,168 @@
+"""Edge attribution patching (EAP; Syed et al. 2023): every edge of ``path_patch`` scored at once.
+
+An edge's exact effect (``analyses.path_patch``) moves one receiver input -- a head's query, key
+or value input, or the unembedding's -- by the sender's write (its source-minus-base output
+through ``W_O``, (batch, pos, d_model)). EAP takes the first-order term of that change:
+
+    attribution = sum over batch, pos of  write_sender . d metric / d receiver input
+
+evaluated on the unpatched base run (the corrupted one when denoising, the clean one when
+noising), so it predicts ``path_patch``'s ``effect`` with the same signs and directions. Three
+passes give every edge: the source forward (its z), the base forward and one backward (activation
+gradients only) with per-head q/k/v inputs on (TransformerLens's ``set_use_split_qkv_input``,
+which ``GPTModel`` and the bridge both offer; the receiver's input gradient is then one slice of
+``blocks.{l}.hook_{q,k,v}_input``). "logits" edges need only the gradient at the residual leaving
+the last block. How far the linearisation holds is measured, not assumed: ``edge_agreement`` and
+``shortlist_path_patch`` (attribution ranks, exact path patching confirms the top k).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+from typing import Sequence
+
+import pandas as pd
+import torch
+from einops import einsum
+
+from analyses.budget import DEFAULT_MEMORY_MB
+from analyses.hook_check import require_edit
+from analyses.hook_names import final_resid_name, qkv_input_name, z_names
+from analyses.interventions import activation_gradients, cache_run
+from analyses.metrics import Metric
+from analyses.path_patching import (
+    QKV, VIAS, Edge, edge_frame, edges_of, head_writes, path_frame, path_values, prepare_paths,
+)
+from analyses.patching import base_and_source
+from interp.errors import UserError
+
+
+@contextmanager
+def split_qkv_inputs(model):
+    """Per-head q/k/v input hooks on for the block, the model's own setting restored after."""
+    if not hasattr(model, "set_use_split_qkv_input"):
+        raise UserError(f"{type(model).__name__} has no per-head q/k/v inputs (set_use_split_qkv_input), "
+                        "which edge attribution through q/k/v needs; via='logits' works without them")
+    saved = bool(getattr(model.cfg, "use_split_qkv_input", False))
+    try:
+        model.set_use_split_qkv_input(True)
+    except (ValueError, NotImplementedError) as refusal:  # a bridge whose attention has no per-head fork
+        raise UserError(f"this model cannot split its q/k/v inputs per head ({refusal}); "
+                        "edge attribution through q/k/v needs that; via='logits' works without it") from None
+    try:
+        yield
+    finally:
+        model.set_use_split_qkv_input(saved)
+
+
+def receiver_gradients(model, base: torch.Tensor, metric: Metric, edges: Sequence[Edge]) -> tuple[dict, list]:
+    """One forward and backward of ``base`` -> ({input hook name: d metric / d input}, z per layer
+    (batch, pos, head, d_head)). Inputs: ``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head,
+    d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits."""
+    inputs = list(dict.fromkeys(_input_name(model, e) for e in edges))
+    with split_qkv_inputs(model) if any(e.via in QKV for e in edges) else nullcontext():
+        _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model))
+    for name in inputs:
+        if name != final_resid_name(model) and grads[name].shape[2] != model.cfg.n_heads:
+            raise UserError(f"{name} carries {grads[name].shape[2]} heads, not one per query head "
+                            f"({model.cfg.n_heads}): this model's key/value inputs are shared, so edge "
+                            "attribution through k/v is undefined here; use via='q' or 'logits'")
+    return {name: grads[name] for name in inputs}, [activations[name] for name in z_names(model)]
+
+
+def _input_name(model, edge: Edge) -> str:
+    return final_resid_name(model) if edge.via == "logits" else qkv_input_name(edge.receiver[0], edge.via)
+
+
+def attributions(model, edges: Sequence[Edge], writes: list, grads: dict) -> torch.Tensor:
+    """Each edge's first-order effect -> (len(edges),): the sender's write (per layer (batch, pos,
+    head, d_model)) dotted with the receiver input's gradient, summed over batch and positions.
+    Computed as one (senders x receivers) product per (sender layer, input hook)."""
+    groups = defaultdict(list)
+    for i, edge in enumerate(edges):
+        groups[edge.sender[0], _input_name(model, edge)].append(i)
+    values = torch.empty(len(edges))
+    for (layer, name), members in groups.items():
+        grad = grads[name] if grads[name].ndim == 4 else grads[name][:, :, None]  # logits: one "receiver"
+        table = einsum(writes[layer], grad, "b p s d, b p r d -> s r")
+        senders = torch.tensor([edges[i].sender[1] for i in members])
+        receivers = torch.tensor([max(edges[i].receiver[1], 0) for i in members])
+        values[members] = table[senders, receivers].float().cpu()
+    return values
+
+
+def edge_attribution(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    *,
+    senders=None,
+    receivers=None,
+    via: str | Sequence[str] = VIAS,
+    direction: str = "denoise",
+) -> pd.DataFrame:
+    """EAP score of every edge (see the module docstring) -> one row per edge, sorted by sender,
+    receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via, attribution``
+    (the predicted ``effect`` of ``path_patch`` with the same arguments). Three passes: the source
+    forward, the base forward and its backward."""
+    edges = edges_of(model, senders, receivers, via)
+    base, source = base_and_source(model, clean, corrupted, direction)
+    _, source_z = cache_run(model, source, z_names(model), logits=False)
+    grads, base_z = receiver_gradients(model, base, metric, edges)
+    writes = head_writes(model, [source_z[name] for name in z_names(model)], base_z)
+    return edge_frame(edges, attribution=attributions(model, edges, writes, grads))
+
+
+def shortlist_path_patch(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    *,
+    top_k: int = 20,
+    senders=None,
+    receivers=None,
+    via: str | Sequence[str] = VIAS,
+    direction: str = "denoise",
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Edge attribution ranks every edge; exact path patching confirms the ``top_k`` by
+    |attribution| -> those edges, strongest attribution first: the key columns, ``attribution``,
+    and ``path_patch``'s ``value`` and ``effect`` (unnormalised)."""
+    if not isinstance(top_k, int) or top_k < 1:
+        raise UserError(f"top_k={top_k!r} must be a positive integer")
+    require_edit(model, "hook_z", "shortlist_path_patch")
+    scored = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
+                              direction=direction)
+    order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
+    every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
+    edges = [every_edge[i] for i in order]
+    setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
+    exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress),
+                       normalize=False)
+    return exact.assign(attribution=scored["attribution"].to_numpy()[order]).reset_index(drop=True)[
+        [*exact.columns[:5], "attribution", "value", "effect"]
+    ]
+
+
+def edge_agreement(frame: pd.DataFrame, top_k: int = 10) -> dict:
+    """How well ``attribution`` predicts ``effect`` over the edges of ``frame``: Spearman and
+    Pearson correlations, and the share of the ``top_k`` edges by |effect| that are also among the
+    ``top_k`` by |attribution| (``top_k`` capped at the number of edges)."""
+    missing = {"attribution", "effect"} - set(frame.columns)
+    if missing:
+        raise UserError(f"edge_agreement needs columns attribution and effect; missing {sorted(missing)}")
+    if len(frame) < 2:
+        raise UserError(f"edge_agreement needs at least 2 edges, got {len(frame)}")
+    k = min(top_k, len(frame))
+    pair = frame[["attribution", "effect"]].astype(float)
+    top = [set(pair[col].abs().sort_values(ascending=False, kind="stable").index[:k]) for col in pair]
+    return {
+        "spearman": float(pair.rank().corr().iloc[0, 1]),
+        "pearson": float(pair.corr().iloc[0, 1]),
+        "top_k_overlap": len(top[0] & top[1]) / k,
+        "top_k": k,
+    }
