@@ -42,7 +42,7 @@ class CalibrationSection:
 
 CAPTIONS = {
     "null_bands": "Each head's role score (dot) against its null band (grey: centre +- 1.96 spread); "
-                  "filled: a role at the false-discovery rate",
+                  "red: beats its nulls at the false-discovery rate (a role also needs the score threshold)",
     "backup": "Pairwise ablation of role heads: joint effect minus the sum of single effects (nats)",
     "self_repair": "Direct effect (downstream frozen) vs total effect of ablating each head (nats)",
     "dormant": "Output norm relative to the layer's mean head; crosses: ablation is a no-op",
@@ -114,8 +114,12 @@ def _figure(width: float, height: float, n_cols: int = 1):
     return figure, figure.subplots(1, n_cols, squeeze=False)[0]
 
 
+BEATS_NULL, WITHIN_NULL = "beats its nulls (FDR)", "does not"
+
+
 def null_band_figure(calibration: pd.DataFrame) -> Figure:
-    """One panel per role: every head's score, and its null band as a grey bar."""
+    """One panel per role: every head's score, and its null band as a grey bar; red where the
+    score beats its nulls at the false-discovery rate (a role also needs the threshold, if any)."""
     roles = [role for role in ROLES if role in calibration["role"].unique()]
     frame = calibration.assign(head_label="L" + calibration["layer"].astype(str) + "H" + calibration["head"].astype(str))
     n_heads = frame["head_label"].nunique()
@@ -124,9 +128,9 @@ def null_band_figure(calibration: pd.DataFrame) -> Figure:
     for ax, role in zip(axes, roles):
         rows = frame[frame["role"] == role].reset_index(drop=True)
         ax.vlines(rows.index, rows["null_low"], rows["null_high"], color="0.7", linewidth=4)
-        sns.scatterplot(x=rows.index, y=rows["score"], hue=rows["significant"].map({True: "role", False: "no role"}),
-                        hue_order=["role", "no role"], palette={"role": "C3", "no role": "C0"}, ax=ax, s=18,
-                        legend=ax is axes[0])
+        beats = rows["significant"].map({True: BEATS_NULL, False: WITHIN_NULL})
+        sns.scatterplot(x=rows.index, y=rows["score"], hue=beats, hue_order=[BEATS_NULL, WITHIN_NULL],
+                        palette={BEATS_NULL: "C3", WITHIN_NULL: "C0"}, ax=ax, s=18, legend=ax is axes[0])
         ax.set_ylabel(role.replace("_", " "))
         ax.set_ylim(-0.02, 1.02)
     axes[-1].set_xticks(range(n_heads), frame["head_label"].unique(), rotation=90, fontsize=6)
