@@ -12,3 +12,14 @@ from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.patching import patch_heads, patch_patterns, patch_residual, patching_frame
 from analyses.intervention_figures import ablation_figure, patching_figure
 from analyses.study import run_study
+from analyses.attribution import unpatched_value
+from analyses.nulls import benjamini_hochberg, calibrate_roles
+from analyses.backup import backup_report, direct_and_total_effects, pairwise_ablation
+from analyses.dormant import dormant_heads, head_similarities, output_norms
+from analyses.calibration_figures import calibration_frames, calibration_section
+from analyses.composition import composition_figure, composition_scores
+from analyses.path_patching import path_patch
+from analyses.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.circuit import circuit_edges, circuit_figure, circuit_section
+from analyses.rollout import attention_rollout, model_rollout
+from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison

@@ -17,6 +17,8 @@ _COMMANDS = [
     "analyses.attention_map",
     "analyses.intervention_cli",
     "analyses.check_cli",
+    "analyses.circuit_cli",
+    "analyses.compare_cli",
 ]
 
 

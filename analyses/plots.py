@@ -33,11 +33,12 @@ def token_label(token: str) -> str:
     return label.replace("$", r"\$") or "''"
 
 
-def role_heatmaps(table: pd.DataFrame, columns: Sequence[str]) -> Figure:
+def role_heatmaps(table: pd.DataFrame, columns: Sequence[str],
+                  diverging: Sequence[str] = ("ablation_effect", "distance")) -> Figure:
     """One layer x head heatmap per column of the per-head ``table`` (columns layer, head, ...).
 
-    Role scores share a 0..1 colour scale; other columns (e.g. ablation_effect) get their own,
-    centred on zero.
+    Columns share a 0..1 colour scale (role scores); those in ``diverging`` (e.g. ablation_effect,
+    or changes between two models) get their own, centred on zero.
     """
     n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
     n_cols = min(3, len(columns))
@@ -47,7 +48,7 @@ def role_heatmaps(table: pd.DataFrame, columns: Sequence[str]) -> Figure:
     axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
     for ax, column in zip(axes, columns):
         grid = table.pivot(index="layer", columns="head", values=column).reindex(index=range(n_layers), columns=range(n_heads))
-        bounded = column != "ablation_effect" and column != "distance"
+        bounded = column not in diverging
         scale = {"vmin": 0.0, "vmax": 1.0, "cmap": "viridis"} if bounded else {"center": 0.0, "cmap": "RdBu_r"}
         sns.heatmap(grid, ax=ax, annot=n_heads <= 12, fmt=".2f", annot_kws={"size": 7}, square=True,
                     cbar_kws={"shrink": 0.8}, **scale)
@@ -59,8 +60,8 @@ def role_heatmaps(table: pd.DataFrame, columns: Sequence[str]) -> Figure:
 
 
 def attention_grid(patterns: torch.Tensor, str_tokens: Sequence[str], titles: Sequence[str],
-                   suptitle: str = "") -> Figure:
-    """Attention patterns side by side, token labels on both axes.
+                   suptitle: str = "", vmax: float = 1.0) -> Figure:
+    """Attention patterns side by side, token labels on both axes, colour scale 0..``vmax``.
 
     patterns: (n, q, k) post-softmax attention of n heads on one prompt of len(str_tokens) tokens.
     """
@@ -72,7 +73,7 @@ def attention_grid(patterns: torch.Tensor, str_tokens: Sequence[str], titles: Se
     figure = Figure(figsize=(n_cols * side, n_rows * side + (0.4 if suptitle else 0)))
     axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
     for ax, pattern, title in zip(axes, patterns.detach().float().cpu().numpy(), titles):
-        ax.imshow(pattern, vmin=0.0, vmax=1.0, cmap="Blues")
+        ax.imshow(pattern, vmin=0.0, vmax=vmax, cmap="Blues")
         ticks = range(len(labels))
         ax.set_xticks(ticks, labels, rotation=90)
         ax.set_yticks(ticks, labels)

@@ -31,6 +31,7 @@ import sys
 import sysconfig
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -318,29 +319,60 @@ def sinusoids(n_pos: int, width: int) -> torch.Tensor:
     return table
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Checkpoints during training: after every ``every`` steps, the model as an interp checkpoint in
+    ``directory / step_dirname(step)`` (the model is saved as it is; training goes on unchanged)."""
+
+    every: int
+    directory: Path
+
+    def __post_init__(self):
+        if self.every <= 0:
+            raise UserError(f"--save-every {self.every} must be a positive number of steps")
+
+    def save(self, step: int, model: GPTModel) -> Path:
+        return save_checkpoint(model, self.directory / step_dirname(step))
+
+
+def step_dirname(step: int) -> str:
+    """The directory name of the checkpoint after ``step`` steps: zero-padded, so names sort by step."""
+    return f"step_{step:06d}"
+
+
+def toy_checkpoints() -> dict[int, Path]:
+    """The embedded model's shipped training checkpoints: step -> checkpoint directory. Made by
+    ``interp train --out DIR --save-every 50`` (the default recipe, one thread), whose final weights
+    are byte for byte the shipped ``toy`` model's; step 200 is before the induction phase change."""
+    root = Path(str(resources.files("interp") / "toy_checkpoints"))
+    found = sorted(root.glob("step_*/model.safetensors")) if root.is_dir() else []
+    return {int(path.parent.name.removeprefix("step_")): path.parent for path in found}
+
+
 def learning_rate(recipe: Recipe, step: int) -> float:
     """Linear warm-up to ``lr`` over ``warmup_steps``, then constant: a decaying rate delayed the
     induction phase change past the end of short runs."""
     return recipe.lr * min(1.0, (step + 1) / recipe.warmup_steps)
 
 
-def train(recipe: Recipe, progress: bool = True) -> tuple[GPTModel, list[dict], dict]:
+def train(recipe: Recipe, progress: bool = True, snapshot: Snapshot | None = None) -> tuple[GPTModel, list[dict], dict]:
     """Train a model by ``recipe`` -> (model in eval mode, history rows, training metadata).
-    The caller's thread count, global random generators and determinism setting are restored on
-    exit, also when training raises."""
+    ``snapshot``, if given, sees the model every ``snapshot.every`` steps (it must not change it:
+    the run is the same with or without one). The caller's thread count, global random generators
+    and determinism setting are restored on exit, also when training raises."""
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True)
     try:
         with torch.random.fork_rng(devices=range(torch.accelerator.device_count())):  # _train reseeds them
-            return _train(recipe, progress)
+            return _train(recipe, progress, snapshot)
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _train(recipe: Recipe, progress: bool) -> tuple[GPTModel, list[dict], dict]:
+def _train(recipe: Recipe, progress: bool, snapshot: Snapshot | None) -> tuple[GPTModel, list[dict], dict]:
     corpus, held_out, data_description = load_corpus()
     eval_set = EvalSet.build(recipe, held_out)
     torch.manual_seed(recipe.seed)
@@ -359,6 +391,8 @@ def _train(recipe: Recipe, progress: bool) -> tuple[GPTModel, list[dict], dict]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         running.append(loss.item())
+        if snapshot is not None and (step + 1) % snapshot.every == 0:
+            snapshot.save(step + 1, model)
         if (step + 1) % recipe.eval_every == 0 or step + 1 == recipe.steps:
             history.append({"step": step + 1, "train_loss": sum(running) / len(running), **evaluate(model, eval_set)})
             running = []
@@ -408,9 +442,11 @@ def save_curves(history: list[dict], directory: Path) -> tuple[Path, Path]:
     return csv_path, png_path
 
 
-def run(recipe: Recipe, out: Path, progress: bool = True) -> dict:
-    """Train by ``recipe`` and write the checkpoint, training.json and curves into ``out``."""
-    model, history, metadata = train(recipe, progress)
+def run(recipe: Recipe, out: Path, progress: bool = True, save_every: int | None = None) -> dict:
+    """Train by ``recipe`` and write the checkpoint, training.json and curves into ``out``; with
+    ``save_every``, also a checkpoint every that many steps under ``out/checkpoints/step_NNNNNN``."""
+    snapshot = Snapshot(save_every, Path(out) / "checkpoints") if save_every is not None else None
+    model, history, metadata = train(recipe, progress, snapshot)
     save_checkpoint(model, out, training={**metadata, "history": history})
     save_curves(history, out)
     return metadata
@@ -431,6 +467,9 @@ def register(subparsers) -> None:
     parser.add_argument("--kv-heads", dest="kv_heads", type=int, metavar="K",
                         help="key/value heads per layer, a divisor of the heads (default: one per head; "
                              "fewer: grouped-query attention, 1: multi-query)")
+    parser.add_argument("--save-every", dest="save_every", type=int, metavar="N",
+                        help="also save a checkpoint every N steps, as OUT/checkpoints/step_NNNNNN (for "
+                             "`interp compare` and head scores over training)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(func=_command)
 
@@ -439,7 +478,7 @@ def _command(args) -> int:
     overrides = {key: getattr(args, key) for key in ("steps", "seed", "positions", "kv_heads")
                  if getattr(args, key) is not None}
     recipe = dataclasses.replace(PRESETS[args.preset], **overrides)
-    metadata = run(recipe, args.out, progress=not args.quiet)
+    metadata = run(recipe, args.out, progress=not args.quiet, save_every=args.save_every)
     print(f"wrote {args.out} ({metadata['environment']['train_seconds']:.0f}s): {metadata['final']}")
     return 0
 

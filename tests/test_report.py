@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+from matplotlib.figure import Figure
 
 import analyses.probes
 from analyses.classify import MEASURES
 from analyses.cli import build_parser, main
-from analyses.report import build_report
+from analyses.plots import png_bytes
+from analyses.report import DISPLAY_TEXT, DISPLAY_TOKENS, build_report, write_report
+from analyses.report_page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
+from analyses.tokens import leading_tokens
 from interp import GPTConfig, GPTModel, load_model, provenance
 from interp.loading import save_checkpoint
 
@@ -32,19 +37,24 @@ def scratch_report(gpt2_dir, tmp_path_factory):
 
 def test_report_writes_every_file_with_one_row_per_head(scratch_report):
     names = sorted(p.relative_to(scratch_report).as_posix() for p in scratch_report.rglob("*"))
-    assert names == ["figures", "figures/layer_map.png", "figures/role_scores.png", "figures/top_heads.png",
-                     "head_roles.csv", "index.html", "meta.json", "report.md"]  # no temporary files left
+    figures = sorted(n.removeprefix("figures/").removesuffix(".png") for n in names if n.startswith("figures/"))
+    assert names == ["figures", *[f"figures/{f}.png" for f in figures], "head_roles.csv", "index.html", "meta.json",
+                     "report.md"]  # no temporary files left
+    always = {"role_scores", "top_heads", "layer_map", "rollout", "null_bands", "self_repair", "dormant", "similarity"}
+    assert always <= set(figures) <= always | {"backup", "circuit"}  # those two need role heads
     table = pd.read_csv(scratch_report / "head_roles.csv", keep_default_na=False)
     expected = ["layer", "head"] + [f"{m}{s}" for m in MEASURES for s in ("", "_ci_low", "_ci_high")]
-    assert list(table.columns) == expected + ["ablation_effect", "role"]
+    assert list(table.columns[: len(expected)]) == expected and "role" in table.columns
+    assert {"ablation_effect", "causal", "induction_null_low", "induction_null_high", "induction_q"} <= set(table.columns)
     assert list(zip(table["layer"], table["head"])) == [(layer, head) for layer in range(2) for head in range(4)]
     assert ((table["induction_ci_low"] <= table["induction"]) & (table["induction"] <= table["induction_ci_high"])).all()
     meta = json.loads((scratch_report / "meta.json").read_text())
     assert meta["prompts"] == 4 and meta["seed"] == 0 and meta["seq_len"] == 48 and "torch" in meta["versions"]
+    assert meta["fdr"] == 0.05 and meta["thresholds"] == 0.4 and len(meta["null_seeds"]) >= 2
     html = (scratch_report / "index.html").read_text()
     images = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 3 and "src=\"figures" not in html
-    for name in ("role_scores", "top_heads", "layer_map"):
+    assert len(images) == len(figures) and "src=\"figures" not in html
+    for name in figures:
         assert (scratch_report / "figures" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
         assert f"figures/{name}.png" in (scratch_report / "report.md").read_text()
 
@@ -55,9 +65,9 @@ def test_same_seed_same_bytes_and_other_impl_same_scores(scratch_report, gpt2_di
         assert (again / path.relative_to(scratch_report)).read_bytes() == path.read_bytes(), path.name
     bridge = report(tmp_path / "bridge", gpt2_dir, "--impl", "transformer_lens")
     ours, theirs = (pd.read_csv(d / "head_roles.csv", keep_default_na=False) for d in (scratch_report, bridge))
-    numeric = [c for c in ours.columns if c != "role"]
-    assert (ours[numeric] - theirs[numeric]).abs().max().max() < 1e-4
-    assert list(ours["role"]) == list(theirs["role"])
+    numeric = [c for c in ours.columns if ours[c].dtype.kind in "fi"]
+    assert "induction" in numeric and (ours[numeric] - theirs[numeric]).abs().max().max() < 1e-4
+    assert ours.drop(columns=numeric).equals(theirs.drop(columns=numeric))  # roles and any other text
 
 
 def test_report_on_texts_scores_text_roles(gpt2_dir, tmp_path):
@@ -182,3 +192,54 @@ def test_impl_defaults_to_auto(command):
     assert parser.parse_args([command, *required.get(command, [])]).impl == "auto"
     for impl in ("auto", "scratch", "transformer_lens"):
         assert parser.parse_args([command, "--impl", impl, *required.get(command, [])]).impl == impl
+
+
+def test_the_page_is_self_contained_and_stores_every_heads_pattern(scratch_report, gpt2_dir):
+    """No external reference of any kind, a CSP that forbids any request, CircuitsVis inlined once,
+    and the stored patterns of the report's text are the model's own (to the 1/255 quantisation)."""
+    page = (scratch_report / "index.html").read_text()
+    assert not re.search(r'(src|href)\s*=\s*"(?!data:|#)', page)
+    assert "default-src 'none'" in page and page.count("var CircuitsVis=") == 1 and "sourceMappingURL" not in page
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1))
+    assert (data["n_layers"], data["n_heads"]) == (2, 4) and len(data["views"]) == 2
+    model = load_model(gpt2_dir)
+    tokens = leading_tokens(model, DISPLAY_TEXT, DISPLAY_TOKENS)
+    _, cache = model.run_with_cache(tokens[None])
+    text = data["views"][1]
+    assert len(text["tokens"]) == len(tokens)
+    stored = decode_patterns(text["patterns"], 2, 4, len(tokens))
+    for layer in range(2):
+        assert (stored[layer] - cache[f"blocks.{layer}.attn.hook_pattern"][0]).abs().max() <= 0.5 / 255 + 1e-6
+
+
+def test_patterns_round_trip_through_the_page_encoding():
+    patterns = torch.rand(3, 2, 5, 5, generator=torch.Generator().manual_seed(0)).softmax(-1).tril()
+    encoded = encode_patterns(patterns)
+    assert len(encoded) == 4 * -(-3 * 2 * 15 // 3)  # base64 of 15 bytes (the lower triangle) per head
+    assert (decode_patterns(encoded, 3, 2, 5) - patterns).abs().max() <= 0.5 / 255 + 1e-6
+
+
+def test_a_section_takes_a_few_lines(gpt2_dir, tmp_path):
+    report = build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=False)
+    figure = Figure(figsize=(2, 2))
+    figure.subplots().plot([0, 1])
+    edges = pd.DataFrame({"sender": ["L0H1"], "receiver": ["L1H2"], "score": [0.5]})
+    report.sections.append(Section("Circuit", "The **strongest** edges.",
+                                   figures=[ReportFigure("circuit", "edges", png_bytes(figure))], table=edges))
+    out = write_report(report, tmp_path / "report")
+    markdown, page = (out / "report.md").read_text(), (out / "index.html").read_text()
+    assert "## Circuit" in markdown and "![edges](figures/circuit.png)" in markdown and "| L0H1 | L1H2 | 0.500 |" in markdown
+    assert '<section id="circuit">' in page and "<strong>strongest</strong>" in page and ">L1H2</td>" in page
+    assert '<a href="#circuit">Circuit</a>' in page
+    assert (out / "figures" / "circuit.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_the_head_table_shows_intervals_and_null_bands():
+    table = pd.DataFrame({"layer": [0, 1], "head": [0, 0], "role": ["", "induction"], "induction": [0.1, 0.9],
+                          "induction_ci_low": [0.05, 0.85], "induction_ci_high": [0.15, 0.95],
+                          "ablation_effect": [0.0, 0.5]})
+    plain = head_table_html(table, ["induction"], ["induction"], "t")
+    assert "0.900 <span class=\"interval\">[0.85, 0.95]</span>" in plain and "null" not in plain
+    banded = head_table_html(table.assign(induction_null_low=[0.01, 0.02], induction_null_high=[0.2, 0.25]),
+                             ["induction"], ["induction"], "t")
+    assert "null [0.02, 0.25]" in banded and 'data-roles="induction"' in banded

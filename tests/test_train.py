@@ -11,20 +11,25 @@ import pytest
 import torch
 
 from interp import GPTModel, load_model
+from interp.loading import toy_checkpoint_dir
 from interp.errors import UserError
 from interp.train import (
     BOS,
     PRESETS,
+    EvalSet,
     Recipe,
     Repeats,
     head_scores,
     icl_score,
+    evaluate,
     initialise,
+    load_corpus,
     main,
     repeat_batch,
     sinusoids,
     stdlib_files,
     text_batch,
+    toy_checkpoints,
     train,
 )
 
@@ -253,3 +258,38 @@ def test_short_recipe_forms_an_induction_head(short_run):
     assert first["induction_score"] < 0.1 and last["induction_score"] > SHORT_INDUCTION_BOUND
     assert last["repeat_loss"] < first["repeat_loss"] - 2.0  # nats: the repeats became predictable
     assert first["icl_score"] > -0.15 and last["icl_score"] < SHORT_ICL_BOUND
+
+
+def test_save_every_writes_checkpoints_and_leaves_the_run_unchanged(tmp_path, capsys):
+    """``--save-every 2`` over 5 steps: checkpoints after steps 2 and 4, loadable; the final weights
+    are those of the same recipe trained without snapshots."""
+    assert main(["train", "--preset", "short", "--steps", "5", "--save-every", "2", "--out", str(tmp_path), "--quiet"]) == 0
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == ["step_000002", "step_000004"]
+    plain, _, _ = train(dataclasses.replace(PRESETS["short"], steps=5), progress=False)
+    final = load_model(tmp_path)
+    step2, step4 = (load_model(tmp_path / "checkpoints" / name) for name in saved)
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(final.state_dict()[name], tensor), name
+    assert not torch.equal(step2.embed.weight, step4.embed.weight)
+    assert not torch.equal(step4.embed.weight, final.embed.weight)
+    assert main(["train", "--steps", "2", "--save-every", "0", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--save-every 0 must be a positive number of steps" in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_shipped_early_checkpoint_is_step_200_of_the_recorded_run():
+    """Evaluated as the recipe evaluates, the shipped checkpoint gives the embedded model's
+    recorded history row of step 200 (before the induction phase change)."""
+    early = toy_checkpoints()[200]
+    recipe = PRESETS["full"]
+    model = load_model(early)
+    assert model.cfg == load_model("toy").cfg
+    recorded = json.loads((toy_checkpoint_dir() / "training.json").read_text())["history"]
+    [row] = [r for r in recorded if r["step"] == 200]
+    held_out = load_corpus()[1]
+    measured = evaluate(model, EvalSet.build(recipe, held_out))
+    for key, value in measured.items():
+        assert value == pytest.approx(row[key], abs=1e-4), key
+    assert row["induction_score"] < 0.1
