@@ -3,7 +3,11 @@ first cache tunes the process's allocator, so one script must not set the stage 
 each prints its own ratios. ``run.py NAME ...`` runs the scripts whose names contain a NAME:
 ``model``, ``classify``, ``patching`` (GPT-2-small shape), ``llama`` (our GPTModel on a Llama shape
 with grouped-query attention: forward against Hugging Face eager and SDPA, caching, classification
-and head patching against TransformerLens on the bridge over the same weights)."""
+and head patching against TransformerLens on the bridge over the same weights), ``circuits`` (exact
+path patching of every (sender, receiver) pair against TransformerLens's ``get_act_patch_direct_path``,
+and edge attribution against exact path patching), ``composition`` (composition scores against
+TransformerLens's ``all_composition_scores``), ``study`` (a scripted study locally and on Ray with 1
+and 2 workers: rows/s and per-block overhead; needs the ``[ray]`` extra)."""
 
 import subprocess
 import sys
