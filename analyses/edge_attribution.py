@@ -24,7 +24,7 @@ from typing import Sequence
 
 import pandas as pd
 import torch
-from einops import einsum
+from einops import rearrange
 
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.hook_check import require_edit
@@ -32,7 +32,7 @@ from analyses.hook_names import final_resid_name, qkv_input_name, z_names
 from analyses.interventions import activation_gradients, cache_run
 from analyses.metrics import Metric
 from analyses.path_patching import (
-    QKV, VIAS, Edge, edge_frame, edges_of, head_writes, path_frame, path_values, prepare_paths,
+    VIAS, Edge, edge_frame, edges_of, head_writes, path_frame, path_values, prepare_paths,
 )
 from analyses.patching import base_and_source
 from interp.errors import UserError
@@ -56,39 +56,50 @@ def split_qkv_inputs(model):
         model.set_use_split_qkv_input(saved)
 
 
-def receiver_gradients(model, base: torch.Tensor, metric: Metric, edges: Sequence[Edge]) -> tuple[dict, list]:
-    """One forward and backward of ``base`` -> ({input hook name: d metric / d input}, z per layer
-    (batch, pos, head, d_head)). Inputs: ``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head,
-    d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits."""
-    inputs = list(dict.fromkeys(_input_name(model, e) for e in edges))
-    with split_qkv_inputs(model) if any(e.via in QKV for e in edges) else nullcontext():
-        _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model))
-    for name in inputs:
-        if name != final_resid_name(model) and grads[name].shape[2] != model.cfg.n_heads:
-            raise UserError(f"{name} carries {grads[name].shape[2]} heads, not one per query head "
-                            f"({model.cfg.n_heads}): this model's key/value inputs are shared, so edge "
-                            "attribution through k/v is undefined here; use via='q' or 'logits'")
-    return {name: grads[name] for name in inputs}, [activations[name] for name in z_names(model)]
+def receiver_inputs(model, edges: Sequence[Edge]) -> dict[str, list[int]]:
+    """The input each edge's receiver reads -> {hook name: the indices of its edges}."""
+    by_input = defaultdict(list)
+    for i, (_, (layer, _), rank) in enumerate(edges):
+        by_input[layer, rank].append(i)
+    return {_input_name(model, edges[members[0]]): members for members in by_input.values()}
 
 
 def _input_name(model, edge: Edge) -> str:
     return final_resid_name(model) if edge.via == "logits" else qkv_input_name(edge.receiver[0], edge.via)
 
 
-def attributions(model, edges: Sequence[Edge], writes: list, grads: dict) -> torch.Tensor:
+def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str]) -> tuple[dict, list]:
+    """One forward and backward of ``base`` -> ({input hook name: d metric / d input}, z per layer
+    (batch, pos, head, d_head)). ``inputs``: ``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head,
+    d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits."""
+    final = final_resid_name(model)
+    with split_qkv_inputs(model) if any(name != final for name in inputs) else nullcontext():
+        _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model))
+    for name in inputs:
+        if name != final and grads[name].shape[2] != model.cfg.n_heads:
+            raise UserError(f"{name} carries {grads[name].shape[2]} heads, not one per query head "
+                            f"({model.cfg.n_heads}): this model's key/value inputs are shared, so edge "
+                            "attribution through k/v is undefined here; use via='q' or 'logits'")
+    return {name: grads[name] for name in inputs}, [activations[name] for name in z_names(model)]
+
+
+def attributions(edges: Sequence[Edge], writes: list, grads: dict, inputs: dict[str, list[int]]) -> torch.Tensor:
     """Each edge's first-order effect -> (len(edges),): the sender's write (per layer (batch, pos,
-    head, d_model)) dotted with the receiver input's gradient, summed over batch and positions.
-    Computed as one (senders x receivers) product per (sender layer, input hook)."""
-    groups = defaultdict(list)
-    for i, edge in enumerate(edges):
-        groups[edge.sender[0], _input_name(model, edge)].append(i)
+    head, d_model), for the layers up to the last sender's) dotted with the gradient of the
+    receiver's input (``inputs``: {hook name: its edges}, as ``receiver_inputs`` gives), summed
+    over batch and positions. The writes are laid out once as one (sender, batch * pos * d_model)
+    matrix; each input is then one matrix product with its gradient, over the senders up to the
+    latest one that reaches it."""
+    n_heads = writes[0].shape[2]
+    senders = torch.cat([rearrange(w, "b p h d -> h (b p d)") for w in writes])  # (layer * head, ...)
+    rows = torch.tensor([layer * n_heads + head for (layer, head), _, _ in edges])
+    columns = torch.tensor([max(head, 0) for _, (_, head), _ in edges])  # logits: receiver 0
     values = torch.empty(len(edges))
-    for (layer, name), members in groups.items():
+    for name, members in inputs.items():
         grad = grads[name] if grads[name].ndim == 4 else grads[name][:, :, None]  # logits: one "receiver"
-        table = einsum(writes[layer], grad, "b p s d, b p r d -> s r")
-        senders = torch.tensor([edges[i].sender[1] for i in members])
-        receivers = torch.tensor([max(edges[i].receiver[1], 0) for i in members])
-        values[members] = table[senders, receivers].float().cpu()
+        edge_rows, edge_columns = rows[members], columns[members]
+        table = rearrange(grad, "b p r d -> r (b p d)") @ senders[:int(edge_rows.max()) + 1].T  # (receiver, sender)
+        values[members] = table[edge_columns, edge_rows].float().cpu()
     return values
 
 
@@ -109,10 +120,12 @@ def edge_attribution(
     forward, the base forward and its backward."""
     edges = edges_of(model, senders, receivers, via)
     base, source = base_and_source(model, clean, corrupted, direction)
-    _, source_z = cache_run(model, source, z_names(model), logits=False)
-    grads, base_z = receiver_gradients(model, base, metric, edges)
-    writes = head_writes(model, [source_z[name] for name in z_names(model)], base_z)
-    return edge_frame(edges, attribution=attributions(model, edges, writes, grads))
+    senders_z = z_names(model)[:max(e.sender[0] for e in edges) + 1]  # the source run stops after these
+    _, source_z = cache_run(model, source, senders_z, logits=False)
+    inputs = receiver_inputs(model, edges)
+    grads, base_z = receiver_gradients(model, base, metric, list(inputs))
+    writes = head_writes(model, [source_z[name] for name in senders_z], base_z[:len(senders_z)])
+    return edge_frame(edges, attribution=attributions(edges, writes, grads, inputs))
 
 
 def shortlist_path_patch(

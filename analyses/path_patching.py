@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from einops import einsum
@@ -92,18 +93,22 @@ def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIA
     vias = check_vias(via)
     senders = _all_heads(model) if senders is None else check_heads(model, senders)
     receivers = _all_heads(model) if receivers is None else check_heads(model, receivers)
-    logits = (model.cfg.n_layers, -1)
-    found = {Edge(s, r, VIAS.index(v)) for s, r, v in product(senders, receivers, vias) if v in QKV and s[0] < r[0]}
-    found |= {Edge(s, logits, VIAS.index("logits")) for s in senders if "logits" in vias}
+    ranks = [VIAS.index(v) for v in vias if v in QKV]
+    inputs = [(r, rank) for r in sorted(set(receivers)) for rank in ranks]  # (receiver, via rank), sorted
+    logits = [((model.cfg.n_layers, -1), VIAS.index("logits"))] if "logits" in vias else []  # sorts last
+    found = [  # made in sorted order, without repeats
+        Edge(s, r, rank) for s in sorted(set(senders)) for r, rank in [*(i for i in inputs if s[0] < i[0][0]), *logits]
+    ]
     if not found:
         raise UserError(f"no edge: every receiver's layer must come after a sender's (senders {senders}, "
                         f"receivers {receivers}, via {', '.join(vias)})")
-    return sorted(found)
+    return found
 
 
 def edge_frame(edges: Sequence[Edge], **columns) -> pd.DataFrame:
     """One row per edge: ``KEY_COLUMNS`` then ``columns`` (each a sequence in edge order)."""
-    keys = pd.DataFrame([(*e.sender, *e.receiver, e.via) for e in edges], columns=KEY_COLUMNS)
+    table = np.array([(*e.sender, *e.receiver, e.rank) for e in edges], dtype=np.int64).reshape(-1, 5)
+    keys = pd.DataFrame(table[:, :4], columns=KEY_COLUMNS[:4]).assign(via=np.array(VIAS, dtype=object)[table[:, 4]])
     return keys.assign(**{name: torch.as_tensor(values).cpu().numpy() for name, values in columns.items()})
 
 

@@ -10,7 +10,7 @@ from transformer_lens import patching as tl_patching
 
 from analyses.classify import classify_heads
 from analyses.metrics import loss_metric
-from analyses.path_patching import path_patch
+from analyses.path_patching import VIAS, edges_of, path_patch
 from analyses.probes import corrupt_first_copy, probes_for
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge
@@ -189,6 +189,20 @@ def test_normalize_and_sorting(gpt2_pair):
     assert (logits_rows.receiver_layer == N_LAYERS).all() and (logits_rows.receiver_head == -1).all()
     assert list(raw.columns) == ["sender_layer", "sender_head", "receiver_layer", "receiver_head", "via", "value",
                                  "effect"]
+
+
+@pytest.mark.parametrize("via", ["q", ("v", "k"), ("logits", "q", "k", "v"), "logits"])
+def test_edges_are_every_pair_once_sorted(gpt2_pair, via):
+    scratch, _ = gpt2_pair
+    senders = [(1, 3), (0, 2), (1, 3), (2, 0), (0, 0)]  # unsorted, with a repeat
+    receivers = [(2, 1), (1, 0), (2, 1), (0, 3), (1, 2)]
+    vias = [via] if isinstance(via, str) else list(via)
+    expected = {(s, r, VIAS.index(v)) for s in senders for r in receivers for v in vias
+                if v != "logits" and s[0] < r[0]}
+    expected |= {(s, (N_LAYERS, -1), VIAS.index("logits")) for s in senders if "logits" in vias}
+    edges = edges_of(scratch, senders, receivers, via)
+    assert [tuple(e) for e in edges] == sorted(expected)
+    assert all(e.via == VIAS[e[2]] for e in edges)
 
 
 def test_bad_input(gpt2_pair):
