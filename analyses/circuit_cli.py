@@ -5,7 +5,8 @@
     circuit.png   the strongest edges as a layered graph
     meta.json     the model (spec, family, impl, weights hash), the arguments, the chosen heads
 
-Heads are classified on repeated-segment probes (``analyses.classify``); the senders and
+Heads are classified on repeated-segment probes (``analyses.classify``) and given roles as the
+report gives them (against their nulls, ``analyses.nulls``, and the threshold); the senders and
 receivers are the heads with the roles asked for (every role head by default); path patching
 runs on the same probes against their first-copy-corrupted twins, with the loss on the
 predictable tokens as the metric.
@@ -17,7 +18,8 @@ import argparse
 from pathlib import Path
 
 from analyses.circuit import check_role, circuit_section
-from analyses.classify import ROLES, assign_roles, classify_heads
+from analyses.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, classify_heads
+from analyses.nulls import calibrate_roles
 from analyses.intervention_figures import save_csv, save_figure
 from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.path_patching import VIAS, check_vias
@@ -54,7 +56,10 @@ def run_circuit(args: argparse.Namespace) -> int:
     model = load_cli_model(args)
     progress = False if args.quiet else None
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
-    table = assign_roles(classify_heads(model, probes=probes, seed=args.seed, progress=progress))
+    scores = classify_heads(model, probes=probes, seed=args.seed, progress=progress)
+    # the report's rule: a score that beats its nulls at FDR 0.05 and reaches the threshold
+    table = assign_roles(scores, DEFAULT_THRESHOLD,
+                         calibration=calibrate_roles(model, probes, seed=args.seed, progress=progress))
     section = circuit_section(model, table, probes, sender_role=args.senders, receiver_role=args.receivers,
                               via=vias, direction=args.direction, top=args.top, seed=args.seed,
                               progress=progress)

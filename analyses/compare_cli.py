@@ -6,16 +6,14 @@ import argparse
 
 from analyses.classify import DEFAULT_THRESHOLD
 from analyses.compare import compare_models, write_comparison
-from analyses.outputs import IMPL_CHOICES
-from interp import load_model
+from analyses.outputs import add_impl_arg, load_cli_model
 from interp.errors import UserError
 
 
 def run(args: argparse.Namespace) -> int:
     if args.prompts < 1:
         raise UserError(f"--prompts {args.prompts} must be >= 1")
-    impl = None if args.impl == "auto" else args.impl
-    model_a, model_b = (load_model(spec, impl=impl).eval() for spec in (args.a, args.b))
+    model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
     comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
                                 seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold)
     print(write_comparison(comparison, args.out))
@@ -27,9 +25,7 @@ def register(subparsers) -> None:
                                                    "(two checkpoints, a model and its fine-tune)")
     parser.add_argument("a", help="model A (the baseline): toy, a checkpoint of ours, a Hugging Face directory or id")
     parser.add_argument("b", help="model B (compared with A): same kinds, same shape as A")
-    parser.add_argument("--impl", default="auto", choices=IMPL_CHOICES,
-                        help="auto (default): the from-scratch model where it implements the family, else the "
-                             "TransformerLens bridge (both models)")
+    add_impl_arg(parser)
     parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
     parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
     parser.add_argument("--seed", type=int, default=0)

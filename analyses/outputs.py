@@ -23,14 +23,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="toy",
                         help="toy (the embedded model, default), a checkpoint of ours, or any Hugging Face "
                              "model directory or hub id")
+    add_impl_arg(parser)
+
+
+def add_impl_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impl", default="auto", choices=IMPL_CHOICES,
                         help="auto (default): the from-scratch model where it implements the family, else the "
                              "TransformerLens bridge")
 
 
-def load_cli_model(args: argparse.Namespace):
-    """The model ``--model``/``--impl`` name, in eval mode."""
-    return load_model(args.model, impl=None if args.impl == "auto" else args.impl).eval()
+def load_cli_model(args: argparse.Namespace, spec: str | None = None):
+    """The model ``--model`` (or ``spec``) names, run by ``--impl``, in eval mode."""
+    return load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl).eval()
 
 
 def versions() -> dict[str, str]:
