@@ -10,18 +10,18 @@ evaluated on the unpatched base run (the corrupted one when denoising, the clean
 noising), so it predicts ``path_patch``'s ``effect`` with the same signs and directions. Three
 passes give every edge: the source forward (its z), the base forward and one backward (activation
 gradients only) with per-head q/k/v inputs on (TransformerLens's ``set_use_split_qkv_input``,
-which ``GPTModel`` and the bridge both offer; the receiver's input gradient is then one slice of
-``blocks.{l}.hook_{q,k,v}_input``). "logits" edges need only the gradient at the residual leaving
-the last block. How far the linearisation holds is measured, not assumed: ``edge_agreement`` and
+which ``GPTModel`` and the bridge both offer, ``GPTModel`` for only the inputs the edges read; the
+receiver's input gradient is then one slice of ``blocks.{l}.hook_{q,k,v}_input``). "logits" edges
+need only the gradient at the residual leaving the last block. How far the linearisation holds is measured, not assumed: ``edge_agreement`` and
 ``shortlist_path_patch`` (attribution ranks, exact path patching confirms the top k).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from einops import rearrange
@@ -32,40 +32,46 @@ from analyses.hook_names import final_resid_name, qkv_input_name, z_names
 from analyses.interventions import activation_gradients, cache_run
 from analyses.metrics import Metric
 from analyses.path_patching import (
-    VIAS, Edge, edge_frame, edges_of, head_writes, path_frame, path_values, prepare_paths,
+    QKV, VIAS, Edges, edges_of, head_writes, path_frame, path_values, prepare_paths,
 )
 from analyses.patching import base_and_source
 from interp.errors import UserError
 
 
 @contextmanager
-def split_qkv_inputs(model):
-    """Per-head q/k/v input hooks on for the block, the model's own setting restored after."""
+def split_qkv_inputs(model, inputs: Sequence[str]):
+    """Per-head copies of the q/k/v ``inputs`` for the block (only those where the model can split
+    them one by one, ``GPTModel.set_split_qkv_inputs``; all three on a bridge), the model's own
+    setting restored after."""
     if not hasattr(model, "set_use_split_qkv_input"):
         raise UserError(f"{type(model).__name__} has no per-head q/k/v inputs (set_use_split_qkv_input), "
                         "which edge attribution through q/k/v needs; via='logits' works without them")
-    saved = bool(getattr(model.cfg, "use_split_qkv_input", False))
+    if hasattr(model, "set_split_qkv_inputs"):
+        saved = model.split_qkv_inputs
+        switch = model.set_split_qkv_inputs
+    else:
+        saved = bool(getattr(model.cfg, "use_split_qkv_input", False))
+        switch, inputs = model.set_use_split_qkv_input, True
     try:
-        model.set_use_split_qkv_input(True)
+        switch(inputs)
     except (ValueError, NotImplementedError) as refusal:  # a bridge whose attention has no per-head fork
         raise UserError(f"this model cannot split its q/k/v inputs per head ({refusal}); "
                         "edge attribution through q/k/v needs that; via='logits' works without it") from None
     try:
         yield
     finally:
-        model.set_use_split_qkv_input(saved)
+        switch(saved)
 
 
-def receiver_inputs(model, edges: Sequence[Edge]) -> dict[str, list[int]]:
+def receiver_inputs(model, edges: Edges) -> dict[str, np.ndarray]:
     """The input each edge's receiver reads -> {hook name: the indices of its edges}."""
-    by_input = defaultdict(list)
-    for i, (_, (layer, _), rank) in enumerate(edges):
-        by_input[layer, rank].append(i)
-    return {_input_name(model, edges[members[0]]): members for members in by_input.values()}
+    keys = edges.table[:, 2] * len(VIAS) + edges.table[:, 4]  # (receiver layer, via rank)
+    found, which = np.unique(keys, return_inverse=True)
+    return {_input_name(model, *divmod(int(key), len(VIAS))): np.flatnonzero(which == i) for i, key in enumerate(found)}
 
 
-def _input_name(model, edge: Edge) -> str:
-    return final_resid_name(model) if edge.via == "logits" else qkv_input_name(edge.receiver[0], edge.via)
+def _input_name(model, layer: int, rank: int) -> str:
+    return final_resid_name(model) if VIAS[rank] == "logits" else qkv_input_name(layer, VIAS[rank])
 
 
 def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str]) -> tuple[dict, list]:
@@ -73,7 +79,8 @@ def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequen
     (batch, pos, head, d_head)). ``inputs``: ``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head,
     d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits."""
     final = final_resid_name(model)
-    with split_qkv_inputs(model) if any(name != final for name in inputs) else nullcontext():
+    split = [which for which in QKV if any(name.endswith(f"hook_{which}_input") for name in inputs)]
+    with split_qkv_inputs(model, split) if split else nullcontext():
         _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model))
     for name in inputs:
         if name != final and grads[name].shape[2] != model.cfg.n_heads:
@@ -83,20 +90,20 @@ def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequen
     return {name: grads[name] for name in inputs}, [activations[name] for name in z_names(model)]
 
 
-def attributions(edges: Sequence[Edge], writes: list, grads: dict, inputs: dict[str, list[int]]) -> torch.Tensor:
-    """Each edge's first-order effect -> (len(edges),): the sender's write (per layer (batch, pos,
-    head, d_model), for the layers up to the last sender's) dotted with the gradient of the
-    receiver's input (``inputs``: {hook name: its edges}, as ``receiver_inputs`` gives), summed
-    over batch and positions. The writes are laid out once as one (sender, batch * pos * d_model)
-    matrix; each input is then one matrix product with its gradient, over the senders up to the
-    latest one that reaches it."""
-    n_heads = writes[0].shape[2]
-    senders = torch.cat([rearrange(w, "b p h d -> h (b p d)") for w in writes])  # (layer * head, ...)
-    rows = torch.tensor([layer * n_heads + head for (layer, head), _, _ in edges])
-    columns = torch.tensor([max(head, 0) for _, (_, head), _ in edges])  # logits: receiver 0
+def attributions(edges: Edges, writes: torch.Tensor, grads: dict, inputs: dict[str, np.ndarray],
+                 n_heads: int) -> torch.Tensor:
+    """Each edge's first-order effect -> (len(edges),): the sender's write (``writes``, (layer *
+    head, batch, pos, d_model) for the layers up to the last sender's, as ``head_writes`` lays them
+    out) dotted with the gradient of the receiver's input (``inputs``: {hook name: its edges}, as
+    ``receiver_inputs`` gives), summed over batch and positions: for each input, one matrix
+    product of its gradient with the senders up to the latest one that reaches it."""
+    senders = writes.flatten(1)  # (sender, batch * pos * d_model)
+    rows = torch.from_numpy(edges.table[:, 0] * n_heads + edges.table[:, 1])
+    columns = torch.from_numpy(np.maximum(edges.table[:, 3], 0))  # logits: receiver 0
     values = torch.empty(len(edges))
     for name, members in inputs.items():
         grad = grads[name] if grads[name].ndim == 4 else grads[name][:, :, None]  # logits: one "receiver"
+        members = torch.from_numpy(members)
         edge_rows, edge_columns = rows[members], columns[members]
         table = rearrange(grad, "b p r d -> r (b p d)") @ senders[:int(edge_rows.max()) + 1].T  # (receiver, sender)
         values[members] = table[edge_columns, edge_rows].float().cpu()
@@ -120,12 +127,12 @@ def edge_attribution(
     forward, the base forward and its backward."""
     edges = edges_of(model, senders, receivers, via)
     base, source = base_and_source(model, clean, corrupted, direction)
-    senders_z = z_names(model)[:max(e.sender[0] for e in edges) + 1]  # the source run stops after these
+    senders_z = z_names(model)[:int(edges.table[:, 0].max()) + 1]  # the source run stops after these
     _, source_z = cache_run(model, source, senders_z, logits=False)
     inputs = receiver_inputs(model, edges)
     grads, base_z = receiver_gradients(model, base, metric, list(inputs))
     writes = head_writes(model, [source_z[name] for name in senders_z], base_z[:len(senders_z)])
-    return edge_frame(edges, attribution=attributions(edges, writes, grads, inputs))
+    return edges.frame(attribution=attributions(edges, writes, grads, inputs, model.cfg.n_heads))
 
 
 def shortlist_path_patch(
@@ -152,7 +159,7 @@ def shortlist_path_patch(
                               direction=direction)
     order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
     every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
-    edges = [every_edge[i] for i in order]
+    edges = every_edge.take(order)
     setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
     exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress),
                        normalize=False)

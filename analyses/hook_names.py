@@ -16,6 +16,11 @@ def resid_pre_name(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_pre"
 
 
+def resid_mid_name(layer: int) -> str:
+    """The residual stream between a block's attention and its MLP, (batch, pos, d_model)."""
+    return f"blocks.{layer}.hook_resid_mid"
+
+
 def z_names(model) -> list[str]:
     """Every layer's ``hook_z`` name."""
     return [z_name(layer) for layer in range(model.cfg.n_layers)]

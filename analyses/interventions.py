@@ -10,8 +10,10 @@ under variant v), chunked to a memory budget; ``collect_variants`` returns activ
 a metric, stopping each forward once they are stored.
 
 On ``GPTModel`` a chunk runs only the blocks from its earliest edited layer on, starting from
-the cached residual stream of the unedited run (``start_at_layer``). A ``TransformerBridge``'s
-``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the full forward runs.
+the cached residual stream of the unedited run (``start_at_layer``); a chunk whose earliest edits
+are all of that layer's ``hook_resid_mid`` starts after the layer's attention. A
+``TransformerBridge``'s ``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the
+full forward runs.
 
 The linearised counterpart (``metric_gradients``, ``linear_effects``; ``activation_gradients`` for
 any hooks) serves attribution patching, edge attribution and Michel et al.'s head importance: the
@@ -27,7 +29,7 @@ import torch
 from einops import einsum, repeat
 
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.hook_names import layer_of, resid_pre_names, z_name, z_names
+from analyses.hook_names import layer_of, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.metrics import Metric, evaluate_metric
 from analyses.progress import progress_bar
 from interp.errors import UserError
@@ -98,16 +100,26 @@ def cache_run(model, tokens: torch.Tensor, names: Sequence[str], *, logits: bool
     return output, kept
 
 
+def start_names(model) -> list[str]:
+    """Where a run of ``model`` may start and compute only the rest: every layer's
+    ``hook_resid_pre`` on GPTModel (``suffix_only_start``), and its ``hook_resid_mid`` where blocks
+    have one (``resid_mid_start``); none on a TransformerBridge."""
+    if not runs_suffix_only(model):
+        return []
+    mids = getattr(model, "resid_mid_start", False)
+    return [name for layer in range(model.cfg.n_layers)
+            for name in (resid_pre_name(layer), *([resid_mid_name(layer)] if mids else []))]
+
+
 def base_run(model, tokens: torch.Tensor, names: Sequence[str] = ()) -> tuple[torch.Tensor, dict, dict | None]:
     """The unedited run -> (logits (batch, pos, d_vocab), {name: activation} for ``names``, starts).
 
-    ``starts`` maps each layer to the residual (batch, pos, d_model) entering it where the model
-    can start there and compute only the rest (GPTModel); None elsewhere.
+    ``starts`` maps each ``start_names`` hook to the unedited residual (batch, pos, d_model) there,
+    where the model can start and compute only the rest (GPTModel); None elsewhere.
     """
-    suffix = runs_suffix_only(model)
-    resid_names = resid_pre_names(model) if suffix else []
+    resid_names = start_names(model)
     logits, cache = cache_run(model, tokens, [*names, *resid_names])
-    starts = {layer: cache[name] for layer, name in enumerate(resid_names)} if suffix else None
+    starts = {name: cache[name] for name in resid_names} if resid_names else None
     return logits, {name: cache[name] for name in names}, starts
 
 
@@ -150,20 +162,24 @@ def edit_hooks(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor])
     return hooks
 
 
-def first_layer(variant: Variant) -> int:
-    """The earliest layer a variant edits."""
-    return min(layer_of(cell[0]) for cell in variant)
+def start_of(variant: Variant) -> tuple[int, bool]:
+    """Where a run serving ``variant`` may start -> (its earliest edited layer, whether every edit
+    there is of that layer's ``hook_resid_mid``, so the layer's attention may be skipped)."""
+    layer = min(layer_of(cell[0]) for cell in variant)
+    return layer, all(cell[0] == resid_mid_name(layer) for cell in variant if layer_of(cell[0]) == layer)
 
 
 def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None):
     """One forward of ``tokens`` repeated once per variant (variant-major) under ``hooks``; with
-    ``starts`` it begins at the variants' earliest edited layer."""
+    ``starts`` it begins at the variants' earliest edit (``start_of``)."""
     k = len(variants)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        if starts is not None:
-            start = min(first_layer(variant) for variant in variants)
-            return model(repeat(starts[start], "b p d -> (k b) p d", k=k), start_at_layer=start)
-        return model(repeat(tokens, "b p -> (k b) p", k=k))
+        if starts is None:
+            return model(repeat(tokens, "b p -> (k b) p", k=k))
+        layer, after_attention = min(start_of(variant) for variant in variants)
+        mid = after_attention and resid_mid_name(layer) in starts
+        resid = starts[resid_mid_name(layer) if mid else resid_pre_name(layer)]
+        return model(repeat(resid, "b p d -> (k b) p d", k=k), start_at_layer=layer, start_at_resid_mid=mid)
 
 
 def run_variants(
@@ -185,13 +201,13 @@ def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float, *, logits: b
 
 def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], memory_mb: float,
                    *, logits: bool = True) -> list[list[int]]:
-    """The variants' indices grouped by their earliest edited layer (so a suffix run starts as late
-    as it can), each group cut into chunks that fit ``memory_mb``."""
+    """The variants' indices grouped by where their runs may start (``start_of``, so a suffix run
+    starts as late as it can), each group cut into chunks that fit ``memory_mb``."""
     if any(len(variant) == 0 for variant in variants):
         raise UserError("every intervention needs at least one cell to edit")
     by_start = defaultdict(list)
     for v, variant in enumerate(variants):
-        by_start[first_layer(variant)].append(v)
+        by_start[start_of(variant)].append(v)
     chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb, logits=logits)
     return [members[i:i + chunk] for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)]
 

@@ -16,10 +16,11 @@ d_model)) and the hooks of DESIGN 2, every step batched through the intervention
    ``hook_q/k/v`` of L held at their base values, stopping at L's ``hook_z``: that is the z of
    every head of L when only its query (key, value) input moved, since heads of one layer are
    independent given their q, k and v;
-2. for each edge, one forward from layer L with only the receiver's ``hook_z`` slice replaced
-   by its step-1 value (on ``GPTModel`` only blocks L.. run; a bridge reruns the earlier ones).
-   A "logits" edge adds the write to the residual leaving the last block (what ``ln_final`` and
-   the unembedding read).
+2. for each edge, one forward with only the receiver's ``hook_z`` slice replaced by its step-1
+   value. On ``GPTModel`` that is a run from L's ``resid_mid``, the base one plus the receiver's
+   moved z through its ``W_O`` (what replacing the slice adds there), so only L's MLP and the
+   blocks after it run; a bridge edits ``hook_z`` in a full forward. A "logits" edge adds the
+   write to the residual leaving the last block (what ``ln_final`` and the unembedding read).
 
 Grouped-query attention: a key/value head is shared by the query heads of its group. A
 receiver's key (value) input is its own copy of the residual that its group's key (value)
@@ -27,8 +28,9 @@ projection reads: patching receiver r gives r's z computed with its own query an
 path-patched key (value), and leaves the other heads of the group on the base key (value). (This
 is what ``GPTModel.set_use_split_qkv_input`` computes; TransformerLens refuses k/v paths there.)
 
-Cost per edge: step 2 is one suffix forward (on a 12-layer model, from the receiver's layer on);
-step 1 is about one block per (sender, receiver layer, input), shared by that layer's receivers.
+Cost per edge: step 2 is one suffix forward (on a 12-layer model, from the receiver's layer's MLP
+on); step 1 is about one block's attention per (sender, receiver layer, input), shared by that
+layer's receivers.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.hook_check import check_hooks, require_edit
-from analyses.hook_names import final_resid_name, qkv_name, resid_pre_name, z_name, z_names
-from analyses.interventions import base_run, cache_run, check_heads, collect_variants, evaluate_variants
+from analyses.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
+from analyses.interventions import (
+    base_run, cache_run, check_heads, collect_variants, evaluate_variants, rows_per_chunk,
+)
 from analyses.metrics import Metric, evaluate_metric
 from analyses.patching import base_and_source, normalize_values
 from analyses.progress import progress_bar
@@ -60,7 +64,7 @@ Head = tuple[int, int]
 
 class Edge(NamedTuple):
     """sender (layer, head) -> receiver (layer, head) through ``via``; a "logits" edge's receiver
-    is (n_layers, -1). Ordered by sender, receiver, then via in ``VIAS`` order."""
+    is (n_layers, -1). One row of ``Edges``."""
 
     sender: Head
     receiver: Head
@@ -69,6 +73,36 @@ class Edge(NamedTuple):
     @property
     def via(self) -> str:
         return VIAS[self.rank]
+
+
+@dataclass(frozen=True)
+class Edges:
+    """Edges as one table, so an analysis over thousands of them needs no Python loop: ``table``
+    (edge, 5) int64, the columns ``sender_layer, sender_head, receiver_layer, receiver_head,
+    rank`` (``VIAS.index(via)``; a "logits" edge's receiver is (n_layers, -1)), sorted by sender,
+    receiver, then via in ``VIAS`` order. ``edges[i]`` is row i as an ``Edge``."""
+
+    table: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> Edge:
+        sender_layer, sender_head, receiver_layer, receiver_head, rank = self.table[i].tolist()
+        return Edge((sender_layer, sender_head), (receiver_layer, receiver_head), rank)
+
+    def __iter__(self):
+        return (Edge((row[0], row[1]), (row[2], row[3]), row[4]) for row in self.table.tolist())
+
+    def take(self, indices) -> "Edges":
+        """The rows ``indices`` (in that order)."""
+        return Edges(self.table[np.asarray(indices, dtype=np.int64)])
+
+    def frame(self, **columns) -> pd.DataFrame:
+        """One row per edge: ``KEY_COLUMNS`` then ``columns`` (each a sequence in edge order)."""
+        keys = pd.DataFrame(self.table[:, :4], columns=KEY_COLUMNS[:4])
+        keys = keys.assign(via=np.array(VIAS, dtype=object)[self.table[:, 4]])
+        return keys.assign(**{name: torch.as_tensor(values).cpu().numpy() for name, values in columns.items()})
 
 
 def check_vias(via: str | Sequence[str]) -> tuple[str, ...]:
@@ -86,7 +120,7 @@ def _all_heads(model) -> list[Head]:
     return list(product(range(model.cfg.n_layers), range(model.cfg.n_heads)))
 
 
-def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIAS) -> list[Edge]:
+def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIAS) -> Edges:
     """Every edge between ``senders`` and ``receivers`` (lists of (layer, head); None: all heads)
     through each of ``via``, sorted: a q/k/v edge where the sender's layer is before the
     receiver's; a "logits" edge from every sender. None at all is a one-line error."""
@@ -94,38 +128,33 @@ def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIA
     senders = _all_heads(model) if senders is None else check_heads(model, senders)
     receivers = _all_heads(model) if receivers is None else check_heads(model, receivers)
     ranks = [VIAS.index(v) for v in vias if v in QKV]
-    inputs = [(r, rank) for r in sorted(set(receivers)) for rank in ranks]  # (receiver, via rank), sorted
-    logits = [((model.cfg.n_layers, -1), VIAS.index("logits"))] if "logits" in vias else []  # sorts last
-    found = [  # made in sorted order, without repeats
-        Edge(s, r, rank) for s in sorted(set(senders)) for r, rank in [*(i for i in inputs if s[0] < i[0][0]), *logits]
-    ]
-    if not found:
+    inputs = [(*r, rank) for r in sorted(set(receivers)) for rank in ranks]  # (receiver, via rank), sorted
+    inputs += [(model.cfg.n_layers, -1, VIAS.index("logits"))] if "logits" in vias else []  # sorts last
+    inputs = np.array(inputs, dtype=np.int64).reshape(-1, 3)
+    sources = np.array(sorted(set(senders)), dtype=np.int64).reshape(-1, 2)
+    pairs = np.concatenate([np.repeat(sources, len(inputs), axis=0), np.tile(inputs, (len(sources), 1))], axis=1)
+    found = pairs[pairs[:, 2] > pairs[:, 0]]  # a logits edge's receiver layer, n_layers, is after every sender
+    if not len(found):
         raise UserError(f"no edge: every receiver's layer must come after a sender's (senders {senders}, "
                         f"receivers {receivers}, via {', '.join(vias)})")
-    return found
+    return Edges(found)
 
 
-def edge_frame(edges: Sequence[Edge], **columns) -> pd.DataFrame:
-    """One row per edge: ``KEY_COLUMNS`` then ``columns`` (each a sequence in edge order)."""
-    table = np.array([(*e.sender, *e.receiver, e.rank) for e in edges], dtype=np.int64).reshape(-1, 5)
-    keys = pd.DataFrame(table[:, :4], columns=KEY_COLUMNS[:4]).assign(via=np.array(VIAS, dtype=object)[table[:, 4]])
-    return keys.assign(**{name: torch.as_tensor(values).cpu().numpy() for name, values in columns.items()})
-
-
-def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """What moving each head's z from ``z_from`` to ``z_to`` (per layer, (batch, pos, head,
-    d_head)) adds to the residual stream -> per layer (batch, pos, head, d_model), through the
-    layer's ``W_O`` (head, d_head, d_model). Refused in one line where the hook self-test did not
-    find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
+def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor]) -> torch.Tensor:
+    """What moving each head's z from ``z_from`` to ``z_to`` (per layer from layer 0 on, (batch,
+    pos, head, d_head)) adds to the residual stream -> (layer * head, batch, pos, d_model), sender
+    ``layer * n_heads + head`` first: through each layer's ``W_O`` (head, d_head, d_model), in one
+    batched product. Refused in one line where the hook self-test did not find the heads' ``z @
+    W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
     check = check_hooks(model)
     if not check.sums_ok:
         found = "is not reachable" if check.sums_ok is None else "does not give hook_attn_out"
         raise UserError(f"path patching needs each head's write z @ W_O, and on this {check.family} model "
                         f"({check.impl}) blocks.{{l}}.attn.W_O {found}; see `interp check`")
-    return [
-        einsum(to - start, model.blocks[layer].attn.W_O.detach(), "b p h e, h e d -> b p h d")
-        for layer, (to, start) in enumerate(zip(z_to, z_from))
-    ]
+    batch, n_pos = z_to[0].shape[:2]
+    moved = rearrange(torch.stack(list(z_to)) - torch.stack(list(z_from)), "l b p h e -> (l h) (b p) e")
+    w_o = torch.cat([model.blocks[layer].attn.W_O.detach() for layer in range(len(z_to))])  # (layer * head, e, d)
+    return rearrange(torch.bmm(moved, w_o), "s (b p) d -> s b p d", b=batch, p=n_pos)
 
 
 @dataclass
@@ -135,7 +164,7 @@ class PathSetup:
     base: tokens (batch, pos) every patched run processes (corrupted when denoising).
     cache: the base run's activations (residual entering each layer, q/k/v, final residual).
     starts: the base run's residual entering each layer, on a model that can start there.
-    writes: per layer, each sender's source-minus-base write (batch, pos, head, d_model).
+    writes: each sender's source-minus-base write, (layer * head, batch, pos, d_model).
     clean_value / corrupted_value: the metric on the unpatched clean / corrupted runs.
     base_value: the metric of the unpatched run that is patched.
     """
@@ -143,18 +172,19 @@ class PathSetup:
     base: torch.Tensor
     cache: dict
     starts: dict | None
-    writes: list
+    writes: torch.Tensor
     clean_value: float
     corrupted_value: float
     base_value: float
 
 
-def prepare_paths(model, clean, corrupted, metric: Metric, edges: Sequence[Edge], direction: str) -> PathSetup:
+def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str) -> PathSetup:
     """Run clean and corrupted once each; cache what the edges' patched runs read."""
     base, source = base_and_source(model, clean, corrupted, direction)
-    layers = sorted({e.receiver[0] for e in edges if e.via in QKV})
+    logits = edges.table[:, 4] == VIAS.index("logits")
+    layers = np.unique(edges.table[~logits, 2]).tolist()
     names = [name for layer in layers for name in (resid_pre_name(layer), *(qkv_name(layer, w) for w in QKV))]
-    names += [final_resid_name(model)] if any(e.via == "logits" for e in edges) else []
+    names += [final_resid_name(model)] if logits.any() else []
     source_logits, source_z = cache_run(model, source, z_names(model))
     base_logits, cache, starts = base_run(model, base, [*z_names(model), *names])
     writes = head_writes(model, [source_z[n] for n in z_names(model)], [cache[n] for n in z_names(model)])
@@ -166,7 +196,7 @@ def prepare_paths(model, clean, corrupted, metric: Metric, edges: Sequence[Edge]
 
 def _write(setup: PathSetup, head: Head) -> torch.Tensor:
     layer, index = head
-    return setup.writes[layer][:, :, index]
+    return setup.writes[layer * setup.cache[z_name(0)].shape[2] + index]
 
 
 def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], memory_mb: float) -> dict:
@@ -183,31 +213,42 @@ def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, 
     return dict(zip(paths, z[z_name(layer)]))
 
 
-def _edge_variant(model, setup: PathSetup, edge: Edge, z: dict) -> list:
-    """Step 2: the one edit that patches ``edge``."""
-    if edge.via == "logits":
+def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> list[list]:
+    """Step 2: the one edit that patches each edge (its receivers all in one layer, or "logits")."""
+    if edges[0].via == "logits":
         final = final_resid_name(model)
-        return [(final, (), setup.cache[final] + _write(setup, edge.sender))]
-    layer, head = edge.receiver
-    return [(z_name(layer), (slice(None), head), z[edge.sender, edge.via][:, :, head])]
+        return [[(final, (), setup.cache[final] + _write(setup, edge.sender))] for edge in edges]
+    layer = edges[0].receiver[0]
+    moved = [z[edge.sender, edge.via][:, :, edge.receiver[1]] for edge in edges]  # each (batch, pos, d_head)
+    mid = resid_mid_name(layer)
+    if setup.starts is None or mid not in setup.starts:
+        return [[(z_name(layer), (slice(None), edge.receiver[1]), value)] for edge, value in zip(edges, moved)]
+    heads = [edge.receiver[1] for edge in edges]
+    change = torch.stack(moved) - rearrange(setup.cache[z_name(layer)][:, :, heads], "b p k e -> k b p e")
+    writes = einsum(change, model.blocks[layer].attn.W_O.detach()[heads], "k b p e, k e d -> k b p d")
+    return [[(mid, (), setup.starts[mid] + write)] for write in writes]
 
 
-def path_values(model, setup: PathSetup, metric: Metric, edges: Sequence[Edge], *,
+def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> torch.Tensor:
     """The metric with each edge path-patched -> (len(edges),), receiver layer by receiver layer
-    (so step 1's values live for one layer at a time)."""
-    by_layer = defaultdict(list)
-    for i, edge in enumerate(edges):
+    (so step 1's values live for one layer at a time), step 2's edits made one forward's chunk at
+    a time."""
+    listed, by_layer = list(edges), defaultdict(list)
+    for i, edge in enumerate(listed):
         by_layer[edge.receiver[0]].append(i)
     values = torch.empty(len(edges))
+    chunk = rows_per_chunk(model, *setup.base.shape, memory_mb)
     with progress_bar(total=len(edges), progress=progress, desc="path patching", leave=False) as bar:
         for layer, members in sorted(by_layer.items()):
-            paths = list(dict.fromkeys((edges[i].sender, edges[i].via) for i in members if edges[i].via in QKV))
+            paths = list(dict.fromkeys((listed[i].sender, listed[i].via) for i in members if listed[i].via in QKV))
             z = receiver_z(model, setup, layer, paths, memory_mb) if paths else {}
-            variants = [_edge_variant(model, setup, edges[i], z) for i in members]
-            values[members] = evaluate_variants(model, setup.base, variants, {}, metric, starts=setup.starts,
-                                                memory_mb=memory_mb, progress=False)
-            bar.update(len(members))
+            for start in range(0, len(members), chunk):
+                part = members[start:start + chunk]
+                variants = edge_variants(model, setup, [listed[i] for i in part], z)
+                values[part] = evaluate_variants(model, setup.base, variants, {}, metric, starts=setup.starts,
+                                                 memory_mb=memory_mb, progress=False)
+                bar.update(len(part))
     return values
 
 
@@ -244,10 +285,10 @@ def path_patch(
     return path_frame(setup, edges, values, normalize)
 
 
-def path_frame(setup: PathSetup, edges: Sequence[Edge], values: torch.Tensor, normalize: bool) -> pd.DataFrame:
+def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:
     """Edges and their path-patched metric -> the frame ``path_patch`` returns."""
     base = torch.tensor(setup.base_value)
     if normalize:
         values = normalize_values(values, setup.clean_value, setup.corrupted_value)
         base = normalize_values(base, setup.clean_value, setup.corrupted_value)
-    return edge_frame(edges, value=values, effect=values - base)
+    return edges.frame(value=values, effect=values - base)

@@ -344,11 +344,23 @@ class GroupedQueryAttention(_Instrumented):
         copies ``q_in[:, :, h]``, ``k_in[:, :, h]``, ``v_in[:, :, h]``. With grouped-query attention
         each query head gets its own key and value, projected by its group's weights (equal to the
         shared ones while the copies are equal), so ``hook_k``/``hook_v`` carry all query heads and
-        an edit of head h's key or value input changes head h's attention alone."""
-        queries = self.hook_q(self._per_head(self.W_query, q_in, 1))
-        keys = self.hook_k(self._per_head(self.W_key, k_in, self.group_size))
-        values = self.hook_v(self._per_head(self.W_value, v_in, self.group_size))
-        return self._mix(queries, keys, values, None, 1)
+        an edit of head h's key or value input changes head h's attention alone. An input given
+        as (batch, pos, d_in) is shared by every head, as in ``forward``."""
+        queries = self.hook_q(self._project(self.W_query, q_in, 1))
+        keys = self.hook_k(self._project(self.W_key, k_in, self.group_size))
+        values = self.hook_v(self._project(self.W_value, v_in, self.group_size))
+        if keys.shape[2] == values.shape[2]:
+            return self._mix(queries, keys, values, None, queries.shape[2] // keys.shape[2])
+        per_query_head = [repeat(t, "b p kv d -> b p (kv g) d", g=self.group_size) if t.shape[2] < queries.shape[2]
+                          else t for t in (keys, values)]  # one split, one shared: each query head its own copy
+        return self._mix(queries, *per_query_head, None, 1)
+
+    def _project(self, linear: nn.Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
+        """x shared (batch, pos, d_in) or per query head (batch, pos, head, d_in) -> (batch, pos,
+        heads, head_dim): the layer's own heads, or one per query head."""
+        if x.ndim == 3:
+            return rearrange(linear(x), "b p (h d) -> b p h d", d=self.head_dim)
+        return self._per_head(linear, x, group_size)
 
     def _per_head(self, linear: nn.Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
         """x (batch, pos, head, d_in) -> (batch, pos, head, head_dim): head h's copy through its own

@@ -197,6 +197,38 @@ def test_split_qkv_inputs_leave_the_forward_unchanged(gpt2_pair, llama, tmp_path
     assert "blocks.0.hook_q_input" not in model.run_with_cache(tokens)[1]  # off by default again
 
 
+@pytest.mark.parametrize("inputs", [("q",), ("k",), ("v",), ("k", "v"), ("q", "v")])
+@pytest.mark.parametrize("which", ["scratch", "llama"])
+def test_splitting_some_inputs_gives_their_gradients_as_splitting_all(gpt2_pair, llama, which, inputs):
+    """GPTModel splits only the inputs asked for (the others shared, grouped-query keys and values
+    as the layer's own): the same logits, hooks for those inputs alone, and the same per-head
+    input gradients as with all three split."""
+    model = gpt2_pair[0] if which == "scratch" else llama
+    tokens, _, metric = induction_pair(model)
+    names = [f"blocks.{layer}.hook_{w}_input" for layer in range(model.cfg.n_layers) for w in inputs]
+    grads = {}
+    for split in (inputs, ("q", "k", "v")):
+        model.set_split_qkv_inputs(split)
+        try:
+            fired = set(model.run_with_cache(tokens, names_filter=lambda name: name.endswith("_input"))[1])
+            assert fired == {f"blocks.{l}.hook_{w}_input" for l in range(model.cfg.n_layers) for w in split}
+            copies = {}
+            hooks = [(name, lambda act, hook: copies.setdefault(hook.name, act)) for name in names]
+            with torch.enable_grad():
+                embed = [("hook_embed", lambda act, hook: act.detach().requires_grad_(True))]
+                logits = model.run_with_hooks(tokens, fwd_hooks=embed + hooks)
+                grads[split] = torch.autograd.grad(metric(logits), [copies[name] for name in names])
+        finally:
+            model.set_split_qkv_inputs(())
+        torch.testing.assert_close(logits.detach(), model(tokens), atol=1e-5, rtol=1e-5)
+    for some, every in zip(grads[inputs], grads["q", "k", "v"]):
+        torch.testing.assert_close(some, every, atol=1e-6, rtol=1e-5)
+    assert max(g.abs().max().item() for g in grads[inputs]) > 1e-4  # gradients that say something
+    assert not model.cfg.use_split_qkv_input
+    with pytest.raises(UserError, match=r"unknown q/k/v inputs \['z'\]"):
+        model.set_split_qkv_inputs(["z"])
+
+
 def test_split_qkv_inputs_equal_the_bridge(gpt2_pair):
     """An edit of one head's key input on GPTModel changes the logits as on the bridge."""
     scratch, bridge = gpt2_pair

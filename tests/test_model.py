@@ -120,6 +120,20 @@ def test_start_at_layer_from_a_cached_residual_equals_the_full_forward(scratch_g
 
 
 @torch.no_grad()
+def test_start_at_resid_mid_skips_the_attention_and_equals_the_full_forward(scratch_gpt2):
+    tokens = random_tokens(scratch_gpt2, batch=2)
+    full = scratch_gpt2(tokens)
+    _, cache = scratch_gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_mid"))
+    fired = []
+    spy = [("blocks.1.attn.hook_z", lambda z, hook: fired.append(1)), ("blocks.1.hook_mlp_out", lambda x, hook: None)]
+    for layer in range(scratch_gpt2.cfg.n_layers):
+        with scratch_gpt2.hooks(fwd_hooks=spy):
+            resumed = scratch_gpt2(cache[f"blocks.{layer}.hook_resid_mid"], start_at_layer=layer, start_at_resid_mid=True)
+        torch.testing.assert_close(resumed, full, atol=1e-5, rtol=0)
+    assert fired == [1], "only the run starting at block 0's resid_mid computes block 1's attention"
+
+
+@torch.no_grad()
 def test_loss_is_next_token_cross_entropy(scratch_gpt2):
     tokens = random_tokens(scratch_gpt2, batch=2, pos=16)
     logits = scratch_gpt2(tokens)
@@ -168,6 +182,7 @@ def test_text_round_trip(scratch_gpt2):
         (lambda m: m(torch.zeros(1, 65, dtype=torch.long)), "65 long, longer than the context n_ctx=64"),
         (lambda m: m(torch.zeros(1, 4, 64), start_at_layer=3), "start_at_layer=3 out of range \\[0, 2\\]"),
         (lambda m: m(torch.zeros(1, 4, 5), start_at_layer=1), "residual \\(batch, pos, 64\\)"),
+        (lambda m: m(torch.zeros(1, 4, 64), start_at_resid_mid=True), "start_at_resid_mid needs start_at_layer"),
         (lambda m: m.generate(torch.zeros(1, 60, dtype=torch.long), 10), "exceed the context"),
     ],
 )
@@ -197,6 +212,9 @@ def test_attn_only_model_has_no_mlp_hooks():
     assert logits.shape == (1, 6, 257)
     resid = cache["blocks.1.hook_resid_pre"]
     torch.testing.assert_close(model(resid, start_at_layer=1), logits, atol=1e-5, rtol=0)
+    assert not model.resid_mid_start
+    with pytest.raises(ValueError, match="blocks are attention-only"):
+        model(resid, start_at_layer=1, start_at_resid_mid=True)
 
 
 def test_cfg_device_follows_the_model_and_stays_out_of_checkpoints():

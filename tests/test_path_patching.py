@@ -161,6 +161,22 @@ def test_equals_naive_three_runs(family_models, gpt2_pair, family):
         assert max(abs(v - base_value) for v in expected) > 1e-3  # not a vacuous comparison
 
 
+def test_gptmodel_patched_runs_start_after_the_receivers_attention(gpt2_pair):
+    """Step 2 on GPTModel starts at the receiver layer's resid_mid: that layer's attention runs in
+    the clean and corrupted runs and once for step 1, never per edge."""
+    scratch, _ = gpt2_pair
+    clean, corrupted, metric = induction_pair(scratch)
+    arguments = dict(senders=[(0, 1), (1, 2)], receivers=[(2, 0), (2, 1), (2, 3)], via=("q", "v"), progress=False)
+    path_patch(scratch, clean, corrupted, metric, **arguments)  # the hook self-test runs once, here
+    calls = []
+    handle = scratch.blocks[2].attn.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
+    try:
+        frame = path_patch(scratch, clean, corrupted, metric, **arguments)
+    finally:
+        handle.remove()
+    assert len(frame) == 12 and len(calls) == 3, calls
+
+
 def test_grouped_query_receiver_changes_only_its_own_attention(family_models):
     """Patching one query head's key input leaves the other head of its key/value group alone."""
     model = family_models("llama")

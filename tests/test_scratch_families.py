@@ -187,6 +187,13 @@ def test_start_at_layer_from_a_cached_residual_equals_the_full_forward(peers):
     for layer in range(ours.cfg.n_layers):
         torch.testing.assert_close(ours(cache[f"blocks.{layer}.hook_resid_pre"], start_at_layer=layer), full,
                                    atol=1e-5, rtol=0)
+    if not ours.resid_mid_start:  # parallel blocks: no residual between attention and MLP
+        assert ours.cfg.parallel_attn_mlp and "blocks.0.hook_resid_mid" not in ours.hook_dict
+        return
+    _, mids = ours.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_mid"))
+    for layer in range(ours.cfg.n_layers):
+        torch.testing.assert_close(ours(mids[f"blocks.{layer}.hook_resid_mid"], start_at_layer=layer,
+                                        start_at_resid_mid=True), full, atol=1e-5, rtol=0)
 
 
 def test_the_hook_self_test_passes(peers):
