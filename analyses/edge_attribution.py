@@ -27,12 +27,11 @@ import torch
 from einops import rearrange
 
 from analyses.budget import DEFAULT_MEMORY_MB
-from analyses.hook_check import require_edit
 from analyses.hook_names import final_resid_name, qkv_input_name, z_names
 from analyses.interventions import activation_gradients, cache_run
 from analyses.metrics import Metric
 from analyses.path_patching import (
-    QKV, VIAS, Edges, edges_of, head_writes, path_frame, path_values, prepare_paths,
+    QKV, VIAS, Edges, edges_of, head_writes, path_frame, path_values, prepare_paths, require_path_edits,
 )
 from analyses.patching import base_and_source
 from interp.errors import UserError
@@ -154,11 +153,11 @@ def shortlist_path_patch(
     and ``path_patch``'s ``value`` and ``effect`` (unnormalised)."""
     if not isinstance(top_k, int) or top_k < 1:
         raise UserError(f"top_k={top_k!r} must be a positive integer")
-    require_edit(model, "hook_z", "shortlist_path_patch")
+    every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
+    require_path_edits(model, every_edge, "shortlist_path_patch")
     scored = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                               direction=direction)
     order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
-    every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
     edges = every_edge.take(order)
     setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
     exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress),

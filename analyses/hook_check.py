@@ -6,7 +6,8 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
 
 - every hook the analyses read fires with its documented shape (``hook_k``/``hook_v`` carry the
   key/value heads of grouped- and multi-query attention);
-- replacing ``hook_z`` of one head, and ``hook_pattern`` of one layer, changes the logits;
+- replacing ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_z`` of one head, and ``hook_pattern`` of
+  one layer, changes the logits (path patching edits the first three);
 - where the output projection is reachable (``blocks.{l}.attn.W_O`` / ``b_O``), the heads' outputs
   plus its bias add up to ``hook_attn_out``.
 
@@ -30,7 +31,7 @@ from interp import provenance
 from interp.errors import UserError
 from interp.provenance import model_family, model_impl
 
-EDITABLE = ("hook_z", "hook_pattern")
+EDITABLE = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern")
 # relative change of the logits below which an edit counts as not reaching the output
 EDIT_TOLERANCE = 1e-6
 SUM_TOLERANCE = 1e-4
@@ -128,10 +129,11 @@ def edit_effect(model, tokens: torch.Tensor, logits: torch.Tensor, name: str, ed
     return float((edited - logits).abs().max() / logits.abs().max().clamp(min=1e-12))
 
 
-def _z_edit(z: torch.Tensor) -> torch.Tensor:
-    """Head 0's output replaced by a large fixed pattern (batch, pos, head, d_head)."""
-    edited = z.clone()
-    edited[:, :, 0] = torch.linspace(-3, 3, z.shape[-1], device=z.device, dtype=z.dtype)
+def _head_edit(heads: torch.Tensor) -> torch.Tensor:
+    """Head 0's query, key, value or output replaced by a large fixed pattern (batch, pos, head,
+    d_head)."""
+    edited = heads.clone()
+    edited[:, :, 0] = torch.linspace(-3, 3, heads.shape[-1], device=heads.device, dtype=heads.dtype)
     return edited
 
 
@@ -168,8 +170,9 @@ def check_hooks(model) -> HookCheck:
     tokens = probe_tokens(model)
     shapes, logits, cache = measure_shapes(model, tokens)
     last = model.cfg.n_layers - 1
-    effects = {"hook_z": edit_effect(model, tokens, logits, f"blocks.{last}.attn.hook_z", _z_edit),
-               "hook_pattern": edit_effect(model, tokens, logits, f"blocks.{last}.attn.hook_pattern", _pattern_edit)}
+    effects = {hook: edit_effect(model, tokens, logits, f"blocks.{last}.attn.{hook}", _head_edit)
+               for hook in ("hook_q", "hook_k", "hook_v", "hook_z")}
+    effects["hook_pattern"] = edit_effect(model, tokens, logits, f"blocks.{last}.attn.hook_pattern", _pattern_edit)
     result = HookCheck(model_family(model), model_impl(model), shapes,
                        {hook: effect > EDIT_TOLERANCE for hook, effect in effects.items()}, effects,
                        head_sum_error(model, cache))

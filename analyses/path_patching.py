@@ -252,6 +252,13 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
     return values
 
 
+def require_path_edits(model, edges: Edges, needed_by: str) -> None:
+    """Refuse, in one line, path patching whose edits (``hook_z``, and the receivers' q/k/v
+    hooks) would not reach this model's output (the hook self-test)."""
+    for hook in ["hook_z", *(f"hook_{VIAS[rank]}" for rank in np.unique(edges.table[:, 4]) if VIAS[rank] in QKV)]:
+        require_edit(model, hook, needed_by)
+
+
 def path_patch(
     model,
     clean,
@@ -278,8 +285,8 @@ def path_patch(
     "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse). Equals
     TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision.
     """
-    require_edit(model, "hook_z", "path_patch")
     edges = edges_of(model, senders, receivers, via)
+    require_path_edits(model, edges, "path_patch")
     setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
     values = path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress)
     return path_frame(setup, edges, values, normalize)

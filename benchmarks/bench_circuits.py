@@ -28,7 +28,7 @@ import torch
 from transformer_lens import patching as tl_patching
 
 from analyses.edge_attribution import edge_agreement, edge_attribution
-from analyses.path_patching import path_patch
+from analyses.path_patching import VIAS, path_patch
 from common import forward_seconds, induction_pair, load_note, time_interleaved
 from interp import from_hf
 from interp.bridge import boot_bridge
@@ -121,16 +121,29 @@ def main():
         if name.startswith("ours"):
             print(f"speed-up, {name} vs TL direct path on bridge: {tl / seconds[name]:.2f}x")
 
-    attribute = lambda: edge_attribution(scratch, clean, corrupted, metric, senders=senders, via=args.via)  # noqa: E731
-    attributed = time_interleaved({"eap": attribute}, 5, mode=contextlib.nullcontext)["eap"]
-    attribution_seconds = attributed.median("cpu")
+    attributed = edge_attribution(scratch, clean, corrupted, metric, senders=senders, via=args.via)
     with torch.no_grad():
         base_value = metric(scratch(corrupted)).item()
-    agreement = edge_agreement(with_effects(attributed.result, results["ours on GPTModel"], senders, base_value))
-    print(f"\nedge attribution on GPTModel (3 passes: clean forward, corrupted forward + backward): "
-          f"{attribution_seconds:.2f} s (median of 5) = {attribution_seconds / forward['scratch']:.1f} "
-          f"forward-equivalents for all {n_pairs} pairs; agreement with exact (random weights): "
-          + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
+    agreement = edge_agreement(with_effects(attributed, results["ours on GPTModel"], senders, base_value))
+    print(f"\nedge attribution on GPTModel, agreement with exact path patching on these {n_pairs} pairs "
+          "(random weights): " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
+    print("edge attribution cost (3 passes: clean forward to the last sender's layer, corrupted forward + "
+          "backward), every sender; CPU medians of 5, in forward-equivalents of the same batch:")
+    for n_prompts, seq_len, vias in [(args.prompts, args.seq_len, args.via), (args.prompts, args.seq_len, VIAS),
+                                     (8, 64, args.via)]:
+        print("  " + attribution_cost(scratch, n_prompts, seq_len, vias))
+
+
+def attribution_cost(model, n_prompts: int, seq_len: int, via) -> str:
+    """One line: EAP of every edge through ``via`` on ``n_prompts`` x ``seq_len`` induction prompts,
+    its CPU seconds and forward-equivalents."""
+    clean, corrupted, metric = induction_pair(model, n_prompts, seq_len)
+    forward = forward_seconds(model, corrupted)
+    attribute = lambda: edge_attribution(model, clean, corrupted, metric, via=via)  # noqa: E731
+    samples = time_interleaved({"eap": attribute}, 5, mode=contextlib.nullcontext)["eap"]
+    vias = via if isinstance(via, str) else "+".join(via)
+    return (f"{n_prompts} x {seq_len} tokens, via {vias}, {len(samples.result):,} edges: {samples.median('cpu'):.3f} s"
+            f" = {samples.median('cpu') / forward:.2f} forward-equivalents")
 
 
 if __name__ == "__main__":

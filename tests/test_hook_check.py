@@ -27,7 +27,7 @@ def test_every_family_passes_where_its_hooks_work_and_says_where_they_do_not(fam
     check = check_hooks(family_models[family])
     assert check.family == family
     assert check.shapes_ok, check.shapes[~check.shapes["ok"]]
-    assert check.reaches_output["hook_z"]
+    assert all(check.reaches_output[hook] for hook in ("hook_q", "hook_k", "hook_v", "hook_z"))
     assert check.reaches_output["hook_pattern"] == (family not in PATTERN_EDITS_IGNORED)
     assert check.sums_ok
 

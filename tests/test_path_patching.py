@@ -273,6 +273,21 @@ def test_refused_where_head_writes_are_not_z_times_w_o(gpt2_pair, monkeypatch):
         path_patch(scratch, clean, corrupted, metric, senders=[(0, 0)], via="q")
 
 
+def test_refused_where_an_input_edit_does_not_reach_the_output(gpt2_pair, monkeypatch):
+    """A backend whose hook_k edits change nothing would leave every key edge at the base value:
+    key edges are refused in one line; query edges, whose edits do reach, still run."""
+    import analyses.hook_check as hook_check
+
+    scratch, _ = gpt2_pair
+    clean, corrupted, metric = induction_pair(scratch)
+    real = hook_check.check_hooks(scratch)
+    broken = type(real)(**{**vars(real), "reaches_output": {**real.reaches_output, "hook_k": False}})
+    monkeypatch.setattr(hook_check, "check_hooks", lambda model: broken)
+    with pytest.raises(UserError, match="^path_patch needs edits of hook_k, which do not reach the output"):
+        path_patch(scratch, clean, corrupted, metric, senders=[(0, 0)], via=("q", "k"))
+    assert len(path_patch(scratch, clean, corrupted, metric, senders=[(0, 0)], via="q", progress=False)) == 8
+
+
 def test_grouped_query_bridge_equals_gptmodel():
     """Grouped-query keys and values through the bridge (ours; TransformerLens refuses them) equal
     our GPTModel on the same Llama weights."""
