@@ -128,7 +128,7 @@ def main():
     print(f"\nedge attribution on GPTModel, agreement with exact path patching on these {n_pairs} pairs "
           "(random weights): " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
     print("edge attribution cost (3 passes: clean forward to the last sender's layer, corrupted forward + "
-          "backward), every sender; CPU medians of 5, in forward-equivalents of the same batch:")
+          "backward), every sender; CPU seconds (median of 7), in forwards of the same batch:")
     for n_prompts, seq_len, vias in [(args.prompts, args.seq_len, args.via), (args.prompts, args.seq_len, VIAS),
                                      (8, 64, args.via)]:
         print("  " + attribution_cost(scratch, n_prompts, seq_len, vias))
@@ -138,12 +138,17 @@ def attribution_cost(model, n_prompts: int, seq_len: int, via) -> str:
     """One line: EAP of every edge through ``via`` on ``n_prompts`` x ``seq_len`` induction prompts,
     its CPU seconds and forward-equivalents."""
     clean, corrupted, metric = induction_pair(model, n_prompts, seq_len)
-    forward = forward_seconds(model, corrupted)
-    attribute = lambda: edge_attribution(model, clean, corrupted, metric, via=via)  # noqa: E731
-    samples = time_interleaved({"eap": attribute}, 5, mode=contextlib.nullcontext)["eap"]
+    def forward():
+        with torch.no_grad():
+            model(corrupted)
+
+    candidates = {"forward": forward, "eap": lambda: edge_attribution(model, clean, corrupted, metric, via=via)}
+    samples = time_interleaved(candidates, 7, mode=contextlib.nullcontext)
+    eap = samples["eap"]
     vias = via if isinstance(via, str) else "+".join(via)
-    return (f"{n_prompts} x {seq_len} tokens, via {vias}, {len(samples.result):,} edges: {samples.median('cpu'):.3f} s"
-            f" = {samples.median('cpu') / forward:.2f} forward-equivalents")
+    return (f"{n_prompts} x {seq_len} tokens, via {vias}, {len(eap.result):,} edges: {eap.median('cpu'):.3f} s = "
+            f"{eap.paired(samples['forward'], 'cpu'):.2f} forward-equivalents (median over rounds of EAP / the "
+            "forward in the same round)")
 
 
 if __name__ == "__main__":
