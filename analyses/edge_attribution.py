@@ -31,7 +31,8 @@ from analyses.hook_names import final_resid_name, qkv_input_name, z_names
 from analyses.interventions import activation_gradients, cache_run
 from analyses.metrics import Metric
 from analyses.path_patching import (
-    QKV, VIAS, Edges, edges_of, head_writes, path_frame, path_values, prepare_paths, require_path_edits,
+    QKV, VIAS, Edges, edges_of, output_weights, path_frame, path_values, prepare_paths, require_path_edits,
+    writes_into,
 )
 from analyses.patching import base_and_source
 from interp.errors import UserError
@@ -89,23 +90,49 @@ def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequen
     return {name: grads[name] for name in inputs}, [activations[name] for name in z_names(model)]
 
 
-def attributions(edges: Edges, writes: torch.Tensor, grads: dict, inputs: dict[str, np.ndarray],
-                 n_heads: int) -> torch.Tensor:
-    """Each edge's first-order effect -> (len(edges),): the sender's write (``writes``, (layer *
-    head, batch, pos, d_model) for the layers up to the last sender's, as ``head_writes`` lays them
-    out) dotted with the gradient of the receiver's input (``inputs``: {hook name: its edges}, as
-    ``receiver_inputs`` gives), summed over batch and positions: for each input, one matrix
-    product of its gradient with the senders up to the latest one that reaches it."""
-    senders = writes.flatten(1)  # (sender, batch * pos * d_model)
-    rows = torch.from_numpy(edges.table[:, 0] * n_heads + edges.table[:, 1])
-    columns = torch.from_numpy(np.maximum(edges.table[:, 3], 0))  # logits: receiver 0
-    values = torch.empty(len(edges))
+# A chunk of writes (senders, rows, d_model) of about this many bytes stays in the CPU's cache
+# while every receiver input's gradient is multiplied into it.
+CHUNK_BYTES = 16 * 2**20
+
+
+def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torch.Tensor], grads: dict,
+                 inputs: dict[str, np.ndarray]) -> torch.Tensor:
+    """Each edge's first-order effect -> (len(edges),): the sender's write dotted with the gradient
+    of the receiver's input, summed over batch and positions.
+
+    ``moved``: each sender layer's source-minus-base z (batch, pos, head, d_head), from layer 0 up
+    to the last sender's; ``w_o``: those layers' ``W_O`` (head, d_head, d_model); ``grads``: {input
+    hook name: d metric / d input}, (batch, pos, head, d_model) for q/k/v inputs, (batch, pos,
+    d_model) for the final residual; ``inputs``: {hook name: its edges}, as ``receiver_inputs``
+    gives. The writes are made a chunk of (batch * pos) rows at a time (``CHUNK_BYTES``), never
+    all at once; per chunk, the inputs that read the same senders (one receiver layer's q, k and
+    v) share one matrix product with those senders' writes."""
+    n_heads = w_o[0].shape[0]
+    sender = torch.from_numpy(edges.table[:, 0] * n_heads + edges.table[:, 1])
+    receiver = torch.from_numpy(np.maximum(edges.table[:, 3], 0))  # logits: receiver 0
+    flat = {name: rearrange(grad if grad.ndim == 4 else grad[:, :, None], "b p r d -> (b p) r d")
+            for name, grad in grads.items()}  # (batch * pos, receiver, d_model); logits: one receiver
+    groups = {}  # senders read -> the inputs reading them
     for name, members in inputs.items():
-        grad = grads[name] if grads[name].ndim == 4 else grads[name][:, :, None]  # logits: one "receiver"
-        members = torch.from_numpy(members)
-        edge_rows, edge_columns = rows[members], columns[members]
-        table = rearrange(grad, "b p r d -> r (b p d)") @ senders[:int(edge_rows.max()) + 1].T  # (receiver, sender)
-        values[members] = table[edge_columns, edge_rows].float().cpu()
+        groups.setdefault(int(sender[members].max()) + 1, []).append(name)
+    moved = [rearrange(z, "b p h e -> h (b p) e") for z in moved]
+    tables = {n: moved[0].new_zeros(sum(flat[name].shape[1] for name in names), n) for n, names in groups.items()}
+    n_rows, d_model = moved[0].shape[1], w_o[0].shape[-1]
+    chunk = max(1, CHUNK_BYTES // (4 * d_model * len(moved) * n_heads))
+    for start in range(0, n_rows, chunk):
+        part = slice(start, start + chunk)
+        out = moved[0].new_empty(len(moved) * n_heads, min(chunk, n_rows - start), d_model)
+        writes = writes_into(out, [z[:, part] for z in moved], w_o).flatten(1)  # (sender, rows * d_model)
+        for n, names in groups.items():
+            grad = torch.cat([rearrange(flat[name][part], "n r d -> r (n d)") for name in names])
+            tables[n] += grad @ writes[:n].T
+    values = torch.empty(len(edges))
+    for n, names in groups.items():
+        offset = 0
+        for name in names:
+            members = torch.from_numpy(inputs[name])
+            values[members] = tables[n][offset + receiver[members], sender[members]].float().cpu()
+            offset += flat[name].shape[1]
     return values
 
 
@@ -130,8 +157,8 @@ def edge_attribution(
     _, source_z = cache_run(model, source, senders_z, logits=False)
     inputs = receiver_inputs(model, edges)
     grads, base_z = receiver_gradients(model, base, metric, list(inputs))
-    writes = head_writes(model, [source_z[name] for name in senders_z], base_z[:len(senders_z)])
-    return edges.frame(attribution=attributions(edges, writes, grads, inputs, model.cfg.n_heads))
+    moved = [source_z[name] - z for name, z in zip(senders_z, base_z)]
+    return edges.frame(attribution=attributions(edges, moved, output_weights(model, len(senders_z)), grads, inputs))
 
 
 def shortlist_path_patch(

@@ -140,21 +140,37 @@ def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIA
     return Edges(found)
 
 
-def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor]) -> torch.Tensor:
-    """What moving each head's z from ``z_from`` to ``z_to`` (per layer from layer 0 on, (batch,
-    pos, head, d_head)) adds to the residual stream -> (layer * head, batch, pos, d_model), sender
-    ``layer * n_heads + head`` first: through each layer's ``W_O`` (head, d_head, d_model), in one
-    batched product. Refused in one line where the hook self-test did not find the heads' ``z @
-    W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
+def output_weights(model, n_layers: int) -> list[torch.Tensor]:
+    """The first ``n_layers`` layers' ``W_O`` (head, d_head, d_model), detached: a head's write to
+    the residual stream is its z times its slice. Refused in one line where the hook self-test did
+    not find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
     check = check_hooks(model)
     if not check.sums_ok:
         found = "is not reachable" if check.sums_ok is None else "does not give hook_attn_out"
         raise UserError(f"path patching needs each head's write z @ W_O, and on this {check.family} model "
                         f"({check.impl}) blocks.{{l}}.attn.W_O {found}; see `interp check`")
-    batch, n_pos = z_to[0].shape[:2]
-    moved = rearrange(torch.stack(list(z_to)) - torch.stack(list(z_from)), "l b p h e -> (l h) (b p) e")
-    w_o = torch.cat([model.blocks[layer].attn.W_O.detach() for layer in range(len(z_to))])  # (layer * head, e, d)
-    return rearrange(torch.bmm(moved, w_o), "s (b p) d -> s b p d", b=batch, p=n_pos)
+    return [model.blocks[layer].attn.W_O.detach() for layer in range(n_layers)]
+
+
+def writes_into(out: torch.Tensor, moved: Sequence[torch.Tensor], w_o: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Fill ``out`` (layer * head, rows, d_model) with each head's write: its moved z, per layer
+    (head, rows, d_head), through its ``W_O`` slice; one ``bmm`` per layer, into ``out`` directly
+    (no concatenated copy of every layer's ``W_O``)."""
+    n_heads = w_o[0].shape[0]
+    for layer, (z, weight) in enumerate(zip(moved, w_o)):
+        torch.bmm(z, weight.to(z.dtype), out=out[layer * n_heads:(layer + 1) * n_heads])
+    return out
+
+
+def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor]) -> torch.Tensor:
+    """What moving each head's z from ``z_from`` to ``z_to`` (per layer from layer 0 on, (batch,
+    pos, head, d_head)) adds to the residual stream -> (layer * head, batch, pos, d_model), sender
+    ``layer * n_heads + head`` first. Refused as ``output_weights`` says."""
+    w_o = output_weights(model, len(z_to))
+    batch, n_pos, n_heads = z_to[0].shape[:3]
+    moved = [rearrange(to - start, "b p h e -> h (b p) e") for to, start in zip(z_to, z_from)]
+    out = z_to[0].new_empty(len(z_to) * n_heads, batch * n_pos, w_o[0].shape[-1])
+    return rearrange(writes_into(out, moved, w_o), "s (b p) d -> s b p d", b=batch)
 
 
 @dataclass

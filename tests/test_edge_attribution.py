@@ -3,6 +3,8 @@ with exact path patching on the embedded model, the shortlist mode."""
 
 from __future__ import annotations
 
+import importlib
+
 import pandas as pd
 import pytest
 import torch
@@ -17,6 +19,8 @@ from interp.errors import UserError
 from interp.random_models import random_hf_model, save_random_model
 
 INIT = 0.2
+# the module itself (``analyses.edge_attribution`` the attribute is the function)
+edge_attribution_module = importlib.import_module("analyses.edge_attribution")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,12 @@ EDGES = [((0, 1), (1, 0), "q"), ((0, 1), (1, 1), "k"), ((0, 2), (2, 1), "v"), ((
 
 @pytest.mark.parametrize("which", ["scratch", "bridge", "llama"])
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
-def test_gradient_part_equals_naive_autograd(gpt2_pair, llama, which, direction):
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "row-by-row"])
+def test_gradient_part_equals_naive_autograd(gpt2_pair, llama, which, direction, chunked, monkeypatch):
+    """``chunked``: the scores summed over (batch * pos) rows one row at a time, so the chunk
+    boundaries of ``attributions`` are exercised (the default fits these small models in one)."""
+    if chunked:
+        monkeypatch.setattr(edge_attribution_module, "CHUNK_BYTES", 1)
     model = {"scratch": gpt2_pair[0], "bridge": gpt2_pair[1], "llama": llama}[which]
     clean, corrupted, metric = induction_pair(model)
     base, source = (corrupted, clean) if direction == "denoise" else (clean, corrupted)
