@@ -3,7 +3,7 @@ against exact path patching.
 
 A random GPT-2-shaped model: 12 layers of 12 heads as GPT-2 small, but d_model 384 (d_head 32) and
 a 2048-token vocabulary, so TransformerLens's one-forward-per-pair sweep finishes here in minutes
-(``--d-model 768`` for the full width). The workload is every (sender, later head) pair through
+(``--d-model 768`` for the full width, ``--vocab 50257`` for GPT-2's vocabulary). The workload is every (sender, later head) pair through
 the query (``--via``; 9,504 pairs on 12 x 12 heads), on the induction pair (repeated segments vs
 the first copy replaced), loss on the predictable tokens. TransformerLens runs
 ``get_act_patch_direct_path`` once per sender on the bridge (one full forward with per-head q/k/v
@@ -14,7 +14,7 @@ quicker, per-pair-equivalent comparison). Times are CPU seconds of this process 
 forward-equivalents = time / one plain forward of the same batch on the same model.
 
     .venv/bin/python benchmarks/bench_circuits.py [--d-model 384] [--prompts 2] [--seq-len 16]
-        [--via q] [--sender-stride 1] [--bridge]
+        [--via q] [--sender-stride 1] [--vocab 2048] [--bridge]
 """
 
 from __future__ import annotations
@@ -79,17 +79,19 @@ def main():
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--via", choices=("q", "k", "v"), default="q")
     parser.add_argument("--sender-stride", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary size (GPT-2's is 50257)")
     parser.add_argument("--bridge", action="store_true", help="also time ours on the bridge")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    hf, tokenizer = make_random_gpt2(n_layers=12, d_model=args.d_model, n_heads=12, n_ctx=64, d_vocab=2048, seed=0)
+    hf, tokenizer = make_random_gpt2(n_layers=12, d_model=args.d_model, n_heads=12, n_ctx=64, d_vocab=args.vocab, seed=0)
     scratch = from_hf(hf.eval(), tokenizer).eval()
     bridge = boot_bridge(hf, tokenizer).eval()
     n_layers, n_heads = scratch.cfg.n_layers, scratch.cfg.n_heads
     senders = list(product(range(n_layers - 1), range(n_heads)))[::args.sender_stride]
     n_pairs = sum((n_layers - 1 - layer) * n_heads for layer, _ in senders)
-    print(f"GPT-2 shape, 12 layers x 12 heads, d_model {args.d_model}, random weights; {args.prompts} x "
+    print(f"GPT-2 shape, 12 layers x 12 heads, d_model {args.d_model}, vocabulary {args.vocab}, random weights; "
+          f"{args.prompts} x "
           f"{args.seq_len} tokens; via {args.via}; {len(senders)} senders, {n_pairs} pairs; torch threads "
           f"{torch.get_num_threads()}; {load_note()}")
     clean, corrupted, metric = induction_pair(scratch, args.prompts, args.seq_len)
