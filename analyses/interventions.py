@@ -30,7 +30,7 @@ from einops import einsum, repeat
 
 from analyses.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.hook_names import layer_of, resid_mid_name, resid_pre_name, z_name, z_names
-from analyses.metrics import Metric, evaluate_metric
+from analyses.metrics import Metric, evaluate_metric, read_positions
 from analyses.progress import progress_bar
 from interp.errors import UserError
 
@@ -169,28 +169,44 @@ def start_of(variant: Variant) -> tuple[int, bool]:
     return layer, all(cell[0] == resid_mid_name(layer) for cell in variant if layer_of(cell[0]) == layer)
 
 
-def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None):
+def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None,
+                     positions: torch.Tensor | None = None):
     """One forward of ``tokens`` repeated once per variant (variant-major) under ``hooks``; with
-    ``starts`` it begins at the variants' earliest edit (``start_of``)."""
+    ``starts`` it begins at the variants' earliest edit (``start_of``) and, given ``positions``,
+    unembeds only those (``partial_logits``)."""
     k = len(variants)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         if starts is None:
             return model(repeat(tokens, "b p -> (k b) p", k=k))
         layer, after_attention = min(start_of(variant) for variant in variants)
         mid = after_attention and resid_mid_name(layer) in starts
-        resid = starts[resid_mid_name(layer) if mid else resid_pre_name(layer)]
-        return model(repeat(resid, "b p d -> (k b) p d", k=k), start_at_layer=layer, start_at_resid_mid=mid)
+        resid = repeat(starts[resid_mid_name(layer) if mid else resid_pre_name(layer)], "b p d -> (k b) p d", k=k)
+        if positions is None:
+            return model(resid, start_at_layer=layer, start_at_resid_mid=mid)
+        final = model(resid, start_at_layer=layer, start_at_resid_mid=mid, stop_at_layer=model.cfg.n_layers)
+        return partial_logits(model, final, positions)
+
+
+def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The residual leaving the last block (rows, pos, d_model) -> logits (rows, pos, d_vocab) at
+    ``positions`` only, NaN at every other position (so a metric that reads one of those shows it;
+    ``evaluate_variants`` refuses a NaN value)."""
+    logits = final.new_full((*final.shape[:2], model.cfg.d_vocab), torch.nan)
+    logits[:, positions] = model.unembed(final[:, positions])
+    return logits
 
 
 def run_variants(
-    model, tokens, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None = None
+    model, tokens, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits (variants, batch, pos, d_vocab) of ``tokens`` under each variant, in one forward.
 
     ``sources`` maps every edited hook name to its source (batch, ...). With ``starts`` (from
-    ``base_run``) the forward begins at the chunk's earliest edited layer.
+    ``base_run``) the forward begins at the chunk's earliest edited layer, and ``positions`` (n,),
+    if given, are the only ones unembedded (NaN elsewhere).
     """
-    logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts)
+    logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts, positions)
     return logits.unflatten(0, (len(variants), -1))
 
 
@@ -226,16 +242,21 @@ def evaluate_variants(
 ) -> torch.Tensor:
     """``metric`` under each variant -> (n_variants,) float tensor, in the order given.
 
-    Variants run in the chunks of ``variant_chunks``. ``starts``: see ``run_variants``.
+    Variants run in the chunks of ``variant_chunks``. ``starts``: see ``run_variants``; with them, only
+    the positions the metric reads (``analyses.metrics.read_positions``) are unembedded.
     ``progress``: see ``analyses.progress``. Deterministic in its inputs.
     """
     values = torch.empty(len(variants))
+    positions = read_positions(metric, tokens.shape[1]) if starts is not None else None
     with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
         for members in variant_chunks(model, tokens, variants, memory_mb):
-            logits = run_variants(model, tokens, [variants[v] for v in members], sources, starts)
+            logits = run_variants(model, tokens, [variants[v] for v in members], sources, starts, positions)
             for v, variant_logits in zip(members, logits):
                 values[v] = evaluate_metric(metric, variant_logits)
             bar.update(len(members))
+    if positions is not None and values.isnan().any():
+        raise UserError(f"the metric read logits outside the positions it declares ({positions.tolist()}); "
+                        "give it the right read_positions, or none")
     return values
 
 

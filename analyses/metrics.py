@@ -3,6 +3,10 @@
 Every intervention here evaluates a metric on the logits of one batch of prompts, exactly as
 TransformerLens's patching sweeps do, so any such callable works; these build the usual ones.
 They stay differentiable, so attribution patching can take their gradient.
+
+The metrics built here also say which positions' logits they read (``read_positions``): on a model
+that can start mid-stream (GPTModel), an intervention then unembeds only those positions, the
+costliest step of a suffix run when the vocabulary is large. Any other callable gets every position.
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
         raise UserError("loss positions select no predicted token (the mask is empty after position 0)")
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        log_probs = logits[:, :-1].log_softmax(dim=-1)
-        losses = -log_probs.gather(-1, targets[..., None])[..., 0]  # (batch, pos - 1)
-        return losses.mean() if mask is None else losses[mask].mean()
+        if mask is None:
+            log_probs = logits[:, :-1].log_softmax(dim=-1)
+            return -log_probs.gather(-1, targets[..., None]).mean()
+        log_probs = logits[:, :-1][mask].log_softmax(dim=-1)  # only the rows that count: (n, d_vocab)
+        return -log_probs.gather(-1, targets[mask][:, None]).mean()
 
+    metric.read_positions = None if mask is None else torch.nonzero(mask.any(dim=0))[:, 0].cpu()
     return metric
 
 
@@ -48,7 +55,18 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
         bad = last[rows, incorrect.to(last.device).expand(last.shape[0])]
         return (good - bad).mean()
 
+    metric.read_positions = position
     return metric
+
+
+def read_positions(metric: Metric, n_pos: int) -> torch.Tensor | None:
+    """The sorted positions (n,) of logits (batch, ``n_pos``, d_vocab) that ``metric`` reads, as the
+    metrics built here declare them; None for every position (any other callable)."""
+    declared = getattr(metric, "read_positions", None)
+    if declared is None:
+        return None
+    positions = torch.as_tensor(declared).reshape(-1) % n_pos  # a position may count from the end
+    return torch.unique(positions)
 
 
 def evaluate_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
