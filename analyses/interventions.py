@@ -255,8 +255,9 @@ def evaluate_variants(
                 values[v] = evaluate_metric(metric, variant_logits)
             bar.update(len(members))
     if positions is not None and values.isnan().any():
-        raise UserError(f"the metric read logits outside the positions it declares ({positions.tolist()}); "
-                        "give it the right read_positions, or none")
+        raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
+                        f"({positions.tolist()}; give it the right read_positions, or none), or the model's "
+                        "output is not finite")
     return values
 
 
