@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup chromium test report bench clean
+.PHONY: setup chromium test report bench docs clean
 
 setup: $(STAMP)
 
@@ -34,5 +34,8 @@ report: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) reports .pytest_cache
+	rm -rf $(VENV) reports build .pytest_cache
