@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+import warnings
 
 from interp.errors import UserError
 
@@ -30,8 +32,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_libraries() -> None:
+    """Keep the libraries under a command quiet: Hugging Face's per-load progress bars and every
+    library's warnings and log lines below ERROR stay off the user's terminal, so a command prints
+    only its own progress and results. Warnings raised by interp's own code still show."""
+    import huggingface_hub.utils
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+    for name in ("transformer_lens", "jax", "absl", "accelerate", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"(interp|analyses)(\.|$)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_libraries()
     try:
         return args.func(args) or 0
     except UserError as error:  # a user mistake: one line; anything else is a bug and keeps its traceback
