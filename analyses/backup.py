@@ -28,7 +28,7 @@ import torch
 
 from analyses.ablation import Ablation, prepare_ablation
 from analyses.budget import DEFAULT_MEMORY_MB
-from analyses.hook_check import EDIT_TOLERANCE, edit_effect, probe_tokens
+from analyses.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.hook_names import z_name, z_names
 from analyses.interventions import cache_run, check_heads, evaluate_variants, head_cells
 from analyses.metrics import Metric
@@ -131,14 +131,15 @@ def mlp_out_names(model) -> list[str]:
 
 
 def require_mlp_freeze(model, names: Sequence[str]) -> None:
-    """Refuse direct effects in one line where replacing ``hook_mlp_out`` does not reach the output
-    (measured with the hook self-test's own edit probe)."""
+    """Refuse direct effects in one line where an edit of ``hook_mlp_out`` does not reach the output,
+    measured with the hook self-test's probe (``probe_effect``: a fixed pattern added, the last
+    layer first), which changes the activation whatever it is, an MLP writing exactly zero too."""
     if not names:
         return
     tokens = probe_tokens(model)
     with torch.no_grad():
         logits = model(tokens)
-    if edit_effect(model, tokens, logits, names[-1], torch.zeros_like) <= EDIT_TOLERANCE:
+    if probe_effect(model, tokens, logits, names[::-1]) <= EDIT_TOLERANCE:
         raise UserError("direct effects freeze the MLP outputs, but edits of hook_mlp_out do not reach the output "
                         "of this model; see `interp check`")
 

@@ -6,8 +6,12 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
 
 - every hook the analyses read fires with its documented shape (``hook_k``/``hook_v`` carry the
   key/value heads of grouped- and multi-query attention);
-- replacing ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_z`` of one head, and ``hook_pattern`` of
-  one layer, changes the logits (path patching edits the first three);
+- an edit of ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` and ``hook_pattern`` changes the logits
+  (path patching edits the first three). Every probe *adds* a large fixed pattern
+  (``added_pattern``), never zeros or scales: an edit that zeroes an activation which is already
+  zero (an MLP with zero weights, a pruned or hand-set model) changes nothing while the hook works,
+  and would refuse the model falsely. The last layer is tried first, then the earlier ones, so a
+  layer whose weights ignore the edit (a head with zero value weights) does not decide alone;
 - where the output projection is reachable (``blocks.{l}.attn.W_O`` / ``b_O``), the heads' outputs
   plus its bias add up to ``hook_attn_out``.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import pandas as pd
 import torch
@@ -129,19 +134,36 @@ def edit_effect(model, tokens: torch.Tensor, logits: torch.Tensor, name: str, ed
     return float((edited - logits).abs().max() / logits.abs().max().clamp(min=1e-12))
 
 
-def _head_edit(heads: torch.Tensor) -> torch.Tensor:
-    """Head 0's query, key, value or output replaced by a large fixed pattern (batch, pos, head,
-    d_head)."""
-    edited = heads.clone()
-    edited[:, :, 0] = torch.linspace(-3, 3, heads.shape[-1], device=heads.device, dtype=heads.dtype)
-    return edited
+PROBE_LOW, PROBE_HIGH = 1.0, 3.0  # the range of the pattern a probe adds
+_GOLDEN = (5 ** 0.5 - 1) / 2
 
 
-def _pattern_edit(pattern: torch.Tensor) -> torch.Tensor:
-    """Every head attends only to position 0 (batch, head, q, k)."""
-    edited = torch.zeros_like(pattern)
-    edited[..., 0] = 1
-    return edited
+def added_pattern(activation: torch.Tensor) -> torch.Tensor:
+    """``activation`` plus a large fixed pattern of its shape: entries in [1, 3), different at every
+    position, head and dimension (a golden-ratio sequence over the flattened tensor), so the edit
+    changes the activation whatever its value, moves a softmax's input by different amounts at
+    different keys, and moves an attention pattern's weights by a positive total."""
+    index = torch.arange(activation.numel(), device=activation.device, dtype=torch.float64)
+    pattern = PROBE_LOW + (PROBE_HIGH - PROBE_LOW) * torch.frac(index * _GOLDEN)
+    return activation + pattern.reshape(activation.shape).to(activation.dtype)
+
+
+@torch.no_grad()
+def probe_effect(model, tokens: torch.Tensor, logits: torch.Tensor, names: Sequence[str]) -> float:
+    """The relative change of the logits (``edit_effect``) when ``added_pattern`` edits the hook
+    at each of ``names`` in turn, stopping at the first whose edit exceeds ``EDIT_TOLERANCE``; the
+    largest change seen (0.0 for no names)."""
+    effect = 0.0
+    for name in names:
+        effect = max(effect, edit_effect(model, tokens, logits, name, added_pattern))
+        if effect > EDIT_TOLERANCE:
+            break
+    return effect
+
+
+def layers_last_first(model, suffix: str) -> list[str]:
+    """``blocks.{l}.{suffix}`` for every layer, the last first."""
+    return [f"blocks.{layer}.{suffix}" for layer in reversed(range(model.cfg.n_layers))]
 
 
 @torch.no_grad()
@@ -169,10 +191,7 @@ def check_hooks(model) -> HookCheck:
         return _checked[model]
     tokens = probe_tokens(model)
     shapes, logits, cache = measure_shapes(model, tokens)
-    last = model.cfg.n_layers - 1
-    effects = {hook: edit_effect(model, tokens, logits, f"blocks.{last}.attn.{hook}", _head_edit)
-               for hook in ("hook_q", "hook_k", "hook_v", "hook_z")}
-    effects["hook_pattern"] = edit_effect(model, tokens, logits, f"blocks.{last}.attn.hook_pattern", _pattern_edit)
+    effects = {hook: probe_effect(model, tokens, logits, layers_last_first(model, f"attn.{hook}")) for hook in EDITABLE}
     result = HookCheck(model_family(model), model_impl(model), shapes,
                        {hook: effect > EDIT_TOLERANCE for hook, effect in effects.items()}, effects,
                        head_sum_error(model, cache))

@@ -391,7 +391,9 @@ class GPTModel(HeadWeights, HookedModule):
         resid = self.hook_embed(embeddings)  # as the token embeddings enter the residual stream
         if self.cfg.positional_embedding_type == "standard":
             positions = torch.arange(offset, offset + n_pos, device=tokens.device)
-            resid = resid + self.hook_pos_embed(self.pos_embed(positions).expand_as(resid))
+            # a tensor of its own for the hook (not a view expanded over the batch): an in-place edit of
+            # one prompt or one position then changes that prompt or position alone
+            resid = resid + self.hook_pos_embed(self.pos_embed(positions).expand_as(resid).clone())
         return self.drop_embed(resid)
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
@@ -435,7 +437,8 @@ class GPTModel(HeadWeights, HookedModule):
             offset = 0 if past_kv is None else past_kv[0].length
             resid = self.embed_tokens(tokens, offset)
         else:
-            resid = input
+            # the caller's tensor is never a hook's to edit: hooks at the start edit a copy
+            resid = input.clone()
             if resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model:
                 raise UserError(f"with start_at_layer the input must be a residual (batch, pos, {self.cfg.d_model}), got {tuple(resid.shape)}")
         if start_at_resid_mid:
