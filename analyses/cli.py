@@ -10,6 +10,7 @@ import sys
 import warnings
 
 from interp.errors import UserError
+from interp.memory import retain_freed_memory_once
 
 # module path -> it defines register(subparsers), adding one or more subcommands whose
 # parser sets `func(args) -> int`.
@@ -51,6 +52,7 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
+    retain_freed_memory_once()  # the process is ours: keep freed cache memory for the next chunk
     try:
         return args.func(args) or 0
     except UserError as error:  # a user mistake: one line; anything else is a bug and keeps its traceback

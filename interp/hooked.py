@@ -6,16 +6,12 @@ from __future__ import annotations
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from interp.memory import retain_freed_memory_once
-
 
 class HookedModule(HookedRootModule):
     def run_with_cache(self, *model_args, **kwargs):
         """Run forward with caching hooks; returns ``(output, ActivationCache)``.
 
         Takes TransformerLens's keywords (``names_filter``, ``remove_batch_dim``, ``pos_slice``...).
-        The first call tunes the allocator to reuse freed cache memory (``interp.memory``).
         """
-        retain_freed_memory_once()
         output, cache = super().run_with_cache(*model_args, **kwargs)
         return output, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))

@@ -21,7 +21,6 @@ from interp.convert import check_scratch_family, from_hf, scratch_families
 from interp.errors import UserError
 from interp.files import write_atomic
 from interp.hub import hf_config, load_hf, locate, refuse_mismatched_tensors
-from interp.memory import retain_freed_memory_once
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
 
@@ -108,9 +107,7 @@ def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = 
     hf_model, tokenizer = load_hf(located, device_map=device_map)
     if impl == "scratch":
         return from_hf(hf_model, tokenizer)
-    bridge = boot_bridge(hf_model, tokenizer, name=spec, copy=False)  # nothing else holds hf_model
-    retain_freed_memory_once()  # what our run_with_cache does, for a bridge whose caches are not ours
-    return bridge
+    return boot_bridge(hf_model, tokenizer, name=spec, copy=False)  # nothing else holds hf_model
 
 
 def _is_our_checkpoint(path: Path) -> bool:

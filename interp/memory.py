@@ -11,9 +11,11 @@ every chunk.
 ``limit_mb`` of freed memory at the top of the heap for the next allocation. The price is that
 the process's resident size stays at its high-water mark, up to that limit, after a cache is
 dropped (as PyTorch's CUDA caching allocator does on the GPU; ``release_freed_memory`` is this
-module's ``torch.cuda.empty_cache``). ``HookedModule.run_with_cache`` applies it once per process;
-set ``INTERP_RETAIN_FREED_MEMORY=0`` to leave the allocator alone. The default limit matches the
-analyses' default memory budget, so each chunk they run reuses the last one's pages.
+module's ``torch.cuda.empty_cache``). It retunes the whole process, so the library never applies
+it on its own (inside a notebook kernel or a server the process is not ours): the ``interp``
+commands apply it once at start (``retain_freed_memory_once``; ``INTERP_RETAIN_FREED_MEMORY=0`` opts
+out), and a script or notebook that wants it calls ``retain_freed_memory()`` itself. The default
+limit matches the analyses' default memory budget, so each chunk they run reuses the last one's pages.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def retain_freed_memory_once() -> None:
-    """Apply ``retain_freed_memory()`` when a cache is taken or a bridge loaded, unless it ran already or is opted out."""
+    """Apply ``retain_freed_memory()`` once per process unless it ran already or ``INTERP_RETAIN_FREED_MEMORY=0``
+    opts out; the ``interp`` commands call it at start."""
     if not _applied and os.environ.get(OPT_OUT_VARIABLE, "1") != "0":
         retain_freed_memory()
