@@ -23,3 +23,5 @@ from analyses.edge_attribution import edge_agreement, edge_attribution, shortlis
 from analyses.circuit import circuit_edges, circuit_figure, circuit_section
 from analyses.rollout import attention_rollout, model_rollout
 from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison
+from analyses.components import (accumulated_residual, component_hooks, decompose_residual, direct_logit_attribution,
+                                 dla_heatmap, logit_lens, logit_lens_figure)

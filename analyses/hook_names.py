@@ -21,6 +21,11 @@ def resid_mid_name(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_mid"
 
 
+def mlp_out_name(layer: int) -> str:
+    """A layer's MLP output, (batch, pos, d_model) (blocks with an MLP only)."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
 def z_names(model) -> list[str]:
     """Every layer's ``hook_z`` name."""
     return [z_name(layer) for layer in range(model.cfg.n_layers)]

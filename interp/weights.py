@@ -11,6 +11,8 @@ modules, so a weight-based analysis (``analyses.composition_scores``) reads eith
     b_Q                (n_layers, n_heads,    d_head)
     b_K, b_V           (n_layers, n_kv_heads, d_head)
     b_O                (n_layers, d_model)
+    W_E                (d_vocab, d_model)       the token embedding, as stored
+    W_U, b_U           (d_model, d_vocab_out), (d_vocab_out,)   the unembedding
 
 As on the bridge (checked on TransformerLens 4.3), ``W_K``/``W_V`` of a grouped-query model keep
 their ``n_key_value_heads`` heads; ``expand_kv_heads`` repeats them onto the query heads that read
@@ -73,3 +75,22 @@ class HeadWeights:
     b_K = _stacked(lambda attn: _head_bias(attn.W_key, attn.head_dim), "(n_layers, n_kv_heads, d_head)")
     b_V = _stacked(lambda attn: _head_bias(attn.W_value, attn.head_dim), "(n_layers, n_kv_heads, d_head)")
     b_O = _stacked(lambda attn: _zero_bias(attn) if attn.b_O is None else attn.b_O, "(n_layers, d_model)")
+
+    # the embedding and unembedding, as the bridge names them (``self.embed``, and ``self.lm_head`` when untied)
+    @property
+    def W_E(self) -> torch.Tensor:
+        """The token embedding (d_vocab, d_model) as stored (before any ``embed_scale``)."""
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        """The unembedding (d_model, d_vocab_out): ``embed.weight`` transposed (tied) or ``lm_head``'s."""
+        return (self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight).T
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        """The unembedding bias (d_vocab_out,); zeros where the model has none."""
+        head = getattr(self, "lm_head", None)
+        if head is None or head.bias is None:
+            return self.W_U.new_zeros(self.W_U.shape[1])
+        return head.bias

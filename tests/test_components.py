@@ -1,0 +1,188 @@
+"""Residual decomposition, direct logit attribution and the logit lens, against TransformerLens's own
+``ActivationCache.decompose_resid`` / ``stack_head_results`` / ``logit_attrs`` / ``accumulated_resid``
+on a bridge over the same weights, against the model's logits, and between the two implementations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from analyses.components import (
+    component_hooks, components_cache, decompose_residual, direct_logit_attribution, dla_heatmap, head_grid,
+    logit_lens, logit_lens_figure, next_token_answers,
+)
+from analyses.hook_names import final_resid_name
+from interp import UserError, from_hf
+from interp.bridge import boot_bridge
+from interp.random_models import FAMILIES, random_hf_model
+
+TOL = 1e-5
+SCRATCH_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi")
+
+
+def _perturbed(family: str):
+    """A random model of ``family`` whose 1-d parameters (norm gains, biases) are moved off their
+    initial 1 and 0, which would hide a missing weight or bias in the final norm."""
+    hf_model, tokenizer = random_hf_model(family, seed=5)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            if param.ndim == 1:  # norm gains and biases, other biases
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+    return hf_model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def models():
+    """family -> (hf model, tokenizer, bridge), made once per family."""
+    made = {}
+
+    def make(family: str):
+        if family not in made:
+            hf_model, tokenizer = _perturbed(family)
+            made[family] = hf_model, tokenizer, boot_bridge(hf_model, tokenizer)
+        return made[family]
+
+    return make
+
+
+def _tokens(n_batch=2, n_pos=10, seed=0):
+    return torch.randint(3, 250, (n_batch, n_pos), generator=torch.Generator().manual_seed(seed))
+
+
+def _tl_cache(bridge, tokens):
+    with torch.no_grad():
+        return bridge.run_with_cache(tokens)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parts_sum_to_the_final_residual_and_dla_to_the_logits(models, family):
+    _, _, bridge = models(family)
+    tokens = _tokens()
+    logits, cache = _tl_cache(bridge, tokens)
+    decomposition = decompose_residual(bridge, cache)
+    final = cache[final_resid_name(bridge)]
+    assert torch.allclose(decomposition.parts.sum(0), final.float(), atol=TOL)
+    assert decomposition.parts.shape[0] == len(decomposition.components)
+    answers, positions = next_token_answers(tokens)
+    dla = direct_logit_attribution(bridge, cache, answers, positions=positions)
+    total = dla.groupby(["prompt", "position"])["dla"].sum().to_numpy().reshape(answers.shape)
+    expected = logits[:, :-1].gather(-1, answers[..., None])[..., 0]
+    assert torch.allclose(torch.as_tensor(total), expected.float(), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_decomposition_equals_transformer_lens(models, family):
+    _, _, bridge = models(family)
+    tokens = _tokens()
+    _, cache = _tl_cache(bridge, tokens)
+    ours = decompose_residual(bridge, cache)
+    table = ours.components
+    heads, labels = cache.stack_head_results(return_labels=True)
+    head_rows = table.index[table["kind"] == "head"].to_numpy()
+    assert list(table.loc[head_rows, "component"]) == labels
+    assert torch.allclose(ours.parts[head_rows], heads.float(), atol=TOL)
+    theirs, their_labels = cache.decompose_resid(return_labels=True)
+    for stack, label in zip(theirs, their_labels):
+        if label in ("embed", "pos_embed"):
+            mine = ours.parts[(table["component"] == label).to_numpy()].sum(0)
+        else:  # "{l}_attn_out" = the layer's heads + its bias; "{l}_mlp_out" = its MLP
+            layer, kind = int(label.split("_")[0]), label.split("_")[1]
+            rows = (table["layer"] == layer) & table["kind"].isin(["head", "attn_bias"] if kind == "attn" else ["mlp"])
+            mine = ours.parts[rows.to_numpy()].sum(0)
+        assert torch.allclose(mine, stack.float(), atol=TOL), label
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_dla_equals_transformer_lens_logit_attrs(models, family):
+    """TransformerLens's ``logit_attrs`` assumes the final LayerNorm folded into W_U (compatibility
+    mode): it reads the scale and the unembedding of a folded bridge's cache, applied to the heads'
+    results of the unfolded bridge (the folded one moves value biases out of the heads into b_O) and
+    to the folded bridge's per-layer outputs. On logit differences: that mode also centres W_U over the
+    vocabulary, which moves a single token's attribution by a constant per component."""
+    hf_model, tokenizer, bridge = models(family)
+    folded = boot_bridge(hf_model, tokenizer)
+    folded.enable_compatibility_mode()
+    tokens = _tokens(seed=1)
+    answers, distractors = tokens[:, 1:], torch.roll(tokens[:, 1:], 1, dims=1)
+    positions = list(range(tokens.shape[1] - 1))
+    _, tl_cache = _tl_cache(folded, tokens)
+    _, unfolded_cache = _tl_cache(bridge, tokens)
+    dla = direct_logit_attribution(bridge, tokens, answers, distractors, positions=positions)
+    heads, labels = unfolded_cache.stack_head_results(return_labels=True, pos_slice=slice(0, -1))
+    stack, stack_labels = tl_cache.decompose_resid(return_labels=True, pos_slice=slice(0, -1))
+    theirs = torch.cat([tl_cache.logit_attrs(heads, answers, distractors, pos_slice=slice(0, -1)),
+                        tl_cache.logit_attrs(stack, answers, distractors, pos_slice=slice(0, -1))])
+    for label, values in zip(labels + stack_labels, theirs):
+        if label in ("embed", "pos_embed") or label.startswith("L"):
+            rows = dla["component"] == label
+        else:  # "{l}_attn_out" = the layer's heads + its bias; "{l}_mlp_out" = its MLP
+            layer, kind = int(label.split("_")[0]), label.split("_")[1]
+            rows = (dla["layer"] == layer) & dla["kind"].isin(["head", "attn_bias"] if kind == "attn" else ["mlp"])
+        mine = dla[rows.fillna(False)].groupby(["prompt", "position"])["dla"].sum().to_numpy()
+        assert torch.allclose(torch.as_tensor(mine).reshape(values.shape), values.float(), atol=TOL), label
+
+
+@pytest.mark.parametrize("family", SCRATCH_FAMILIES)
+def test_both_implementations_agree(models, family):
+    hf_model, tokenizer, bridge = models(family)
+    scratch = from_hf(hf_model, tokenizer)
+    tokens = _tokens(seed=2)
+    answers, positions = next_token_answers(tokens)
+    ours, theirs = (direct_logit_attribution(model, tokens, answers, positions=positions) for model in (scratch, bridge))
+    assert list(ours["component"]) == list(theirs["component"])
+    assert torch.allclose(torch.as_tensor(ours["dla"].to_numpy()), torch.as_tensor(theirs["dla"].to_numpy()), atol=TOL)
+    lens = [logit_lens(model, tokens, answers, positions=positions) for model in (scratch, bridge)]
+    assert torch.allclose(torch.as_tensor(lens[0]["logit"].to_numpy()), torch.as_tensor(lens[1]["logit"].to_numpy()),
+                          atol=TOL)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_logit_lens_equals_transformer_lens_accumulated_resid(models, family):
+    _, _, bridge = models(family)
+    tokens = _tokens(seed=3)
+    logits, cache = _tl_cache(bridge, tokens)
+    answers, positions = next_token_answers(tokens)
+    lens = logit_lens(bridge, cache, answers, positions=positions, memory_mb=0.01)  # many small chunks
+    stack, labels = cache.accumulated_resid(apply_ln=True, return_labels=True, pos_slice=slice(0, -1))
+    theirs = stack @ bridge.W_U + bridge.b_U  # (stage, batch, pos, vocab)
+    assert list(lens["stage"].unique()) == labels
+    picked = theirs.gather(-1, answers[None, ..., None].expand(len(labels), -1, -1, 1))[..., 0]
+    assert torch.allclose(torch.as_tensor(lens["logit"].to_numpy()).reshape(picked.shape), picked.float(), atol=TOL)
+    rank = (theirs > picked[..., None]).sum(-1)
+    assert (torch.as_tensor(lens["rank"].to_numpy()).reshape(rank.shape) == rank).all()
+    final = lens[lens["stage"] == "final_post"]["log_prob"].to_numpy().reshape(answers.shape)
+    expected = logits[:, :-1].log_softmax(-1).gather(-1, answers[..., None])[..., 0]
+    assert torch.allclose(torch.as_tensor(final), expected.float(), atol=TOL)
+
+
+def test_convenience_run_caches_only_what_it_reads(scratch_gpt2):
+    tokens = _tokens(n_batch=3, n_pos=8)
+    cache = components_cache(scratch_gpt2, tokens)
+    assert sorted(cache.keys()) == sorted(component_hooks(scratch_gpt2))
+    answers = tokens[:, -1]
+    from_cache = direct_logit_attribution(scratch_gpt2, cache, answers)
+    from_tokens = direct_logit_attribution(scratch_gpt2, tokens, answers)
+    assert from_cache.equals(from_tokens)
+    assert set(from_cache["position"]) == {7}
+    grid = head_grid(from_cache)
+    assert grid.shape == (2, 5)  # 4 heads and the MLP
+    dla_heatmap(from_cache)
+    logit_lens_figure(logit_lens(scratch_gpt2, tokens, answers))
+
+
+def test_a_missing_part_or_bad_answers_is_refused(scratch_gpt2):
+    tokens = _tokens(n_batch=2, n_pos=6)
+    cache = dict(components_cache(scratch_gpt2, tokens).items())
+    del cache["hook_pos_embed"]
+    with pytest.raises(UserError, match="add up"):
+        decompose_residual(scratch_gpt2, cache)
+    with pytest.raises(UserError, match="answers"):
+        direct_logit_attribution(scratch_gpt2, tokens, tokens[:, :3])
+    with pytest.raises(UserError, match="positions"):
+        direct_logit_attribution(scratch_gpt2, tokens, tokens[:, 0], positions=[9])
+    with pytest.raises(UserError, match="token ids"):
+        direct_logit_attribution(scratch_gpt2, tokens, tokens[:, 0] + 10_000)
+    del cache["blocks.0.attn.hook_z"]
+    with pytest.raises(UserError, match="lacks blocks.0.attn.hook_z"):
+        decompose_residual(scratch_gpt2, cache)
