@@ -25,3 +25,4 @@ from analyses.rollout import attention_rollout, model_rollout
 from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison
 from analyses.components import (accumulated_residual, component_hooks, decompose_residual, direct_logit_attribution,
                                  dla_heatmap, logit_lens, logit_lens_figure)
+from analyses.tasks import Task, load_task, make_task, task_batch, task_metric

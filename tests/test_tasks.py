@@ -1,0 +1,180 @@
+"""Tasks as data: generators for any tokenizer, custom files, and task metrics checked against a
+naive per-prompt computation."""
+
+import json
+import types
+
+import pytest
+import torch
+
+from analyses.tasks import (
+    NAMES, Task, greater_than_task, induction_text_task, ioi_task, load_task, make_task, task_batch, task_metric,
+)
+from interp import UserError, load_model
+from interp.random_models import make_random_gpt2
+from interp.convert import from_hf
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy")
+
+
+@pytest.fixture(scope="module")
+def bpe_model():
+    """A stand-in model (tokenizer + cfg) whose byte-level BPE was trained here on text with names and
+    numbers, so " Mary" or "32" is one token while rare names are not."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence([  # digits in pairs, as GPT-2 splits "1732" into "17" "32"
+        pre_tokenizers.Split(Regex(r"\d\d"), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    core.decoder = decoders.ByteLevel()
+    common = NAMES[:30]  # the last ten names stay rare: never seen in training, so split into pieces
+    text = [f"When {a} and {b} went to the store, {b} gave a drink to {a}." for a in common for b in common]
+    text += [f"The war lasted from the year 17{y:02d} to the year 17{(y + 3) % 100:02d}." for y in range(100)] * 5
+    text += ["The " + w + " lasted" for w in ("dynasty", "siege", "drought", "strike")] * 20
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator(text, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    cfg = types.SimpleNamespace(n_ctx=128, d_vocab=len(hf))
+    return types.SimpleNamespace(tokenizer=hf, cfg=cfg)
+
+
+def test_ioi_keeps_single_token_names_in_both_orders_with_an_abc_corruption(bpe_model):
+    hf = bpe_model.tokenizer
+    task = ioi_task(bpe_model, n=30, seed=1)
+    single = [name for name in NAMES if len(hf.encode(" " + name)) == 1]
+    assert 5 <= len(single) < len(NAMES)
+    assert task.dropped >= len(NAMES) - len(single) and not task.note
+    orders = set()
+    for clean, corrupted, (answer,), (subject,) in zip(task.clean, task.corrupted, task.answers, task.distractors):
+        io, s = hf.decode([answer]).strip(), hf.decode([subject]).strip()
+        assert io in single and s in single and io != s
+        assert clean.count(s) == 2 and clean.count(io) == 1 and clean.endswith(" to")
+        first = clean.index(io) < clean.index(s)
+        orders.add("ABBA" if first else "BABA")
+        names = [n for n in NAMES if f" {n} " in f" {corrupted.replace(',', ' ').replace('.', ' ')} "]
+        assert io not in names and s not in names and len(set(names)) == 3  # A, B, C: no name repeats
+        assert len(hf.encode(clean)) == len(hf.encode(corrupted))
+    assert orders == {"ABBA", "BABA"}
+
+
+def test_greater_than_answers_are_the_later_years_and_the_corruption_is_01(bpe_model):
+    hf = bpe_model.tokenizer
+    task = greater_than_task(bpe_model, n=20, seed=2)
+    assert task.metric == "prob_diff" and not task.note
+    for clean, corrupted, answers, distractors in zip(task.clean, task.corrupted, task.answers, task.distractors):
+        year = int(clean.split("the year 17")[1][:2])
+        assert corrupted == clean.replace(f"17{year:02d}", "1701", 1)
+        assert sorted(int(hf.decode([t])) for t in answers) == [y for y in range(year + 1, 100)
+                                                                 if len(hf.encode(f"{y:02d}")) == 1]
+        assert all(int(hf.decode([t])) <= year for t in distractors)
+
+
+def test_a_byte_tokenizer_falls_back_to_letters_and_decades_and_says_so(toy):
+    ioi = ioi_task(toy, n=10)
+    assert ioi.dropped >= len(NAMES) and "single capital letters" in ioi.note
+    assert all(len(c) == len(b) and c.endswith("to ") for c, b in zip(ioi.clean, ioi.corrupted))
+    assert all(chr(a[0]).isupper() for a in ioi.answers)
+    gt = greater_than_task(toy, n=10)
+    assert gt.dropped == 100 and "decade digit" in gt.note
+    for clean, answers, distractors in zip(gt.clean, gt.answers, gt.distractors):
+        decade = int(clean.split("the year 17")[1][0])
+        assert sorted(chr(t) for t in answers) == [str(d) for d in range(decade + 1, 10)]
+        assert sorted(chr(t) for t in distractors) == [str(d) for d in range(decade + 1)]
+
+
+def test_induction_text_repeats_its_sentence_and_shuffles_the_first_copy(toy):
+    task = induction_text_task(toy, seed=0)
+    assert len(task) + task.dropped == 16
+    for clean, corrupted, (answer,) in zip(task.clean, task.corrupted, task.answers):
+        first, second = clean.split(". ")
+        assert first.startswith(second.strip()) and first[len(second.strip()) + 1] == chr(answer)
+        assert sorted(corrupted.split(". ")[0].split()) == sorted(first.split()) and corrupted.split(". ")[0] != first
+
+
+def naive_value(model, task: Task) -> float:
+    """One unpadded forward per prompt, the metric by hand at its last token, then the mean."""
+    values = []
+    for prompt, good, bad in zip(task.clean, task.answers, task.distractors):
+        ids = torch.tensor([[model.tokenizer.bos_token_id, *model.tokenizer.encode(prompt)]])
+        with torch.no_grad():
+            last = model(ids)[0, -1].double()
+        if task.metric == "prob_diff":
+            probs = last.softmax(-1)
+            values.append(float(sum(probs[t] for t in good) - sum(probs[t] for t in bad)))
+        else:
+            values.append(float(sum(last[t] for t in good) / len(good) - sum(last[t] for t in bad) / len(bad)))
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("make", [ioi_task, greater_than_task, induction_text_task])
+def test_task_metrics_equal_a_naive_per_prompt_computation_on_a_ragged_batch(make):
+    model = from_hf(*make_random_gpt2(n_ctx=128, seed=4))
+    task = make(model)
+    batch = task_batch(model, task)
+    if make is not greater_than_task:
+        assert len(set(batch.last.tolist())) > 1  # prompts of different lengths share the padded batch
+    with torch.no_grad():
+        value = task_metric(task, batch.last)(model(batch.clean)).item()
+    assert value == pytest.approx(naive_value(model, task), abs=1e-5)
+
+
+def test_the_metric_reads_only_the_positions_it_declares(toy):
+    task = ioi_task(toy, n=8)
+    batch = task_batch(toy, task)
+    metric = task_metric(task, batch.last)
+    with torch.no_grad():
+        logits = toy(batch.clean)
+    masked = torch.full_like(logits, torch.nan)
+    masked[:, metric.read_positions] = logits[:, metric.read_positions]
+    assert metric(masked).item() == pytest.approx(metric(logits).item())
+
+
+def test_unequal_clean_and_corrupted_lengths_are_refused_naming_the_pair(toy):
+    task = Task("t", ("ab", "abc"), ("xy", "x"), ((97,), (98,)), ((99,), (100,)))
+    with pytest.raises(UserError, match="prompt 1: the clean prompt is 4 tokens but the corrupted one is 2"):
+        task_batch(toy, task)
+    with pytest.raises(UserError, match="unknown task metric 'kl'"):
+        Task("t", ("a",), ("b",), ((1,),), ((2,),), metric="kl")
+
+
+def test_a_custom_jsonl_or_csv_task_loads_with_the_same_fields(toy, tmp_path):
+    rows = [{"clean": "x = 1; print(x", "corrupted": "x = [; print(x", "answer": ")", "distractor": ["]", "}"]},
+            {"clean": "a = {b", "corrupted": "a = (b", "answer": "}", "distractor": ")"}]
+    jsonl = tmp_path / "brackets.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    csv = tmp_path / "brackets.csv"
+    csv.write_text("clean,corrupted,answer,distractor\n\"x = 1; print(x\",\"x = [; print(x\",),]|}\na = {b,a = (b,},)\n")
+    for path in (jsonl, csv):
+        task = make_task(toy, str(path))
+        assert task.name == "brackets" and task.clean == ("x = 1; print(x", "a = {b")
+        assert task.answers == ((ord(")"),), (ord("}"),)) and task.distractors == ((ord("]"), ord("}")), (ord(")"),))
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"clean": "ab", "corrupted": "cd", "answer": "e"}', "brackets.jsonl, row 2: missing distractor"),
+    ('{"clean": "ab", "corrupted": "cd", "answer": "ef", "distractor": "g"}',
+     "row 2: answer 'ef' is not a single token after the clean prompt"),
+    ('{"clean": "ab", "corrupted": "cde", "answer": "e", "distractor": "g"}',
+     "row 2: clean and corrupted prompts have different token lengths"),
+    ('{"clean": "ab", ', "brackets.jsonl, row 2: not JSON"),
+    ('["ab"]', "row 2: a row must be an object"),
+])
+def test_a_malformed_row_is_refused_in_one_line_naming_it(toy, tmp_path, line, message):
+    path = tmp_path / "brackets.jsonl"
+    path.write_text('{"clean": "ab", "corrupted": "cd", "answer": "e", "distractor": "f"}\n' + line + "\n")
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")) as error:
+        load_task(toy, path)
+    assert "\n" not in str(error.value)
+
+
+def test_unknown_task_names_and_suffixes_are_refused(toy, tmp_path):
+    with pytest.raises(UserError, match="unknown task 'iio'; allowed: ioi, greater-than, induction-text"):
+        make_task(toy, "iio")
+    (tmp_path / "t.csv").write_text("clean,corrupted\n")
+    with pytest.raises(UserError, match="the header lacks answer, distractor"):
+        make_task(toy, str(tmp_path / "t.csv"))
