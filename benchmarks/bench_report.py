@@ -1,0 +1,156 @@
+"""What one ``interp report`` costs, step by step, counted in forward-equivalents.
+
+A forward-equivalent (FE) is one forward of the report's probe batch through every block: each call
+of a transformer block adds (rows it ran) / (rows of the probe batch x n_layers), where a row is one
+token of one prompt; a run that starts after a block's attention (path patching) adds that block's
+MLP share. The unembedding is not counted. Counted apart:
+
+- ``probe passes``: how many times the probe batch itself was embedded, i.e. started from the first
+  block (chunks add their share of the prompts): the "identical-batch full forwards" of issue 23,
+  whose floor is one;
+- the main model and the other models the report builds (the random-initialisation nulls).
+
+Each count is charged to the report step whose call it happened in (the function ``build_report``
+called, then the one that called below it), read from the Python stack. Runs on ``GPTModel`` (the
+blocks are ours to count). Prints one table per model and writes nothing.
+
+    python benchmarks/bench_report.py                       # the embedded model, 16 prompts
+    python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from analyses.probes import probes_for
+from analyses.report import build_report
+from interp import GPTConfig, GPTModel, load_model
+from interp.model import TransformerBlock
+
+SHAPES = {"gpt2-small": dict(n_layers=12, d_model=768, n_heads=12, n_ctx=1024)}
+
+
+class ForwardCounter:
+    """Counts block rows and probe-batch embeddings per (model, step, substep) while installed."""
+
+    def __init__(self, main_model: GPTModel, probe_tokens: torch.Tensor):
+        self.main = main_model
+        self.probe_rows = {tuple(row.tolist()) for row in probe_tokens}
+        self.batch_rows = probe_tokens.numel()
+        self.n_prompts = probe_tokens.shape[0]
+        self.block_rows: dict[tuple, float] = defaultdict(float)
+        self.passes: dict[tuple, float] = defaultdict(float)
+        self._mlp_share = {}
+
+    def __enter__(self):
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook)
+        self._from_mid = TransformerBlock.forward_from_mid
+        counter = self
+
+        def counted_from_mid(block, resid_mid):
+            counter._charge(block, resid_mid, counter._mlp_fraction(block))
+            return counter._from_mid(block, resid_mid)
+
+        TransformerBlock.forward_from_mid = counted_from_mid
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+        TransformerBlock.forward_from_mid = self._from_mid
+
+    def _pre_hook(self, module, args):
+        if isinstance(module, TransformerBlock):
+            self._charge(module, args[0], 1.0)
+        elif isinstance(module, torch.nn.Embedding) and OWNER.get(id(module)) is self.main and args[0].dim() == 2:
+            matched = sum(tuple(row.tolist()) in self.probe_rows for row in args[0])
+            if matched:
+                self.passes[self._step()] += matched / self.n_prompts
+
+    def _charge(self, block, resid, share):
+        owner = "main" if OWNER.get(id(block)) is self.main else "other models"
+        rows = resid.numel() / resid.shape[-1]
+        self.block_rows[(owner, *self._step())] += share * rows / (self.batch_rows * self.main.cfg.n_layers)
+
+    def _mlp_fraction(self, block):
+        if block not in self._mlp_share:
+            mlp = sum(p.numel() for p in block.mlp.parameters())
+            self._mlp_share[block] = mlp / sum(p.numel() for p in block.parameters())
+        return self._mlp_share[block]
+
+    @staticmethod
+    def _step() -> tuple[str, str]:
+        """(step, substep): the analyses function build_report called, and the two below it on the stack."""
+        names = []
+        frame = sys._getframe(2)
+        while frame is not None:
+            module = frame.f_globals.get("__name__", "")
+            if frame.f_code.co_name == "build_report":
+                break
+            if module.startswith("analyses."):
+                names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        names.reverse()
+        return (names[0] if names else "?", "/".join(names[1:3]))
+
+
+OWNER: dict[int, GPTModel] = {}  # id(module) -> the model it belongs to
+
+
+def mark_owned(model: GPTModel) -> None:
+    OWNER.update((id(module), model) for module in model.modules())
+
+
+def own_new_models() -> None:
+    """Every GPTModel built from now on (the report's null models) marks its modules as its own."""
+    original = GPTModel.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        mark_owned(self)
+
+    GPTModel.__init__ = init
+
+
+def subject(args) -> GPTModel:
+    if args.shape == "toy":
+        return load_model("toy").eval()
+    torch.manual_seed(0)
+    config = GPTConfig(d_vocab=args.vocab, **SHAPES[args.shape])
+    return GPTModel(config).eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="toy", choices=["toy", *SHAPES])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=50257, help="vocabulary of a --shape model")
+    parser.add_argument("--seq-len", type=int, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = subject(args)
+    own_new_models()
+    mark_owned(model)
+    probes = probes_for(model, args.prompts, args.seq_len, seed=0)
+    start = time.perf_counter()
+    with ForwardCounter(model, probes.tokens) as counter:
+        build_report(model, model_name=args.shape, n_prompts=args.prompts, seq_len=args.seq_len, seed=0,
+                     progress=False)
+    seconds = time.perf_counter() - start
+    print(f"{args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
+          f"vocabulary {model.cfg.d_vocab}; report {seconds:.1f} s (one thread)")
+    steps = sorted({key[1:] for key in counter.block_rows} | set(counter.passes))
+    print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9}")
+    for step in steps:
+        print(f"{step[0]:<28} {step[1]:<44} {counter.passes.get(step, 0):>12.2f} "
+              f"{counter.block_rows.get(('main', *step), 0):>9.2f} {counter.block_rows.get(('other models', *step), 0):>9.2f}")
+    total = lambda owner: sum(v for k, v in counter.block_rows.items() if k[0] == owner)
+    print(f"{'total':<73} {sum(counter.passes.values()):>12.2f} {total('main'):>9.2f} {total('other models'):>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
