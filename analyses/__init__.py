@@ -26,3 +26,5 @@ from analyses.compare import compare_models, scores_over_training, training_figu
 from analyses.components import (accumulated_residual, component_hooks, decompose_residual, direct_logit_attribution,
                                  dla_heatmap, logit_lens, logit_lens_figure)
 from analyses.tasks import Task, load_task, make_task, task_batch, task_metric
+from analyses.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
+                              qk_positional_scores)

@@ -12,6 +12,7 @@ modules, so a weight-based analysis (``analyses.composition_scores``) reads eith
     b_K, b_V           (n_layers, n_kv_heads, d_head)
     b_O                (n_layers, d_model)
     W_E                (d_vocab, d_model)       the token embedding, as stored
+    W_pos              (n_ctx, d_model)         learned positions only
     W_U, b_U           (d_model, d_vocab_out), (d_vocab_out,)   the unembedding
 
 As on the bridge (checked on TransformerLens 4.3), ``W_K``/``W_V`` of a grouped-query model keep
@@ -81,6 +82,13 @@ class HeadWeights:
     def W_E(self) -> torch.Tensor:
         """The token embedding (d_vocab, d_model) as stored (before any ``embed_scale``)."""
         return self.embed.weight
+
+    @property
+    def W_pos(self) -> torch.Tensor:
+        """The learned position embedding (n_ctx, d_model); AttributeError for rotary or ALiBi positions."""
+        if "pos_embed" not in self._modules:
+            raise AttributeError("W_pos: this model has no learned position embeddings")
+        return self.pos_embed.weight
 
     @property
     def W_U(self) -> torch.Tensor:
