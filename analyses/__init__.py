@@ -7,9 +7,9 @@ from analyses.tl_compat import detect_heads
 from analyses.report import build_report, write_report
 from analyses.attention_map import attention_map
 from analyses.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
-from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads
+from analyses.attribution import attribution_agreement, attribution_patch_heads, attribution_patch_mlps, shortlist_patch_heads
 from analyses.metrics import logit_diff_metric, loss_metric
-from analyses.patching import patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.patching import patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
 from analyses.intervention_figures import ablation_figure, patching_figure
 from analyses.study import run_study
 from analyses.attribution import unpatched_value

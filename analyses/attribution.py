@@ -16,9 +16,9 @@ import torch
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.hook_check import require_edit
 from analyses.hook_names import z_names
-from analyses.interventions import cache_run, linear_effects, metric_gradients
+from analyses.interventions import activation_gradients, cache_run, linear_effects, metric_gradients
 from analyses.metrics import Metric, evaluate_metric
-from analyses.patching import base_and_source, normalize_values, patch_specific_heads, prepare
+from analyses.patching import base_and_source, mlp_out_names, normalize_values, patch_specific_heads, prepare
 from interp.errors import UserError
 
 
@@ -35,11 +35,37 @@ def attribution_patch_heads(
     """Estimated ``patch_heads``: [n_layers, n_heads] or with ``by_position`` [n_layers, pos, n_heads].
     ``normalize`` rescales to 0 = corrupted, 1 = clean as in ``patch_heads(normalize=True)``."""
     require_edit(model, "hook_z", "attribution_patch_heads")
+    return _attribution(model, clean_tokens, corrupted_tokens, metric, z_names(model), lambda act: act,
+                        by_position=by_position, direction=direction, normalize=normalize)
+
+
+def attribution_patch_mlps(
+    model,
+    clean_tokens,
+    corrupted_tokens,
+    metric: Metric,
+    *,
+    by_position: bool = False,
+    direction: str = "denoise",
+    normalize: bool = False,
+) -> torch.Tensor:
+    """Estimated ``patch_mlps``: [n_layers] or with ``by_position`` [n_layers, pos] (each MLP's
+    ``hook_mlp_out`` linearised as a head's ``hook_z`` is)."""
+    estimate = _attribution(model, clean_tokens, corrupted_tokens, metric, mlp_out_names(model),
+                            lambda act: act[:, :, None], by_position=by_position, direction=direction,
+                            normalize=normalize)
+    return estimate[..., 0]  # the one "head" each MLP layer was given
+
+
+def _attribution(model, clean_tokens, corrupted_tokens, metric: Metric, names, as_heads, *, by_position: bool,
+                 direction: str, normalize: bool) -> torch.Tensor:
+    """The attribution estimate of patching each of ``names`` (one per layer) -> [n_layers, (pos,) head];
+    ``as_heads`` views an activation as (batch, pos, head, d)."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
-    names = z_names(model)
     source_logits, source_cache = cache_run(model, source, names, logits=normalize)  # logits: normalising only
-    value, z, grads = metric_gradients(model, base, metric)
-    effects = linear_effects(grads, z, [source_cache[name] for name in names])
+    value, acts, grads = activation_gradients(model, base, metric, names)
+    effects = linear_effects([as_heads(grads[name]) for name in names], [as_heads(acts[name]) for name in names],
+                             [as_heads(source_cache[name]) for name in names])
     estimate = value + (effects if by_position else effects.sum(dim=1))
     if not normalize:
         return estimate

@@ -8,6 +8,8 @@ patched run, as in ``transformer_lens.patching.get_act_patch_*``:
     patch_heads                    [n_layers, n_heads]        hook_z of one head, all positions
     patch_heads(by_position=True)  [n_layers, pos, n_heads]   hook_z of one head at one position
     patch_residual                 [n_layers, pos]            hook_resid_pre at one position
+    patch_mlps                     [n_layers]                 hook_mlp_out of one MLP, all positions
+    patch_mlps(by_position=True)   [n_layers, pos]            hook_mlp_out at one position
     patch_patterns                 [n_layers, n_heads]        hook_pattern of one head
 
 ``normalize=True`` rescales to (value - corrupted) / (clean - corrupted): 0 = the corrupted
@@ -25,7 +27,8 @@ import torch
 
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.hook_check import require_edit
-from analyses.hook_names import pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name, z_names
+from analyses.hook_names import (mlp_out_name, pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name,
+                                 z_names)
 from analyses.interventions import Variant, base_run, cache_run, check_choice, evaluate_variants, head_cells
 from analyses.metrics import Metric, evaluate_metric
 from analyses.tokens import as_tokens
@@ -146,6 +149,40 @@ def patch_residual(
     n_pos = setup.base.shape[1]
     variants = [[(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
     return _sweep(model, setup, metric, variants, (n_layers, n_pos), normalize, memory_mb, progress, "patch resid")
+
+
+def mlp_out_names(model) -> list[str]:
+    """Every layer's ``hook_mlp_out``; a one-line refusal for a model without MLPs."""
+    names = [mlp_out_name(layer) for layer in range(model.cfg.n_layers)]
+    if any(name not in model.hook_dict for name in names):
+        raise UserError("this model has no MLP outputs (blocks.L.hook_mlp_out): it is attention-only")
+    return names
+
+
+def patch_mlps(
+    model,
+    clean_tokens,
+    corrupted_tokens,
+    metric: Metric,
+    *,
+    by_position: bool = False,
+    direction: str = "denoise",
+    normalize: bool = False,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """Patch each MLP's output (``hook_mlp_out``) -> [n_layers], or with ``by_position``
+    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``)."""
+    names = mlp_out_names(model)
+    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    n_layers, n_pos = model.cfg.n_layers, setup.base.shape[1]
+    if by_position:
+        variants = [[(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
+        shape = (n_layers, n_pos)
+    else:
+        variants = [[(mlp_out_name(layer), (slice(None),))] for layer in range(n_layers)]
+        shape = (n_layers,)
+    return _sweep(model, setup, metric, variants, shape, normalize, memory_mb, progress, "patch MLPs")
 
 
 def patch_patterns(

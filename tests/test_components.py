@@ -12,7 +12,7 @@ from analyses.components import (
     logit_lens, logit_lens_figure, next_token_answers,
 )
 from analyses.hook_names import final_resid_name
-from interp import UserError, from_hf
+from interp import GPTConfig, GPTModel, UserError, from_hf
 from interp.bridge import boot_bridge
 from interp.random_models import FAMILIES, random_hf_model
 
@@ -186,3 +186,64 @@ def test_a_missing_part_or_bad_answers_is_refused(scratch_gpt2):
     del cache["blocks.0.attn.hook_z"]
     with pytest.raises(UserError, match="lacks blocks.0.attn.hook_z"):
         decompose_residual(scratch_gpt2, cache)
+
+
+# ---- MLPs as components: patching and attribution patching ------------------------------------------
+
+def _induction_pair():
+    from analyses.metrics import loss_metric
+    from analyses.probes import corrupt_first_copy, repeated_probes
+    probes = repeated_probes(3, 12, range(256), 256, seed=4)
+    return probes.tokens, corrupt_first_copy(probes, seed=5), loss_metric(probes.tokens, probes.predictable)
+
+
+@pytest.mark.parametrize("impl", ["scratch", "bridge"])
+def test_mlp_patching_equals_transformer_lens(impl, scratch_gpt2, bridge_gpt2):
+    from transformer_lens import patching as tl_patching
+
+    from analyses.patching import patch_mlps
+    clean, corrupted, metric = _induction_pair()
+    model = scratch_gpt2 if impl == "scratch" else bridge_gpt2
+    _, clean_cache = bridge_gpt2.run_with_cache(clean)
+    theirs = tl_patching.get_act_patch_mlp_out(bridge_gpt2, corrupted, clean_cache, metric).float()
+    by_position = patch_mlps(model, clean, corrupted, metric, by_position=True, progress=False, memory_mb=1)
+    assert by_position.shape == (2, 12) and by_position.std() > 1e-4
+    torch.testing.assert_close(by_position, theirs, atol=1e-4, rtol=0)
+    # all positions at once: TransformerLens's generic patcher with a whole-layer index
+    whole = tl_patching.generic_activation_patch(
+        bridge_gpt2, corrupted, clean_cache, metric, lambda corrupted_act, index, clean_act: clean_act,
+        "mlp_out", index_axis_names=("layer",)).float()
+    torch.testing.assert_close(patch_mlps(model, clean, corrupted, metric, progress=False), whole, atol=1e-4, rtol=0)
+
+
+def test_mlp_attribution_equals_a_naive_gradient(scratch_gpt2):
+    from analyses.attribution import attribution_patch_mlps
+    from analyses.hook_names import mlp_out_name
+    clean, corrupted, metric = _induction_pair()
+    estimate = attribution_patch_mlps(scratch_gpt2, clean, corrupted, metric, by_position=True)
+    _, clean_cache = scratch_gpt2.run_with_cache(clean)
+    kept = {}
+
+    def keep(activation, hook):
+        kept[hook.name] = activation
+        return activation
+
+    def start(embed, hook):  # the graph starts at the embeddings (the weights need no grad)
+        return embed.detach().requires_grad_(True)
+
+    names = [mlp_out_name(layer) for layer in range(2)]
+    with torch.enable_grad():
+        value = metric(scratch_gpt2.run_with_hooks(corrupted, fwd_hooks=[("hook_embed", start)] + [(n, keep) for n in names]))
+        grads = torch.autograd.grad(value, [kept[n] for n in names])
+    naive = torch.stack([((clean_cache[n] - kept[n].detach()) * grad).sum(-1).sum(0) for n, grad in zip(names, grads)])
+    torch.testing.assert_close(estimate, value.item() + naive, atol=1e-5, rtol=0)
+    whole = attribution_patch_mlps(scratch_gpt2, clean, corrupted, metric)
+    torch.testing.assert_close(whole, value.item() + naive.sum(1), atol=1e-5, rtol=0)
+
+
+def test_attention_only_models_have_no_mlps_to_patch():
+    from analyses.patching import patch_mlps
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=16, d_model=16, n_heads=2, n_layers=1, attn_only=True))
+    tokens = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(UserError, match="attention-only"):
+        patch_mlps(model, tokens, tokens, lambda logits: logits.sum())
