@@ -20,7 +20,8 @@ suffix-only on ``GPTModel``): every single head, every layer, named groups, and 
 pruning curve of Michel et al. (2019), heads removed in increasing order of importance.
 
 Prompts are token ids (batch, pos), texts, or ``RepeatedProbes``; texts of unequal lengths are
-right-padded, and the padding is kept out of the default loss and of the mean replacement (a
+right-padded, and the padding is kept out of the metric (``analyses.metrics.metric_for_batch``: a
+logit difference reads each prompt's last real token) and of the mean replacement (a
 position where no other prompt is real takes the mean over every real position of the others;
 resample needs equal lengths).
 """
@@ -48,13 +49,20 @@ from analyses.interventions import (
     linear_effects,
     metric_gradients,
 )
-from analyses.metrics import Metric, evaluate_metric, loss_metric
+from analyses.metrics import Metric, evaluate_metric, loss_metric, metric_for_batch
 from analyses.probes import RepeatedProbes
 from analyses.tokens import as_batch
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
 
 METHODS = ("zero", "mean", "mean_aligned", "resample")
+# the methods that replace a prompt's head outputs with other prompts' (without a reference batch,
+# they need at least 2 prompts): what each takes from them, for a refusal
+FROM_OTHER_PROMPTS = {
+    "mean": "mean ablation replaces a prompt's head outputs by their mean over the other prompts",
+    "mean_aligned": "mean_aligned ablation replaces a prompt's head outputs by their mean over the other prompts",
+    "resample": "resample ablation gives each prompt another prompt's head outputs",
+}
 
 
 @dataclass
@@ -203,7 +211,8 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
         require_edit(model, "hook_pattern", "preserve_patterns=True")
     places = tokens.places if isinstance(tokens, RepeatedProbes) else None
     batch = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens)
-    metric = metric if metric is not None else loss_metric(batch.tokens, batch.real)
+    metric = loss_metric(batch.tokens, batch.real) if metric is None else metric
+    metric = metric_for_batch(metric, batch.lengths, batch.tokens.shape[1])  # never reads the padding
     sources = replacement_z(model, batch, method, reference, seed, places)
     patterns = pattern_names(model) if preserve_patterns else []
     logits, pattern_cache, starts = base_run(model, batch.tokens, patterns)
@@ -275,6 +284,12 @@ def head_importance(model, tokens, method: str = "zero", metric: Metric | None =
     return prepare_ablation(model, tokens, method, metric, reference=reference, seed=seed).importance()
 
 
+def pruning_order(importance: torch.Tensor) -> list[tuple[int, int]]:
+    """Head importance [n_layers, n_heads] -> every head as (layer, head), the least important
+    first (ties in index order): the order in which ``pruning_curve`` and cumulative studies prune."""
+    return [divmod(int(i), importance.shape[1]) for i in importance.flatten().argsort(stable=True)]
+
+
 def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = None, *, order=None,
                   reference=None, preserve_patterns: bool = False, seed: int = 0,
                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
@@ -285,10 +300,7 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
                                 preserve_patterns=preserve_patterns, seed=seed)
     importance = ablation.importance()
-    if order is None:
-        flat = importance.flatten().argsort(stable=True)
-        order = [divmod(int(i), model.cfg.n_heads) for i in flat]
-    order = check_heads(model, order)
+    order = check_heads(model, pruning_order(importance) if order is None else order)
     values = ablation.run([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
                           desc="prune")
     n_total = model.cfg.n_layers * model.cfg.n_heads

@@ -24,7 +24,7 @@ from analyses.intervention_figures import save_csv, save_figure
 from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.path_patching import VIAS, check_vias
 from analyses.patching import DIRECTIONS
-from analyses.probes import probes_for
+from analyses.probes import check_prompt_count, probes_for
 from interp.errors import UserError
 
 
@@ -51,6 +51,8 @@ def run_circuit(args: argparse.Namespace) -> int:
     check_role(args.senders, "--senders")
     check_role(args.receivers, "--receivers")
     vias = check_vias(args.via.split(","))
+    check_prompt_count(args.prompts, f"--prompts {args.prompts}",
+                       "the role nulls' t-test that picks the circuit's heads has prompts - 1 degrees of freedom")
     if args.top < 1:
         raise UserError(f"--top {args.top} must be >= 1")
     model = load_cli_model(args)

@@ -31,12 +31,17 @@ from analyses.hook_names import pattern_names
 from analyses.interventions import cache_run
 from analyses.outputs import model_meta
 from analyses.plots import png_bytes, role_heatmaps
-from analyses.probes import RepeatedProbes, probes_for
+from analyses.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.progress import progress_bar
 from analyses.report import display_probe
 from analyses.report_page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
+from analyses.tokens import token_differences
 from interp.errors import UserError
+
+# why a comparison needs at least 2 prompts (``check_prompt_count``)
+PROMPTS_NEEDED_BY = ("the differences' intervals bootstrap over prompts, and the ablation effects mean-ablate each "
+                     "prompt with the other prompts' mean")
 
 SHAPE_FIELDS = ("n_layers", "n_heads", "d_vocab")
 N_BOOT = 1000
@@ -52,12 +57,17 @@ class Comparison:
 
 
 def check_same_shape(model_a, model_b) -> None:
-    """One-line UserError naming every field of the two configs that differs."""
+    """One-line UserError naming every field of the two configs that differs, or how their tokens
+    differ (both models read the same token ids, so each id must be the same token in both)."""
     differ = [f"{field} {getattr(model_a.cfg, field)} vs {getattr(model_b.cfg, field)}" for field in SHAPE_FIELDS
               if getattr(model_a.cfg, field) != getattr(model_b.cfg, field)]
     if differ:
         raise UserError(f"the models differ in shape ({'; '.join(differ)}); compare needs the same "
                         f"{', '.join(SHAPE_FIELDS)}")
+    tokens = token_differences(model_a, model_b)
+    if tokens:
+        raise UserError(f"the models differ in their tokens ({'; '.join(tokens)}); compare feeds both the same "
+                        "token ids, so it needs one tokenizer and one start token")
 
 
 def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -95,10 +105,12 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
     ``lost`` (roles joined by ';'), ``change`` (``+role``/``-role``); ``divergence`` (bits);
     ``ablation_effect_a``/``_b``/``_delta`` (nats). ``names``: the two models' specs."""
     check_same_shape(model_a, model_b)
-    if n_prompts < 1:
-        raise UserError(f"prompts={n_prompts} must be >= 1")
+    check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     steps = progress_bar(total=4, progress=progress, desc="compare", unit="step")
     probes = probes_for(model_a, n_prompts, seq_len, seed=seed)
+    if probes.seq_len > model_b.cfg.n_ctx:
+        raise UserError(f"the probes are {probes.seq_len} tokens (within model A's context n_ctx={model_a.cfg.n_ctx}) "
+                        f"but model B reads at most n_ctx={model_b.cfg.n_ctx}; pass seq_len <= {model_b.cfg.n_ctx}")
     targets = probe_targets(probes)
     counts, chance = prompt_counts_and_chance(targets, MEASURES)
     sums = [per_prompt_scores(m, probes.tokens, targets, MEASURES, progress=progress) for m in (model_a, model_b)]

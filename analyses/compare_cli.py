@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 
 from analyses.classify import DEFAULT_THRESHOLD
-from analyses.compare import compare_models, write_comparison
+from analyses.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
 from analyses.outputs import add_impl_arg, load_cli_model
-from interp.errors import UserError
+from analyses.probes import check_prompt_count
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prompts < 1:
-        raise UserError(f"--prompts {args.prompts} must be >= 1")
+    check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the models load
     model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
     comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
                                 seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analyses.ablation import METHODS, ablation_sweep, pruning_curve
+from analyses.ablation import FROM_OTHER_PROMPTS, METHODS, ablation_sweep, pruning_curve
 from analyses.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads, unpatched_value
 from analyses.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.probes import check_prompt_count, corrupt_first_copy, probes_for
 from analyses.study import run_study
 from analyses.tokens import as_tokens, single_token_id
 from interp.errors import UserError
@@ -104,6 +104,8 @@ def _ablation_prompts(model, args):
 
 
 def run_ablate(args) -> int:
+    what = f"{len(args.text)} --text prompt(s)" if args.text else f"--prompts {args.prompts}"
+    check_prompt_count(len(args.text) if args.text else args.prompts, what, FROM_OTHER_PROMPTS.get(args.method))
     model = load_cli_model(args)
     prompts, metric = _ablation_prompts(model, args)
     common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, progress=_progress(args))
@@ -141,6 +143,8 @@ def _patch_pair(model, args):
 
 
 def run_patch(args) -> int:
+    if args.clean is None:  # the built-in probes
+        check_prompt_count(args.prompts, f"--prompts {args.prompts}")
     model = load_cli_model(args)
     clean, corrupted, metric = _patch_pair(model, args)
     options = dict(direction=args.direction, normalize=args.normalize)

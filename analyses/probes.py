@@ -135,6 +135,16 @@ def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0,
     return probes.to(model_device(model))
 
 
+def check_prompt_count(n_prompts: int, what: str, why: str | None = None) -> None:
+    """Refuse, before any work, a count of prompts that cannot serve: none, or fewer than 2 where the
+    numbers compare prompts with each other. ``what``: the setting that gave the count
+    (``--prompts 1``); ``why``: what compares the prompts (None: nothing does)."""
+    if n_prompts < 1:
+        raise UserError(f"{what}: at least 1 prompt is needed")
+    if why is not None and n_prompts < 2:
+        raise UserError(f"{what}: at least 2 prompts are needed, since {why}")
+
+
 def corrupt_first_copy(probes: RepeatedProbes, seed: int = 0) -> torch.Tensor:
     """The induction patching pair's corrupted side: the same prompts with the first copy of the
     segment replaced by other tokens of the probes' vocabulary (none already in the prompt), so the

@@ -33,13 +33,17 @@ from analyses.classify import DEFAULT_FDR, DEFAULT_THRESHOLD, MEASURES, ROLES, c
 from analyses.nulls import DEFAULT_NULL_SEEDS
 from analyses.outputs import add_model_args, load_cli_model, model_meta
 from analyses.plots import attention_grid, png_bytes, role_heatmaps
-from analyses.probes import RepeatedProbes, probes_for
+from analyses.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.progress import progress_bar
 from analyses.report_page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
 from analyses.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.tokens import leading_tokens
 from interp.errors import UserError
+
+# why a report needs at least 2 prompts (``check_prompt_count``)
+PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
+                     "each prompt with the other prompts' mean")
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
@@ -80,8 +84,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     ``thresholds``, also reaches the threshold; ``fdr=None`` (or ``texts``, which the probe nulls
     do not describe) is the fixed rule: the threshold and an interval above chance.
     ``model_name``: the spec the model was loaded from, for meta.json."""
-    if n_prompts < 1:
-        raise UserError(f"prompts={n_prompts} must be >= 1")
+    check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
         check_fdr(fdr)
     steps = progress_bar(total=4, progress=progress, desc="report", unit="step")
@@ -283,8 +286,7 @@ def optional_float(text: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prompts < 1:
-        raise UserError(f"--prompts {args.prompts} must be >= 1")
+    check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,

@@ -41,12 +41,12 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
-from analyses.ablation import Ablation, head_importance, prepare_ablation, sweep_targets
+from analyses.ablation import FROM_OTHER_PROMPTS, Ablation, prepare_ablation, pruning_order, sweep_targets
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.intervention_figures import ablation_figure, heatmap, save_figure
 from analyses.interventions import rows_per_chunk
 from analyses.metrics import Metric, logit_diff_metric, loss_metric
-from analyses.probes import probes_for
+from analyses.probes import check_prompt_count, probes_for
 from analyses.progress import progress_bar
 from analyses.study_spec import EXECUTORS, Cell, Study, StudySpec, load_spec
 from analyses.tokens import encode, single_token_id
@@ -65,8 +65,8 @@ def study_prompts(model, spec: StudySpec) -> tuple[object, torch.Tensor, torch.T
     the predictable ones of probes, the real ones of texts).
 
     Texts follow the one tokenization rule (``analyses.tokens``): the start token first, a ragged
-    batch right-padded with the padding masked out; a logit difference, read at the last
-    position, needs texts of equal token length."""
+    batch right-padded with the padding masked out; a logit difference is read at each text's
+    last real token (``analyses.metrics.metric_for_batch``)."""
     if spec.prompt_kind == "repeated":
         probes = probes_for(model, spec.n_prompts, spec.seq_len, seed=spec.prompt_seed)
         return probes, probes.tokens, probes.predictable
@@ -76,7 +76,10 @@ def study_prompts(model, spec: StudySpec) -> tuple[object, torch.Tensor, torch.T
     lines = [line for line in path.read_text().splitlines() if line.strip()][: spec.n_prompts]
     if not lines:
         raise UserError(f"[prompts].file {str(path)!r} has no non-empty line")
-    batch = encode(model, lines, equal_lengths=spec.metric == "logit_diff")
+    if spec.method in FROM_OTHER_PROMPTS:
+        check_prompt_count(len(lines), f"[prompts].file {str(path)!r} has {len(lines)} non-empty line(s)",
+                           FROM_OTHER_PROMPTS[spec.method])
+    batch = encode(model, lines)
     if int(batch.lengths.min()) < 2:
         raise UserError(f"[prompts].file {str(path)!r} has a prompt of 1 token; a loss needs at least 2")
     return lines, batch.tokens, batch.real
@@ -98,11 +101,13 @@ def study_metric(model, spec: StudySpec, tokens: torch.Tensor, counted: torch.Te
     return logit_diff_metric(single_token(model, spec.correct, "correct"), single_token(model, spec.incorrect, "incorrect"))
 
 
-def study_targets(model, spec: StudySpec, prompts, metric) -> Targets:
-    """The rows of the study, in order: (target name, heads ablated together)."""
+def study_targets(model, spec: StudySpec, ablation: Ablation) -> Targets:
+    """The rows of the study, in order: (target name, heads ablated together). A cumulative study
+    prunes in ``pruning_curve``'s order, the importance taken from the study's own prepared
+    ``ablation`` (its method, seed and ``preserve_patterns``), as ``interp ablate --targets
+    cumulative`` does."""
     if spec.targets == "cumulative":
-        importance = head_importance(model, prompts, spec.method, metric, seed=spec.ablation_seed)
-        order = [divmod(int(i), model.cfg.n_heads) for i in importance.flatten().argsort(stable=True)]
+        order = pruning_order(ablation.importance())
         return [("none", [])] + [(f"prune:L{l}H{h}", order[: i + 1]) for i, (l, h) in enumerate(order)]
     if isinstance(spec.targets, tuple):
         try:
@@ -322,10 +327,9 @@ def prepare_study(model, spec: StudySpec) -> tuple[Targets, Ablation]:
     need: the targets in row order and the prepared ablation."""
     prompts, tokens, counted = study_prompts(model, spec)
     metric = study_metric(model, spec, tokens, counted)
-    targets = study_targets(model, spec, prompts, metric)
     ablation = prepare_ablation(model, prompts, spec.method, metric,
                                 preserve_patterns=spec.preserve_patterns, seed=spec.ablation_seed)
-    return targets, ablation
+    return study_targets(model, spec, ablation), ablation
 
 
 def write_cells(out: Path, study: Study, on_disk: RowsOnDisk, cells, *, progress: bool | None,

@@ -44,7 +44,7 @@ from itertools import product
 from pathlib import Path
 from typing import NamedTuple
 
-from analyses.ablation import METHODS
+from analyses.ablation import FROM_OTHER_PROMPTS, METHODS
 from interp.errors import UserError
 
 TARGET_KINDS = ("each_head", "each_layer", "cumulative")
@@ -185,7 +185,7 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     if metric_kind == "repeat_loss" and prompt_kind != "repeated":
         _fail("[metric].kind", "is 'repeat_loss', which needs [prompts].kind = 'repeated'")
     needs_tokens = metric_kind == "logit_diff"
-    return StudySpec(
+    spec = StudySpec(
         model=_get(model, "model", "spec", str, "toy"),
         impl=_get(model, "model", "impl", str, "auto", IMPLS),
         prompt_kind=prompt_kind,
@@ -201,6 +201,9 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
         correct=_get(metric, "metric", "correct", str, ... if needs_tokens else None),
         incorrect=_get(metric, "metric", "incorrect", str, ... if needs_tokens else None),
     )
+    if spec.method in FROM_OTHER_PROMPTS and n_prompts < 2:
+        _fail("[prompts].n", f"is {n_prompts}, but at least 2 prompts are needed, since {FROM_OTHER_PROMPTS[spec.method]}")
+    return spec
 
 
 def _is_head_list(value: list) -> bool:

@@ -35,6 +35,17 @@ def start_token_id(model) -> int:
     return model_tokenizer(model).bos_token_id
 
 
+def token_differences(model_a, model_b) -> list[str]:
+    """How the two models' tokens differ, as phrases; none when every id is the same token in both:
+    the start token, the tokenizer's size, and the first id that decodes differently."""
+    a, b = model_tokenizer(model_a), model_tokenizer(model_b)
+    found = [] if a.bos_token_id == b.bos_token_id else [f"start token {a.bos_token_id} vs {b.bos_token_id}"]
+    if a.vocab_size != b.vocab_size:
+        return found + [f"tokenizer size {a.vocab_size} vs {b.vocab_size}"]
+    differ = next((i for i in range(a.vocab_size) if a.decode([i]) != b.decode([i])), None)
+    return found + ([] if differ is None else [f"token {differ} is {a.decode([differ])!r} vs {b.decode([differ])!r}"])
+
+
 def ordinary_token_ids(model) -> list[int]:
     """Ids of ordinary tokens, ascending: neither special nor added, within the tokenizer and the
     model's vocabulary (a padded vocabulary's extra ids are no real tokens)."""

@@ -8,6 +8,7 @@ answers a TCP probe (else ``transformers`` retries for ~20 s), so offline a hub 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -59,24 +60,52 @@ def locate(spec: str) -> Located:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"{spec!r} has no config.json: not a directory saved by save_pretrained")
+        if not isinstance(read_config_json(path).get("model_type"), str):
+            raise UserError(f"{path / 'config.json'} names no model_type: not a Hugging Face model saved by "
+                            "save_pretrained (nor a checkpoint of ours, whose config.json has \"format\": \"interp-gpt/1\")")
         return Located(spec, str(path), True)
-    if path.exists() or not _HUB_ID.match(spec):
-        raise UserError(f"model {spec!r} is not a directory, nor a hub id such as 'gpt2' or 'EleutherAI/pythia-70m'")
+    if path.exists():
+        raise UserError(f"model {spec!r} is a file; pass a model directory, a checkpoint of ours or a hub id such as 'gpt2'")
+    if not _HUB_ID.match(spec):
+        raise UserError(f"no such directory {spec!r} ({path.absolute()} does not exist), and it is no hub id "
+                        "such as 'gpt2' or 'EleutherAI/pythia-70m'")
     if isinstance(try_to_load_from_cache(spec, "config.json"), str):  # a local lookup, no request
         return Located(spec, spec, True)
     if hub_reachable():
         return Located(spec, spec, False)
     raise OfflineError(
-        f"could not load {spec!r}: it is not a local directory, not in the Hugging Face cache, and the hub "
-        "cannot be reached (no network?); save it with save_pretrained where there is network and pass that directory"
+        f"no such directory {spec!r} ({path.absolute()} does not exist), and as a hub id it is not in the Hugging "
+        "Face cache and cannot be fetched: the hub cannot be reached (offline?); save it with save_pretrained where "
+        "there is network and pass that directory"
     )
+
+
+def read_config_json(directory: Path) -> dict:
+    """``directory/config.json`` as a JSON object; a one-line error where it is not one."""
+    path = Path(directory) / "config.json"
+    try:
+        config = json.loads(path.read_bytes())
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path} is not JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path} is not JSON (not UTF-8 text: {error.reason} at byte {error.start})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} holds a JSON {type(config).__name__}, not an object of settings")
+    return config
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def hf_config(located: Located):
     """The ``transformers`` config of a located model, read before any weight."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(located.source, local_files_only=located.local_only)
+    try:
+        return AutoConfig.from_pretrained(located.source, local_files_only=located.local_only)
+    except (OSError, ValueError) as error:  # an unknown model_type; a hub id the hub does not have
+        raise UserError(f"could not read the config of {located.spec!r}: {_first_line(error)}") from None
 
 
 def load_hf(located: Located, device_map: str | dict | None = None):
@@ -92,9 +121,11 @@ def load_hf(located: Located, device_map: str | dict | None = None):
             source, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32,
             output_loading_info=True, **placement)
     except ValueError as error:  # a config class transformers has no causal LM for
-        raise UserError(f"{spec!r} is not a causal language model transformers can load: {str(error).splitlines()[0]}") from None
+        raise UserError(f"{spec!r} is not a causal language model transformers can load: {_first_line(error)}") from None
     except RuntimeError as error:
-        raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {str(error).splitlines()[0]}") from None
+        raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {_first_line(error)}") from None
+    except OSError as error:  # no weights file, or one that cannot be read
+        raise UserError(f"could not read the weights of {spec!r}: {_first_line(error)}") from None
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     refuse_mismatched_tensors(spec, *(info.get(kind) or () for kind in kinds), errors=info.get("error_msgs") or ())
     has_tokenizer = not Path(source).is_dir() or any((Path(source) / f).is_file() for f in _TOKENIZER_FILES)

@@ -14,13 +14,14 @@ from importlib import resources
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from interp.bridge import boot_bridge
 from interp.convert import check_scratch_family, from_hf, scratch_families
 from interp.errors import UserError
 from interp.files import write_atomic
-from interp.hub import hf_config, load_hf, locate, refuse_mismatched_tensors
+from interp.hub import hf_config, load_hf, locate, read_config_json, refuse_mismatched_tensors
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer
 
@@ -111,8 +112,7 @@ def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = 
 
 
 def _is_our_checkpoint(path: Path) -> bool:
-    config = path / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("format") == CHECKPOINT_FORMAT
+    return (path / "config.json").is_file() and read_config_json(path).get("format") == CHECKPOINT_FORMAT
 
 
 def save_checkpoint(model: GPTModel, directory: str | os.PathLike, training: dict | None = None) -> Path:
@@ -133,9 +133,18 @@ def save_checkpoint(model: GPTModel, directory: str | os.PathLike, training: dic
 def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
     """Load a directory written by ``save_checkpoint`` (safetensors only: nothing is unpickled)."""
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_config_json(directory)
+    if not isinstance(config.get("config"), dict):
+        raise UserError(f"{directory / 'config.json'} has no \"config\" object of GPTConfig fields")
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise UserError(f"{directory} is a checkpoint of ours (config.json format {CHECKPOINT_FORMAT!r}) but has no "
+                        "model.safetensors")
     model = GPTModel(GPTConfig.from_dict(config["config"]), ByteTokenizer())
-    state = load_file(directory / "model.safetensors")
+    try:
+        state = load_file(weights)
+    except SafetensorError as error:
+        raise UserError(f"{weights} is not a readable safetensors file: {error}") from None
     check_tensors(str(directory), state, model.state_dict())
     model.load_state_dict(state)
     model.check_finite()

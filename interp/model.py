@@ -157,6 +157,10 @@ class GPTConfig:
         unknown = sorted(set(fields) - known)
         if unknown:
             raise UserError(f"unknown GPTConfig fields {unknown}; allowed: {sorted(known)}")
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        if required - set(fields):
+            raise UserError(f"GPTConfig fields {sorted(required - set(fields))} are missing")
         return cls(**fields)
 
 

@@ -99,7 +99,7 @@ def test_hub_probe_is_skipped_when_offline_is_declared(monkeypatch):
     "spec, impl, error, message",
     [
         ("toy", "keras", UserError, "unknown impl 'keras'; allowed: scratch, transformer_lens"),
-        ("./no/such/dir", "scratch", UserError, "is not a directory"),
+        ("./no/such/dir", "scratch", UserError, r"no such directory './no/such/dir' \(.* does not exist\), and it is no hub id"),
     ],
 )
 def test_bad_specs_get_a_clear_error(spec, impl, error, message):

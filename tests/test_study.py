@@ -294,9 +294,13 @@ def test_text_prompts_with_logit_diff(tmp_path, gpt2_dir):
     bad.write_text(spec.read_text().replace('correct = "a"', 'correct = "ab"'))
     with pytest.raises(ValueError, match=r"\[metric\].correct: 'ab' is 2 tokens"):
         run_study(bad, tmp_path / "bad_out", progress=False)
+    # texts of unequal lengths: each is read at its own last real token, as if run alone
     (tmp_path / "prompts.txt").write_text("The cat sat on the mat\nA dog ran\n")
-    with pytest.raises(ValueError, match=r"different lengths \[10, 23\]"):  # read at the last position
-        run_study(spec, tmp_path / "ragged_out", progress=False)
+    ragged = pd.read_csv(run_study(spec, tmp_path / "ragged_out", progress=False))
+    alone = [[ablated_logits(model, model.to_tokens(text), layer, list(range(4)))[0, -1] for layer in range(2)]
+             for text in ("The cat sat on the mat", "A dog ran")]
+    expected = [sum((logits[layer][a] - logits[layer][b]).item() for logits in alone) / 2 for layer in range(2)]
+    assert ragged["metric"].to_numpy() == pytest.approx(expected, abs=1e-5)
 
 
 def test_ragged_text_prompts_count_only_real_tokens(tmp_path, gpt2_dir):

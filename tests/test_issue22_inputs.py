@@ -1,0 +1,215 @@
+"""Issue 22, items 4-6: a scripted cumulative study prunes in the order of ``interp ablate``
+(``preserve_patterns`` included); metrics on texts of unequal lengths read each prompt's own
+tokens, never the padding, and a position past the end is refused, never wrapped; bad input
+(configs, checkpoints, missing directories, too few prompts, models that cannot be compared) gets
+a one-line error from the command line, before any work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analyses.ablation import ablate_heads, prepare_ablation, pruning_curve
+from analyses.cli import main
+from analyses.metrics import logit_diff_metric, loss_metric, read_positions
+from analyses.probes import probes_for
+from analyses.study import run_study
+from analyses.tokens import encode
+from interp import UserError, load_model
+from interp.loading import save_checkpoint
+from interp.random_models import save_random_model
+
+TEXTS = ["the cat sat on the mat", "a dog", "birds fly south"]  # 23, 6 and 16 tokens with the start token
+
+
+def naive_logits(model, text: str, heads: list[tuple[int, int]]) -> torch.Tensor:
+    """Logits (pos, d_vocab) of ``text`` run alone (no padding), ``heads`` zeroed at hook_z."""
+    def zero(z, hook):  # z: (batch, pos, head, d_head)
+        layer = int(hook.name.split(".")[1])
+        z[:, :, [h for l, h in heads if l == layer]] = 0.0
+        return z
+
+    hooks = [(f"blocks.{l}.attn.hook_z", zero) for l in sorted({l for l, _ in heads})]
+    with torch.no_grad():
+        return model.run_with_hooks(model.to_tokens(text), fwd_hooks=hooks)[0]
+
+
+# ---- item 4: a cumulative study prunes in interp ablate's order ---------------------------------------------
+
+
+def test_cumulative_study_with_preserve_patterns_prunes_in_the_order_of_interp_ablate(tmp_path):
+    """On the trained toy model, where frozen patterns change which head matters least."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[model]\nspec = "toy"\n'
+                    '[prompts]\nkind = "repeated"\nn = 6\nseed = 3\nseq_len = 24\n'
+                    '[ablation]\nmethod = "mean"\ntargets = "cumulative"\npreserve_patterns = true\nseed = 3\n'
+                    '[metric]\nkind = "repeat_loss"\n')
+    study = pd.read_csv(run_study(spec, tmp_path / "study", progress=False))
+    argv = ["ablate", "--model", "toy", "--prompts", "6", "--seq-len", "24",
+            "--seed", "3", "--method", "mean", "--targets", "cumulative", "--preserve-patterns",
+            "--out", str(tmp_path / "ablate"), "--quiet"]
+    assert main(argv) == 0
+    ablate = pd.read_csv(tmp_path / "ablate" / "ablation.csv", dtype={"layer": "Int64", "head": "Int64"})
+    pruned = ["none"] + [f"prune:L{l}H{h}" for l, h in zip(ablate["layer"][1:], ablate["head"][1:])]
+    assert list(study["target"]) == pruned
+    torch.testing.assert_close(torch.tensor(study["metric"].to_numpy()), torch.tensor(ablate["metric"].to_numpy()),
+                               atol=1e-5, rtol=0)
+    # not vacuous: without preserve_patterns the order differs from the first step
+    model = load_model("toy").eval()
+    probes = probes_for(model, 6, 24, seed=3)
+    free = pruning_curve(model, probes, "mean", loss_metric(probes.tokens, probes.predictable), seed=3, progress=False)
+    assert (free["layer"][1], free["head"][1]) != (ablate["layer"][1], ablate["head"][1])
+
+
+# ---- item 5: texts of unequal lengths, positions ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["scratch_gpt2", "bridge_gpt2"])
+@pytest.mark.parametrize("heads", [[], [(0, 1), (1, 3)]])
+def test_logit_diff_on_ragged_texts_equals_each_text_run_alone(request, backend, heads):
+    """Each prompt is read at its own last real token: the batch's value is the mean of each text's
+    value run alone (no padding), zero-ablated by hand. On GPTModel the ablated runs unembed only
+    the positions read (read_positions), one per distinct length."""
+    model = request.getfixturevalue(backend)
+    correct, incorrect = ord("a"), ord("b")
+    metric = logit_diff_metric(correct, incorrect)
+    alone = [naive_logits(model, text, heads)[-1] for text in TEXTS]
+    expected = torch.stack([logits[correct] - logits[incorrect] for logits in alone]).mean()
+    assert len(set(encode(model, TEXTS).lengths.tolist())) == len(TEXTS)  # really ragged
+    ablation = prepare_ablation(model, TEXTS, "zero", metric)
+    value = ablation.run([heads], progress=False)[0] if heads else torch.tensor(ablation.baseline)
+    torch.testing.assert_close(value, expected, atol=1e-4, rtol=0)
+
+
+def test_loss_metric_on_ragged_texts_counts_real_tokens_only(scratch_gpt2):
+    """A loss built on the padded tokens without a mask still counts each text's real tokens only
+    when an ablation runs it on texts: the cross-entropy of each text run alone, pooled."""
+    batch = encode(scratch_gpt2, TEXTS)
+    losses = [F.cross_entropy(naive_logits(scratch_gpt2, text, [(1, 0)])[:-1], scratch_gpt2.to_tokens(text)[0, 1:],
+                              reduction="none") for text in TEXTS]
+    value = ablate_heads(scratch_gpt2, TEXTS, [(1, 0)], "zero", loss_metric(batch.tokens))
+    assert value == pytest.approx(torch.cat(losses).mean().item(), abs=1e-5)
+
+
+def test_a_ragged_batch_with_a_fixed_position_metric_of_unknown_make_is_refused(scratch_gpt2):
+    metric = lambda logits: logits[:, -1, 0].mean()  # noqa: E731
+    metric.read_positions = -1
+    with pytest.raises(UserError, match=r"fixed positions \(\[-1\]\).*unequal token lengths"):
+        prepare_ablation(scratch_gpt2, TEXTS, "zero", metric)
+
+
+def test_positions_past_the_end_are_refused_not_wrapped():
+    logits = torch.randn(2, 6, 10)
+    with pytest.raises(UserError, match=r"position 6 is past the end of prompts of 6 tokens \(allowed -6 \.\. 5\)"):
+        read_positions(logit_diff_metric(1, 2, position=6), 6)
+    with pytest.raises(UserError, match="position -7 is past the end"):
+        logit_diff_metric(1, 2, position=-7)(logits)
+    with pytest.raises(UserError, match="position 3 is past the end of prompt 1, which has 2 real tokens"):
+        logit_diff_metric(1, 2, position=3, lengths=torch.tensor([6, 2]))
+    # with lengths, -1 is each prompt's last real token; the positions read are declared per prompt
+    bound = logit_diff_metric(1, 2, lengths=torch.tensor([6, 2]))
+    expected = ((logits[0, 5, 1] - logits[0, 5, 2]) + (logits[1, 1, 1] - logits[1, 1, 2])) / 2
+    torch.testing.assert_close(bound(logits), expected)
+    assert read_positions(bound, 6).tolist() == [1, 5]
+    with pytest.raises(UserError, match="logits of shape"):
+        bound(torch.randn(3, 6, 10))  # three prompts, two lengths
+    with pytest.raises(UserError, match="outside the vocabulary"):
+        logit_diff_metric(1, 12)(logits)
+    tokens = torch.zeros(2, 6, dtype=torch.long)
+    with pytest.raises(UserError, match=r"logits of shape \(2, 5, 10\)"):
+        loss_metric(tokens)(logits[:, :5])  # logits of other tokens
+    with pytest.raises(UserError, match="loss positions have shape"):
+        loss_metric(tokens, torch.ones(2, 5, dtype=torch.bool))
+
+
+# ---- item 6: bad input, one line from the command line ---------------------------------------------------------
+
+
+def refused(argv, capsys) -> str:
+    """Run the command line; it must refuse with exit status 2 and one line on stderr -> that line."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture
+def toy_checkpoint(tmp_path):
+    return save_checkpoint(load_model("toy"), tmp_path / "ours")
+
+
+def test_a_config_json_that_is_not_json_is_refused(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    line = refused(["ablate", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")], capsys)
+    assert "config.json is not JSON (Expecting property name enclosed in double quotes at line 1 column 2)" in line
+
+
+def test_a_config_json_naming_no_model_type_is_refused(tmp_path, gpt2_dir, capsys):
+    model_dir = shutil.copytree(gpt2_dir, tmp_path / "m")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["model_type"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    line = refused(["ablate", "--model", str(model_dir), "--out", str(tmp_path / "o")], capsys)
+    assert "config.json names no model_type" in line
+
+
+def test_our_checkpoint_without_its_weights_is_refused(tmp_path, toy_checkpoint, capsys):
+    (toy_checkpoint / "model.safetensors").unlink()
+    line = refused(["ablate", "--model", str(toy_checkpoint), "--out", str(tmp_path / "o")], capsys)
+    assert line.endswith("is a checkpoint of ours (config.json format 'interp-gpt/1') but has no model.safetensors")
+
+
+def test_a_missing_relative_directory_that_looks_like_a_hub_id_says_both(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = refused(["ablate", "--model", "models/foo", "--out", "o"], capsys)
+    assert f"no such directory 'models/foo' ({tmp_path / 'models/foo'} does not exist), and as a hub id" in line
+    assert "cannot be fetched" in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "--prompts", "1"],
+    ["compare", "toy", "toy", "--prompts", "1"],
+    ["circuit", "--prompts", "1", "--out", "{out}"],
+    ["ablate", "--prompts", "1", "--out", "{out}"],
+    ["ablate", "--prompts", "1", "--method", "resample", "--out", "{out}"],
+])
+def test_one_prompt_is_refused_at_once_saying_why_two(tmp_path, monkeypatch, capsys, argv):
+    import analyses.outputs
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the prompt count was checked")
+
+    for module in ("analyses.report", "analyses.compare_cli", "analyses.circuit_cli", "analyses.intervention_cli"):
+        monkeypatch.setattr(f"{module}.load_cli_model", no_model)
+    monkeypatch.setattr(analyses.outputs, "load_cli_model", no_model)
+    line = refused([arg.format(out=tmp_path / "o") for arg in argv], capsys)
+    assert "--prompts 1: at least 2 prompts are needed, since" in line
+    assert ("degrees of freedom" in line) or ("other prompts" in line) or ("another prompt" in line)
+
+
+def test_a_study_of_one_prompt_with_mean_ablation_is_refused(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[prompts]\nn = 1\n[ablation]\nmethod = "mean"\n')
+    with pytest.raises(UserError, match=r"\[prompts\].n is 1, but at least 2 prompts are needed, since mean ablation"):
+        run_study(spec, tmp_path / "out", progress=False)
+
+
+def test_compare_refuses_models_with_other_tokens_or_a_shorter_context(tmp_path, capsys):
+    gpt2 = save_random_model("gpt2", tmp_path / "gpt2", d_vocab=320, n_ctx=64)
+    neox = save_random_model("gpt_neox", tmp_path / "neox", d_vocab=320, n_ctx=64)  # same shape, other tokens
+    short = save_random_model("gpt2", tmp_path / "short", d_vocab=320, n_ctx=32, seed=1)
+    line = refused(["compare", str(gpt2), str(neox), "--prompts", "2", "--out", str(tmp_path / "o")], capsys)
+    assert "the models differ in their tokens (start token 256 vs 0; tokenizer size 257 vs 258)" in line
+    other_start = shutil.copytree(gpt2, tmp_path / "other_start")  # the same weights and tokens, another BOS
+    config = json.loads((other_start / "tokenizer_config.json").read_text())
+    (other_start / "tokenizer_config.json").write_text(json.dumps(config | {"bos_token": "!"}))
+    line = refused(["compare", str(gpt2), str(other_start), "--prompts", "2", "--out", str(tmp_path / "o")], capsys)
+    assert "the models differ in their tokens (start token 256 vs 0)" in line
+    line = refused(["compare", str(gpt2), str(short), "--prompts", "2", "--out", str(tmp_path / "o")], capsys)
+    assert "the probes are 64 tokens" in line and "model B reads at most n_ctx=32" in line
