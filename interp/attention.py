@@ -284,6 +284,10 @@ class GroupedQueryAttention(_Instrumented):
       after the softmax, to the paper's ``-slope_h * distance``);
     - ``sliding_window``: each query sees only its last ``sliding_window`` positions (Mistral).
 
+    ``scale``: what the scores q.k are multiplied by, ``head_dim ** -0.5`` when None (GPT-2 sets
+    others: 1 without ``scale_attn_weights``, divided by layer + 1 with
+    ``scale_attn_by_inverse_layer_idx``).
+
     Hooks: ``hook_q`` (batch, pos, head, head_dim) and ``hook_k``/``hook_v`` (batch, pos, kv_head,
     head_dim) as projected; with rotary, ``hook_rot_q``/``hook_rot_k`` after rotation (same shapes);
     ``hook_attn_scores``/``hook_pattern`` (batch, head, q, k); ``hook_z`` (batch, pos, head, head_dim).
@@ -294,7 +298,7 @@ class GroupedQueryAttention(_Instrumented):
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
                  num_kv_groups: int, qkv_bias: bool = False, *, head_dim: int | None = None,
                  out_bias: bool = True, rotary_dim: int = 0, rotary_base: float = 10_000.0,
-                 alibi: bool = False, sliding_window: int | None = None):
+                 alibi: bool = False, sliding_window: int | None = None, scale: float | None = None):
         super().__init__()
         if num_kv_groups <= 0 or num_heads % num_kv_groups:
             raise UserError(f"num_heads={num_heads} must be divisible by num_kv_groups={num_kv_groups} "
@@ -304,6 +308,7 @@ class GroupedQueryAttention(_Instrumented):
         self.num_heads, self.num_kv_groups = num_heads, num_kv_groups
         self.group_size = num_heads // num_kv_groups
         self.head_dim = head_dim or d_out // num_heads
+        self.scale = self.head_dim ** -0.5 if scale is None else scale
         self.context_length = context_length
         self.sliding_window = sliding_window
         self.W_query = nn.Linear(d_in, num_heads * self.head_dim, bias=qkv_bias)
@@ -389,7 +394,7 @@ class GroupedQueryAttention(_Instrumented):
         else:
             mask, is_causal = self._sdpa_mask(offset, queries, keys)
             z = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=is_causal,
-                                               enable_gqa=group_size > 1)
+                                               scale=self.scale, enable_gqa=group_size > 1)
         z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, head_dim)
         return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
 
@@ -422,12 +427,12 @@ class GroupedQueryAttention(_Instrumented):
         """queries (batch, head, q, d), keys (batch, head // group_size, k, d) -> scaled scores plus
         the bias of ``_score_bias`` (batch, head, q, k). The query heads of a group are stacked on
         the query axis, so one ``bmm`` serves the group without repeating its keys. The product is
-        scaled by ``head_dim ** -0.5`` after it is rounded, as Hugging Face's eager attention does,
-        so the scores agree with it to the bit; one ``add`` scales and adds the bias."""
+        scaled by ``scale`` after it is rounded, as Hugging Face's eager attention does, so the
+        scores agree with it to the bit; one ``add`` scales and adds the bias."""
         stacked = torch.bmm(rearrange(queries, "b (kv g) q d -> (b kv) (g q) d", g=group_size),
                             rearrange(keys, "b kv k d -> (b kv) d k"))
         raw = rearrange(stacked, "(b kv) (g q) k -> b (kv g) q k", b=queries.shape[0], g=group_size)
-        return torch.add(self._score_bias(offset, queries, keys.shape[2]), raw, alpha=self.head_dim ** -0.5)
+        return torch.add(self._score_bias(offset, queries, keys.shape[2]), raw, alpha=self.scale)
 
     def _grouped_attend(self, scores: torch.Tensor, values: torch.Tensor, group_size: int) -> torch.Tensor:
         """scores (batch, head, q, k), values (batch, head // group_size, k, d) -> z (batch, head, q, d)."""

@@ -4,12 +4,14 @@ BLOOM: ALiBi in place of position embeddings, a LayerNorm on the token embedding
 sequential blocks, GELU-tanh (BLOOM writes the approximation with rounded constants; we use
 ``gelu_new``, equal to rounding), biases everywhere, a tied unembedding. ``query_key_value`` packs
 the projections per head as GPT-NeoX does. ALiBi needs no context limit; ``n_ctx`` is the 2048
-tokens BLOOM was trained on (``seq_length`` where the config has it).
+tokens BLOOM was trained on (``seq_length`` where the config has it). ``slow_but_exact`` with
+``pretraining_tp > 1`` only splits Hugging Face's output projections into slices summed in turn
+(the same function in float32), so it is read as the plain projection.
 """
 
 from __future__ import annotations
 
-from interp.hf_common import copy_params, module_names, refuse_options, scratch_model, unpack_qkv
+from interp.hf_common import HFWeights, copy_params, module_names, refuse_options, scratch_model, unpack_qkv
 from interp.model import GPTConfig, GPTModel
 
 _LAYER = {
@@ -25,7 +27,7 @@ _TRAINED_CONTEXT = 2048
 def bloom_to_scratch(source, tokenizer=None) -> GPTModel:
     """A ``GPTModel`` with the weights of an in-memory ``BloomForCausalLM``."""
     hf_cfg = source.config
-    refuse_options(hf_cfg, "bloom", {"apply_residual_connection_post_layernorm": False, "slow_but_exact": False})
+    refuse_options(hf_cfg, "bloom", {"apply_residual_connection_post_layernorm": False})
     cfg = GPTConfig(
         d_vocab=hf_cfg.vocab_size,
         n_ctx=getattr(hf_cfg, "seq_length", _TRAINED_CONTEXT),
@@ -39,8 +41,8 @@ def bloom_to_scratch(source, tokenizer=None) -> GPTModel:
         tie_word_embeddings=bool(hf_cfg.tie_word_embeddings),
         model_name=getattr(hf_cfg, "name_or_path", "") or "bloom",
     )
-    hf = source.state_dict()
+    hf = HFWeights(source.state_dict())
     names = module_names(cfg, "transformer.word_embeddings", "transformer.ln_f", "transformer.h.", _LAYER)
     names["ln_embed"] = "transformer.word_embeddings_layernorm"
     state = copy_params(hf, names) | unpack_qkv(hf, cfg, "transformer.h.{layer}.self_attention.query_key_value")
-    return scratch_model(cfg, state, tokenizer, "bloom")
+    return scratch_model(cfg, state, tokenizer, "bloom", hf)

@@ -2,22 +2,21 @@
 
 GPT-2 is what ``GPTConfig``'s defaults describe. HF's ``Conv1D`` stores weights as (in, out);
 ``nn.Linear`` as (out, in), hence the transposes. ``c_attn`` packs query, key and value side by
-side on the output axis.
+side on the output axis. The options that change the forward are read (an untied ``lm_head``,
+unscaled or layer-scaled attention scores); ``reorder_and_upcast_attn`` only changes the order
+and precision Hugging Face computes the scores in (the same function in float32), so it is read
+as the plain attention.
 """
 
 from __future__ import annotations
 
 import torch
 
-from interp.hf_common import activation, refuse_options, scratch_model
+from interp.hf_common import HFWeights, activation, refuse_options, scratch_model
 from interp.model import GPTConfig, GPTModel
 
 # GPT-2 options our architecture does not implement: refuse rather than silently differ.
-_UNSUPPORTED = {
-    "scale_attn_by_inverse_layer_idx": False,
-    "reorder_and_upcast_attn": False,
-    "add_cross_attention": False,
-}
+_UNSUPPORTED = {"add_cross_attention": False}
 
 
 def gpt2_to_scratch(source, tokenizer=None) -> GPTModel:
@@ -33,13 +32,17 @@ def gpt2_to_scratch(source, tokenizer=None) -> GPTModel:
         n_layers=hf_cfg.n_layer,
         d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd,
         ln_eps=hf_cfg.layer_norm_epsilon,
-        act_fn=activation(hf_cfg.activation_function, "gpt2"),
+        act_fn=activation(hf_cfg.activation_function, "gpt2", "activation_function"),
+        use_attn_scale=hf_cfg.scale_attn_weights,
+        scale_attn_by_inverse_layer_idx=hf_cfg.scale_attn_by_inverse_layer_idx,
+        tie_word_embeddings=hf_cfg.tie_word_embeddings,
         model_name=getattr(hf_cfg, "name_or_path", "") or "gpt2",
     )
-    return scratch_model(cfg, _convert_state_dict(source.state_dict(), cfg), tokenizer, "gpt2")
+    hf = HFWeights(source.state_dict())
+    return scratch_model(cfg, _convert_state_dict(hf, cfg), tokenizer, "gpt2", hf)
 
 
-def _convert_state_dict(hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+def _convert_state_dict(hf: HFWeights, cfg: GPTConfig) -> dict[str, torch.Tensor]:
     ours = {
         "embed.weight": hf["transformer.wte.weight"],
         "pos_embed.weight": hf["transformer.wpe.weight"],
@@ -62,4 +65,6 @@ def _convert_state_dict(hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Ten
         ours[dst + "mlp.fc.bias"] = hf[src + "mlp.c_fc.bias"]
         ours[dst + "mlp.proj.weight"] = hf[src + "mlp.c_proj.weight"].T
         ours[dst + "mlp.proj.bias"] = hf[src + "mlp.c_proj.bias"]
+    if not cfg.tie_word_embeddings:
+        ours["lm_head.weight"] = hf["lm_head.weight"]
     return ours

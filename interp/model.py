@@ -107,6 +107,8 @@ class GPTConfig:
     rotary_dim: int | None = None  # rotated dims of each head (rotary only); default d_head
     rotary_base: float = 10_000.0
     sliding_window: int | None = None  # a query sees only its last sliding_window positions
+    use_attn_scale: bool = True  # scores times d_head ** -0.5; False: unscaled (GPT-2's scale_attn_weights=False)
+    scale_attn_by_inverse_layer_idx: bool = False  # block l's scores also divided by l + 1 (GPT-2's option)
     parallel_attn_mlp: bool = False  # resid + attn(ln1(resid)) + mlp(ln2(resid))
     attn_out_bias: bool = True
     mlp_bias: bool = True
@@ -211,13 +213,17 @@ class MLP(nn.Module):
         return self.proj(hidden)
 
 
-def _attention(cfg: GPTConfig) -> GroupedQueryAttention:
-    """A block's attention, with the config's heads, biases and positions."""
+def _attention(cfg: GPTConfig, layer: int) -> GroupedQueryAttention:
+    """Block ``layer``'s attention, with the config's heads, biases, positions and score scale."""
+    scale = cfg.d_head ** -0.5 if cfg.use_attn_scale else 1.0
+    if cfg.scale_attn_by_inverse_layer_idx:
+        scale /= float(layer + 1)
     return GroupedQueryAttention(
         cfg.d_model, cfg.d_model, cfg.n_ctx, cfg.dropout, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
         cfg.qkv_bias, head_dim=cfg.d_head, out_bias=cfg.attn_out_bias,
         rotary_dim=cfg.rotary_dim if cfg.positional_embedding_type == "rotary" else 0, rotary_base=cfg.rotary_base,
         alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window,
+        scale=scale,
     )
 
 
@@ -230,15 +236,15 @@ class TransformerBlock(nn.Module):
     reads its own copy of resid_pre for each of those inputs ("q", "k", "v"), hooked before ln1
     as ``hook_q_input``/``hook_k_input``/``hook_v_input`` (batch, pos, head, d_model), as in
     TransformerLens with all three (see ``GroupedQueryAttention.forward_split`` for grouped-query
-    heads).
+    heads). ``layer``: the block's index (``scale_attn_by_inverse_layer_idx`` reads it).
     """
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.attn_only = cfg.attn_only
         self.parallel = cfg.parallel_attn_mlp
         self.ln1 = _norm(cfg)
-        self.attn = _attention(cfg)
+        self.attn = _attention(cfg, layer)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -325,7 +331,7 @@ class GPTModel(HeadWeights, HookedModule):
             self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
             self.hook_pos_embed = HookPoint()
         self.drop_embed = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+        self.blocks = nn.ModuleList([TransformerBlock(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = _norm(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)

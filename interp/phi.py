@@ -9,7 +9,8 @@ Phi's ``lm_head`` still has a bias of its own).
 
 from __future__ import annotations
 
-from interp.hf_common import activation, copy_params, module_names, refuse_options, rotary, scratch_model, shape
+from interp.hf_common import (HFWeights, activation, copy_params, module_names, refuse_options, rotary,
+                              scratch_model, shape)
 from interp.model import GPTConfig, GPTModel
 
 _LAYER = {
@@ -35,8 +36,9 @@ def phi_to_scratch(source, tokenizer=None) -> GPTModel:
         act_fn=activation(hf_cfg.hidden_act, "phi"),
         parallel_attn_mlp=True,
         unembed_bias=True,
-        **rotary(hf_cfg, "phi", fields["d_head"]),
+        **rotary(hf_cfg, "phi", fields["d_head"], partial=True),
         default_prepend_bos=False,
     )
     names = module_names(cfg, "model.embed_tokens", "model.final_layernorm", "model.layers.", _LAYER)
-    return scratch_model(cfg, copy_params(source.state_dict(), names), tokenizer, "phi")
+    hf = HFWeights(source.state_dict())
+    return scratch_model(cfg, copy_params(hf, names), tokenizer, "phi", hf)

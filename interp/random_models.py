@@ -97,7 +97,8 @@ def _byte_alphabet() -> dict[int, str]:
 
 def random_hf_model(family: str, *, seed: int = 0, n_ctx: int = 128, d_vocab: int = 320, **shape):
     """``(causal LM in eval mode with eager attention, tokenizer)``: a randomly initialised tiny
-    model of ``family`` (``FAMILIES``); ``shape`` overrides the family's config keys."""
+    model of ``family`` (``FAMILIES``); ``shape`` overrides any of the family's config keys (its
+    special token ids and vocabulary too)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if family not in SPECIALS:
@@ -107,8 +108,8 @@ def random_hf_model(family: str, *, seed: int = 0, n_ctx: int = 128, d_vocab: in
         raise ValueError(f"d_vocab={d_vocab} must be >= {len(tokenizer)} to hold the {family} tokenizer")
     ids = {f"{kind}_token_id": tokenizer.convert_tokens_to_ids(getattr(SPECIALS[family], kind))
            for kind in ("bos", "eos", "pad") if getattr(SPECIALS[family], kind)}
-    config = AutoConfig.for_model(family, vocab_size=d_vocab, **{_CONTEXT_KEY.get(family, "max_position_embeddings"): n_ctx},
-                                  **ids, **(_SHAPES[family] | shape))
+    size = {"vocab_size": d_vocab, _CONTEXT_KEY.get(family, "max_position_embeddings"): n_ctx}
+    config = AutoConfig.for_model(family, **(size | ids | _SHAPES[family] | shape))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     return model.eval(), tokenizer

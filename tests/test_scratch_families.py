@@ -26,6 +26,10 @@ SHARP = {"initializer_range": 0.2}
 # name -> (family, config overrides): each family as interp.random_models makes it, and the knobs
 # its default leaves out
 VARIANTS = {
+    # GPT-2's options that change the forward (the default GPT-2: tests/test_model.py); not
+    # scale_attn_weights=False, which the bridge gets wrong (tests/test_converter_options.py checks
+    # it against Hugging Face)
+    "gpt2-untied-scaled-by-layer": ("gpt2", dict(tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True)),
     "llama": ("llama", {}),
     "llama-mqa-biases-base5e5": ("llama", dict(num_key_value_heads=1, attention_bias=True, mlp_bias=True,
                                                rope_parameters={"rope_type": "default", "rope_theta": 5e5})),
@@ -110,7 +114,7 @@ def test_every_hook_equals_the_bridge(peers):
     # test_gpt_neox_rotary_hooks_equal_hugging_faces_rotation checks them
     ours_only = {n for n in our_cache.keys() if "hook_rot_" in n} if family == "gpt_neox" else set()
     assert set(our_cache.keys()) - ours_only <= set(their_cache.keys())
-    assert any("hook_rot_q" in n for n in our_cache.keys()) == (family != "bloom")  # rotary, or ALiBi
+    assert any("hook_rot_q" in n for n in our_cache.keys()) == (family not in ("bloom", "gpt2"))  # or ALiBi, learned
     parallel = family == "phi" or getattr(peers[1].config, "use_parallel_residual", False)
     assert ("blocks.0.hook_resid_mid" in our_cache.keys()) == (not parallel)
     for hook in sorted(set(our_cache.keys()) - ours_only):
@@ -236,7 +240,7 @@ def test_a_converted_config_survives_a_checkpoint_round_trip(tmp_path, family):
         ("llama", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
          "llama rope_type='linear' is not implemented from scratch"),
         ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
-         "qwen2 with use_sliding_window on some layers"),
+         "qwen2 with a sliding window on some layers only"),
         ("phi", dict(qk_layernorm=True), "phi option qk_layernorm=True is not implemented from scratch"),
         ("gemma", dict(use_bidirectional_attention=True), "gemma option use_bidirectional_attention=True"),
         ("gpt_neox", dict(hidden_act="relu"), "gpt_neox hidden_act='relu' is not implemented from scratch"),
