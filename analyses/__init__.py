@@ -23,8 +23,10 @@ from analyses.edge_attribution import edge_agreement, edge_attribution, shortlis
 from analyses.circuit import circuit_edges, circuit_figure, circuit_section
 from analyses.rollout import attention_rollout, model_rollout
 from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison
-from analyses.components import (accumulated_residual, component_hooks, decompose_residual, direct_logit_attribution,
-                                 dla_heatmap, logit_lens, logit_lens_figure)
+from analyses.components import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
+                                 decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
+                                 logit_lens_figure, mlp_ablation)
 from analyses.tasks import Task, load_task, make_task, task_batch, task_metric
 from analyses.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
+from analyses.tracing import Trace, causal_trace, trace_figure

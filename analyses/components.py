@@ -48,9 +48,13 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
+from analyses.ablation import leave_one_out_mean
 from analyses.budget import DEFAULT_MEMORY_MB
 from analyses.dormant import head_outputs
 from analyses.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
+from analyses.interventions import base_run, check_choice, evaluate_variants
+from analyses.metrics import evaluate_metric, loss_metric
+from analyses.patching import mlp_out_names, patch_heads, patch_mlps
 from interp.errors import UserError
 
 EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"
@@ -371,5 +375,76 @@ def logit_lens_figure(lens: pd.DataFrame) -> Figure:
         ax.set_ylabel(label)
         ax.tick_params(axis="x", rotation=45)
     figure.suptitle("logit lens")
+    figure.tight_layout()
+    return figure
+
+
+# ---- MLPs next to heads: ablation, and the attention-vs-MLP view ---------------------------------------
+
+MLP_METHODS = ("zero", "mean")
+
+
+@torch.no_grad()
+def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zero", by_position: bool = False,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """Ablate each MLP's output (``hook_mlp_out``) alone, at every position or (``by_position``) at one
+    -> one row per layer (and position): ``layer, [position,] value, baseline, effect`` (value -
+    baseline). ``method``: ``zero``, or ``mean`` (its mean at the same position over the other prompts,
+    as head ablation's leave-one-out mean). ``metric`` defaults to the mean next-token loss. One
+    forward caches the outputs; the ablations run batched (``evaluate_variants``)."""
+    check_choice("MLP ablation method", method, MLP_METHODS)
+    names = mlp_out_names(model)
+    metric = loss_metric(tokens) if metric is None else metric
+    logits, cache, starts = base_run(model, tokens, names)
+    baseline = evaluate_metric(metric, logits).item()
+    real = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
+    sources = {name: torch.zeros_like(cache[name][:1]) if method == "zero" else leave_one_out_mean(cache[name], real)
+               for name in names}
+    n_pos = tokens.shape[1]
+    cells = [(layer, pos) for layer in range(len(names)) for pos in (range(n_pos) if by_position else [None])]
+    variants = [[(names[layer], (slice(None),) if pos is None else (pos,))] for layer, pos in cells]
+    values = evaluate_variants(model, tokens, variants, sources, metric, starts=starts, memory_mb=memory_mb,
+                               progress=progress, desc="ablate MLPs")
+    frame = pd.DataFrame(cells, columns=["layer", "position"])
+    frame = frame.drop(columns="position") if not by_position else frame
+    return frame.assign(value=values.numpy(), baseline=baseline, effect=values.numpy() - baseline)
+
+
+def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.Tensor, metric, answers,
+                     distractors=None, *, positions: Sequence[int] | None = None,
+                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """Each head and each MLP, its direct and its total effect: one row per component with
+    ``component, kind, layer, head, direct`` (its mean direct logit attribution to ``answers`` (minus
+    ``distractors``) on the clean run, ``direct_logit_attribution``) and ``total`` (exact denoising
+    patch of its output from the clean into the corrupted run, normalised: 0 = corrupted, 1 = clean;
+    ``patch_heads`` / ``patch_mlps``). A component with a large total and a small direct effect acts
+    through later components."""
+    dla = direct_logit_attribution(model, clean_tokens, answers, distractors, positions=positions)
+    direct = dla[dla["kind"].isin(["head", "mlp"])].groupby("component", sort=False).agg(
+        kind=("kind", "first"), layer=("layer", "first"), head=("head", "first"), direct=("dla", "mean")).reset_index()
+    options = dict(normalize=True, memory_mb=memory_mb, progress=progress)
+    heads = patch_heads(model, clean_tokens, corrupted_tokens, metric, **options)
+    has_mlps = (direct["kind"] == "mlp").any()
+    mlps = patch_mlps(model, clean_tokens, corrupted_tokens, metric, **options) if has_mlps else None
+    totals = [float(heads[layer, head]) if kind == "head" else float(mlps[layer])
+              for kind, layer, head in zip(direct["kind"], direct["layer"], direct["head"])]
+    return direct.assign(total=totals)
+
+
+def attention_vs_mlp_figure(frame: pd.DataFrame) -> Figure:
+    """Direct (x) against total (y) effect of every head and MLP of an ``attention_vs_mlp`` frame,
+    labelled, with each layer's heads summed beside its MLP on the right."""
+    figure = Figure(figsize=(10, 4))
+    left, right = figure.subplots(1, 2)
+    sns.scatterplot(frame, x="direct", y="total", hue="kind", style="kind", ax=left)
+    for row in frame.itertuples():
+        left.annotate(row.component, (row.direct, row.total), fontsize=7, xytext=(2, 2), textcoords="offset points")
+    left.axhline(0.0, color="grey", lw=0.5)
+    left.axvline(0.0, color="grey", lw=0.5)
+    left.set_title("each head and MLP")
+    per_layer = frame.assign(part=frame["kind"].map({"head": "attention (heads summed)", "mlp": "MLP"}))
+    per_layer = per_layer.groupby(["layer", "part"])["direct"].sum().reset_index()
+    sns.barplot(per_layer, x="layer", y="direct", hue="part", ax=right)
+    right.set_title("direct effect per layer")
     figure.tight_layout()
     return figure

@@ -247,3 +247,45 @@ def test_attention_only_models_have_no_mlps_to_patch():
     tokens = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
     with pytest.raises(UserError, match="attention-only"):
         patch_mlps(model, tokens, tokens, lambda logits: logits.sum())
+
+
+@pytest.mark.parametrize("method", ["zero", "mean"])
+def test_mlp_ablation_equals_a_naive_loop(scratch_gpt2, method):
+    from analyses.components import mlp_ablation
+    from analyses.metrics import loss_metric
+    tokens = _tokens(n_batch=3, n_pos=8, seed=4)
+    metric = loss_metric(tokens)
+    frame = mlp_ablation(scratch_gpt2, tokens, metric, method=method, progress=False)
+    by_position = mlp_ablation(scratch_gpt2, tokens, metric, method=method, by_position=True, memory_mb=1,
+                               progress=False)
+    _, cache = scratch_gpt2.run_with_cache(tokens)
+    for layer in range(2):
+        name = f"blocks.{layer}.hook_mlp_out"
+        full = cache[name]
+        replacement = torch.zeros_like(full) if method == "zero" else (full.sum(0, keepdim=True) - full) / 2
+        for position in (None, 5):
+            def ablate(activation, hook):
+                edited = activation.clone()
+                edited[:, slice(None) if position is None else position] = replacement[:, slice(None) if position is None else position]
+                return edited
+            expected = metric(scratch_gpt2.run_with_hooks(tokens, fwd_hooks=[(name, ablate)])).item()
+            table = frame if position is None else by_position[by_position["position"] == position]
+            assert table[table["layer"] == layer]["value"].item() == pytest.approx(expected, abs=1e-5)
+    assert (frame["effect"] == frame["value"] - frame["baseline"]).all()
+    with pytest.raises(UserError, match="MLP ablation method"):
+        mlp_ablation(scratch_gpt2, tokens, metric, method="resample")
+
+
+def test_attention_vs_mlp_rows(scratch_gpt2):
+    from analyses.components import attention_vs_mlp, attention_vs_mlp_figure
+    from analyses.patching import patch_heads, patch_mlps
+    clean, corrupted, metric = _induction_pair()
+    answers, positions = next_token_answers(clean)
+    frame = attention_vs_mlp(scratch_gpt2, clean, corrupted, metric, answers, positions=positions, progress=False)
+    assert list(frame["component"]) == ["L0H0", "L0H1", "L0H2", "L0H3", "L0 MLP", "L1H0", "L1H1", "L1H2", "L1H3", "L1 MLP"]
+    heads = patch_heads(scratch_gpt2, clean, corrupted, metric, normalize=True, progress=False)
+    mlps = patch_mlps(scratch_gpt2, clean, corrupted, metric, normalize=True, progress=False)
+    assert frame["total"].tolist() == pytest.approx([*heads[0].tolist(), mlps[0].item(), *heads[1].tolist(), mlps[1].item()])
+    dla = direct_logit_attribution(scratch_gpt2, clean, answers, positions=positions)
+    assert frame.set_index("component").loc["L1H2", "direct"] == pytest.approx(dla[dla["component"] == "L1H2"]["dla"].mean())
+    attention_vs_mlp_figure(frame)
