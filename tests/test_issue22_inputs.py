@@ -165,6 +165,29 @@ def test_our_checkpoint_without_its_weights_is_refused(tmp_path, toy_checkpoint,
     assert line.endswith("is a checkpoint of ours (config.json format 'interp-gpt/1') but has no model.safetensors")
 
 
+def test_broken_checkpoints_of_ours_are_refused(tmp_path, toy_checkpoint, capsys):
+    (toy_checkpoint / "model.safetensors").write_bytes(b"not safetensors")
+    line = refused(["ablate", "--model", str(toy_checkpoint), "--out", str(tmp_path / "o")], capsys)
+    assert "model.safetensors is not a readable safetensors file" in line
+    config = json.loads((toy_checkpoint / "config.json").read_text())
+    del config["config"]["n_layers"]
+    (toy_checkpoint / "config.json").write_text(json.dumps(config))
+    line = refused(["ablate", "--model", str(toy_checkpoint), "--out", str(tmp_path / "o")], capsys)
+    assert "GPTConfig fields ['n_layers'] are missing" in line
+
+
+def test_hugging_face_directories_without_weights_or_of_an_unknown_type_are_refused(tmp_path, gpt2_dir, capsys):
+    no_weights = shutil.copytree(gpt2_dir, tmp_path / "no_weights")
+    (no_weights / "model.safetensors").unlink()
+    line = refused(["ablate", "--model", str(no_weights), "--out", str(tmp_path / "o")], capsys)
+    assert f"could not read the weights of '{no_weights}'" in line
+    unknown = shutil.copytree(gpt2_dir, tmp_path / "unknown")
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps(config | {"model_type": "no-such-family"}))
+    line = refused(["ablate", "--model", str(unknown), "--out", str(tmp_path / "o")], capsys)
+    assert f"could not read the config of '{unknown}'" in line and "no-such-family" in line
+
+
 def test_a_missing_relative_directory_that_looks_like_a_hub_id_says_both(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     line = refused(["ablate", "--model", "models/foo", "--out", "o"], capsys)
