@@ -22,6 +22,8 @@ _COMMANDS = [
     "analyses.check_cli",
     "analyses.circuit_cli",
     "analyses.compare_cli",
+    "analyses.task_cli",
+    "analyses.tracr_cli",
 ]
 
 

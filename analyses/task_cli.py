@@ -1,0 +1,55 @@
+"""``interp trace``: causal tracing of one prompt (``analyses.tracing``), written as ``trace.csv``,
+``trace.png`` (the three heatmaps) and ``meta.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analyses.intervention_figures import save_csv, save_figure
+from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
+from analyses.tracing import STATES, causal_trace, trace_figure
+
+
+def _arguments(args) -> dict:
+    """The command's arguments for meta.json (paths as strings)."""
+    return {key: str(value) if isinstance(value, Path) else value
+            for key, value in vars(args).items() if key not in ("func", "command")}
+
+
+def register(subparsers) -> None:
+    trace = subparsers.add_parser("trace", help="causal tracing (Meng et al. 2022): noise the subject, restore "
+                                                "each layer x position")
+    add_model_args(trace)
+    trace.add_argument("--prompt", required=True, help="the prompt, e.g. 'The Eiffel Tower is in the city of'")
+    trace.add_argument("--subject", required=True, help="the text in the prompt whose tokens are noised")
+    trace.add_argument("--answer", help="the exact one-token continuation to trace, e.g. ' Paris' (default: the "
+                                        "clean run's top token)")
+    trace.add_argument("--samples", type=int, default=10, help="noise samples (default 10)")
+    trace.add_argument("--noise", type=float, default=3.0, help="noise std in embedding stds (default 3)")
+    trace.add_argument("--state", default="resid_post", choices=STATES,
+                       help="the hidden state restored: a layer's output (resid_post, default) or input")
+    trace.add_argument("--seed", type=int, default=0)
+    trace.add_argument("--out", type=Path, required=True, help="output directory")
+    trace.add_argument("--quiet", action="store_true", help="no progress bar")
+    trace.set_defaults(func=run_trace)
+
+
+def run_trace(args) -> int:
+    model = load_cli_model(args)
+    trace = causal_trace(model, args.prompt, args.subject, args.answer, samples=args.samples, noise=args.noise,
+                         seed=args.seed, state=args.state, progress=False if args.quiet else None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = save_csv(trace.frame, args.out / "trace.csv")
+    png_path = save_figure(trace_figure(trace), args.out / "trace.png")
+    answer = model.to_string([trace.answer]) if hasattr(model, "to_string") else str(trace.answer)
+    write_meta(args.out, model_meta(model, args.model) | {
+        "command": "trace", "arguments": _arguments(args), "answer_token": trace.answer, "answer": answer,
+        "clean_prob": trace.clean_prob, "noised_prob": trace.corrupted_prob, "subject_positions": trace.subject,
+        "noise_std": trace.noise_std})
+    print(f"p({answer!r}) clean {trace.clean_prob:.4f}, subject noised {trace.corrupted_prob:.4f}")
+    for kind in trace.kinds:
+        best = trace.frame[trace.frame["kind"] == kind].sort_values("prob").iloc[-1]
+        print(f"  best restored {kind}: layer {best['layer']}, position {best['pos']} ({best['token']!r}): "
+              f"{best['prob']:.4f}")
+    print(f"wrote {csv_path} and {png_path}")
+    return 0
