@@ -5,7 +5,9 @@ The converters (``interp.gpt2``, ``interp.llama`` for Llama / Mistral / Qwen2 / 
 the only code that asks which family a model is: each reads its family's config into
 ``GPTConfig`` knobs and maps its state dict onto ``GPTModel``. ``load_model`` reads directories and
 hub ids and calls ``from_hf``; ``impl=None`` picks the from-scratch model for the families listed
-here and the TransformerLens bridge for every other one.
+here and the TransformerLens bridge for every other one. Every config field of each family is
+implemented (logits equal Hugging Face's), has no effect there either, or is refused in one line;
+every Hugging Face weight is read (docs/guides/families.md; tests/test_converter_options.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from interp.phi import phi_to_scratch
 
 # Hugging Face model_type -> its converter. A family listed here loads from scratch by default
 # (``load_model(impl=None)``); each passes tests/test_scratch_families.py (logits vs Hugging Face,
-# every hook vs the TransformerLens bridge).
+# every hook vs the TransformerLens bridge) and tests/test_converter_options.py (every config field).
 CONVERTERS = {
     "gpt2": gpt2_to_scratch,
     "llama": llama_to_scratch,
