@@ -30,6 +30,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from interp import from_hf
 from interp.convert import CONVERTERS
 from interp.errors import UserError
+from interp.loading import load_checkpoint, save_checkpoint
 from interp.random_models import random_hf_model
 
 SAME, INERT = "same", "inert"
@@ -274,3 +275,12 @@ def test_a_tied_unembedding_is_read_once():
     assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()
     ours = from_hf(hf)
     assert ours.cfg.tie_word_embeddings and not hasattr(ours, "lm_head")
+
+
+@torch.no_grad()
+def test_gpt2_s_attention_scale_and_untied_unembedding_survive_a_checkpoint(tmp_path):
+    """The knobs these options set are saved with our checkpoint: reloaded, the model still gives
+    Hugging Face's logits (a knob lost on the way would be the same silent difference)."""
+    hf = tiny("gpt2", tie_word_embeddings=False, scale_attn_weights=False, scale_attn_by_inverse_layer_idx=True)
+    save_checkpoint(from_hf(hf), tmp_path)
+    torch.testing.assert_close(load_checkpoint(tmp_path)(tokens()), hf(tokens()).logits, atol=1e-4, rtol=0)
