@@ -33,6 +33,7 @@ threshold on the score can be asked for as well (``analyses.classify.assign_role
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -87,37 +88,76 @@ def ratio_and_error(sums: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Ten
 
 def t_upper_tail(t: torch.Tensor, dof: int | torch.Tensor) -> torch.Tensor:
     """P(T >= t) for Student's t with ``dof`` degrees of freedom (positive integers: one, or a
-    tensor that broadcasts with ``t``), float64."""
+    tensor that broadcasts with ``t``), float64: ``exp(t_log_upper_tail)``, exact to float64's
+    smallest number (about 1e-308), 0 only below it."""
+    return t_log_upper_tail(t, dof).exp()
+
+
+def t_log_upper_tail(t: torch.Tensor, dof: int | torch.Tensor) -> torch.Tensor:
+    """log P(T >= t) for Student's t with ``dof`` degrees of freedom (positive integers: one, or a
+    tensor that broadcasts with ``t``), float64, computed in log space: a head far above its null
+    gets its true (tiny) p-value's log, never log(0) from a tail that rounded to 0. -inf only for
+    t = +inf (a null with no spread)."""
     t, dof = torch.broadcast_tensors(t.double(), torch.as_tensor(dof, dtype=torch.double))
-    tail = torch.empty_like(t)
+    bad = dof[(dof < 1) | (dof != dof.floor())]
+    if bad.numel():
+        raise UserError(f"degrees of freedom {bad[0].item():g} must be a positive integer (>= 1)")
+    log_tail = torch.empty_like(t)
     for value in dof.unique().tolist():
         where = dof == value
-        tail[where] = _t_upper_tail(t[where], int(value))
-    return tail
+        log_tail[where] = _t_log_upper_tail(t[where], value)
+    return log_tail
 
 
-def _t_upper_tail(t: torch.Tensor, dof: int) -> torch.Tensor:
-    """P(T >= t) for Student's t with ``dof`` (a positive integer) degrees of freedom, float64.
+def _t_log_upper_tail(t: torch.Tensor, dof: float) -> torch.Tensor:
+    """log P(T >= t) for one number of degrees of freedom, float64.
 
-    The finite series for integer degrees of freedom (Abramowitz & Stegun 26.7.3-4) of
-    A = P(|T| <= |t|), with theta = atan(|t| / sqrt(dof)): for odd dof
-    A = (2 / pi) (theta + sin theta (c + 2/3 c^3 + 2*4/(3*5) c^5 + ... up to c^(dof-2)))
-    and for even dof A = sin theta (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(dof-2)), c = cos theta.
+    P(T >= |t|) = I_x(dof / 2, 1 / 2) / 2 with x = dof / (dof + t^2) (I: the regularised incomplete
+    beta function). Where x < (a + 1) / (a + b + 2) (a, b = dof / 2, 1 / 2: |t| above about
+    sqrt(3)) its continued fraction gives log I_x directly, however small; below, the tail is at
+    least a few percent and I_x = 1 - I_{1-x}(b, a). Negative t: P(T >= t) = 1 - P(T >= |t|).
     """
-    if dof < 1:
-        raise UserError(f"degrees of freedom {dof} must be >= 1")
-    t = t.double()
-    theta = torch.atan(t.abs() / dof ** 0.5)
-    cos, sin = theta.cos(), theta.sin()
-    odd = dof % 2 == 1
-    term = cos if odd else torch.ones_like(cos)
-    series = torch.zeros_like(cos) if odd and dof == 1 else term.clone()
-    for k in range(1 if odd else 0, dof - 2, 2):  # term k -> k + 2: times (k + 1) / (k + 2) cos^2
-        term = term * cos ** 2 * (k + 1) / (k + 2)
-        series = series + term
-    inside = 2 / torch.pi * (theta + sin * series) if odd else sin * series
-    tail = (1 - inside.clamp(0, 1)) / 2
-    return torch.where(t >= 0, tail, 1 - tail)
+    a, b = dof / 2, 0.5
+    log_t2 = 2 * t.abs().log() - math.log(dof)  # log(t^2 / dof)
+    log_x, log_1mx = -_softplus(log_t2), -_softplus(-log_t2)  # log x, log(1 - x)
+    far = log_x.exp() < (a + 1) / (a + b + 2)
+    log_far = _log_beta_inc(log_x, log_1mx, a, b)
+    near = 1 - _log_beta_inc(log_1mx, log_x, b, a).exp()
+    log_tail = torch.where(far, log_far, near.clamp(min=0).log()) - torch.log(torch.tensor(2.0, dtype=torch.double))
+    return torch.where(t >= 0, log_tail, torch.log1p(-log_tail.exp()))
+
+
+def _softplus(u: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^u) to float64's precision for every u (torch's softplus returns u itself above 20)."""
+    return u.clamp(min=0) + torch.log1p(torch.exp(-u.abs()))
+
+
+def _log_beta_inc(log_x: torch.Tensor, log_1mx: torch.Tensor, a: float, b: float, steps: int = 300) -> torch.Tensor:
+    """log I_x(a, b), the regularised incomplete beta function, from log x and log(1 - x), for
+    x < (a + 1) / (a + b + 2) where its continued fraction converges fast (DLMF 8.17.22):
+    I_x = x^a (1 - x)^b / (a B(a, b)) / (1 + d_1 / (1 + d_2 / (1 + ...))) with
+    d_{2m+1} = -(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1)), d_{2m} = m (b - m) x / ((a + 2m - 1)(a + 2m)),
+    evaluated by the modified Lentz method (float64; stops once every element has converged)."""
+    x = log_x.exp()
+    tiny = 1e-300
+    log_front = (a * log_x + b * log_1mx - torch.special.gammaln(torch.tensor(a, dtype=torch.double))
+                 - torch.special.gammaln(torch.tensor(b, dtype=torch.double))
+                 + torch.special.gammaln(torch.tensor(a + b, dtype=torch.double)) - math.log(a))
+    value, c, d = torch.ones_like(x), torch.ones_like(x), torch.zeros_like(x)
+    for step in range(1, steps + 1):
+        m = step // 2
+        if step % 2:
+            coefficient = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            coefficient = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1 + coefficient * d
+        d = torch.where(d.abs() < tiny, torch.full_like(d, tiny), d).reciprocal()
+        c = 1 + coefficient / c
+        c = torch.where(c.abs() < tiny, torch.full_like(c, tiny), c)
+        value = value * c * d
+        if ((c * d - 1).abs() < 1e-16).all():
+            break
+    return log_front - value.log()
 
 
 def z_score(excess: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
@@ -160,28 +200,29 @@ def role_nulls(observed: RoleSamples, random_scores: dict[str, torch.Tensor],
     ``random_init_null`` on the same probes; control: the model on the control probes (None: no
     control null). Returns one row per (layer, head, role): ``layer, head, role, score, null``
     (which null binds: ``random_init`` or ``control``), ``null_center, null_spread, null_low,
-    null_high, z, p``.
+    null_high, z, p, log10_p`` (p's log, computed in log space: right where p is below float64's
+    smallest number, about 1e-308, and prints as 0).
     """
     frames = []
     for role in ROLES:
         score, _ = ratio_and_error(observed.sums[role], observed.counts[role])
         center, spread, dof = layer_null(random_scores[role])
-        p = t_upper_tail(z_score(score - center, spread), dof)
+        log_p = t_log_upper_tail(z_score(score - center, spread), dof)
         binds_control = torch.zeros_like(score, dtype=torch.bool)
         if control is not None and role in CONTENT_ROLES:
             if not torch.equal(control.counts[role], observed.counts[role]):
                 raise UserError("control probes must define the role at the same positions as the probes")
             control_score, _ = ratio_and_error(control.sums[role], control.counts[role])
             _, diff_se = ratio_and_error(observed.sums[role] - control.sums[role], observed.counts[role])
-            control_p = t_upper_tail(z_score(score - control_score, diff_se), len(observed.counts[role]) - 1)
-            binds_control = control_p > p
+            control_log_p = t_log_upper_tail(z_score(score - control_score, diff_se), len(observed.counts[role]) - 1)
+            binds_control = control_log_p > log_p
             center = torch.where(binds_control, control_score, center)
             spread = torch.where(binds_control, diff_se, spread)
-            p = torch.maximum(p, control_p)
+            log_p = torch.maximum(log_p, control_log_p)
         frames.append(head_frame(score, {
             "role": role, "score": score, "null": binds_control, "null_center": center, "null_spread": spread,
             "null_low": center - BAND_Z * spread, "null_high": center + BAND_Z * spread,
-            "z": z_score(score - center, spread), "p": p,
+            "z": z_score(score - center, spread), "p": log_p.exp(), "log10_p": log_p / math.log(10),
         }))
     frame = pd.concat(frames, ignore_index=True)
     frame["null"] = frame["null"].map({True: "control", False: "random_init"})

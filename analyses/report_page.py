@@ -145,7 +145,7 @@ to shade every earlier token by the attention it pays it.</p>
 <div class="pattern-views">{views}</div>
 </div>
 </div>
-<script type="application/json" id="report-data">{_json_for_script(data)}</script>"""
+<script type="application/json" id="report-data">{json_for_script(data)}</script>"""
 
 
 def head_table_html(table: pd.DataFrame, measures: Sequence[str], roles: Sequence[str], table_id: str,
@@ -242,9 +242,17 @@ def circuitsvis_bundle() -> str:
     return bundle.replace("</script>", "<\\/script>")
 
 
-def _json_for_script(data: dict) -> str:
-    """JSON that cannot end its <script> element early."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
+# what JSON inside a <script> element must not hold literally: '<' (a '</script' ends the element,
+# a '<!--' followed by '<script' makes the parser run past its real end), '>' and '&' (for any HTML
+# reader); json.dumps already writes U+2028 and U+2029 (line ends to JavaScript) as \u escapes
+_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def json_for_script(data: dict) -> str:
+    """``data`` as JSON to embed in a ``<script type="application/json">`` element: only ASCII, and
+    no '<', '>' or '&' (written as JSON's \\u escapes, which ``JSON.parse`` reads back), so no text
+    in it (a token, a text line) can end the element early or open an HTML comment in it."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).translate(_SCRIPT_ESCAPES)
 
 
 def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
@@ -297,6 +305,19 @@ def markdown_table(table: pd.DataFrame) -> list[str]:
     return lines
 
 
+def is_probability_column(name) -> bool:
+    """p- and q-value columns (``p``, ``q``, ``{role}_p``, ``{role}_q``): they can be far below 1e-6."""
+    return str(name) in ("p", "q") or str(name).endswith(("_p", "_q"))
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """A report table as CSV: floats to 6 decimals (``FLOAT_FORMAT``), but p- and q-values to 6
+    significant digits, so a p of 4e-31 is written 4e-31, not 0.000000."""
+    probabilities = {column: frame[column].map(lambda value: "" if pd.isna(value) else f"{value:.6g}")
+                     for column in frame.columns if is_probability_column(column) and frame[column].dtype.kind == "f"}
+    return frame.assign(**probabilities).to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+
+
 def write_report_files(out: str | Path, title: str, subtitle: str, sections: Sequence[Section], meta: dict,
                        tables: dict[str, pd.DataFrame]) -> Path:
     """A report directory: figures/*.png, each of ``tables`` as CSV (name -> frame), report.md,
@@ -306,7 +327,7 @@ def write_report_files(out: str | Path, title: str, subtitle: str, sections: Seq
     for figure in (f for section in sections for f in section.figures):
         write_atomic(out / "figures" / f"{figure.name}.png", figure.png)
     for name, frame in tables.items():
-        write_atomic(out / name, frame.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n"))
+        write_atomic(out / name, csv_text(frame))
     write_atomic(out / "report.md", render_markdown(title, subtitle, sections))
     write_atomic(out / "index.html", render_page(title, subtitle, sections))
     write_meta(out, meta)

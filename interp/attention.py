@@ -267,7 +267,25 @@ class MultiHeadAttention(_Instrumented):
         return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
 
 
-class GroupedQueryAttention(_Instrumented):
+class Float32Buffers(nn.Module):
+    """A module whose buffers named in ``FLOAT32_BUFFERS`` follow every ``.to()`` / ``.cuda()`` /
+    ``.half()`` to the module's device but stay float32, whatever dtype the module is cast to:
+    rotary frequencies and ALiBi slopes scale positions, and rounded to bfloat16 (8 bits of
+    mantissa) the rotary angle at position 4000 is off by radians. (Hugging Face's ``.to()`` casts
+    them; its ``from_pretrained(torch_dtype=...)`` keeps them float32, as here.)"""
+
+    FLOAT32_BUFFERS: tuple[str, ...] = ()
+
+    def _apply(self, fn, *args, **kwargs):
+        kept = {name: self._buffers[name] for name in self.FLOAT32_BUFFERS
+                if self._buffers.get(name) is not None and not self._buffers[name].is_meta}
+        module = super()._apply(fn, *args, **kwargs)
+        for name, value in kept.items():
+            self._buffers[name] = value.to(device=self._buffers[name].device)  # the float32 values, moved
+        return module
+
+
+class GroupedQueryAttention(Float32Buffers, _Instrumented):
     """Causal attention whose ``num_heads`` query heads share ``num_kv_groups`` key/value heads.
 
     x: (batch, pos, d_in) -> (batch, pos, d_out). Query head h reads key/value head
@@ -293,7 +311,11 @@ class GroupedQueryAttention(_Instrumented):
     ``hook_attn_scores``/``hook_pattern`` (batch, head, q, k); ``hook_z`` (batch, pos, head, head_dim).
     As in ``MultiHeadAttention``, the forward uses ``scaled_dot_product_attention`` when no hook
     needs the scores or the pattern.
+
+    ``alibi_slopes`` stay float32 under ``.to()`` (``Float32Buffers``).
     """
+
+    FLOAT32_BUFFERS = ("alibi_slopes",)
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
                  num_kv_groups: int, qkv_bias: bool = False, *, head_dim: int | None = None,
@@ -452,10 +474,13 @@ class GroupedQueryAttention(_Instrumented):
         return ~self._blocked(offset, n_queries, n_keys, queries.device), False
 
 
-class Rotary(nn.Module):
+class Rotary(Float32Buffers):
     """Rotary position embeddings (RoPE) as Hugging Face computes them: ``inv_freq`` in float32 on
-    the CPU at creation, angles ``position * inv_freq`` in float32, each frequency used for a dim
-    of the first half and its twin in the second half of the rotated dims (``rotate_half``)."""
+    the CPU at creation (and float32 after any ``.to()``: ``Float32Buffers``), angles ``position *
+    inv_freq`` in float32, each frequency used for a dim of the first half and its twin in the
+    second half of the rotated dims (``rotate_half``)."""
+
+    FLOAT32_BUFFERS = ("inv_freq",)
 
     def __init__(self, rotary_dim: int, head_dim: int, base: float):
         super().__init__()

@@ -322,8 +322,6 @@ class GPTModel(HeadWeights, HookedModule):
         self.cfg = dataclasses.replace(cfg)  # its own copy: _apply keeps cfg.device in sync with this model
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        # a float32 tensor, cast to the embeddings' dtype at use, as Gemma does
-        self.register_buffer("embed_scale", torch.tensor(cfg.embed_scale), persistent=False)
         if cfg.post_embedding_ln:
             self.ln_embed = _norm(cfg)
         self.hook_embed = HookPoint()
@@ -395,7 +393,9 @@ class GPTModel(HeadWeights, HookedModule):
         if offset + n_pos > self.cfg.n_ctx:
             raise UserError(f"sequence of {offset + n_pos} tokens exceeds the context n_ctx={self.cfg.n_ctx}")
         embeddings = self.embed(tokens)
-        embeddings = embeddings * self.embed_scale.to(embeddings.dtype)
+        # the scale rounded once, straight to the embeddings' dtype, as Gemma does (a float32 buffer
+        # would be rounded twice in bfloat16 and differ from Gemma's in float64)
+        embeddings = embeddings * embeddings.new_tensor(self.cfg.embed_scale)
         if self.cfg.post_embedding_ln:
             embeddings = self.ln_embed(embeddings)
         resid = self.hook_embed(embeddings)  # as the token embeddings enter the residual stream
