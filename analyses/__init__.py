@@ -30,3 +30,4 @@ from analyses.tasks import Task, load_task, make_task, task_batch, task_metric
 from analyses.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
 from analyses.tracing import Trace, causal_trace, trace_figure
+from analyses.probing import bracket_depth, bracket_prompts, linear_probe, repeat_offset, seen_before
