@@ -38,7 +38,7 @@ from analyses.progress import progress_bar
 from analyses.report_page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
 from analyses.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
-from analyses.tokens import leading_tokens
+from analyses.tokens import leading_tokens, read_text_lines
 from interp.errors import UserError
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -266,13 +266,8 @@ def write_report(report: HeadReport, out: str | Path) -> Path:
 
 
 def read_texts(path: str) -> list[str]:
-    """One text per non-empty line of ``path``."""
-    if not Path(path).is_file():
-        raise UserError(f"text file {path!r} does not exist")
-    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not lines:
-        raise UserError(f"text file {path!r} has no non-empty lines")
-    return lines
+    """One text per non-empty line of ``path`` (UTF-8)."""
+    return read_text_lines(path, "text file")
 
 
 def optional_float(text: str) -> float | None:

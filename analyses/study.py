@@ -49,7 +49,7 @@ from analyses.metrics import Metric, logit_diff_metric, loss_metric
 from analyses.probes import check_prompt_count, probes_for
 from analyses.progress import progress_bar
 from analyses.study_spec import EXECUTORS, Cell, Study, StudySpec, load_spec
-from analyses.tokens import encode, single_token_id
+from analyses.tokens import encode, read_text_lines, single_token_id
 from interp import load_model, provenance
 from interp.files import write_atomic
 from interp.errors import UserError
@@ -70,18 +70,13 @@ def study_prompts(model, spec: StudySpec) -> tuple[object, torch.Tensor, torch.T
     if spec.prompt_kind == "repeated":
         probes = probes_for(model, spec.n_prompts, spec.seq_len, seed=spec.prompt_seed)
         return probes, probes.tokens, probes.predictable
-    path = Path(spec.text_file)
-    if not path.is_file():
-        raise UserError(f"[prompts].file {str(path)!r} does not exist")
-    lines = [line for line in path.read_text().splitlines() if line.strip()][: spec.n_prompts]
-    if not lines:
-        raise UserError(f"[prompts].file {str(path)!r} has no non-empty line")
+    lines = read_text_lines(spec.text_file, "[prompts].file")[: spec.n_prompts]
     if spec.method in FROM_OTHER_PROMPTS:
-        check_prompt_count(len(lines), f"[prompts].file {str(path)!r} has {len(lines)} non-empty line(s)",
+        check_prompt_count(len(lines), f"[prompts].file {spec.text_file!r} has {len(lines)} non-empty line(s)",
                            FROM_OTHER_PROMPTS[spec.method])
     batch = encode(model, lines)
     if int(batch.lengths.min()) < 2:
-        raise UserError(f"[prompts].file {str(path)!r} has a prompt of 1 token; a loss needs at least 2")
+        raise UserError(f"[prompts].file {spec.text_file!r} has a prompt of 1 token; a loss needs at least 2")
     return lines, batch.tokens, batch.real
 
 
@@ -295,7 +290,12 @@ def check_out_dir(out: Path, study: Study, resume: bool) -> None:
 
 def _model_records(out: Path) -> dict | None:
     path = out / MODEL_RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{path} is not the JSON record this study writes; use a new --out") from None
 
 
 def check_model(out: Path, cell: str | None, model_record: dict[str, str]) -> None:

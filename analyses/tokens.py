@@ -12,6 +12,7 @@ TransformerLens's ``detect_head`` does (``model.to_tokens`` per prompt), to repr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -90,6 +91,22 @@ def single_token_id(model, text: str) -> int:
     if len(ids) != 1:
         raise UserError(f"{text!r} is {len(ids)} tokens; it must be exactly one token")
     return int(ids[0])
+
+
+def read_text_lines(path, what: str) -> list[str]:
+    """The non-empty lines of the UTF-8 text file ``path``, one text each; ``what`` names the file
+    in a one-line refusal (missing, not UTF-8 text, no non-empty line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{what} {str(path)!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise UserError(f"{what} {str(path)!r} has no non-empty line")
+    return lines
 
 
 def leading_tokens(model, text: str, n_tokens: int) -> torch.Tensor:

@@ -236,3 +236,23 @@ def test_compare_refuses_models_with_other_tokens_or_a_shorter_context(tmp_path,
     assert "the models differ in their tokens (start token 256 vs 0)" in line
     line = refused(["compare", str(gpt2), str(short), "--prompts", "2", "--out", str(tmp_path / "o")], capsys)
     assert "the probes are 64 tokens" in line and "model B reads at most n_ctx=32" in line
+
+
+def test_text_files_that_are_not_utf8_are_refused(tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    line = refused(["report", "--text-file", str(texts), "--out", str(tmp_path / "o")], capsys)
+    assert line.endswith(f"text file {str(texts)!r} is not UTF-8 text (invalid continuation byte at byte 3)")
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[prompts]\nkind = "text"\nfile = "texts.txt"\n[ablation]\nmethod = "zero"\n')
+    with pytest.raises(UserError, match=r"\[prompts\].file '.*texts.txt' is not UTF-8 text"):
+        run_study(spec, tmp_path / "out", progress=False)
+
+
+def test_a_resumed_study_whose_model_record_is_not_json_is_refused(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[prompts]\nn = 2\nseq_len = 16\n[ablation]\nmethod = "zero"\ntargets = "each_layer"\n')
+    run_study(spec, tmp_path / "out", progress=False)
+    (tmp_path / "out" / "provenance.json").write_text("{torn")
+    with pytest.raises(UserError, match=r"provenance.json is not the JSON record this study writes; use a new --out"):
+        run_study(spec, tmp_path / "out", resume=True, progress=False)
