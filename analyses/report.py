@@ -39,7 +39,6 @@ from analyses.report_page import (PatternView, ReportFigure, Section, display_to
                                   head_table_html, write_report_files)
 from analyses.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.tokens import leading_tokens, read_text_lines
-from interp.errors import UserError
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
 PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
