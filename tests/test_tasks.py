@@ -178,3 +178,78 @@ def test_unknown_task_names_and_suffixes_are_refused(toy, tmp_path):
     (tmp_path / "t.csv").write_text("clean,corrupted\n")
     with pytest.raises(UserError, match="the header lacks answer, distractor"):
         make_task(toy, str(tmp_path / "t.csv"))
+
+
+# ------------------------------------------------------------------------------ interp task
+def read_csv(path):
+    import pandas as pd
+
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
+    from analyses.cli import main
+    from analyses.patching import patch_heads
+    from analyses.path_patching import path_patch
+
+    out = tmp_path / "ioi"
+    assert main(["task", "ioi", "--n", "6", "--top", "2", "--out", str(out), "--quiet"]) == 0
+    task = make_task(toy, "ioi", n=6)
+    batch = task_batch(toy, task)
+    metric = task_metric(task, batch.last)
+    with torch.no_grad():
+        clean, corrupted = metric(toy(batch.clean)).item(), metric(toy(batch.corrupted)).item()
+    assert read_csv(out / "metric.csv")["metric"].tolist() == pytest.approx([clean, corrupted], abs=1e-6)
+    heads = patch_heads(toy, batch.clean, batch.corrupted, metric)
+    assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(heads.flatten().numpy(), abs=1e-6)
+    by_pos = patch_heads(toy, batch.clean, batch.corrupted, metric, by_position=True)
+    assert read_csv(out / "heads_by_pos.csv")["metric"].to_numpy() == pytest.approx(by_pos.flatten().numpy(), abs=1e-6)
+    edges = read_csv(out / "edges.csv")
+    senders = sorted(set(zip(edges["sender_layer"], edges["sender_head"])))
+    expected = path_patch(toy, batch.clean, batch.corrupted, metric, senders=senders)
+    assert edges["effect"].to_numpy() == pytest.approx(expected["effect"].to_numpy(), abs=1e-6)
+    # direct logit attribution adds up to the clean logit difference (the components sum to the logits)
+    assert read_csv(out / "dla.csv")["dla"].sum() == pytest.approx(clean, abs=1e-4)
+    page = (out / "index.html").read_text()
+    assert f"{clean:.4f}" in page and "Direct logit attribution" in page and "Circuit" in page
+    assert "http://" not in page.split("<script>")[0] and "https://" not in page.split("<script>")[0]
+
+
+def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):
+    from analyses.task_cli import task_dla
+
+    task = Task("sets", ("x = (1", "y = [2, 3"), ("x = [1", "y = (2, 3"), ((ord(")"), ord("]")), (ord("]"),)),
+                ((ord("}"),), (ord(")"), ord("}"), ord(">"))))
+    batch = task_batch(toy, task)
+    with torch.no_grad():
+        value = task_metric(task, batch.last)(toy(batch.clean)).item()
+    assert task_dla(toy, task, batch)["dla"].sum() == pytest.approx(value, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi", "opt", "gpt_neo"])
+def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
+    from analyses.task_cli import analyse_task, write_task_page
+
+    model = load_model(family_dir(family))
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"clean": "ab ab a", "corrupted": "cd ab a", "answer": "b", "distractor": "d"}\n'
+                    '{"clean": "xy xy x", "corrupted": "zw xy x", "answer": "y", "distractor": "w"}\n')
+    task = load_task(model, path)
+    analysis = analyse_task(model, task, top=2, progress=False)
+    out = write_task_page(analysis, tmp_path / "page", {"model": family})
+    assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(analysis.heads["metric"].to_numpy(), abs=1e-6)
+    assert (analysis.mlps is None) == (family == "toy") and len(analysis.mlps_by_pos) == 2 * 8
+    assert analysis.dla["dla"].sum() == pytest.approx(analysis.values["clean"], abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["greater-than", "induction-text"])
+def test_the_other_built_in_tasks_run_as_commands(toy, tmp_path, name, capsys):
+    from analyses.cli import main
+
+    out = tmp_path / name
+    assert main(["task", name, "--n", "3", "--top", "1", "--out", str(out), "--quiet"]) == 0
+    task = make_task(toy, name, n=3)
+    assert f"{name}: {len(task)} prompts ({task.dropped} dropped)" in capsys.readouterr().out
+    assert (out / "dla.csv").exists() == (task.metric == "logit_diff")  # no DLA of a probability difference
+    assert main(["task", "nope", "--out", str(out)]) == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
