@@ -93,16 +93,17 @@ class Ablation:
 
     def run(self, head_sets: Sequence[Sequence[tuple[int, int]]], *, memory_mb=DEFAULT_MEMORY_MB,
             progress: bool | None = None, desc="ablations") -> torch.Tensor:
-        """The metric with each set of heads ablated together -> (len(head_sets),); an empty set
-        gives the baseline."""
-        values = torch.full((len(head_sets),), self.baseline)
+        """The metric with each set of heads ablated together -> (len(head_sets),) float64, as the
+        baseline is kept: a table's metric and baseline columns then print alike, and an empty set
+        (which gives the baseline) has an effect of exactly 0, also once read back from a CSV."""
+        values = torch.full((len(head_sets),), self.baseline, dtype=torch.float64)
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
             variants = [self.variant(head_sets[i]) for i in todo]
             values[todo] = evaluate_variants(
                 self.model, self.tokens, variants, self.sources, self.metric,
                 starts=self.starts, memory_mb=memory_mb, progress=progress, desc=desc,
-            )
+            ).double()
         return values
 
     def importance(self) -> torch.Tensor:

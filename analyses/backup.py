@@ -160,7 +160,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     require_mlp_freeze(model, mlps)
     total = ablation.run([[h] for h in heads], memory_mb=memory_mb, progress=progress, desc="total effects")
     _, clean = cache_run(model, ablation.tokens, [*z_names(model), *mlps])
-    direct = torch.empty(len(heads))
+    direct = torch.empty(len(heads), dtype=torch.float64)  # as the totals
     for layer in sorted({l for l, _ in heads}):
         members = [i for i, (l, _) in enumerate(heads) if l == layer]
         direct[members] = frozen_downstream_run(ablation, clean, layer, [heads[i][1] for i in members],
@@ -174,10 +174,11 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
 def frozen_downstream_run(ablation: Ablation, clean: dict, layer: int, heads: Sequence[int], mlps: Sequence[str],
                           memory_mb: float, progress: bool | None) -> torch.Tensor:
     """The metric with each head of ``layer`` in ``heads`` ablated and every later head output and
-    every MLP output from ``layer`` on held at ``clean`` -> (len(heads),)."""
+    every MLP output from ``layer`` on held at ``clean`` -> (len(heads),) float64."""
     later = [z_name(l) for l in range(layer + 1, ablation.model.cfg.n_layers)]
     frozen = [name for name in mlps if int(name.split(".")[1]) >= layer] + later
     sources = {z_name(layer): ablation.sources[z_name(layer)]} | {name: clean[name] for name in frozen}
     variants = [head_cells([(layer, h)]) + [(name, ()) for name in frozen] for h in heads]
-    return evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
-                             starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
+    values = evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
+                               starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
+    return values.double()

@@ -137,3 +137,25 @@ def test_rotary_frequencies_and_alibi_slopes_stay_float32_in_bfloat16():
     torch.testing.assert_close(slopes, expected, rtol=1e-7, atol=0)
     back = alibi.to(torch.float32).blocks[0].attn.alibi_slopes  # and back: nothing was rounded on the way
     assert torch.equal(back, alibi_slopes(12))
+
+
+# -------------------------------------------------------------------------- empty ablation
+def test_nothing_ablated_reads_back_as_an_effect_of_exactly_zero(tmp_path):
+    """Step 0 of a pruning curve ablates nothing: its metric is the baseline, in the table and in
+    the CSV a reader computes the effect from (float32 metrics beside a float64 baseline printed
+    4.949646 against 4.94964599609375: an effect of ~4e-9)."""
+    from analyses.ablation import ablation_sweep, pruning_curve
+    from analyses.intervention_figures import save_csv
+    from analyses.probes import probes_for
+    from interp import load_model
+
+    model = load_model("toy")
+    probes = probes_for(model, 6, 32, seed=0)
+    curve = pruning_curve(model, probes, "zero", progress=False)
+    assert curve["effect"].iloc[0] == 0.0 and curve["metric"].iloc[0] == curve["baseline"].iloc[0]
+    back = pd.read_csv(save_csv(curve, tmp_path / "curve.csv"))
+    assert (back["metric"] - back["baseline"]).iloc[0] == 0.0
+    assert (back["metric"] - back["baseline"]).tolist() == back["effect"].tolist()  # each effect as printed
+    sweep = ablation_sweep(model, probes, {"none": [], "L0H0": [(0, 0)]}, "zero", progress=False)
+    back = pd.read_csv(save_csv(sweep, tmp_path / "sweep.csv"))
+    assert (back["metric"] - back["baseline"]).tolist() == back["effect"].tolist() and back["effect"][0] == 0.0
