@@ -21,7 +21,7 @@ from analyses.composition import composition_figure, composition_scores
 from analyses.path_patching import path_patch
 from analyses.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
 from analyses.circuit import circuit_edges, circuit_figure, circuit_section
-from analyses.rollout import attention_rollout, model_rollout
+from analyses.rollout import attention_flow, attention_rollout, model_flow, model_rollout
 from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison
 from analyses.components import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,

@@ -65,3 +65,56 @@ def test_bad_weight_is_refused_and_the_figure_draws():
     figure = rollout_figure(rolled, ["a", "b", "c", "d"])
     assert isinstance(figure, Figure) and [ax.get_title() for ax in figure.axes if ax.get_visible()] == [
         "rollout after layer 0", "rollout after layer 1", "rollout after layer 2"]
+
+
+# ---- attention flow ----------------------------------------------------------------------------------
+
+def _networkx_flow(mixed: torch.Tensor) -> torch.Tensor:
+    """The attention-flow values by networkx's own max-flow on the same graph, (layer, q, k)."""
+    import networkx as nx
+
+    n_layers, n_pos = mixed.shape[0], mixed.shape[-1]
+    flows = torch.zeros(n_layers, n_pos, n_pos)
+    for layer in range(n_layers):
+        graph = nx.DiGraph()
+        for t in range(layer + 1):
+            for q in range(n_pos):
+                for k in range(n_pos):
+                    if mixed[t, q, k] > 0:
+                        graph.add_edge((t, k), (t + 1, q), capacity=float(mixed[t, q, k]))
+        for q in range(n_pos):
+            for k in range(n_pos):
+                if graph.has_node((0, k)) and graph.has_node((layer + 1, q)):
+                    flows[layer, q, k] = nx.maximum_flow_value(graph, (0, k), (layer + 1, q))
+    return flows
+
+
+def test_attention_flow_equals_networkx_and_a_hand_example():
+    from analyses.rollout import attention_flow, mixed_attention
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 2, 5, 5, generator=generator).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -torch.inf)
+    patterns = scores.softmax(-1)
+    flow = attention_flow(patterns, progress=False)
+    assert flow.shape == (3, 5, 5)
+    assert torch.allclose(flow, _networkx_flow(mixed_attention(patterns)), atol=1e-6)
+    # the hand example of the rollout test: one layer's flow is its mixed matrix; after layer 1,
+    # to position 2 from token 0: paths 0 -> 0 -> 2 (min(1, .5)) and 0 -> 2 -> 2 (none: 2 does not
+    # see 0 in layer 0) -> 0.5; from token 1: 1 -> 2 -> 2 (min(.25, .5)) = .25; from 2: min(.75, .5)
+    layer0 = torch.tensor([[[1, 0, 0], [1, 0, 0], [0, 1, 0]],
+                           [[1, 0, 0], [0, 1, 0], [0, 0, 1]]], dtype=torch.float)
+    layer1 = torch.tensor([[1, 0, 0], [1, 0, 0], [1, 0, 0]], dtype=torch.float).expand(2, 3, 3)
+    hand = attention_flow(torch.stack([layer0, layer1]), progress=False)
+    assert torch.allclose(hand[0], mixed_attention(torch.stack([layer0, layer1]))[0])
+    assert torch.allclose(hand[1, 2], torch.tensor([0.5, 0.25, 0.5]))
+
+
+def test_attention_flow_of_a_model_and_its_figure(scratch_gpt2):
+    from analyses.rollout import model_flow
+    tokens = scratch_gpt2.to_tokens("the cat")[0]
+    flow = model_flow(scratch_gpt2, tokens)
+    assert flow.shape == (2, len(tokens), len(tokens))
+    assert torch.allclose(flow[:, 0, 0], torch.ones(2))  # the first token reaches itself fully
+    assert isinstance(rollout_figure(flow, scratch_gpt2.to_str_tokens(tokens), kind="attention flow"), Figure)
+    with pytest.raises(UserError, match="one prompt"):
+        from analyses.rollout import attention_flow
+        attention_flow(flow)
