@@ -13,6 +13,8 @@ that are a single token there, saying how many they dropped (``Task.dropped``):
 - ``induction_text_task``: a natural sentence and its repeat, cut mid-way, predicting the next
   word's first token; the corruption shuffles the words of the first copy, so nothing can be
   copied from it;
+- ``brackets_task`` / ``identifier_task`` (code): predict the type of the bracket that closes an
+  open one; recall the rest of a name defined earlier (an identifier used again);
 - ``load_task``: a JSONL or CSV file of rows with ``clean``, ``corrupted``, ``answer`` and
   ``distractor`` (several answers or distractors joined by ``|`` in CSV, lists in JSONL), each the
   exact text that continues the prompt (" Mary", with its space, for GPT-2's tokenizer).
@@ -46,7 +48,7 @@ from interp.errors import UserError
 from interp.tokenizer import Tokenizer
 
 METRICS = ("logit_diff", "prob_diff")
-BUILT_IN = ("ioi", "greater-than", "induction-text")
+BUILT_IN = ("ioi", "greater-than", "induction-text", "brackets", "identifier")
 
 # Wang et al. 2022's templates are of this kind: two names introduced, one of them (the subject)
 # named again, who gives something to the other (the indirect object). Written for this module.
@@ -367,7 +369,64 @@ def _from_rows(name: str, rows: list, metric: str, dropped: int, note: str) -> T
     return Task(name, clean, corrupted, answers, distractors, metric, dropped, note)
 
 
-GENERATORS = {"ioi": ioi_task, "greater-than": greater_than_task, "induction-text": induction_text_task}
+# Code tasks (for the embedded "code" model): Python lines written for this module.
+BRACKET_LINES = (
+    "result = compute{o}first_value, second_value", "items = sorted{o}records, key", "print{o}total + offset",
+    "config = load{o}path, strict", "values = merge{o}left, right", "data = parse{o}line.strip()",
+    "if check{o}name, size", "out.append{o}row[0], row[1]", "return build{o}node.left, node.right",
+    "self.cache = dict{o}", "args = collect{o}options, defaults", "yield pair{o}key, value",
+)
+BRACKETS = {"(": ")", "[": "]", "{": "}"}
+IDENTIFIER_PREFIXES = ("total_", "user_", "max_", "item_", "last_", "num_", "line_", "file_")
+IDENTIFIER_SUFFIXES = ("count", "value", "index", "width", "limit", "score")  # distinct first letters
+
+
+def brackets_task(model, n: int = 36, seed: int = 0, lines: Sequence[str] = BRACKET_LINES) -> Task:
+    """Predict the closing bracket's type: a line with one bracket left open, "(", "[" or "{", the
+    answer its closing bracket, the distractor the closing bracket of the corrupted prompt's
+    opening bracket (another type, same place). Lines whose pair lengths differ, or whose closing
+    brackets are not single tokens, are dropped (counted)."""
+    tokenizer = model_tokenizer(model)
+    rng = random.Random(seed)
+    rows, dropped = [], 0
+    for i in range(n):
+        line = lines[i % len(lines)]
+        opening, other = rng.sample(list(BRACKETS), 2)
+        clean, corrupted = line.format(o=opening), line.format(o=other)
+        good, bad = single_token(tokenizer, clean, BRACKETS[opening], sep=""), single_token(tokenizer, clean, BRACKETS[other], sep="")
+        if good is None or bad is None:
+            dropped += 1
+            continue
+        rows.append((clean, corrupted, (good[1],), (bad[1],)))
+    rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
+    return _from_rows("brackets", rows, "logit_diff", dropped + skipped, "")
+
+
+def identifier_task(model, n: int = 48, seed: int = 0) -> Task:
+    """Recall a name defined earlier: "PREFIX_count = 0\nfor x in data:\n    PREFIX_" -> the first
+    token of "count"; corrupted: the line defines PREFIX_ + another suffix of the same length, whose
+    first token is the distractor. Pairs whose suffixes are not single first tokens, or whose
+    lengths differ, are dropped (counted)."""
+    tokenizer = model_tokenizer(model)
+    rng = random.Random(seed)
+    rows, dropped = [], 0
+    for i in range(n):
+        prefix = IDENTIFIER_PREFIXES[i % len(IDENTIFIER_PREFIXES)]
+        name, other = rng.sample(IDENTIFIER_SUFFIXES, 2)
+        template = "{name} = 0\nfor x in data:\n    {prefix}"
+        clean = template.format(name=prefix + name, prefix=prefix)
+        corrupted = template.format(name=prefix + other, prefix=prefix)
+        good, bad = continuation(tokenizer, clean, name, sep=""), continuation(tokenizer, clean, other, sep="")
+        if good is None or bad is None or good[1][0] == bad[1][0]:
+            dropped += 1
+            continue
+        rows.append((clean, corrupted, (good[1][0],), (bad[1][0],)))
+    rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
+    return _from_rows("identifier", rows, "logit_diff", dropped + skipped, "")
+
+
+GENERATORS = {"ioi": ioi_task, "greater-than": greater_than_task, "induction-text": induction_text_task,
+              "brackets": brackets_task, "identifier": identifier_task}
 
 
 def make_task(model, name: str, n: int | None = None, seed: int = 0) -> Task:

@@ -173,7 +173,7 @@ def test_a_malformed_row_is_refused_in_one_line_naming_it(toy, tmp_path, line, m
 
 
 def test_unknown_task_names_and_suffixes_are_refused(toy, tmp_path):
-    with pytest.raises(UserError, match="unknown task 'iio'; allowed: ioi, greater-than, induction-text"):
+    with pytest.raises(UserError, match="unknown task 'iio'; allowed: ioi, greater-than, induction-text, brackets, identifier"):
         make_task(toy, "iio")
     (tmp_path / "t.csv").write_text("clean,corrupted\n")
     with pytest.raises(UserError, match="the header lacks answer, distractor"):
@@ -253,3 +253,21 @@ def test_the_other_built_in_tasks_run_as_commands(toy, tmp_path, name, capsys):
     assert (out / "dla.csv").exists() == (task.metric == "logit_diff")  # no DLA of a probability difference
     assert main(["task", "nope", "--out", str(out)]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+def test_code_tasks_close_the_open_bracket_and_recall_the_defined_name(toy, bpe_model):
+    from analyses.tasks import BRACKETS, brackets_task, identifier_task
+
+    task = brackets_task(toy)
+    assert len(task) == 36 and task.dropped == 0
+    for clean, corrupted, (answer,), (distractor,) in zip(task.clean, task.corrupted, task.answers, task.distractors):
+        differ = [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
+        assert len(clean) == len(corrupted) and len(differ) == 1  # the one open bracket, of another type
+        opened, swapped = clean[differ[0]], corrupted[differ[0]]
+        assert opened in BRACKETS and swapped in BRACKETS
+        assert chr(answer) == BRACKETS[opened] and chr(distractor) == BRACKETS[swapped]
+    names = identifier_task(toy)
+    for clean, corrupted, (answer,), (distractor,) in zip(names.clean, names.corrupted, names.answers, names.distractors):
+        defined, used = clean.split(" = 0")[0], clean.split("\n    ")[1]
+        assert defined.startswith(used) and chr(answer) == defined[len(used)]
+        assert chr(distractor) == corrupted.split(" = 0")[0][len(used)] != chr(answer)
