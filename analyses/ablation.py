@@ -280,9 +280,12 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
 
 
 def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
-                    seed: int = 0) -> torch.Tensor:
-    """Michel et al. (2019) head importance -> [n_layers, n_heads] (see ``Ablation.importance``)."""
-    return prepare_ablation(model, tokens, method, metric, reference=reference, seed=seed).importance()
+                    preserve_patterns: bool = False, seed: int = 0) -> torch.Tensor:
+    """Michel et al. (2019) head importance -> [n_layers, n_heads] (see ``Ablation.importance``); with
+    ``preserve_patterns`` that of the pattern-preserving ablation, the order ``pruning_curve`` then
+    prunes by."""
+    return prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
+                            seed=seed).importance()
 
 
 def pruning_order(importance: torch.Tensor) -> list[tuple[int, int]]:

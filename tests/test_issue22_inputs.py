@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analyses.ablation import ablate_heads, prepare_ablation, pruning_curve
+from analyses.ablation import ablate_heads, head_importance, prepare_ablation, pruning_curve
 from analyses.cli import main
 from analyses.metrics import logit_diff_metric, loss_metric, read_positions
 from analyses.probes import probes_for
@@ -82,8 +82,8 @@ def test_logit_diff_on_ragged_texts_equals_each_text_run_alone(request, backend,
     expected = torch.stack([logits[correct] - logits[incorrect] for logits in alone]).mean()
     assert len(set(encode(model, TEXTS).lengths.tolist())) == len(TEXTS)  # really ragged
     ablation = prepare_ablation(model, TEXTS, "zero", metric)
-    value = ablation.run([heads], progress=False)[0] if heads else torch.tensor(ablation.baseline)
-    torch.testing.assert_close(value, expected, atol=1e-4, rtol=0)
+    value = ablation.run([heads], progress=False)[0].item() if heads else ablation.baseline
+    assert value == pytest.approx(expected.item(), abs=1e-4)
 
 
 def test_loss_metric_on_ragged_texts_counts_real_tokens_only(scratch_gpt2):
@@ -256,3 +256,18 @@ def test_a_resumed_study_whose_model_record_is_not_json_is_refused(tmp_path):
     (tmp_path / "out" / "provenance.json").write_text("{torn")
     with pytest.raises(UserError, match=r"provenance.json is not the JSON record this study writes; use a new --out"):
         run_study(spec, tmp_path / "out", resume=True, progress=False)
+
+
+def test_head_importance_takes_preserve_patterns_and_gives_the_pruning_curve_order():
+    """head_importance passed on its own (then to pruning_curve(order=...)) must rank heads as the
+    pattern-preserving pruning curve does, which it could not before (it had no preserve_patterns)."""
+    from analyses.ablation import pruning_order  # new with this change: the module imports on older code
+
+    model = load_model("toy").eval()
+    probes = probes_for(model, 6, 24, seed=3)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    importance = head_importance(model, probes, "mean", metric, preserve_patterns=True, seed=3)
+    curve = pruning_curve(model, probes, "mean", metric, preserve_patterns=True, seed=3, progress=False)
+    assert [(l, h) for l, h in zip(curve["layer"][1:], curve["head"][1:])] == pruning_order(importance)
+    free = head_importance(model, probes, "mean", metric, seed=3)
+    assert pruning_order(free)[0] != pruning_order(importance)[0]  # the option changes the order here
