@@ -70,6 +70,15 @@ def check_same_shape(model_a, model_b) -> None:
                         "token ids, so it needs one tokenizer and one start token")
 
 
+def check_probes_fit(probes: RepeatedProbes, drawn_for: tuple[str, object], other: tuple[str, object]) -> None:
+    """Refuse probes drawn for one model (``drawn_for``: its name and the model) that are longer than
+    the context of another (``other``), which reads the same probes."""
+    (name_a, model_a), (name_b, model_b) = drawn_for, other
+    if probes.seq_len > model_b.cfg.n_ctx:
+        raise UserError(f"the probes are {probes.seq_len} tokens (within {name_a}'s context n_ctx={model_a.cfg.n_ctx}) "
+                        f"but {name_b} reads at most n_ctx={model_b.cfg.n_ctx}; pass seq_len <= {model_b.cfg.n_ctx}")
+
+
 def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Jensen-Shannon divergence in bits between distributions along the last dim -> p.shape[:-1]."""
     m = (p + q) / 2
@@ -108,9 +117,7 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     steps = progress_bar(total=4, progress=progress, desc="compare", unit="step")
     probes = probes_for(model_a, n_prompts, seq_len, seed=seed)
-    if probes.seq_len > model_b.cfg.n_ctx:
-        raise UserError(f"the probes are {probes.seq_len} tokens (within model A's context n_ctx={model_a.cfg.n_ctx}) "
-                        f"but model B reads at most n_ctx={model_b.cfg.n_ctx}; pass seq_len <= {model_b.cfg.n_ctx}")
+    check_probes_fit(probes, ("model A", model_a), ("model B", model_b))
     targets = probe_targets(probes)
     counts, chance = prompt_counts_and_chance(targets, MEASURES)
     sums = [per_prompt_scores(m, probes.tokens, targets, MEASURES, progress=progress) for m in (model_a, model_b)]
@@ -232,6 +239,8 @@ def scores_over_training(models: Sequence, steps: Sequence[int], *, n_prompts: i
     for model in models[1:]:
         check_same_shape(models[0], model)
     probes = probes_for(models[0], n_prompts, seq_len, seed=seed)
+    for step, model in zip(steps[1:], models[1:]):
+        check_probes_fit(probes, (f"the model of step {steps[0]}", models[0]), (f"the model of step {step}", model))
     targets = probe_targets(probes)
     counts, chance = prompt_counts_and_chance(targets, MEASURES)
     frames = []

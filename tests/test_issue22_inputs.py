@@ -132,6 +132,7 @@ def test_positions_past_the_end_are_refused_not_wrapped():
 
 def refused(argv, capsys) -> str:
     """Run the command line; it must refuse with exit status 2 and one line on stderr -> that line."""
+    capsys.readouterr()  # drop what the test's own setup printed
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
@@ -271,3 +272,12 @@ def test_head_importance_takes_preserve_patterns_and_gives_the_pruning_curve_ord
     assert [(l, h) for l, h in zip(curve["layer"][1:], curve["head"][1:])] == pruning_order(importance)
     free = head_importance(model, probes, "mean", metric, seed=3)
     assert pruning_order(free)[0] != pruning_order(importance)[0]  # the option changes the order here
+
+
+def test_scores_over_training_refuses_a_checkpoint_with_a_shorter_context():
+    from analyses.compare import scores_over_training
+    from interp import GPTConfig, GPTModel
+
+    models = [GPTModel(GPTConfig(d_vocab=257, n_ctx=n_ctx, d_model=32, n_heads=2, n_layers=1)).eval() for n_ctx in (64, 32)]
+    with pytest.raises(UserError, match="the probes are 64 tokens .* but the model of step 10 reads at most n_ctx=32"):
+        scores_over_training(models, [0, 10], n_prompts=2, progress=False)
