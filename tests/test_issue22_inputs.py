@@ -82,7 +82,13 @@ def test_logit_diff_on_ragged_texts_equals_each_text_run_alone(request, backend,
     expected = torch.stack([logits[correct] - logits[incorrect] for logits in alone]).mean()
     assert len(set(encode(model, TEXTS).lengths.tolist())) == len(TEXTS)  # really ragged
     ablation = prepare_ablation(model, TEXTS, "zero", metric)
+    seen = []  # on GPTModel: how many positions each ablated run unembeds (ln_final's input)
+    handle = model.ln_final.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1])) \
+        if backend == "scratch_gpt2" else None
     value = ablation.run([heads], progress=False)[0].item() if heads else ablation.baseline
+    if handle is not None:
+        handle.remove()
+        assert seen == ([len(TEXTS)] if heads else [])  # one position per distinct length, each prompt's last
     assert value == pytest.approx(expected.item(), abs=1e-4)
 
 
