@@ -24,7 +24,7 @@ from analyses.intervention_figures import save_csv, save_figure
 from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.path_patching import VIAS, check_vias
 from analyses.patching import DIRECTIONS
-from analyses.probes import check_prompt_count, probes_for
+from analyses.probes import check_prompt_count, check_seq_len, probes_for
 from interp.errors import UserError
 
 
@@ -53,6 +53,7 @@ def run_circuit(args: argparse.Namespace) -> int:
     vias = check_vias(args.via.split(","))
     check_prompt_count(args.prompts, f"--prompts {args.prompts}",
                        "the role nulls' t-test that picks the circuit's heads has prompts - 1 degrees of freedom")
+    check_seq_len(args.seq_len, "--seq-len ")
     if args.top < 1:
         raise UserError(f"--top {args.top} must be >= 1")
     model = load_cli_model(args)

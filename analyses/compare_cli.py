@@ -7,11 +7,12 @@ import argparse
 from analyses.classify import DEFAULT_THRESHOLD
 from analyses.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
 from analyses.outputs import add_impl_arg, load_cli_model
-from analyses.probes import check_prompt_count
+from analyses.probes import check_prompt_count, check_seq_len
 
 
 def run(args: argparse.Namespace) -> int:
     check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the models load
+    check_seq_len(args.seq_len, "--seq-len ")
     model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
     comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
                                 seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold)

@@ -14,7 +14,7 @@ from analyses.intervention_figures import ablation_figure, bars, patching_figure
 from analyses.metrics import logit_diff_metric, loss_metric
 from analyses.outputs import add_model_args, load_cli_model, model_meta, write_meta
 from analyses.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
-from analyses.probes import check_prompt_count, corrupt_first_copy, probes_for
+from analyses.probes import check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
 from analyses.study import run_study
 from analyses.tokens import as_tokens, single_token_id
 from interp.errors import UserError
@@ -106,6 +106,8 @@ def _ablation_prompts(model, args):
 def run_ablate(args) -> int:
     what = f"{len(args.text)} --text prompt(s)" if args.text else f"--prompts {args.prompts}"
     check_prompt_count(len(args.text) if args.text else args.prompts, what, FROM_OTHER_PROMPTS.get(args.method))
+    if not args.text:
+        check_seq_len(args.seq_len, "--seq-len ")
     model = load_cli_model(args)
     prompts, metric = _ablation_prompts(model, args)
     common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, progress=_progress(args))
@@ -145,6 +147,7 @@ def _patch_pair(model, args):
 def run_patch(args) -> int:
     if args.clean is None:  # the built-in probes
         check_prompt_count(args.prompts, f"--prompts {args.prompts}")
+        check_seq_len(args.seq_len, "--seq-len ")
     model = load_cli_model(args)
     clean, corrupted, metric = _patch_pair(model, args)
     options = dict(direction=args.direction, normalize=args.normalize)

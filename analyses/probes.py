@@ -19,6 +19,8 @@ import torch
 from analyses.tokens import model_device, ordinary_token_ids, start_token_id
 from interp.errors import UserError
 
+MIN_SEQ_LEN = 8  # the shortest probe: the start token, a prefix and two copies of a segment
+
 
 @dataclass
 class RepeatedProbes:
@@ -100,8 +102,7 @@ def repeated_probes(
     """
     if n_prompts < 1:
         raise UserError(f"n_prompts={n_prompts} must be >= 1")
-    if seq_len < 8:
-        raise UserError(f"seq_len={seq_len} must be >= 8 to hold BOS, a prefix and two copies of a segment")
+    check_seq_len(seq_len, "seq_len=")
     p_low, p_high = period_range or (max(2, seq_len // 8), max(2, seq_len // 3))
     a_low, a_high = prefix_range or (1, max(1, seq_len // 8))
     if not 2 <= p_low <= p_high or not 0 <= a_low <= a_high or 1 + a_high + 2 * p_high > seq_len:
@@ -133,6 +134,13 @@ def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0,
         raise UserError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
     probes = repeated_probes(n_prompts, seq_len, ordinary_token_ids(model), start_token_id(model), seed=seed, **ranges)
     return probes.to(model_device(model))
+
+
+def check_seq_len(seq_len: int | None, what: str) -> None:
+    """Refuse, before any work, probes shorter than ``MIN_SEQ_LEN`` (None: the default length).
+    ``what``: the setting that gave it, written before the value (``--seq-len ``, ``seq_len=``)."""
+    if seq_len is not None and seq_len < MIN_SEQ_LEN:
+        raise UserError(f"{what}{seq_len} must be >= {MIN_SEQ_LEN} to hold BOS, a prefix and two copies of a segment")
 
 
 def check_prompt_count(n_prompts: int, what: str, why: str | None = None) -> None:

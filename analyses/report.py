@@ -33,7 +33,7 @@ from analyses.classify import DEFAULT_FDR, DEFAULT_THRESHOLD, MEASURES, ROLES, c
 from analyses.nulls import DEFAULT_NULL_SEEDS
 from analyses.outputs import add_model_args, load_cli_model, model_meta
 from analyses.plots import attention_grid, png_bytes, role_heatmaps
-from analyses.probes import RepeatedProbes, check_prompt_count, probes_for
+from analyses.probes import RepeatedProbes, check_prompt_count, check_seq_len, probes_for
 from analyses.progress import progress_bar
 from analyses.report_page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
@@ -281,6 +281,7 @@ def optional_float(text: str) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
+    check_seq_len(args.seq_len, "--seq-len ")
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from analyses.ablation import FROM_OTHER_PROMPTS, METHODS
+from analyses.probes import MIN_SEQ_LEN
 from interp.errors import UserError
 
 TARGET_KINDS = ("each_head", "each_layer", "cumulative")
@@ -178,6 +179,9 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     if n_prompts < 1:
         _fail("[prompts].n", f"must be >= 1, got {n_prompts}")
     seq_len = _get(prompts, "prompts", "seq_len", int, None)
+    if seq_len is not None and seq_len < MIN_SEQ_LEN:
+        _fail("[prompts].seq_len", f"must be >= {MIN_SEQ_LEN} (the start token, a prefix and two copies of a segment), "
+                                   f"got {seq_len}")
     text_file = _get(prompts, "prompts", "file", str, None if prompt_kind == "repeated" else ...)
     if text_file is not None:
         text_file = str((base_dir / text_file).resolve())

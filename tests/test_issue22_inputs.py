@@ -19,6 +19,7 @@ from analyses.cli import main
 from analyses.metrics import logit_diff_metric, loss_metric, read_positions
 from analyses.probes import probes_for
 from analyses.study import run_study
+from analyses.study_spec import load_spec
 from analyses.tokens import encode
 from interp import UserError, load_model
 from interp.loading import save_checkpoint
@@ -202,6 +203,29 @@ def test_a_missing_relative_directory_that_looks_like_a_hub_id_says_both(tmp_pat
     assert "cannot be fetched" in line
 
 
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Every command's model loading fails the test: a refusal must come before it."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    for module in ("analyses.report", "analyses.compare_cli", "analyses.circuit_cli", "analyses.intervention_cli"):
+        monkeypatch.setattr(f"{module}.load_cli_model", no_model)
+
+
+@pytest.mark.parametrize("command", [["report"], ["compare", "toy", "toy"], ["circuit"], ["ablate"], ["patch"]])
+def test_probes_too_short_are_refused_before_the_model_loads(tmp_path, no_model_load, capsys, command):
+    line = refused([*command, "--seq-len", "5", "--out", str(tmp_path / "o")], capsys)
+    assert line.endswith("--seq-len 5 must be >= 8 to hold BOS, a prefix and two copies of a segment")
+
+
+def test_a_study_of_too_short_probes_is_refused_at_parse(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[prompts]\nseq_len = 5\n[ablation]\nmethod = "zero"\n')
+    with pytest.raises(UserError, match=r"\[prompts\].seq_len must be >= 8 .*got 5"):
+        load_spec(spec)
+
+
 @pytest.mark.parametrize("argv", [
     ["report", "--prompts", "1"],
     ["compare", "toy", "toy", "--prompts", "1"],
@@ -209,15 +233,7 @@ def test_a_missing_relative_directory_that_looks_like_a_hub_id_says_both(tmp_pat
     ["ablate", "--prompts", "1", "--out", "{out}"],
     ["ablate", "--prompts", "1", "--method", "resample", "--out", "{out}"],
 ])
-def test_one_prompt_is_refused_at_once_saying_why_two(tmp_path, monkeypatch, capsys, argv):
-    import analyses.outputs
-
-    def no_model(*args, **kwargs):
-        raise AssertionError("the model was loaded before the prompt count was checked")
-
-    for module in ("analyses.report", "analyses.compare_cli", "analyses.circuit_cli", "analyses.intervention_cli"):
-        monkeypatch.setattr(f"{module}.load_cli_model", no_model)
-    monkeypatch.setattr(analyses.outputs, "load_cli_model", no_model)
+def test_one_prompt_is_refused_at_once_saying_why_two(tmp_path, no_model_load, capsys, argv):
     line = refused([arg.format(out=tmp_path / "o") for arg in argv], capsys)
     assert "--prompts 1: at least 2 prompts are needed, since" in line
     assert ("degrees of freedom" in line) or ("other prompts" in line) or ("another prompt" in line)
