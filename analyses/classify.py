@@ -37,6 +37,7 @@ from analyses.probes import RepeatedProbes, probes_for
 from analyses.progress import progress_bar
 from analyses.tokens import encode
 from interp.errors import UserError
+from interp.model import require_causal
 
 ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
 MEASURES = (*ROLES, "entropy", "distance")
@@ -170,8 +171,10 @@ def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measure
                       memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
     """Run ``tokens`` (batch, pos) through ``model`` in chunks, caching only the patterns.
 
-    Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``).
+    Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``). A
+    non-causal model is refused: the roles' chance levels are those of a causal head.
     """
+    require_causal(model, "head classification")
     names = pattern_names(model)
     chunks = []
     for rows, cache in pattern_chunks(model, tokens, memory_mb, progress, "classify heads"):
@@ -229,6 +232,7 @@ def classify_heads(
     Returns a tidy DataFrame, one row per (layer, head, measure), columns
     ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
     """
+    require_causal(model, "head classification")
     if texts is not None and probes is not None:
         raise UserError("pass probes or texts to classify_heads, not both")
     if texts is not None:

@@ -191,8 +191,9 @@ def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch
     """The residual leaving the last block (rows, pos, d_model) -> logits (rows, pos, d_vocab) at
     ``positions`` only, NaN at every other position (so a metric that reads one of those shows it;
     ``evaluate_variants`` refuses a NaN value)."""
-    logits = final.new_full((*final.shape[:2], model.cfg.d_vocab), torch.nan)
-    logits[:, positions] = model.unembed(final[:, positions])
+    read = model.unembed(final[:, positions])  # its width is the output space's (d_vocab_out where it differs)
+    logits = final.new_full((*final.shape[:2], read.shape[-1]), torch.nan)
+    logits[:, positions] = read
     return logits
 
 

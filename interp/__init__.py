@@ -14,6 +14,7 @@ from interp.loading import load_model
 from interp.model import GPTConfig, GPTModel, next_token_loss
 from interp.tokenizer import ByteTokenizer
 from interp.provenance import provenance, weights_hash
+from interp.tracr import from_tracr
 
 __all__ = [
     "SelfAttentionV1",
@@ -27,6 +28,7 @@ __all__ = [
     "ByteTokenizer",
     "load_model",
     "from_hf",
+    "from_tracr",
     "UserError",
     "weights_hash",
     "provenance",

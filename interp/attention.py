@@ -306,6 +306,9 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
     others: 1 without ``scale_attn_weights``, divided by layer + 1 with
     ``scale_attn_by_inverse_layer_idx``).
 
+    ``causal=False`` drops the causal mask: every query sees every key (Tracr's programs compiled
+    without ``causal=True``).
+
     Hooks: ``hook_q`` (batch, pos, head, head_dim) and ``hook_k``/``hook_v`` (batch, pos, kv_head,
     head_dim) as projected; with rotary, ``hook_rot_q``/``hook_rot_k`` after rotation (same shapes);
     ``hook_attn_scores``/``hook_pattern`` (batch, head, q, k); ``hook_z`` (batch, pos, head, head_dim).
@@ -320,7 +323,8 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
                  num_kv_groups: int, qkv_bias: bool = False, *, head_dim: int | None = None,
                  out_bias: bool = True, rotary_dim: int = 0, rotary_base: float = 10_000.0,
-                 alibi: bool = False, sliding_window: int | None = None, scale: float | None = None):
+                 alibi: bool = False, sliding_window: int | None = None, causal: bool = True,
+                 scale: float | None = None):
         super().__init__()
         if num_kv_groups <= 0 or num_heads % num_kv_groups:
             raise UserError(f"num_heads={num_heads} must be divisible by num_kv_groups={num_kv_groups} "
@@ -333,6 +337,7 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         self.scale = self.head_dim ** -0.5 if scale is None else scale
         self.context_length = context_length
         self.sliding_window = sliding_window
+        self.causal = causal
         self.W_query = nn.Linear(d_in, num_heads * self.head_dim, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
@@ -425,11 +430,11 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         return hook(rearrange(x, "b p (h d) -> b p h d", d=self.head_dim))
 
     def _blocked(self, offset: int, n_queries: int, n_keys: int, device) -> torch.Tensor:
-        """(q, k) bool, True where query ``offset + i`` may not see key j: a later key, or one
-        ``sliding_window`` or more positions back."""
+        """(q, k) bool, True where query ``offset + i`` may not see key j: a later key (causal
+        only), or one ``sliding_window`` or more positions back."""
         query_pos = torch.arange(offset, offset + n_queries, device=device)[:, None]
         key_pos = torch.arange(n_keys, device=device)[None, :]
-        blocked = key_pos > query_pos
+        blocked = key_pos > query_pos if self.causal else torch.zeros(n_queries, n_keys, dtype=torch.bool, device=device)
         if self.sliding_window is not None:
             blocked |= key_pos <= query_pos - self.sliding_window
         return blocked
@@ -469,8 +474,8 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         n_queries, n_keys = queries.shape[2], keys.shape[2]
         if self.alibi_slopes is not None:
             return self._score_bias(offset, queries, n_keys), False
-        if self.sliding_window is None and (offset == 0 or n_queries == 1):
-            return None, offset == 0 and n_queries > 1  # one new token sees every cached key
+        if self.sliding_window is None and (offset == 0 or n_queries == 1 or not self.causal):
+            return None, self.causal and offset == 0 and n_queries > 1  # one new token sees every cached key
         return ~self._blocked(offset, n_queries, n_keys, queries.device), False
 
 

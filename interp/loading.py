@@ -1,7 +1,8 @@
 """``load_model``: one entry point for every model the toolkit looks at (DESIGN 3.3).
 
 Checkpoints of ours are a directory with ``model.safetensors`` and ``config.json``
-(``{"format": "interp-gpt/1", "config": {...GPTConfig...}, "tokenizer": "bytes"}``) and optionally
+(``{"format": "interp-gpt/1", "config": {...GPTConfig...}, "tokenizer": "bytes"}``, or a fixed
+vocabulary: ``"tokenizer": {"kind": "vocab", ...}``, ``VocabTokenizer.to_dict``) and optionally
 ``training.json``. Nothing is ever unpickled.
 """
 
@@ -23,7 +24,7 @@ from interp.errors import UserError
 from interp.files import write_atomic
 from interp.hub import hf_config, load_hf, locate, read_config_json, refuse_mismatched_tensors
 from interp.model import GPTConfig, GPTModel
-from interp.tokenizer import ByteTokenizer
+from interp.tokenizer import ByteTokenizer, VocabTokenizer
 
 CHECKPOINT_FORMAT = "interp-gpt/1"
 IMPLS = ("scratch", "transformer_lens")
@@ -119,11 +120,13 @@ def save_checkpoint(model: GPTModel, directory: str | os.PathLike, training: dic
     """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ ``training.json``)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    if not isinstance(model.tokenizer, ByteTokenizer):
-        raise UserError("only models with the byte-level tokenizer can be saved as interp checkpoints")
+    if not isinstance(model.tokenizer, (ByteTokenizer, VocabTokenizer)):
+        raise UserError("only models with the byte-level tokenizer or a fixed vocabulary (VocabTokenizer) can be "
+                        "saved as interp checkpoints")
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     write_atomic(directory / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
-    config = {"format": CHECKPOINT_FORMAT, "config": json.loads(model.cfg.to_json()), "tokenizer": "bytes"}
+    tokenizer = "bytes" if isinstance(model.tokenizer, ByteTokenizer) else model.tokenizer.to_dict()
+    config = {"format": CHECKPOINT_FORMAT, "config": json.loads(model.cfg.to_json()), "tokenizer": tokenizer}
     write_atomic(directory / "config.json", json.dumps(config, indent=2) + "\n")
     if training is not None:
         write_atomic(directory / "training.json", json.dumps(training, indent=2, sort_keys=True) + "\n")
@@ -140,7 +143,9 @@ def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
     if not weights.is_file():
         raise UserError(f"{directory} is a checkpoint of ours (config.json format {CHECKPOINT_FORMAT!r}) but has no "
                         "model.safetensors")
-    model = GPTModel(GPTConfig.from_dict(config["config"]), ByteTokenizer())
+    tokenizer = config.get("tokenizer", "bytes")
+    tokenizer = ByteTokenizer() if tokenizer == "bytes" else VocabTokenizer.from_dict(tokenizer)
+    model = GPTModel(GPTConfig.from_dict(config["config"]), tokenizer)
     try:
         state = load_file(weights)
     except SafetensorError as error:

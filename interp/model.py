@@ -64,9 +64,9 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
     return (0.5 * x).mul_(inner)
 
 
-NORMS = ("LN", "RMS")
+NORMS = ("LN", "RMS", None)  # None: no normalisation (Tracr's compiled models)
 ACTIVATIONS = {"gelu_tanh": partial(F.gelu, approximate="tanh"), "gelu_new": gelu_new, "gelu": F.gelu,
-               "silu": F.silu}
+               "silu": F.silu, "relu": F.relu}
 POSITIONS = ("standard", "rotary", "alibi")
 
 
@@ -100,8 +100,8 @@ class GPTConfig:
     # ---- family knobs (DESIGN 3.4); the defaults are GPT-2 -----------------------------------
     d_head: int | None = None  # width of a head; default d_model // n_heads
     n_key_value_heads: int | None = None  # None: n_heads; fewer: grouped-query (1: multi-query)
-    normalization_type: str = "LN"  # "LN" (LayerNorm) | "RMS" (RMSNorm, float32)
-    act_fn: str = "gelu_tanh"  # "gelu_tanh" | "gelu_new" (both tanh-approximate) | "gelu" (erf) | "silu"
+    normalization_type: str | None = "LN"  # "LN" (LayerNorm) | "RMS" (RMSNorm, float32) | None (no norm)
+    act_fn: str = "gelu_tanh"  # "gelu_tanh" | "gelu_new" (both tanh-approximate) | "gelu" (erf) | "silu" | "relu"
     gated_mlp: bool = False  # proj(act(gate(x)) * fc(x)): SwiGLU with silu, GeGLU with gelu_tanh
     positional_embedding_type: str = "standard"  # "standard" (learned) | "rotary" | "alibi"
     rotary_dim: int | None = None  # rotated dims of each head (rotary only); default d_head
@@ -116,6 +116,9 @@ class GPTConfig:
     unembed_bias: bool = False  # the lm_head's bias (untied only)
     embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(d_model))
     post_embedding_ln: bool = False  # a norm on the token embeddings, before block 0 (BLOOM)
+    causal: bool = True  # False: every position attends to every position (Tracr's non-causal programs)
+    d_vocab_out: int | None = None  # width of the unembedding's output; None: d_vocab (a different one needs
+    # an untied unembedding: Tracr's output space, 1 for a numerical output read as a value)
     # whether to_tokens prepends the start token when not told (TransformerLens's per-family
     # convention: False for Qwen2, GPT-NeoX and Phi); analyses always prepend it
     default_prepend_bos: bool = True
@@ -148,6 +151,11 @@ class GPTConfig:
             raise UserError(f"sliding_window={self.sliding_window} must be a positive number of positions (or None)")
         if self.unembed_bias and self.tie_word_embeddings:
             raise UserError("unembed_bias=True needs a separate unembedding (tie_word_embeddings=False)")
+        if self.d_vocab_out is None:
+            self.d_vocab_out = self.d_vocab
+        if self.d_vocab_out <= 0 or self.d_vocab_out != self.d_vocab and self.tie_word_embeddings:
+            raise UserError(f"d_vocab_out={self.d_vocab_out} must be positive, and differ from d_vocab={self.d_vocab} "
+                            "only with a separate unembedding (tie_word_embeddings=False)")
 
     def to_json(self) -> str:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in _RUNTIME_FIELDS}
@@ -191,7 +199,9 @@ class RMSNorm(nn.Module):
 
 
 def _norm(cfg: GPTConfig) -> nn.Module:
-    """The config's normalisation over d_model: LayerNorm or RMSNorm."""
+    """The config's normalisation over d_model: LayerNorm, RMSNorm or none (the identity)."""
+    if cfg.normalization_type is None:
+        return nn.Identity()
     if cfg.normalization_type == "RMS":
         return RMSNorm(cfg.d_model, cfg.ln_eps)
     return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
@@ -222,7 +232,7 @@ def _attention(cfg: GPTConfig, layer: int) -> GroupedQueryAttention:
         cfg.d_model, cfg.d_model, cfg.n_ctx, cfg.dropout, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
         cfg.qkv_bias, head_dim=cfg.d_head, out_bias=cfg.attn_out_bias,
         rotary_dim=cfg.rotary_dim if cfg.positional_embedding_type == "rotary" else 0, rotary_base=cfg.rotary_base,
-        alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window,
+        alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window, causal=cfg.causal,
         scale=scale,
     )
 
@@ -332,7 +342,7 @@ class GPTModel(HeadWeights, HookedModule):
         self.blocks = nn.ModuleList([TransformerBlock(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = _norm(cfg)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab_out, bias=cfg.unembed_bias)
         self.setup()
         self.set_use_split_qkv_input(cfg.use_split_qkv_input)
 
@@ -407,7 +417,7 @@ class GPTModel(HeadWeights, HookedModule):
         return self.drop_embed(resid)
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
-        """Final residual (batch, pos, d_model) -> logits (batch, pos, d_vocab): the final norm, then
+        """Final residual (batch, pos, d_model) -> logits (batch, pos, d_vocab_out): the final norm, then
         ``embed.weight`` transposed (tied) or ``lm_head``."""
         normed = self.ln_final(resid)
         return normed @ self.embed.weight.T if self.cfg.tie_word_embeddings else self.lm_head(normed)
@@ -464,6 +474,9 @@ class GPTModel(HeadWeights, HookedModule):
             return logits
         if tokens is None:
             raise UserError("a loss needs the token ids: pass tokens=... when input is a residual")
+        if self.cfg.d_vocab_out != self.cfg.d_vocab:
+            raise UserError(f"a next-token loss needs outputs over the input vocabulary; this model's d_vocab_out="
+                            f"{self.cfg.d_vocab_out} differs from d_vocab={self.cfg.d_vocab} (return_type='logits')")
         loss = next_token_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
@@ -499,6 +512,7 @@ class GPTModel(HeadWeights, HookedModule):
         the KV cache each step runs only the new token; the result is the same token for token.
         """
         tokens = self._as_tokens(input)
+        require_causal(self, "generation")
         if max_new_tokens < 0:
             raise UserError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if tokens.shape[1] + max_new_tokens > self.cfg.n_ctx:
@@ -524,6 +538,14 @@ class GPTModel(HeadWeights, HookedModule):
         for name, param in self.state_dict().items():
             if param.is_floating_point() and not torch.isfinite(param).all():
                 raise UserError(f"weight {name!r} has non-finite values (NaN or inf); the checkpoint is corrupt")
+
+
+def require_causal(model, what: str) -> None:
+    """Refuse, in one line, a model whose attention is not causal (``cfg.causal=False``) for ``what``,
+    an analysis that assumes a position sees only itself and earlier ones."""
+    if not getattr(model.cfg, "causal", True):
+        raise UserError(f"{what} assumes causal attention; this model attends both ways (cfg.causal=False, "
+                        "e.g. a Tracr program compiled without causal=True)")
 
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:

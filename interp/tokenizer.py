@@ -48,6 +48,50 @@ class ByteTokenizer:
         return list(range(256))
 
 
+class VocabTokenizer:
+    """A small fixed vocabulary (Tracr's compiled programs): ``tokens[i]`` is id i's value (a JSON
+    value: a string, number or bool), ``bos_token_id`` the start token's id, ``special_ids`` the
+    ids that are not ordinary tokens (the start and padding tokens). ``outputs`` (optional) names
+    the model's output space: ``outputs[j]`` is the value of logit j.
+
+    Text is split on whitespace (``"1 3 2"``), or into characters where it has none and every
+    token is one character (``"abc"``); each piece must be a token's ``str``."""
+
+    def __init__(self, tokens, bos_token_id: int, special_ids=(), outputs=None):
+        self.tokens = list(tokens)
+        self.bos_token_id = int(bos_token_id)
+        self.special_ids = sorted({self.bos_token_id, *map(int, special_ids)})
+        self.outputs = None if outputs is None else list(outputs)
+        self.vocab_size = len(self.tokens)
+        self._ids = {str(token): i for i, token in enumerate(self.tokens)}
+        if len(self._ids) != self.vocab_size or not 0 <= self.bos_token_id < self.vocab_size:
+            raise UserError(f"vocabulary {self.tokens} must have distinct names and hold the start token id {bos_token_id}")
+
+    def encode(self, text: str) -> list[int]:
+        pieces = text.split()
+        if len(pieces) == 1 and pieces[0] not in self._ids:
+            pieces = list(pieces[0])
+        unknown = sorted({piece for piece in pieces if piece not in self._ids})
+        if unknown:
+            raise UserError(f"{text!r} has pieces {unknown} outside the vocabulary {[str(t) for t in self.tokens]}")
+        return [self._ids[piece] for piece in pieces]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(self.tokens[i]) for i in ids)
+
+    def ordinary_ids(self) -> list[int]:
+        return [i for i in range(self.vocab_size) if i not in self.special_ids]
+
+    def to_dict(self) -> dict:
+        """What a checkpoint's config.json stores (``from_dict`` reads it back)."""
+        return {"kind": "vocab", "tokens": self.tokens, "bos_token_id": self.bos_token_id,
+                "special_ids": self.special_ids, "outputs": self.outputs}
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "VocabTokenizer":
+        return cls(fields["tokens"], fields["bos_token_id"], fields["special_ids"], fields.get("outputs"))
+
+
 class HFTokenizer:
     """Adapter for a Hugging Face tokenizer. Its start token is its BOS, else its EOS (GPT-2's
     and Qwen's ``<|endoftext|>``, Pythia's ``<|endoftext|>``); one with neither is refused."""

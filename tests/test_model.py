@@ -314,7 +314,8 @@ def test_position_embeddings_hook_with_the_batch(scratch_gpt2):
     "knobs, message",
     [
         (dict(normalization_type="BN"), "normalization_type='BN' not supported; allowed: 'LN', 'RMS'"),
-        (dict(act_fn="relu"), "act_fn='relu' not supported"),
+        (dict(act_fn="swish"), "act_fn='swish' not supported"),
+        (dict(d_vocab_out=5), "d_vocab_out=5 must be positive, and differ from d_vocab=10 only with a separate"),
         (dict(positional_embedding_type="sinusoidal"), "positional_embedding_type='sinusoidal' not supported"),
         (dict(n_key_value_heads=3), "n_key_value_heads=3 must divide n_heads=4"),
         (dict(positional_embedding_type="rotary", rotary_dim=3), "rotary_dim=3 must be even"),
