@@ -27,6 +27,10 @@ from analyses.probes import RepeatedProbes
 from analyses.progress import progress_bar
 
 DEFAULT_PAIR_HEADS = 12  # pairwise ablation covers at most this many role heads (the largest effects)
+# no figure of every head is wider or taller than this (10,000 pixels at the report's 100 dpi): past
+# 2 ** 16 pixels matplotlib refuses to draw it (a 70B model has 5120 heads), and long before, such a
+# figure costs gigabytes to draw; where the heads do not fit at their usual size, their labels are left out
+MAX_INCHES = 100.0
 SIMILARITY_PROMPTS = 16  # prompts the head similarities are measured on
 
 
@@ -107,6 +111,13 @@ def role_heads_by_effect(calibration: pd.DataFrame, effects: pd.DataFrame, limit
     return sorted((int(l), int(h)) for l, h in ranked[["layer", "head"]].head(limit).itertuples(index=False))
 
 
+def head_extent(n_heads: int, per_head: float, margin: float, limit: float = MAX_INCHES) -> tuple[float, bool]:
+    """Inches for an axis of ``n_heads`` heads at ``per_head`` inches each plus ``margin``, at most
+    ``limit``; and whether each head still gets its ``per_head`` (room for its label)."""
+    wanted = per_head * n_heads + margin
+    return min(wanted, limit), wanted <= limit
+
+
 def _figure(width: float, height: float, n_cols: int = 1):
     """A figure and its row of axes; each figure is laid out once (tight_layout) when drawn, so
     rendering it again gives the same bytes."""
@@ -123,7 +134,8 @@ def null_band_figure(calibration: pd.DataFrame) -> Figure:
     roles = [role for role in ROLES if role in calibration["role"].unique()]
     frame = calibration.assign(head_label="L" + calibration["layer"].astype(str) + "H" + calibration["head"].astype(str))
     n_heads = frame["head_label"].nunique()
-    figure = Figure(figsize=(max(6.0, 0.22 * n_heads + 2), 1.9 * len(roles) + 0.6))
+    width, labelled = head_extent(n_heads, 0.22, 2)
+    figure = Figure(figsize=(max(6.0, width), 1.9 * len(roles) + 0.6))
     axes = figure.subplots(len(roles), 1, squeeze=False, sharex=True)[:, 0]
     for ax, role in zip(axes, roles):
         rows = frame[frame["role"] == role].reset_index(drop=True)
@@ -133,8 +145,7 @@ def null_band_figure(calibration: pd.DataFrame) -> Figure:
                         palette={BEATS_NULL: "C3", WITHIN_NULL: "C0"}, ax=ax, s=18, legend=ax is axes[0])
         ax.set_ylabel(role.replace("_", " "))
         ax.set_ylim(-0.02, 1.02)
-    axes[-1].set_xticks(range(n_heads), frame["head_label"].unique(), rotation=90, fontsize=6)
-    axes[-1].set_xlabel("")
+    _head_ticks(axes[-1], frame["head_label"].unique(), labelled)
     axes[0].set_title("role scores against their nulls")
     figure.tight_layout()
     return figure
@@ -173,13 +184,13 @@ def self_repair_figure(effects: pd.DataFrame) -> Figure:
 def dormant_figure(dormant: pd.DataFrame, dormant_below: float = DORMANT_BELOW) -> Figure:
     """Relative output norm per head (bars coloured by layer), the dormant line, no-op heads marked."""
     frame = dormant.assign(label="L" + dormant["layer"].astype(str) + "H" + dormant["head"].astype(str))
-    figure, (ax,) = _figure(max(6.0, 0.22 * len(frame) + 2), 3.5)
+    width, labelled = head_extent(len(frame), 0.22, 2)
+    figure, (ax,) = _figure(max(6.0, width), 3.5)
     sns.barplot(data=frame, x="label", y="relative_norm", hue="layer", palette="viridis", dodge=False, ax=ax)
     no_op = frame.index[frame["no_op"]]
     ax.scatter(no_op, frame.loc[no_op, "relative_norm"], marker="x", color="C3", zorder=3, label="no-op ablation")
     ax.axhline(dormant_below, color="C3", linestyle=":", linewidth=1)
-    ax.tick_params(axis="x", labelrotation=90, labelsize=6)
-    ax.set_xlabel("")
+    _head_ticks(ax, frame["label"], labelled)
     ax.set_ylabel("output norm / layer mean")
     ax.set_title("dormant heads: tiny output and no ablation effect")
     figure.tight_layout()
@@ -189,18 +200,30 @@ def dormant_figure(dormant: pd.DataFrame, dormant_below: float = DORMANT_BELOW) 
 def similarity_figure(similarities: dict[str, Similarity]) -> Figure:
     """One heatmap per similarity kind, heads in cluster order, flat clusters outlined."""
     n = len(next(iter(similarities.values())).labels)
-    side = max(4.0, 0.2 * n + 2)
+    side, labelled = head_extent(n, 0.2, 2, limit=(MAX_INCHES - 1) / 2)  # two panels side by side
+    side = max(4.0, side)
     figure, axes = _figure(2 * side + 1, side, n_cols=len(similarities))
     for ax, (kind, similarity) in zip(axes, similarities.items()):
         grid = pd.DataFrame(similarity.matrix.numpy(), index=similarity.labels, columns=similarity.labels)
-        sns.heatmap(grid, ax=ax, vmin=-1, vmax=1, center=0, cmap="RdBu_r", square=True, xticklabels=True,
-                    yticklabels=True, cbar_kws={"shrink": 0.7})
+        sns.heatmap(grid, ax=ax, vmin=-1, vmax=1, center=0, cmap="RdBu_r", square=True, xticklabels=labelled,
+                    yticklabels=labelled, cbar_kws={"shrink": 0.7})
         for start, size in _runs(similarity.clusters):
             ax.add_patch(_outline(start, size))
         ax.tick_params(labelsize=6)
-        ax.set_title(f"{kind} similarity")
+        ax.set_title(f"{kind} similarity" + ("" if labelled else f" ({n} heads in cluster order; labels left out)"))
     figure.tight_layout()
     return figure
+
+
+def _head_ticks(ax, labels: Sequence[str], labelled: bool) -> None:
+    """One x tick label per head where there is room (``head_extent``), else a note that they are
+    left out."""
+    if labelled:
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+        ax.set_xlabel("")
+    else:
+        ax.set_xticks([])
+        ax.set_xlabel(f"{len(labels)} heads in (layer, head) order (too many to label)")
 
 
 def _runs(clusters: Sequence[int]) -> list[tuple[int, int]]:

@@ -159,3 +159,26 @@ def test_nothing_ablated_reads_back_as_an_effect_of_exactly_zero(tmp_path):
     sweep = ablation_sweep(model, probes, {"none": [], "L0H0": [(0, 0)]}, "zero", progress=False)
     back = pd.read_csv(save_csv(sweep, tmp_path / "sweep.csv"))
     assert (back["metric"] - back["baseline"]).tolist() == back["effect"].tolist() and back["effect"][0] == 0.0
+
+
+# ------------------------------------------------------------ figures of every head (item 8)
+def test_figures_of_every_head_of_a_large_model_stay_within_the_image_size_limit():
+    """The calibration figures grew 0.2 inch per head: 1700 heads (a 13B model has 1600, a 70B one
+    5120) drew past matplotlib's 2 ** 16 pixels. Past MAX_INCHES the heads' labels are left out."""
+    from analyses.calibration_figures import dormant_figure, null_band_figure, similarity_figure
+    from analyses.dormant import Similarity
+
+    n_layers, n_heads = 34, 50
+    layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
+    heads = pd.DataFrame({"layer": layer.flatten().numpy(), "head": head.flatten().numpy()})
+    scores = torch.rand(len(heads), generator=torch.Generator().manual_seed(0)).numpy()
+    calibration = heads.assign(role="induction", score=scores, null_low=0.1, null_high=0.3, significant=scores > 0.3)
+    dormant = heads.assign(relative_norm=scores * 2, no_op=scores < 0.05)
+    labels = [f"L{l}H{h}" for l, h in heads.itertuples(index=False)]
+    similarity = Similarity(labels, torch.eye(len(labels)), list(range(len(labels))))
+    figures = {"null_bands": null_band_figure(calibration), "dormant": dormant_figure(dormant),
+               "similarity": similarity_figure({"output": similarity, "pattern": similarity})}
+    for name, figure in figures.items():
+        assert max(figure.get_size_inches()) * DPI <= 10_000, name
+    assert "too many to label" in figures["dormant"].axes[0].get_xlabel()
+    assert "labels left out" in figures["similarity"].axes[0].get_title()
