@@ -7,6 +7,11 @@ They stay differentiable, so attribution patching can take their gradient.
 The metrics built here also say which positions' logits they read (``read_positions``): on a model
 that can start mid-stream (GPTModel), an intervention then unembeds only those positions, the
 costliest step of a suffix run when the vocabulary is large. Any other callable gets every position.
+
+On a right-padded batch of texts of unequal lengths the metrics built here never read the padding:
+the interventions bind the batch's lengths to them (``metric_for_batch``), so a logit difference is
+read at each prompt's own last real token and a loss counts real tokens only; a position past a
+prompt's end is refused, never wrapped. Guide: docs/guides/metrics.md.
 """
 
 from __future__ import annotations
@@ -80,10 +85,10 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
             rows_at = torch.full((batch,), position % n_pos, device=logits.device)
         else:
             _check_logits(logits, (len(at), None), "the lengths logit_diff_metric was given")
-            rows_at = at.to(logits.device)
-            if int(rows_at.max()) >= n_pos:
-                raise UserError(f"logit_diff_metric: its prompts have up to {int(rows_at.max()) + 1} real tokens "
+            if int(at.max()) >= n_pos:  # ``at`` stays on the CPU: no device sync
+                raise UserError(f"logit_diff_metric: its prompts have up to {int(at.max()) + 1} real tokens "
                                 f"but the logits only {n_pos} positions")
+            rows_at = at.to(logits.device)
         rows = torch.arange(batch, device=logits.device)
         good_ids, bad_ids = (_ids_per_prompt(ids, name, batch, d_vocab).to(logits.device)
                              for name, ids in (("correct", correct), ("incorrect", incorrect)))
