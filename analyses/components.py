@@ -26,7 +26,9 @@ its ``logit_attrs`` then gives the same numbers.
 The scale ``s`` is read off the clean run without a second forward and without the norm's eps: the
 model's own final norm applied to the cached final residual gives ``y``; with ``a = w * centre(x)``,
 ``y - b = a / s``, so ``s = <a, a> / <a, y - b>`` per row, and the reconstruction is checked
-against ``y`` (a norm this does not describe is refused). ``b`` is the norm of a zero vector.
+against ``y`` (a norm this does not describe is refused). ``b`` is the norm of a zero vector. A row
+whose residual is exactly zero (a zero start-token embedding in a model without biases) has no
+scale to read; it is normalised to ``b``, so its parts, all zero or cancelling, contribute nothing.
 
 The logit lens decodes the residual entering each block, and the final one, through the final norm
 (its statistics recomputed on that residual, as TransformerLens's ``accumulated_resid(apply_ln=True)``)
@@ -200,7 +202,10 @@ def final_norm(model, final: torch.Tensor) -> FinalNorm:
     x = final.float()
     written = weight * (x - x.mean(-1, keepdim=True) if centre else x)
     shifted = output - bias
-    scale = (written * written).sum(-1, keepdim=True) / (written * shifted).sum(-1, keepdim=True)
+    squares = (written * written).sum(-1, keepdim=True)
+    # a zero residual (e.g. a zero start-token embedding, no biases) is normalised to the bias: its parts
+    # (zero, or cancelling) contribute nothing, and the infinite scale says so
+    scale = torch.where(squares > 0, squares / (written * shifted).sum(-1, keepdim=True), torch.inf)
     gap = float((written / scale - shifted).abs().max())
     if not gap <= 1e-4 * max(1.0, float(output.abs().max())):
         raise UserError(f"the final norm is not weight * centre(x) / scale + bias within {gap:.3g}; direct logit "

@@ -29,11 +29,16 @@ import torch
 from analyses.attention_map import all_patterns
 from analyses.calibration_figures import CalibrationSection, calibration_section
 from analyses.circuit import CircuitSection, circuit_section, edge_lines
+from analyses.components import (attention_vs_mlp, attention_vs_mlp_figure, components_cache,
+                                 direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
+                                 next_token_answers)
+from analyses.meaning import meaning_roles
+from analyses.metrics import loss_metric
 from analyses.classify import DEFAULT_FDR, DEFAULT_THRESHOLD, MEASURES, ROLES, check_fdr, classify_heads, head_table
 from analyses.nulls import DEFAULT_NULL_SEEDS
 from analyses.outputs import add_model_args, load_cli_model, model_meta
 from analyses.plots import attention_grid, png_bytes, role_heatmaps
-from analyses.probes import RepeatedProbes, check_prompt_count, check_seq_len, probes_for
+from analyses.probes import RepeatedProbes, check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
 from analyses.progress import progress_bar
 from analyses.report_page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
@@ -103,7 +108,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                                             "fdr": fdr if calibrated else None,
                                             "null_seeds": list(DEFAULT_NULL_SEEDS)}
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
-    sections[2:2] = [calibration_report_section(calibration), circuit_report_section(circuit)]
+    sections[2:2] = [calibration_report_section(calibration), circuit_report_section(circuit),
+                     components_report_section(model, probes, progress=progress)]
     steps.update()
     steps.close()
     return HeadReport(table, sections, meta)
@@ -142,6 +148,51 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
     figures = [ReportFigure(name, calibration.captions[name], png_bytes(figure))
                for name, figure in calibration.figures.items()]
     return Section("Calibration", text, figures=figures)
+
+
+COMPONENT_PROMPTS = 16  # the probes the components section reads (its patching sweeps every head and MLP)
+
+
+def components_report_section(model, probes: RepeatedProbes, *, progress: bool | None = None) -> Section:
+    """The components section (``analyses.components``, ``analyses.meaning``): direct logit
+    attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
+    effect (attention vs MLP), and the copying / copy-suppression roles of the OV circuits, on the
+    first ``COMPONENT_PROMPTS`` probes."""
+    first = slice(0, COMPONENT_PROMPTS)
+    probes = RepeatedProbes(probes.tokens[first], probes.period[first], probes.segment_start[first], probes.vocab)
+    tokens = probes.tokens
+    answers, positions = next_token_answers(tokens)
+    predictable = probes.predictable[:, 1:].reshape(-1).cpu()
+    cache = components_cache(model, tokens, lens=True)
+    dla = direct_logit_attribution(model, cache, answers, positions=positions)
+    dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
+    lens = logit_lens(model, cache, answers, positions=positions)
+    lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
+    del cache
+    effects = attention_vs_mlp(model, tokens, corrupt_first_copy(probes), loss_metric(tokens, probes.predictable),
+                               answers, positions=positions, progress=progress)
+    roles = meaning_roles(model, progress=progress)
+    top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
+    per_kind = effects.groupby("kind")["direct"].sum()
+    text = ("Which components write the answer. **Direct logit attribution**: each head's, MLP's and embedding's "
+            "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
+            "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
+            "logit). The largest:\n\n" + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items())
+            + "\n\n**Attention vs MLP**: the direct effect (mean over all positions) summed over the heads is "
+            + f"{per_kind.get('head', 0.0):+.2f}, over the MLPs "
+            + (f"{per_kind['mlp']:+.2f}" if "mlp" in per_kind else "nothing (the model has none)")
+            + "; the figure sets each component's direct effect against its total effect (exact patching from the "
+            "probes into probes whose first copy was replaced; 0 = corrupted, 1 = clean). **Logit lens**: the "
+            "residual entering each block decoded as if it were the last. **Meaning roles** (table): copying and "
+            "copy suppression read from each head's OV circuit on the tokens (eigenvalues of W_E W_V W_O W_U), "
+            "against the random-initialisation nulls at FDR 5% and the 0.4 threshold.")
+    figures = [ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; MLPs "
+                            "right)", png_bytes(dla_heatmap(dla))),
+               ReportFigure("logit_lens", "The logit lens on the predictable tokens", png_bytes(logit_lens_figure(lens))),
+               ReportFigure("attention_vs_mlp", "Direct against total effect of every head and MLP",
+                            png_bytes(attention_vs_mlp_figure(effects)))]
+    columns = ["layer", "head", "copying", "copying_topk", "suppression_topk", "meaning_role"]
+    return Section("Components", text, figures=figures, table=roles[columns].round(3))
 
 
 def circuit_report_section(circuit: CircuitSection) -> Section:

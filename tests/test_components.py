@@ -289,3 +289,19 @@ def test_attention_vs_mlp_rows(scratch_gpt2):
     dla = direct_logit_attribution(scratch_gpt2, clean, answers, positions=positions)
     assert frame.set_index("component").loc["L1H2", "direct"] == pytest.approx(dla[dla["component"] == "L1H2"]["dla"].mean())
     attention_vs_mlp_figure(frame)
+
+
+def test_a_zero_residual_row_contributes_nothing():
+    """Qwen2's padding token (its start token in the probes) has a zero embedding; in a model without
+    biases its final residual is exactly zero, and the norm outputs its bias there."""
+    hf_model, tokenizer = random_hf_model("qwen2", seed=3)
+    model = from_hf(hf_model, tokenizer)
+    tokens = torch.tensor([[256, 5, 6, 7], [256, 8, 9, 10]])
+    assert hf_model.model.embed_tokens.weight[256].abs().max() == 0
+    answers, positions = next_token_answers(tokens)
+    dla = direct_logit_attribution(model, tokens, answers, positions=positions)
+    at_start = dla[dla["position"] == 0]
+    assert (at_start[at_start["component"] != "unembed bias"]["dla"] == 0).all()
+    total = dla.groupby(["prompt", "position"])["dla"].sum().to_numpy().reshape(answers.shape)
+    expected = model(tokens)[:, :-1].gather(-1, answers[..., None])[..., 0]
+    assert torch.allclose(torch.as_tensor(total), expected, atol=1e-5)

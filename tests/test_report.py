@@ -40,7 +40,8 @@ def test_report_writes_every_file_with_one_row_per_head(scratch_report):
     figures = sorted(n.removeprefix("figures/").removesuffix(".png") for n in names if n.startswith("figures/"))
     assert names == ["figures", *[f"figures/{f}.png" for f in figures], "head_roles.csv", "index.html", "meta.json",
                      "report.md"]  # no temporary files left
-    always = {"role_scores", "top_heads", "layer_map", "rollout", "null_bands", "self_repair", "dormant", "similarity"}
+    always = {"role_scores", "top_heads", "layer_map", "rollout", "null_bands", "self_repair", "dormant", "similarity",
+              "dla", "logit_lens", "attention_vs_mlp"}
     assert always <= set(figures) <= always | {"backup", "circuit"}  # those two need role heads
     table = pd.read_csv(scratch_report / "head_roles.csv", keep_default_na=False)
     expected = ["layer", "head"] + [f"{m}{s}" for m in MEASURES for s in ("", "_ci_low", "_ci_high")]
