@@ -105,7 +105,8 @@ def hf_config(located: Located):
     try:
         return AutoConfig.from_pretrained(located.source, local_files_only=located.local_only)
     except (OSError, ValueError) as error:  # an unknown model_type; a hub id the hub does not have
-        raise UserError(f"could not read the config of {located.spec!r}: {_first_line(error)}") from None
+        what = "" if Path(located.source).is_dir() else f"no such directory {located.spec!r}, and as a hub id "
+        raise UserError(f"{what}could not read the config of {located.spec!r}: {_first_line(error)}") from None
 
 
 def load_hf(located: Located, device_map: str | dict | None = None):

@@ -303,3 +303,14 @@ def test_scores_over_training_refuses_a_checkpoint_with_a_shorter_context():
     models = [GPTModel(GPTConfig(d_vocab=257, n_ctx=n_ctx, d_model=32, n_heads=2, n_layers=1)).eval() for n_ctx in (64, 32)]
     with pytest.raises(UserError, match="the probes are 64 tokens .* but the model of step 10 reads at most n_ctx=32"):
         scores_over_training(models, [0, 10], n_prompts=2, progress=False)
+
+
+def test_a_hub_id_the_hub_does_not_serve_is_refused_saying_it_is_no_directory(tmp_path, monkeypatch, capsys):
+    """The hub answers, but the id names nothing it serves (here: offline mode is declared, so
+    transformers refuses without a request, as it would for an unknown repository)."""
+    import interp.hub
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(interp.hub, "hub_reachable", lambda timeout=3.0: True)
+    line = refused(["ablate", "--model", "no-such-org/no-such-model", "--out", "o"], capsys)
+    assert "no such directory 'no-such-org/no-such-model', and as a hub id could not read the config" in line
