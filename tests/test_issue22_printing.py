@@ -182,3 +182,19 @@ def test_figures_of_every_head_of_a_large_model_stay_within_the_image_size_limit
         assert max(figure.get_size_inches()) * DPI <= 10_000, name
     assert "too many to label" in figures["dormant"].axes[0].get_xlabel()
     assert "labels left out" in figures["similarity"].axes[0].get_title()
+
+
+def test_a_text_file_line_with_a_comment_and_a_script_tag_leaves_the_report_page_whole(tmp_path):
+    from analyses.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat <!--<script>alert(1)</script> on the mat & the rug\n", encoding="utf-8")
+    out = tmp_path / "report"
+    assert main(["report", "--model", "toy", "--prompts", "4", "--seq-len", "24", "--text-file", str(texts),
+                 "--out", str(out)]) == 0
+    page = (out / "index.html").read_text(encoding="utf-8")
+    payload = _page_json(page)
+    assert not set(payload) & set("<>&")
+    shown = "".join(json.loads(payload)["views"][1]["tokens"])
+    assert "<!--<script>alert(1)</script>" in shown.replace("\u2423", " ")
+    assert "<!--" not in page  # nothing in the page can open a comment inside a script
