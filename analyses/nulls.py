@@ -132,7 +132,7 @@ def _softplus(u: torch.Tensor) -> torch.Tensor:
     return u.clamp(min=0) + torch.log1p(torch.exp(-u.abs()))
 
 
-def _log_beta_inc(log_x: torch.Tensor, log_1mx: torch.Tensor, a: float, b: float, steps: int = 300) -> torch.Tensor:
+def _log_beta_inc(log_x: torch.Tensor, log_1mx: torch.Tensor, a: float, b: float, steps: int = 2000) -> torch.Tensor:
     """log I_x(a, b), the regularised incomplete beta function, from log x and log(1 - x), for
     x < (a + 1) / (a + b + 2) where its continued fraction converges fast (DLMF 8.17.22):
     I_x = x^a (1 - x)^b / (a B(a, b)) / (1 + d_1 / (1 + d_2 / (1 + ...))) with
