@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import math
 import platform
 import sys
@@ -51,7 +52,12 @@ ICL_WINDOW = 8  # ICL score: mean loss over the last 8 positions minus over posi
 POSITIONS = {"learned": "standard", "rotary": "rotary", "alibi": "alibi"}
 # Fields added after the embedded model was recorded: written into training.json only when they
 # differ from these defaults, so the default recipe's metadata stays byte for byte the shipped one.
-VARIANT_DEFAULTS = {"positions": "learned", "kv_heads": None}
+VARIANT_DEFAULTS = {"positions": "learned", "kv_heads": None, "corpus": "stdlib", "name": "toy"}
+# Recipe.corpus -> which standard-library files are the text: every .py file of the running
+# interpreter ("stdlib"), or the pinned list behind the embedded "code" model, each file checked by
+# its SHA-256 ("pinned", ``PINNED_CORPUS``).
+CORPORA = ("stdlib", "pinned")
+PINNED_CORPUS = "code_model/corpus.json"  # inside the interp package: {"python", "files": [{"path", "sha256"}]}
 
 # What was tried on the way to the shipped recipe (2 shared CPU cores); written into training.json.
 TRIED = (
@@ -94,8 +100,12 @@ class Recipe:
     threads: int = 1
     positions: str = "learned"  # "learned" (sinusoid-initialised) | "rotary" | "alibi"
     kv_heads: int | None = None  # key/value heads (None: one per head; fewer: grouped-query, 1: multi-query)
+    corpus: str = "stdlib"  # "stdlib" (every stdlib .py file) | "pinned" (PINNED_CORPUS, checked by SHA-256)
+    name: str = "toy"  # the model's cfg.model_name
 
     def __post_init__(self):
+        if self.corpus not in CORPORA:
+            raise UserError(f"corpus={self.corpus!r} not supported; allowed: {', '.join(CORPORA)}")
         if self.positions not in POSITIONS:
             raise UserError(f"positions={self.positions!r} not supported; allowed: {', '.join(POSITIONS)}")
         if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads <= 0
@@ -119,7 +129,7 @@ class Recipe:
     def model_config(self) -> GPTConfig:
         return GPTConfig(
             d_vocab=ByteTokenizer.vocab_size, n_ctx=self.n_ctx, d_model=self.d_model, n_heads=self.n_heads,
-            n_layers=self.n_layers, attn_only=self.attn_only, model_name="toy",
+            n_layers=self.n_layers, attn_only=self.attn_only, model_name=self.name,
             positional_embedding_type=POSITIONS[self.positions], n_key_value_heads=self.kv_heads,
         )
 
@@ -134,6 +144,9 @@ class Recipe:
 PRESETS = {
     "full": Recipe(),
     "short": Recipe(steps=600, d_model=64, n_heads=4, eval_batch=32),
+    # the embedded "code" model: real text only (the pinned stdlib files), a 128-byte context
+    "code": Recipe(steps=6000, batch_size=32, n_ctx=128, d_model=128, n_heads=4, lr=2e-3, warmup_steps=200,
+                   synthetic_fraction=0.0, eval_every=100, eval_batch=32, corpus="pinned", name="code"),
 }
 
 
@@ -145,10 +158,28 @@ def stdlib_files() -> list[Path]:
     return sorted(files, key=lambda f: f.relative_to(root).as_posix())
 
 
-def load_corpus() -> tuple[torch.Tensor, torch.Tensor, dict]:
+def pinned_files() -> list[Path]:
+    """The files of ``PINNED_CORPUS`` under the running interpreter's stdlib, in the listed order,
+    each checked against its recorded SHA-256 (refused in one line where one differs or is missing)."""
+    pinned = json.loads((resources.files("interp") / PINNED_CORPUS).read_text())
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for entry in pinned["files"]:
+        path = root / entry["path"]
+        found = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        if found != entry["sha256"]:
+            state = "is missing" if found is None else f"has SHA-256 {found[:12]}..., not {entry['sha256'][:12]}..."
+            raise UserError(f"pinned corpus file {path} {state}: the 'code' recipe needs Python {pinned['python']}'s "
+                            "standard library as it ships")
+        files.append(path)
+    return files
+
+
+def load_corpus(corpus: str = "stdlib") -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The stdlib as two byte streams: (train (n,), held-out (m,)) uint8, plus a description
-    (file counts, sizes and a SHA-256 of the text) for the training metadata."""
-    files = stdlib_files()
+    (file counts, sizes and a SHA-256 of the text) for the training metadata. ``corpus``: which
+    files (``CORPORA``)."""
+    files = stdlib_files() if corpus == "stdlib" else pinned_files()
     if not files:
         raise FileNotFoundError(f"no .py files under {sysconfig.get_paths()['stdlib']!r}")
     parts: dict[bool, list[bytes]] = {False: [], True: []}
@@ -156,7 +187,8 @@ def load_corpus() -> tuple[torch.Tensor, torch.Tensor, dict]:
         parts[index % HELD_OUT_EVERY == 0].append(path.read_bytes())
     train, held_out = (b"\n".join(parts[key]) for key in (False, True))
     description = {
-        "source": "python stdlib .py files (excluding tests and site-packages)",
+        "source": ("python stdlib .py files (excluding tests and site-packages)" if corpus == "stdlib"
+                   else f"the python stdlib .py files pinned in interp/{PINNED_CORPUS}"),
         "python": platform.python_version(),
         "files": len(files),
         "held_out_every": HELD_OUT_EVERY,
@@ -340,11 +372,13 @@ def step_dirname(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def toy_checkpoints() -> dict[int, Path]:
+def toy_checkpoints(folder: str = "toy_checkpoints") -> dict[int, Path]:
     """The embedded model's shipped training checkpoints: step -> checkpoint directory. Made by
     ``interp train --out DIR --save-every 50`` (the default recipe, one thread), whose final weights
-    are byte for byte the shipped ``toy`` model's; step 200 is before the induction phase change."""
-    root = Path(str(resources.files("interp") / "toy_checkpoints"))
+    are byte for byte the shipped ``toy`` model's; step 200 is before the induction phase change.
+    ``folder="code_model/checkpoints"``: the embedded "code" model's, from ``interp train --preset
+    code --out interp/code_model --save-every 1000``."""
+    root = Path(str(resources.files("interp") / folder))
     found = sorted(root.glob("step_*/model.safetensors")) if root.is_dir() else []
     return {int(path.parent.name.removeprefix("step_")): path.parent for path in found}
 
@@ -373,7 +407,7 @@ def train(recipe: Recipe, progress: bool = True, snapshot: Snapshot | None = Non
 
 
 def _train(recipe: Recipe, progress: bool, snapshot: Snapshot | None) -> tuple[GPTModel, list[dict], dict]:
-    corpus, held_out, data_description = load_corpus()
+    corpus, held_out, data_description = load_corpus(recipe.corpus)
     eval_set = EvalSet.build(recipe, held_out)
     torch.manual_seed(recipe.seed)
     model = initialise(GPTModel(recipe.model_config())).train()

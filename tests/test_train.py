@@ -29,6 +29,7 @@ from interp.train import (
     sinusoids,
     stdlib_files,
     text_batch,
+    VARIANT_DEFAULTS,
     toy_checkpoints,
     train,
 )
@@ -167,7 +168,7 @@ def test_the_default_recipe_records_and_configures_as_before_the_variant_fields(
     recipe = PRESETS["full"]
     recorded = recipe.record()
     assert "positions" not in recorded and "kv_heads" not in recorded
-    assert recorded == {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("positions", "kv_heads")}
+    assert recorded == {k: v for k, v in dataclasses.asdict(recipe).items() if k not in VARIANT_DEFAULTS}
     config = recipe.model_config()
     assert config.positional_embedding_type == "standard" and config.n_key_value_heads is None
     variant = dataclasses.replace(recipe, positions="alibi", kv_heads=4).record()
