@@ -271,3 +271,32 @@ def test_code_tasks_close_the_open_bracket_and_recall_the_defined_name(toy, bpe_
         defined, used = clean.split(" = 0")[0], clean.split("\n    ")[1]
         assert defined.startswith(used) and chr(answer) == defined[len(used)]
         assert chr(distractor) == corrupted.split(" = 0")[0][len(used)] != chr(answer)
+
+
+def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agree_on_its_circuit():
+    """What the guide claims about the shipped "code" model: one layer-1 head (L1H1) attends from the
+    last token to the open bracket, its mean ablation erases the bracket-type logit difference, and
+    path patching and edge attribution agree on the circuit's strongest edges. No identifier recall."""
+    from analyses.ablation import ablation_sweep
+    from analyses.task_cli import analyse_task
+
+    code = load_model("code")
+    task = make_task(code, "brackets")
+    batch = task_batch(code, task)
+    metric = task_metric(task, batch.last)
+    _, cache = code.run_with_cache(batch.clean, names_filter=lambda name: name.endswith("hook_pattern"))
+    opened = torch.tensor([next(i for i, (a, b) in enumerate(zip(c, k)) if a != b) + 1
+                           for c, k in zip(task.clean, task.corrupted)])  # + 1: the start token
+    rows = torch.arange(len(task))
+    to_open = torch.stack([cache["pattern", layer][rows, :, batch.last, opened].mean(0) for layer in range(2)])
+    assert to_open[1, 1] > 0.4 and to_open[1, 1] > 3 * to_open.flatten()[torch.arange(8) != 5].max()
+    ablated = ablation_sweep(code, batch.clean, "each_head", "mean", metric, progress=False)
+    assert ablated.loc[ablated["effect"].idxmin(), "target"] == "L1H1"
+    assert ablated.set_index("target").loc["L1H1", "metric"] < 0.2 * ablated["baseline"].iloc[0]
+    analysis = analyse_task(code, task, top=4, progress=False)
+    assert analysis.values["clean"] > 2 and analysis.values["corrupted"] < -2
+    top = analysis.edges.reindex(analysis.edges["effect"].abs().sort_values(ascending=False).index).iloc[0]
+    assert (top["sender_layer"], top["sender_head"], top["via"]) == (1, 1, "logits")
+    assert analysis.agreement["top_k_overlap"] >= 0.6
+    recall = analyse_task(code, make_task(code, "identifier", n=16), top=1, progress=False).values
+    assert abs(recall["clean"] - recall["corrupted"]) < 0.1
