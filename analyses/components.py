@@ -52,7 +52,7 @@ from matplotlib.figure import Figure
 
 from analyses.ablation import leave_one_out_mean
 from analyses.budget import DEFAULT_MEMORY_MB
-from analyses.dormant import head_outputs
+from analyses.dormant import head_outputs, output_projection
 from analyses.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
 from analyses.interventions import base_run, check_choice, evaluate_variants
 from analyses.metrics import evaluate_metric, loss_metric
@@ -111,33 +111,47 @@ def _label(component: str, kind: str, layer: int | None = None, head: int | None
     return {"component": component, "kind": kind, "layer": layer, "head": head}
 
 
-def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor) -> Iterator[tuple[list[dict], torch.Tensor]]:
+def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
+                 reader: torch.Tensor | None = None) -> Iterator[tuple[list[dict], torch.Tensor]]:
     """The parts of the final residual at positions ``index``, a group at a time in residual order:
-    (labels, parts (k, batch, n, d_model) float32). After the last group, checks that the parts add
-    up to the cached final residual."""
+    (labels, parts (k, batch, n, d_model) float32), or with ``reader`` (batch, n, d_model) each part
+    dotted with it, (k, batch, n): heads then go through ``W_O @ reader`` and never make their
+    d_model-wide outputs (a layer's heads hold n_heads times its ``hook_z``). After the last group,
+    checks that the parts add up to the cached final residual."""
     final = cache[final_resid_name(model)][:, index].float()
     total = torch.zeros_like(final)
 
     def read(name: str) -> torch.Tensor:
         return cache[name][:, index].float()
 
-    def groups():
-        yield [_label("embed", "embed")], read(EMBED)[None]
-        if POS_EMBED in cache.keys():
-            yield [_label("pos_embed", "pos_embed")], read(POS_EMBED)[None]
-        for layer in range(model.cfg.n_layers):
-            heads = head_outputs(model, layer, read(z_name(layer)))
-            yield ([_label(f"L{layer}H{head}", "head", layer, head) for head in range(heads.shape[2])],
-                   einops.rearrange(heads, "b n h m -> h b n m"))
-            bias = model.blocks[layer].attn.b_O
-            bias = final.new_zeros(final.shape[-1]) if bias is None else bias.detach().float()
-            yield [_label(f"L{layer} attn bias", "attn_bias", layer)], bias.expand_as(final)[None]
-            if mlp_out_name(layer) in cache.keys():
-                yield [_label(f"L{layer} MLP", "mlp", layer)], read(mlp_out_name(layer))[None]
+    def project(parts: torch.Tensor) -> torch.Tensor:
+        return parts if reader is None else einops.einsum(parts, reader, "k b n m, b n m -> k b n")
 
-    for labels, parts in groups():
-        total += parts.sum(0)
-        yield labels, parts
+    def layer_heads(layer: int) -> torch.Tensor:
+        nonlocal total
+        z, w_o = read(z_name(layer)), output_projection(model, layer).float()
+        total = total + einops.einsum(z, w_o, "b n h d, h d m -> b n m")
+        if reader is None:
+            return einops.rearrange(head_outputs(model, layer, z), "b n h m -> h b n m")
+        read_back = einops.einsum(w_o, reader, "h d m, b n m -> b n h d")
+        return einops.einsum(z, read_back, "b n h d, b n h d -> h b n")
+
+    def parts(group: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total = total + group.sum(0)
+        return project(group)
+
+    yield [_label("embed", "embed")], parts(read(EMBED)[None])
+    if POS_EMBED in cache.keys():
+        yield [_label("pos_embed", "pos_embed")], parts(read(POS_EMBED)[None])
+    for layer in range(model.cfg.n_layers):
+        yield ([_label(f"L{layer}H{head}", "head", layer, head) for head in range(model.cfg.n_heads)],
+               layer_heads(layer))
+        bias = model.blocks[layer].attn.b_O
+        bias = final.new_zeros(final.shape[-1]) if bias is None else bias.detach().float()
+        yield [_label(f"L{layer} attn bias", "attn_bias", layer)], parts(bias.expand_as(final)[None])
+        if mlp_out_name(layer) in cache.keys():
+            yield [_label(f"L{layer} MLP", "mlp", layer)], parts(read(mlp_out_name(layer))[None])
     gap = float((final - total).abs().max())
     tolerance = max(1e-4, 32 * torch.finfo(cache[final_resid_name(model)].dtype).eps) * max(1.0, float(final.abs().max()))
     if gap > tolerance:
@@ -283,9 +297,9 @@ def direct_logit_attribution(model, source, answers, distractors=None, *,
         reader = reader - reader.mean(-1, keepdim=True)
     reader = reader / norm.scale
     labels, values = [], []
-    for group_labels, parts in _part_groups(model, cache, index):
+    for group_labels, group_values in _part_groups(model, cache, index, reader):
         labels += group_labels
-        values.append(einops.einsum(parts, reader, "k b n m, b n m -> k b n"))
+        values.append(group_values)
     labels.append(_label(UNEMBED_BIAS, "unembed_bias"))
     values.append(constant[None])
     return _frame(labels, torch.cat(values), index, "dla")
