@@ -10,6 +10,7 @@ import torch
 from analyses.tasks import (
     NAMES, Task, greater_than_task, induction_text_task, ioi_task, load_task, make_task, task_batch, task_metric,
 )
+from analyses.tokens import encode
 from interp import UserError, load_model
 from interp.random_models import make_random_gpt2
 from interp.convert import from_hf
@@ -100,7 +101,7 @@ def naive_value(model, task: Task) -> float:
     """One unpadded forward per prompt, the metric by hand at its last token, then the mean."""
     values = []
     for prompt, good, bad in zip(task.clean, task.answers, task.distractors):
-        ids = torch.tensor([[model.tokenizer.bos_token_id, *model.tokenizer.encode(prompt)]])
+        ids = encode(model, prompt).tokens  # one prompt: no padding
         with torch.no_grad():
             last = model(ids)[0, -1].double()
         if task.metric == "prob_diff":
@@ -300,3 +301,16 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
     assert analysis.agreement["top_k_overlap"] >= 0.6
     recall = analyse_task(code, make_task(code, "identifier", n=16), top=1, progress=False).values
     assert abs(recall["clean"] - recall["corrupted"]) < 0.1
+
+
+@pytest.mark.parametrize("family", ["llama", "opt"])  # a from-scratch family and a bridge-only one
+@pytest.mark.parametrize("name", ["ioi", "greater-than", "induction-text"])
+def test_the_built_in_tasks_run_on_random_models_of_other_families(family, name, family_dir):
+    from analyses.task_cli import analyse_task
+
+    model = load_model(family_dir(family))
+    task = make_task(model, name, n=2)
+    analysis = analyse_task(model, task, top=1, progress=False)
+    batch = task_batch(model, task)
+    assert analysis.heads_by_pos["pos"].max() == batch.clean.shape[1] - 1
+    assert analysis.values["clean"] == pytest.approx(naive_value(model, task), abs=1e-5)
