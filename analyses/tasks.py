@@ -236,8 +236,9 @@ def _fill(template: str, a: str, b: str, s: str) -> str:
 
 def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
              templates: Sequence[str] = IOI_TEMPLATES) -> Task:
-    """Indirect-object identification: ``n`` prompts, half ABBA ("When A and B ..., B gave ... to"
-    -> A), half BABA ("When B and A ..., B gave ... to" -> A), the metric logit(IO) - logit(S);
+    """Indirect-object identification: ``n`` prompts, ABBA ("When A and B ..., B gave ... to" -> A)
+    for one pass over the templates, BABA ("When B and A ..., B gave ... to" -> A) for the next, and
+    so on (half each when every template fits the context); the metric logit(IO) - logit(S);
     corrupted: the same template with three other, distinct names (ABC). Names that are not one
     token after " to" are dropped (counted); if fewer than 5 remain, single capital letters are used."""
     tokenizer = model_tokenizer(model)
