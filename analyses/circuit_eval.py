@@ -126,12 +126,14 @@ def component_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric
 
 def faithfulness(model, clean: torch.Tensor, metric: Metric, circuit: set[Component]) -> float:
     """The metric with every component outside ``circuit`` mean-ablated (over the clean prompts),
-    from everything ablated (0) to nothing ablated (1)."""
+    from everything ablated (0) to nothing ablated (1); NaN where ablating everything leaves the
+    metric where it was (the program's output is the same on every prompt, e.g. ``length`` on
+    inputs of one length: there is nothing to be faithful to)."""
     means = {name: act.mean(0, keepdim=True) for name, act in _activations(model, clean).items()}
     everything = [(c, means[_hook(c)]) for c in components(model)]
     full, empty = _run(model, clean, metric, []), _run(model, clean, metric, everything)
     if full == empty:
-        raise UserError("ablating every component leaves the metric unchanged: faithfulness is undefined")
+        return float("nan")
     kept = _run(model, clean, metric, [(c, v) for c, v in everything if c not in circuit])
     return (kept - empty) / (full - empty)
 
@@ -189,6 +191,8 @@ def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: t
         rows.append((name, "edge", roc_auc(score.abs(), labels), sum(labels), len(labels), seconds, np.nan, ""))
     every = set(components(model))
     for name, circuit in (("true circuit", truth_nodes), ("complement", every - truth_nodes)):
-        rows.append((name, "circuit", np.nan, len(circuit), len(every), np.nan, faithfulness(model, clean, metric, circuit), ""))
+        value = faithfulness(model, clean, metric, circuit)
+        note = "undefined: the output is the same on every prompt" if np.isnan(value) else ""
+        rows.append((name, "circuit", np.nan, len(circuit), len(every), np.nan, value, note))
     columns = ["method", "level", "auc", "n_true", "n_items", "seconds", "faithfulness", "note"]
     return pd.DataFrame(rows, columns=columns), pd.concat(curves, ignore_index=True)[["method", "size", "faithfulness"]]

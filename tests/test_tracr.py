@@ -164,3 +164,20 @@ def test_analyses_that_assume_causal_attention_refuse_a_bidirectional_model():
         classify_heads(model, n_prompts=4, seq_len=model.cfg.n_ctx)
     with pytest.raises(UserError, match="generation assumes causal attention"):
         model.generate(model.to_tokens("ab"), max_new_tokens=1)
+
+
+def test_head_roles_of_compiled_heads():
+    """shift_by(1, tokens) compiles to a previous-token head, and classification names exactly
+    that. hist's Select(tokens, tokens, EQ) head splits its attention evenly over the start token
+    (Tracr's default), itself and earlier copies of its token: on probes with one earlier copy
+    each gets 1/3, so it is named self and bos (their share is >= 0.4 once the copy is absent),
+    and duplicate-token (1/3, under the 0.4 threshold) is not -- nothing it does not do."""
+    from analyses.classify import assign_roles, classify_heads
+    vocab = list("abcdefgh")
+    shift = from_tracr(compile_program("shift_by", vocab, 12, causal=True))
+    roles = assign_roles(classify_heads(shift, n_prompts=16, seq_len=12))
+    assert roles.role.tolist() == ["previous_token"]
+    hist = from_tracr(compile_program("hist", vocab, 12, causal=True))
+    scores = classify_heads(hist, n_prompts=16, seq_len=12).set_index("measure").score
+    assert scores["duplicate_token"] == pytest.approx(1 / 3, abs=1e-4)
+    assert set(assign_roles(classify_heads(hist, n_prompts=16, seq_len=12)).role.iloc[0].split(";")) == {"self", "bos"}
