@@ -1,33 +1,33 @@
 """analyses: how we look inside a hooked model (classification, ablation, patching, reports)."""
 
-from analyses.causal_check import ablation_effects
-from analyses.hook_check import check_hooks, require_edit
-from analyses.classify import MEASURES, ROLES, assign_roles, classify_heads, head_table
-from analyses.tl_compat import detect_heads
-from analyses.report import build_report, write_report
-from analyses.attention_map import attention_map
-from analyses.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
-from analyses.attribution import attribution_agreement, attribution_patch_heads, attribution_patch_mlps, shortlist_patch_heads
-from analyses.metrics import logit_diff_metric, loss_metric
-from analyses.patching import patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
-from analyses.intervention_figures import ablation_figure, patching_figure
-from analyses.study import run_study
-from analyses.attribution import unpatched_value
-from analyses.nulls import benjamini_hochberg, calibrate_roles
-from analyses.backup import backup_report, direct_and_total_effects, pairwise_ablation
-from analyses.dormant import dormant_heads, head_similarities, output_norms
-from analyses.calibration_figures import calibration_frames, calibration_section
-from analyses.composition import composition_figure, composition_scores
-from analyses.path_patching import path_patch
-from analyses.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
-from analyses.circuit import circuit_edges, circuit_figure, circuit_section
-from analyses.rollout import attention_flow, attention_rollout, model_flow, model_rollout
-from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison
-from analyses.components import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
+from analyses.roles.causal_check import ablation_effects
+from analyses.core.hook_check import check_hooks, require_edit
+from analyses.roles.classify import MEASURES, ROLES, assign_roles, classify_heads, head_table
+from analyses.roles.tl_compat import detect_heads
+from analyses.report.build import build_report, write_report
+from analyses.report.attention_map import attention_map
+from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
+from analyses.interventions.attribution import attribution_agreement, attribution_patch_heads, attribution_patch_mlps, shortlist_patch_heads
+from analyses.core.metrics import logit_diff_metric, loss_metric
+from analyses.interventions.patching import patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
+from analyses.report.intervention_figures import ablation_figure, patching_figure
+from analyses.studies.runner import run_study
+from analyses.interventions.attribution import unpatched_value
+from analyses.roles.nulls import benjamini_hochberg, calibrate_roles
+from analyses.roles.backup import backup_report, direct_and_total_effects, pairwise_ablation
+from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
+from analyses.report.calibration_figures import calibration_frames, calibration_section
+from analyses.circuits.composition import composition_figure, composition_scores
+from analyses.circuits.path_patching import path_patch
+from analyses.circuits.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.circuits.circuit import circuit_edges, circuit_figure, circuit_section
+from analyses.components.rollout import attention_flow, attention_rollout, model_flow, model_rollout
+from analyses.report.compare import compare_models, scores_over_training, training_figure, write_comparison
+from analyses.components.decompose import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
                                  logit_lens_figure, mlp_ablation)
-from analyses.tasks import Task, load_task, make_task, task_batch, task_metric
-from analyses.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
+from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
+from analyses.components.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
-from analyses.tracing import Trace, causal_trace, trace_figure
-from analyses.probing import bracket_depth, bracket_prompts, linear_probe, repeat_offset, seen_before
+from analyses.tasks.tracing import Trace, causal_trace, trace_figure
+from analyses.components.probing import bracket_depth, bracket_prompts, linear_probe, repeat_offset, seen_before

@@ -13,9 +13,9 @@ import sys
 import torch
 from transformer_lens.head_detector import HEAD_NAMES, detect_head
 
-from analyses.classify import classify_heads
-from analyses.probes import probes_for
-from analyses.tl_compat import detect_heads
+from analyses.roles.classify import classify_heads
+from analyses.core.probes import probes_for
+from analyses.roles.tl_compat import detect_heads
 from common import GPT2_SMALL, load_note, print_table, repeated_texts, speedup, time_interleaved
 from interp.bridge import boot_bridge
 from interp.random_models import make_random_gpt2

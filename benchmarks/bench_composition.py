@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from analyses.composition import score_tensor
+from analyses.circuits.composition import score_tensor
 from common import gpt2_small_peers, load_note, speedup, time_interleaved
 
 

@@ -48,10 +48,10 @@ import copy
 import torch
 from transformer_lens.head_detector import HEAD_NAMES, detect_head
 
-from analyses.classify import classify_heads
-from analyses.patching import patch_heads
-from analyses.probes import probes_for
-from analyses.tl_compat import detect_heads
+from analyses.roles.classify import classify_heads
+from analyses.interventions.patching import patch_heads
+from analyses.core.probes import probes_for
+from analyses.roles.tl_compat import detect_heads
 from common import (forward_seconds, induction_pair, llama_peers, load_note, print_table, repeated_texts, speedup,
                     time_interleaved, tl_sweep)
 

@@ -20,8 +20,8 @@ import contextlib
 
 import torch
 
-from analyses.attribution import attribution_agreement, attribution_patch_heads, unpatched_value
-from analyses.patching import patch_heads
+from analyses.interventions.attribution import attribution_agreement, attribution_patch_heads, unpatched_value
+from analyses.interventions.patching import patch_heads
 from common import Samples, forward_seconds, induction_pair, load_note, time_interleaved, tl_sweep
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge

@@ -27,8 +27,8 @@ from collections import defaultdict
 
 import torch
 
-from analyses.probes import probes_for
-from analyses.report import build_report
+from analyses.core.probes import probes_for
+from analyses.report.build import build_report
 from interp import GPTConfig, GPTModel, load_model
 from interp.model import TransformerBlock
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import ray
 import torch
 
-from analyses.study import StudyCells, run_study
-from analyses.study_ray import StudyWorker
-from analyses.study_spec import load_spec
+from analyses.studies.cells import StudyCells
+from analyses.studies.runner import run_study
+from analyses.studies.on_ray import StudyWorker
+from analyses.studies.spec import load_spec
 
 SPEC = """[model]
 spec = "toy"

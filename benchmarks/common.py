@@ -16,9 +16,9 @@ from typing import Callable
 import torch
 from transformer_lens import patching as tl_patching
 
-from analyses.metrics import loss_metric
+from analyses.core.metrics import loss_metric
 from interp.memory import retain_freed_memory_once
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf
 from interp.bridge import boot_bridge
 from interp.random_models import make_random_gpt2, random_hf_model

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analyses.ablation import (
+from analyses.interventions.ablation import (
     ablate_heads,
     ablation_sweep,
     head_importance,
@@ -18,13 +18,13 @@ from analyses.ablation import (
     pruning_curve,
     resample_index,
 )
-from analyses.attribution import shortlist_patch_heads
-from analyses.causal_check import ablation_effects
-from analyses.classify import classify_heads
-from analyses.interventions import rows_per_chunk
-from analyses.metrics import loss_metric
-from analyses.patching import patch_heads
-from analyses.probes import RepeatedProbes, probes_for
+from analyses.interventions.attribution import shortlist_patch_heads
+from analyses.roles.causal_check import ablation_effects
+from analyses.roles.classify import classify_heads
+from analyses.interventions.engine import rows_per_chunk
+from analyses.core.metrics import loss_metric
+from analyses.interventions.patching import patch_heads
+from analyses.core.probes import RepeatedProbes, probes_for
 from interp import ByteTokenizer, GPTConfig, GPTModel, load_model
 from interp.errors import UserError
 from interp.tokenizer import as_tokenizer, encode_texts

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.attribution import (
+from analyses.interventions.attribution import (
     attribution_agreement,
     attribution_patch_heads,
     shortlist_patch_heads,
     unpatched_value,
 )
-from analyses.metrics import loss_metric
-from analyses.patching import patch_heads
-from analyses.probes import corrupt_first_copy, repeated_probes
+from analyses.core.metrics import loss_metric
+from analyses.interventions.patching import patch_heads
+from analyses.core.probes import corrupt_first_copy, repeated_probes
 
 
 @pytest.fixture(scope="module")

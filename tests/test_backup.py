@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.backup import backup_groups, backup_report, direct_and_total_effects, pairwise_ablation
-from analyses.metrics import loss_metric
-from analyses.probes import probes_for
+from analyses.roles.backup import backup_groups, backup_report, direct_and_total_effects, pairwise_ablation
+from analyses.core.metrics import loss_metric
+from analyses.core.probes import probes_for
 from interp import load_model
 from interp.errors import UserError
 

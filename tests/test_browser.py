@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.attention_map import all_patterns
+from analyses.components.rollout import all_patterns
 from analyses.cli import main
-from analyses.report import DISPLAY_TEXT, DISPLAY_TOKENS
-from analyses.tokens import leading_tokens
+from analyses.report.build import DISPLAY_TEXT, DISPLAY_TOKENS
+from analyses.core.tokens import leading_tokens
 from interp import load_model
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -11,11 +11,11 @@ import torch
 from matplotlib.patches import FancyArrowPatch
 
 from analyses import cli
-from analyses.circuit import (VIA_COLOURS, circuit_edges, circuit_figure, circuit_section, edge_lines, induction_pair,
+from analyses.circuits.circuit import (VIA_COLOURS, circuit_edges, circuit_figure, circuit_section, edge_lines, induction_pair,
                               role_heads, with_roles)
-from analyses.classify import assign_roles, classify_heads
-from analyses.composition import composition_scores
-from analyses.probes import probes_for
+from analyses.roles.classify import assign_roles, classify_heads
+from analyses.circuits.composition import composition_scores
+from analyses.core.probes import probes_for
 from interp import load_model
 from interp.errors import UserError
 
@@ -139,7 +139,7 @@ def test_section_without_role_heads_is_empty(toy):
 
 def _circuit(argv) -> int:
     """``interp circuit ...`` through the real entry point (registered here until cli.py lists it)."""
-    commands = cli._COMMANDS if "analyses.circuit_cli" in cli._COMMANDS else [*cli._COMMANDS, "analyses.circuit_cli"]
+    commands = cli._COMMANDS if "analyses.cli.circuit" in cli._COMMANDS else [*cli._COMMANDS, "analyses.cli.circuit"]
     original, cli._COMMANDS = cli._COMMANDS, commands
     try:
         return cli.main(["circuit", *argv])

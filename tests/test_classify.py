@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from analyses.causal_check import ablation_effects
-from analyses.classify import (
+from analyses.roles.causal_check import ablation_effects
+from analyses.roles.classify import (
     assign_roles,
     bootstrap_ratio,
     classify_heads,
@@ -23,9 +23,9 @@ from analyses.classify import (
     scores_frame,
     text_targets,
 )
-from analyses.probes import corrupt_first_copy, probes_for, repeated_probes
-from analyses.tokens import encode, model_device, ordinary_token_ids, start_token_id
-from analyses.tl_compat import TL_HEAD_NAMES, detect_heads
+from analyses.core.probes import corrupt_first_copy, probes_for, repeated_probes
+from analyses.core.tokens import encode, model_device, ordinary_token_ids, start_token_id
+from analyses.roles.tl_compat import TL_HEAD_NAMES, detect_heads
 from interp import load_model
 from interp.errors import UserError
 from interp.random_models import FAMILIES

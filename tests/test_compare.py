@@ -15,8 +15,8 @@ import torch
 from matplotlib.figure import Figure
 
 import analyses.cli
-from analyses.classify import MEASURES, classify_heads
-from analyses.compare import (checkpoint_step, compare_models, js_divergence, pattern_divergence,
+from analyses.roles.classify import MEASURES, classify_heads
+from analyses.report.compare import (checkpoint_step, compare_models, js_divergence, pattern_divergence,
                               scores_over_training, training_figure)
 from interp import load_model, provenance
 from interp.random_models import make_random_gpt2
@@ -29,8 +29,8 @@ EARLY = toy_checkpoints()[200]  # the shipped checkpoint of the embedded model's
 def compare_command():
     """``interp compare`` on the CLI, whether or not analyses.cli lists it yet."""
     with pytest.MonkeyPatch.context() as patch:
-        if "analyses.compare_cli" not in analyses.cli._COMMANDS:
-            patch.setattr(analyses.cli, "_COMMANDS", [*analyses.cli._COMMANDS, "analyses.compare_cli"])
+        if "analyses.cli.compare" not in analyses.cli._COMMANDS:
+            patch.setattr(analyses.cli, "_COMMANDS", [*analyses.cli._COMMANDS, "analyses.cli.compare"])
         yield
 
 

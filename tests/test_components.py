@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.components import (
+from analyses.components.decompose import (
     component_hooks, components_cache, decompose_residual, direct_logit_attribution, dla_heatmap, head_grid,
     logit_lens, logit_lens_figure, next_token_answers,
 )
-from analyses.hook_names import final_resid_name
+from analyses.core.hook_names import final_resid_name
 from interp import GPTConfig, GPTModel, UserError, from_hf
 from interp.bridge import boot_bridge
 from interp.random_models import FAMILIES, random_hf_model
@@ -191,8 +191,8 @@ def test_a_missing_part_or_bad_answers_is_refused(scratch_gpt2):
 # ---- MLPs as components: patching and attribution patching ------------------------------------------
 
 def _induction_pair():
-    from analyses.metrics import loss_metric
-    from analyses.probes import corrupt_first_copy, repeated_probes
+    from analyses.core.metrics import loss_metric
+    from analyses.core.probes import corrupt_first_copy, repeated_probes
     probes = repeated_probes(3, 12, range(256), 256, seed=4)
     return probes.tokens, corrupt_first_copy(probes, seed=5), loss_metric(probes.tokens, probes.predictable)
 
@@ -201,7 +201,7 @@ def _induction_pair():
 def test_mlp_patching_equals_transformer_lens(impl, scratch_gpt2, bridge_gpt2):
     from transformer_lens import patching as tl_patching
 
-    from analyses.patching import patch_mlps
+    from analyses.interventions.patching import patch_mlps
     clean, corrupted, metric = _induction_pair()
     model = scratch_gpt2 if impl == "scratch" else bridge_gpt2
     _, clean_cache = bridge_gpt2.run_with_cache(clean)
@@ -217,8 +217,8 @@ def test_mlp_patching_equals_transformer_lens(impl, scratch_gpt2, bridge_gpt2):
 
 
 def test_mlp_attribution_equals_a_naive_gradient(scratch_gpt2):
-    from analyses.attribution import attribution_patch_mlps
-    from analyses.hook_names import mlp_out_name
+    from analyses.interventions.attribution import attribution_patch_mlps
+    from analyses.core.hook_names import mlp_out_name
     clean, corrupted, metric = _induction_pair()
     estimate = attribution_patch_mlps(scratch_gpt2, clean, corrupted, metric, by_position=True)
     _, clean_cache = scratch_gpt2.run_with_cache(clean)
@@ -242,7 +242,7 @@ def test_mlp_attribution_equals_a_naive_gradient(scratch_gpt2):
 
 
 def test_attention_only_models_have_no_mlps_to_patch():
-    from analyses.patching import patch_mlps
+    from analyses.interventions.patching import patch_mlps
     model = GPTModel(GPTConfig(d_vocab=300, n_ctx=16, d_model=16, n_heads=2, n_layers=1, attn_only=True))
     tokens = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
     with pytest.raises(UserError, match="attention-only"):
@@ -251,8 +251,8 @@ def test_attention_only_models_have_no_mlps_to_patch():
 
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_mlp_ablation_equals_a_naive_loop(scratch_gpt2, method):
-    from analyses.components import mlp_ablation
-    from analyses.metrics import loss_metric
+    from analyses.components.decompose import mlp_ablation
+    from analyses.core.metrics import loss_metric
     tokens = _tokens(n_batch=3, n_pos=8, seed=4)
     metric = loss_metric(tokens)
     frame = mlp_ablation(scratch_gpt2, tokens, metric, method=method, progress=False)
@@ -277,8 +277,8 @@ def test_mlp_ablation_equals_a_naive_loop(scratch_gpt2, method):
 
 
 def test_attention_vs_mlp_rows(scratch_gpt2):
-    from analyses.components import attention_vs_mlp, attention_vs_mlp_figure
-    from analyses.patching import patch_heads, patch_mlps
+    from analyses.components.decompose import attention_vs_mlp, attention_vs_mlp_figure
+    from analyses.interventions.patching import patch_heads, patch_mlps
     clean, corrupted, metric = _induction_pair()
     answers, positions = next_token_answers(clean)
     frame = attention_vs_mlp(scratch_gpt2, clean, corrupted, metric, answers, positions=positions, progress=False)

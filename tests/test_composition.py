@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.classify import assign_roles, classify_heads
-from analyses.composition import composition_figure, composition_scores, random_baseline, score_tensor
+from analyses.roles.classify import assign_roles, classify_heads
+from analyses.circuits.composition import composition_figure, composition_scores, random_baseline, score_tensor
 from interp import GPTConfig, GPTModel, from_hf, load_model
 from interp.bridge import boot_bridge
 from interp.errors import UserError

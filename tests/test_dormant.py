@@ -11,14 +11,14 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from analyses.calibration_figures import calibration_frames, calibration_section
-from analyses.causal_check import ablation_effects
-from analyses.classify import NO_EFFECT, classify_heads, head_table
-from analyses.dormant import clustered, dormant_heads, head_similarities, output_norms
-from analyses.metrics import loss_metric
-from analyses.nulls import calibrate_roles
-from analyses.plots import png_bytes
-from analyses.probes import probes_for
+from analyses.report.calibration_figures import calibration_frames, calibration_section
+from analyses.roles.causal_check import ablation_effects
+from analyses.roles.classify import NO_EFFECT, classify_heads, head_table
+from analyses.roles.dormant import clustered, dormant_heads, head_similarities, output_norms
+from analyses.core.metrics import loss_metric
+from analyses.roles.nulls import calibrate_roles
+from analyses.core.plots import png_bytes
+from analyses.core.probes import probes_for
 from interp import load_model
 from interp.random_models import FAMILIES
 

@@ -9,18 +9,18 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
-from analyses.metrics import loss_metric
-from analyses.path_patching import path_patch
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.circuits.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.core.metrics import loss_metric
+from analyses.circuits.path_patching import path_patch
+from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge
 from interp.errors import UserError
 from interp.random_models import random_hf_model, save_random_model
 
 INIT = 0.2
-# the module itself (``analyses.edge_attribution`` the attribute is the function)
-edge_attribution_module = importlib.import_module("analyses.edge_attribution")
+# the module itself (``analyses.circuits.edge_attribution`` the attribute is the function)
+edge_attribution_module = importlib.import_module("analyses.circuits.edge_attribution")
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 
 from analyses import classify_heads, detect_heads, loss_metric, patch_heads
 from analyses.cli import main
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import load_model, provenance
 from interp.convert import scratch_families
 from interp.random_models import SPECIALS, _byte_alphabet, save_random_model
@@ -418,7 +418,7 @@ def test_ragged_text_batch_scores_equal_each_text_alone(family, impl, sharp, sha
     model = sharp(family, impl)
     texts = ["the cat sat on the mat and the cat sat on the mat again", "a b a", "hello world, hello",
              "x" * 3 + " yz" * 12]
-    # the analyses' rule (analyses/tokens.py): the start token, then the text without special tokens
+    # the analyses' rule (analyses/core/tokens.py): the start token, then the text without special tokens
     tokenizer = AutoTokenizer.from_pretrained(sharp_dir(family))
     prompts = [[START_TOKEN[family], *tokenizer.encode(text, add_special_tokens=False)] for text in texts]
     assert len({len(ids) for ids in prompts}) == len(texts)  # really ragged

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import analyses.hook_check as hook_check
+import analyses.core.hook_check as hook_check
 from analyses.cli import main
-from analyses.hook_check import check_hooks, require_edit
+from analyses.core.hook_check import check_hooks, require_edit
 from interp import load_model
 from interp.errors import UserError
 from interp.random_models import FAMILIES

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analyses.ablation import ablation_sweep, pruning_curve
-from analyses.attribution import attribution_patch_heads, shortlist_patch_heads
+from analyses.interventions.ablation import ablation_sweep, pruning_curve
+from analyses.interventions.attribution import attribution_patch_heads, shortlist_patch_heads
 from analyses.cli import main
-from analyses.metrics import loss_metric
-from analyses.patching import patch_heads, patch_patterns, patch_residual
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.core.metrics import loss_metric
+from analyses.interventions.patching import patch_heads, patch_patterns, patch_residual
+from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import load_model, provenance
 from interp.tokenizer import as_tokenizer, encode_texts
 

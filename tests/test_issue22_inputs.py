@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analyses.ablation import ablate_heads, head_importance, prepare_ablation, pruning_curve
+from analyses.interventions.ablation import ablate_heads, head_importance, prepare_ablation, pruning_curve
 from analyses.cli import main
-from analyses.metrics import logit_diff_metric, loss_metric, read_positions
-from analyses.probes import probes_for
-from analyses.study import run_study
-from analyses.study_spec import load_spec
-from analyses.tokens import encode
+from analyses.core.metrics import logit_diff_metric, loss_metric, read_positions
+from analyses.core.probes import probes_for
+from analyses.studies.runner import run_study
+from analyses.studies.spec import load_spec
+from analyses.core.tokens import encode
 from interp import UserError, load_model
 from interp.loading import save_checkpoint
 from interp.random_models import save_random_model
@@ -209,7 +209,7 @@ def no_model_load(monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    for module in ("analyses.report", "analyses.compare_cli", "analyses.circuit_cli", "analyses.intervention_cli"):
+    for module in ("analyses.report.build", "analyses.cli.compare", "analyses.cli.circuit", "analyses.cli.interventions"):
         monkeypatch.setattr(f"{module}.load_cli_model", no_model)
 
 
@@ -284,7 +284,7 @@ def test_a_resumed_study_whose_model_record_is_not_json_is_refused(tmp_path):
 def test_head_importance_takes_preserve_patterns_and_gives_the_pruning_curve_order():
     """head_importance passed on its own (then to pruning_curve(order=...)) must rank heads as the
     pattern-preserving pruning curve does, which it could not before (it had no preserve_patterns)."""
-    from analyses.ablation import pruning_order  # new with this change: the module imports on older code
+    from analyses.interventions.ablation import pruning_order  # new with this change: the module imports on older code
 
     model = load_model("toy").eval()
     probes = probes_for(model, 6, 24, seed=3)
@@ -297,7 +297,7 @@ def test_head_importance_takes_preserve_patterns_and_gives_the_pruning_curve_ord
 
 
 def test_scores_over_training_refuses_a_checkpoint_with_a_shorter_context():
-    from analyses.compare import scores_over_training
+    from analyses.report.compare import scores_over_training
     from interp import GPTConfig, GPTModel
 
     models = [GPTModel(GPTConfig(d_vocab=257, n_ctx=n_ctx, d_model=32, n_heads=2, n_layers=1)).eval() for n_ctx in (64, 32)]

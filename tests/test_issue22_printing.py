@@ -20,11 +20,12 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.attention_map import all_patterns, attention_map
-from analyses.nulls import RoleSamples, layer_null, role_nulls, t_upper_tail
-from analyses.classify import ROLES
-from analyses.plots import DPI
-from analyses.report_page import PatternView, explorer_data, explorer_html, write_report_files
+from analyses.components.rollout import all_patterns
+from analyses.report.attention_map import attention_map
+from analyses.roles.nulls import RoleSamples, layer_null, role_nulls, t_upper_tail
+from analyses.roles.classify import ROLES
+from analyses.core.plots import DPI
+from analyses.report.page import PatternView, explorer_data, explorer_html, write_report_files
 from interp import GPTConfig, GPTModel
 from interp.attention import alibi_slopes
 
@@ -144,9 +145,9 @@ def test_nothing_ablated_reads_back_as_an_effect_of_exactly_zero(tmp_path):
     """Step 0 of a pruning curve ablates nothing: its metric is the baseline, in the table and in
     the CSV a reader computes the effect from (float32 metrics beside a float64 baseline printed
     4.949646 against 4.94964599609375: an effect of ~4e-9)."""
-    from analyses.ablation import ablation_sweep, pruning_curve
-    from analyses.intervention_figures import save_csv
-    from analyses.probes import probes_for
+    from analyses.interventions.ablation import ablation_sweep, pruning_curve
+    from analyses.report.intervention_figures import save_csv
+    from analyses.core.probes import probes_for
     from interp import load_model
 
     model = load_model("toy")
@@ -165,8 +166,8 @@ def test_nothing_ablated_reads_back_as_an_effect_of_exactly_zero(tmp_path):
 def test_figures_of_every_head_of_a_large_model_stay_within_the_image_size_limit():
     """The calibration figures grew 0.2 inch per head: 1700 heads (a 13B model has 1600, a 70B one
     5120) drew past matplotlib's 2 ** 16 pixels. Past MAX_INCHES the heads' labels are left out."""
-    from analyses.calibration_figures import dormant_figure, null_band_figure, similarity_figure
-    from analyses.dormant import Similarity
+    from analyses.report.calibration_figures import dormant_figure, null_band_figure, similarity_figure
+    from analyses.roles.dormant import Similarity
 
     n_layers, n_heads = 34, 50
     layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")

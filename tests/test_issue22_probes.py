@@ -15,9 +15,9 @@ import json
 import pytest
 import torch
 
-from analyses.backup import mlp_out_names, require_mlp_freeze
+from analyses.roles.backup import mlp_out_names, require_mlp_freeze
 from analyses.cli import main
-from analyses.hook_check import EDITABLE, added_pattern, check_hooks
+from analyses.core.hook_check import EDITABLE, added_pattern, check_hooks
 from interp import GPTConfig, GPTModel
 from interp.random_models import random_hf_model
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.components import direct_logit_attribution
-from analyses.meaning import (
+from analyses.components.decompose import direct_logit_attribution
+from analyses.components.meaning import (
     attended_token_effect, copying_from_eigenvalues, joint_fdr, meaning_nulls, meaning_roles, ov_eigenvalues,
     ov_scores, qk_positional_scores,
 )

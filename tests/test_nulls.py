@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.classify import ROLES, assign_roles, classify_heads, head_table
-from analyses.nulls import (
+from analyses.roles.classify import ROLES, assign_roles, classify_heads, head_table
+from analyses.roles.nulls import (
     benjamini_hochberg,
     calibrate_roles,
     layer_null,
@@ -19,7 +19,7 @@ from analyses.nulls import (
     role_samples,
     t_upper_tail,
 )
-from analyses.probes import probes_for, repeated_probes, shuffle_second_copy
+from analyses.core.probes import probes_for, repeated_probes, shuffle_second_copy
 from interp import GPTConfig, GPTModel, load_model
 from interp.errors import UserError
 from interp.random_models import gpt2_initialise, random_like

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformer_lens import patching as tl_patching
 
-from analyses.ablation import ablate_heads
-from analyses.metrics import logit_diff_metric, loss_metric
-from analyses.patching import patch_heads, patch_patterns, patch_residual, patching_frame
-from analyses.probes import corrupt_first_copy, probes_for, repeated_probes
+from analyses.interventions.ablation import ablate_heads
+from analyses.core.metrics import logit_diff_metric, loss_metric
+from analyses.interventions.patching import patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.core.probes import corrupt_first_copy, probes_for, repeated_probes
 from interp import load_model
 from interp.errors import UserError
 

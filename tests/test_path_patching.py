@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformer_lens import patching as tl_patching
 
-from analyses.classify import classify_heads
-from analyses.metrics import loss_metric
-from analyses.path_patching import VIAS, edges_of, path_patch
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.roles.classify import classify_heads
+from analyses.core.metrics import loss_metric
+from analyses.circuits.path_patching import VIAS, edges_of, path_patch
+from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge
 from interp.errors import UserError
@@ -263,7 +263,7 @@ def test_toy_previous_token_head_feeds_induction_heads_through_keys():
 def test_refused_where_head_writes_are_not_z_times_w_o(gpt2_pair, monkeypatch):
     """Where the self-test does not find the heads' z @ W_O adding up to hook_attn_out (e.g. a
     norm between them), a sender's write is unknown: refused in one line, never approximated."""
-    import analyses.path_patching as module
+    import analyses.circuits.path_patching as module
 
     scratch, _ = gpt2_pair
     clean, corrupted, metric = induction_pair(scratch)
@@ -276,7 +276,7 @@ def test_refused_where_head_writes_are_not_z_times_w_o(gpt2_pair, monkeypatch):
 def test_refused_where_an_input_edit_does_not_reach_the_output(gpt2_pair, monkeypatch):
     """A backend whose hook_k edits change nothing would leave every key edge at the base value:
     key edges are refused in one line; query edges, whose edits do reach, still run."""
-    import analyses.hook_check as hook_check
+    import analyses.core.hook_check as hook_check
 
     scratch, _ = gpt2_pair
     clean, corrupted, metric = induction_pair(scratch)

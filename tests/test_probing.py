@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.probes import probes_for
-from analyses.probing import (
+from analyses.core.probes import probes_for
+from analyses.components.probing import (
     bracket_depth, bracket_prompts, control_labels, fit_probe, linear_probe, probe_loss, prompt_split, repeat_offset,
     seen_before,
 )

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.interventions import base_run, evaluate_variants, head_cells
-from analyses.metrics import logit_diff_metric, loss_metric, read_positions
-from analyses.patching import patch_heads
-from analyses.probes import corrupt_first_copy, probes_for
+from analyses.interventions.engine import base_run, evaluate_variants, head_cells
+from analyses.core.metrics import logit_diff_metric, loss_metric, read_positions
+from analyses.interventions.patching import patch_heads
+from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf
 from interp.errors import UserError
 from interp.random_models import random_hf_model

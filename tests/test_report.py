@@ -12,13 +12,13 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-import analyses.probes
-from analyses.classify import MEASURES
+import analyses.core.probes
+from analyses.roles.classify import MEASURES
 from analyses.cli import build_parser, main
-from analyses.plots import png_bytes
-from analyses.report import DISPLAY_TEXT, DISPLAY_TOKENS, build_report, write_report
-from analyses.report_page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
-from analyses.tokens import leading_tokens
+from analyses.core.plots import png_bytes
+from analyses.report.build import DISPLAY_TEXT, DISPLAY_TOKENS, build_report, write_report
+from analyses.report.page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
+from analyses.core.tokens import leading_tokens
 from interp import GPTConfig, GPTModel, load_model, provenance
 from interp.loading import save_checkpoint
 
@@ -126,13 +126,13 @@ def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_pat
 def test_a_bug_keeps_its_traceback(monkeypatch, gpt2_dir):
     """Only UserError is a user mistake; a KeyError or RuntimeError from inside is a bug and
     must surface with its traceback, not print as a one-line 'error'."""
-    import analyses.report
+    import analyses.report.build
 
     for bug in (KeyError("blocks.0.attn.hook_z"), RuntimeError("shape mismatch")):
         def broken(*args, bug=bug, **kwargs):
             raise bug
 
-        monkeypatch.setattr(analyses.report, "build_report", broken)
+        monkeypatch.setattr(analyses.report.build, "build_report", broken)
         with pytest.raises(type(bug)):
             main(["report", "--model", str(gpt2_dir), "--out", "unused"])
 
@@ -149,8 +149,8 @@ def test_report_on_a_byte_model_with_a_short_context(tmp_path):
 
 def test_report_draws_its_probes_once(gpt2_dir, monkeypatch):
     drawn = []
-    original = analyses.probes.repeated_probes
-    monkeypatch.setattr(analyses.probes, "repeated_probes", lambda *a, **k: drawn.append(a) or original(*a, **k))
+    original = analyses.core.probes.repeated_probes
+    monkeypatch.setattr(analyses.core.probes, "repeated_probes", lambda *a, **k: drawn.append(a) or original(*a, **k))
     build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=False)
     assert len(drawn) == 1
 

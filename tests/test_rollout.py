@@ -7,7 +7,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from analyses.rollout import attention_rollout, model_rollout, rollout_figure
+from analyses.components.rollout import attention_rollout, model_rollout, rollout_figure
 from interp import load_model
 from interp.errors import UserError
 
@@ -90,7 +90,7 @@ def _networkx_flow(mixed: torch.Tensor) -> torch.Tensor:
 
 
 def test_attention_flow_equals_networkx_and_a_hand_example():
-    from analyses.rollout import attention_flow, mixed_attention
+    from analyses.components.rollout import attention_flow, mixed_attention
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 2, 5, 5, generator=generator).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -torch.inf)
     patterns = scores.softmax(-1)
@@ -109,12 +109,12 @@ def test_attention_flow_equals_networkx_and_a_hand_example():
 
 
 def test_attention_flow_of_a_model_and_its_figure(scratch_gpt2):
-    from analyses.rollout import model_flow
+    from analyses.components.rollout import model_flow
     tokens = scratch_gpt2.to_tokens("the cat")[0]
     flow = model_flow(scratch_gpt2, tokens)
     assert flow.shape == (2, len(tokens), len(tokens))
     assert torch.allclose(flow[:, 0, 0], torch.ones(2))  # the first token reaches itself fully
     assert isinstance(rollout_figure(flow, scratch_gpt2.to_str_tokens(tokens), kind="attention flow"), Figure)
     with pytest.raises(UserError, match="one prompt"):
-        from analyses.rollout import attention_flow
+        from analyses.components.rollout import attention_flow
         attention_flow(flow)

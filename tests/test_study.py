@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import analyses.study
-from analyses.probes import probes_for
-from analyses.study import read_rows, run_study
-from analyses.study_spec import load_spec
+import analyses.studies.runner
+from analyses.core.probes import probes_for
+from analyses.studies.runner import read_rows, run_study
+from analyses.studies.spec import load_spec
 from interp import GPTConfig, GPTModel, UserError, load_model, weights_hash
 from interp.loading import save_checkpoint
 
@@ -133,7 +133,7 @@ def test_killed_subprocess_resumes_without_duplicates(tmp_path, gpt2_dir):
     out = tmp_path / "killed"
     results = out / "results.csv"
     # a row every half second at least, so the kill lands mid-run
-    code = ("import sys, time; from analyses.study import run_study; "
+    code = ("import sys, time; from analyses.studies.runner import run_study; "
             "run_study(sys.argv[1], sys.argv[2], progress=False, on_row=lambda i: time.sleep(0.5))")
     lines = kill_at_rows([sys.executable, "-c", code, str(spec), str(out)], results, 2)
     assert 3 <= lines < 9  # killed mid-run: some rows, not all
@@ -263,7 +263,7 @@ def test_impl_auto_is_the_default_and_leaves_the_choice_to_load_model(tmp_path, 
         requests.append(impl)
         return load_model(spec, impl="scratch", device=device)
 
-    monkeypatch.setattr(analyses.study, "load_model", load)
+    monkeypatch.setattr(analyses.studies.runner, "load_model", load)
     run_study(write_spec(tmp_path, gpt2_dir, '"each_layer"', impl=impl), tmp_path / "out", progress=False)
     assert requests == [asked]
     assert json.loads((tmp_path / "out" / "spec.json").read_text())["impl"] == (impl or "auto")
@@ -368,8 +368,8 @@ def test_a_grid_resumes_from_its_last_cell_on_disk(tmp_path, gpt2_dir, monkeypat
     with open(tmp_path / "resumed" / "results.csv", "ab") as handle:
         handle.write(f"spec={gpt2_dir} method=resample,1,L".encode())  # torn mid-write
     prepared = []
-    prepare = analyses.study.prepare_study
-    monkeypatch.setattr(analyses.study, "prepare_study", lambda model, cell: prepared.append(cell.method) or
+    prepare = analyses.studies.runner.prepare_study
+    monkeypatch.setattr(analyses.studies.runner, "prepare_study", lambda model, cell: prepared.append(cell.method) or
                         prepare(model, cell))
     resumed = run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes()
     assert resumed == clean

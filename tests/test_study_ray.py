@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import analyses.study
-from analyses.study import run_study
+import analyses.studies.runner
+from analyses.studies.runner import run_study
 from interp import UserError
 
 ray = pytest.importorskip("ray")
 
-from analyses.study_ray import check_reachable  # noqa: E402  (needs ray)
+from analyses.studies.on_ray import check_reachable  # noqa: E402  (needs ray)
 from test_study import kill_at_rows  # noqa: E402  (pytest puts tests/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,8 +88,8 @@ def test_a_grid_on_ray_is_byte_identical_to_the_local_run(tmp_path, cluster, gpt
     def in_the_driver(*args):
         raise AssertionError("a row was computed in the driver")
 
-    monkeypatch.setattr(analyses.study.StudyCells, "rows", in_the_driver)
-    monkeypatch.setattr(analyses.study.StudyCells, "plan", in_the_driver)
+    monkeypatch.setattr(analyses.studies.cells.StudyCells, "rows", in_the_driver)
+    monkeypatch.setattr(analyses.studies.cells.StudyCells, "plan", in_the_driver)
     assert run_study(on_ray, tmp_path / "ray", progress=False).read_bytes() == local
     for record in ("spec.json", "provenance.json"):
         assert (tmp_path / "ray" / record).read_bytes() == (tmp_path / "local" / record).read_bytes()
@@ -102,7 +102,7 @@ def test_a_killed_driver_resumes_and_a_killed_worker_costs_a_retry(tmp_path, clu
     spec = write_spec(tmp_path / "spec.toml", method='"mean"', n=64, seq_len=64)  # rows slow enough to catch
     out = tmp_path / "killed"
     results = out / "results.csv"
-    code = ("import sys, time; from analyses.study import run_study; "
+    code = ("import sys, time; from analyses.studies.runner import run_study; "
             "run_study(sys.argv[1], sys.argv[2], progress=False, executor='ray', address=sys.argv[3], "
             "on_row=lambda i: time.sleep(0.3))")
     lines = kill_at_rows([sys.executable, "-c", code, str(spec), str(out), cluster], results, 3)

@@ -7,10 +7,10 @@ import types
 import pytest
 import torch
 
-from analyses.tasks import (
+from analyses.tasks.task import (
     NAMES, Task, greater_than_task, induction_text_task, ioi_task, load_task, make_task, task_batch, task_metric,
 )
-from analyses.tokens import encode
+from analyses.core.tokens import encode
 from interp import UserError, load_model
 from interp.random_models import make_random_gpt2
 from interp.convert import from_hf
@@ -190,8 +190,8 @@ def read_csv(path):
 
 def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     from analyses.cli import main
-    from analyses.patching import patch_heads
-    from analyses.path_patching import path_patch
+    from analyses.interventions.patching import patch_heads
+    from analyses.circuits.path_patching import path_patch
 
     out = tmp_path / "ioi"
     assert main(["task", "ioi", "--n", "6", "--top", "2", "--out", str(out), "--quiet"]) == 0
@@ -217,7 +217,7 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
 
 
 def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):
-    from analyses.task_cli import task_dla
+    from analyses.cli.tasks import task_dla
 
     task = Task("sets", ("x = (1", "y = [2, 3"), ("x = [1", "y = (2, 3"), ((ord(")"), ord("]")), (ord("]"),)),
                 ((ord("}"),), (ord(")"), ord("}"), ord(">"))))
@@ -229,7 +229,7 @@ def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi", "opt", "gpt_neo"])
 def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
-    from analyses.task_cli import analyse_task, write_task_page
+    from analyses.cli.tasks import analyse_task, write_task_page
 
     model = load_model(family_dir(family))
     path = tmp_path / "pairs.jsonl"
@@ -257,7 +257,7 @@ def test_the_other_built_in_tasks_run_as_commands(toy, tmp_path, name, capsys):
 
 
 def test_code_tasks_close_the_open_bracket_and_recall_the_defined_name(toy, bpe_model):
-    from analyses.tasks import BRACKETS, brackets_task, identifier_task
+    from analyses.tasks.task import BRACKETS, brackets_task, identifier_task
 
     task = brackets_task(toy)
     assert len(task) == 36 and task.dropped == 0
@@ -278,8 +278,8 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
     """What the guide claims about the shipped "code" model: one layer-1 head (L1H1) attends from the
     last token to the open bracket, its mean ablation erases the bracket-type logit difference, and
     path patching and edge attribution agree on the circuit's strongest edges. No identifier recall."""
-    from analyses.ablation import ablation_sweep
-    from analyses.task_cli import analyse_task
+    from analyses.interventions.ablation import ablation_sweep
+    from analyses.cli.tasks import analyse_task
 
     code = load_model("code")
     task = make_task(code, "brackets")
@@ -306,7 +306,7 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
 @pytest.mark.parametrize("family", ["llama", "opt"])  # a from-scratch family and a bridge-only one
 @pytest.mark.parametrize("name", ["ioi", "greater-than", "induction-text"])
 def test_the_built_in_tasks_run_on_random_models_of_other_families(family, name, family_dir):
-    from analyses.task_cli import analyse_task
+    from analyses.cli.tasks import analyse_task
 
     model = load_model(family_dir(family))
     task = make_task(model, name, n=2)

@@ -13,7 +13,7 @@ import platform
 import pytest
 import torch
 
-from analyses.probes import probes_for
+from analyses.core.probes import probes_for
 from interp import GPTModel, load_model
 from interp.loading import toy_checkpoint_dir
 from interp.train import PRESETS, TRIED, load_corpus

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.tracing import (
+from analyses.tasks.tracing import (
     KINDS, causal_trace, draw_noise, embedding_std, state_name, subject_positions, trace_figure,
 )
-from analyses.tokens import encode
+from analyses.core.tokens import encode
 from interp import UserError, load_model
 
 PROMPT = "When Mary met Tom, Mary said hi to"

@@ -158,7 +158,7 @@ def test_tracr_command_writes_a_checkpoint_every_command_loads(tmp_path):
 
 
 def test_analyses_that_assume_causal_attention_refuse_a_bidirectional_model():
-    from analyses.classify import classify_heads
+    from analyses.roles.classify import classify_heads
     _, model = compiled("hist")
     with pytest.raises(UserError, match="head classification assumes causal attention"):
         classify_heads(model, n_prompts=4, seq_len=model.cfg.n_ctx)
@@ -172,7 +172,7 @@ def test_head_roles_of_compiled_heads():
     (Tracr's default), itself and earlier copies of its token: on probes with one earlier copy
     each gets 1/3, so it is named self and bos (their share is >= 0.4 once the copy is absent),
     and duplicate-token (1/3, under the 0.4 threshold) is not -- nothing it does not do."""
-    from analyses.classify import assign_roles, classify_heads
+    from analyses.roles.classify import assign_roles, classify_heads
     vocab = list("abcdefgh")
     shift = from_tracr(compile_program("shift_by", vocab, 12, causal=True))
     roles = assign_roles(classify_heads(shift, n_prompts=16, seq_len=12))

@@ -1,4 +1,4 @@
-"""The ground truth of Tracr-compiled programs (``analyses.ground_truth``) against the compiled
+"""The ground truth of Tracr-compiled programs (``analyses.circuits.ground_truth``) against the compiled
 weights themselves: Tracr gives every operation its own residual dimensions and pads unused heads
 and MLPs with zeros, so a component is used exactly when its weights are not all zero, and A
 feeds B exactly when what A writes overlaps what B's input reads."""
@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("tracr", reason="needs the [tracr] extra")
 
-from analyses.ground_truth import compile_with_graph, ground_truth  # noqa: E402
+from analyses.circuits.ground_truth import compile_with_graph, ground_truth  # noqa: E402
 from interp import from_tracr  # noqa: E402
 from interp.tracr import PROGRAMS, compile_program  # noqa: E402
 

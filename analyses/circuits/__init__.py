@@ -1,0 +1,1 @@
+"""How heads connect: composition scores, path patching, edge attribution (EAP, EAP-IG), circuits, Tracr ground truth and its evaluation."""

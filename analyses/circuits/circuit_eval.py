@@ -1,0 +1,198 @@
+"""Circuit discovery measured against a known circuit (issue 25): a Tracr-compiled program, whose
+true nodes and edges ``analyses.circuits.ground_truth`` reads from the compiler.
+
+The task: every input of the program's length (or a seeded sample) is a clean prompt; its
+corrupted twin is another clean prompt, drawn by a seeded derangement. The metric
+(``output_metric``) is minus the mean squared distance of the outputs (positions 1.., every
+output logit, or the value of a numerical program) from the clean run's: 0 on the clean run,
+negative elsewhere, differentiable for the attribution methods.
+
+Scores, each compared with the truth by ROC AUC (``roc_auc``: the probability that a true
+component or edge outscores a false one, ties counting half; NaN where either class is empty):
+
+- nodes (every head and every MLP): activation patching (``component_scores(method="patch")``,
+  the corrupted run with one component's output from the clean run), mean and zero ablation (the
+  clean run with one component's output replaced by its mean over the clean prompts, or zeros),
+  each scored by the absolute change of the metric;
+- edges between heads (q, k, v) and from heads to the logits, the edges ``analyses.path_patch``
+  and ``analyses.circuits.edge_attribution`` define: exact path patching, EAP and EAP-IG
+  (``analyses.circuits.eap_ig``), scored by absolute effect. Edges into or out of MLPs are not scored by
+  those tools; their truth is in ``ground_truth``'s frame, and the node scores cover MLPs.
+
+Faithfulness (``faithfulness``): the metric with every component outside a circuit mean-ablated,
+as a fraction of the way from everything ablated (0) to nothing ablated (1); the complement's is
+the same with the circuit itself ablated (completeness asks it to be near 0). ``size_curve`` gives
+it for each node method's top-k components, k = 0..all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from analyses.circuits.eap_ig import eap_ig
+from analyses.circuits.edge_attribution import edge_attribution
+from analyses.core.metrics import Metric
+from analyses.circuits.path_patching import KEY_COLUMNS, path_patch
+from interp.errors import UserError
+
+Component = tuple[str, int, int]  # (kind, layer, head); an MLP's head is -1
+NODE_METHODS = ("patch", "mean_ablate", "zero_ablate")
+EDGE_METHODS = {"path patching": path_patch, "EAP": edge_attribution, "EAP-IG": eap_ig}
+
+
+def output_metric(clean_logits: torch.Tensor) -> Metric:
+    """logits (batch, pos, d_vocab_out) -> minus their mean squared distance from ``clean_logits``
+    (same shape) over positions 1.. (position 0 is the start token's)."""
+    clean = clean_logits.detach()
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        if logits.shape != clean.shape:
+            raise UserError(f"output_metric: logits {tuple(logits.shape)} but the clean run's are {tuple(clean.shape)}")
+        return -(logits[:, 1:] - clean[:, 1:]).pow(2).mean()
+
+    return metric
+
+
+def task_pairs(tokens: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens (batch, pos) -> (clean, corrupted): the corrupted row i is clean row perm[i] of a
+    seeded permutation with no fixed point (every prompt gets another one)."""
+    if len(tokens) < 2:
+        raise UserError("a patching task needs at least two prompts")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(tokens), generator=generator)
+    partner = torch.empty_like(order)
+    partner[order] = order.roll(1)  # a cycle through the shuffled rows: nobody is their own partner
+    return tokens, tokens[partner]
+
+
+def components(model) -> list[Component]:
+    """Every head, then the layer's MLP, layer by layer."""
+    return [c for layer in range(model.cfg.n_layers)
+            for c in [("head", layer, h) for h in range(model.cfg.n_heads)] + [("mlp", layer, -1)]]
+
+
+def _hook(component: Component) -> str:
+    kind, layer, _ = component
+    return f"blocks.{layer}.attn.hook_z" if kind == "head" else f"blocks.{layer}.hook_mlp_out"
+
+
+def _replace(component: Component, value: torch.Tensor):
+    """A hook putting ``value`` (the hook's whole activation shape) in the component's slice."""
+    def hook(activation, hook):
+        if component[0] == "mlp":
+            return value.expand_as(activation)
+        activation = activation.clone()
+        activation[:, :, component[2]] = value.expand_as(activation)[:, :, component[2]]
+        return activation
+    return hook
+
+
+def _run(model, tokens: torch.Tensor, metric: Metric, replaced: Sequence[tuple[Component, torch.Tensor]]) -> float:
+    with torch.no_grad():
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(_hook(c), _replace(c, v)) for c, v in replaced])
+    return float(metric(logits))
+
+
+def _activations(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    return {name: cache[name] for name in {_hook(c) for c in components(model)}}
+
+
+def component_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
+                     method: str = "patch") -> pd.DataFrame:
+    """|metric change| when one component's output is patched from the clean run into the
+    corrupted one ("patch"), or replaced on the clean run by its mean over the clean prompts
+    ("mean_ablate") or by zeros ("zero_ablate") -> frame ``kind, layer, head, score``, one row
+    per component. Patching and mean ablation cannot see a component whose output is the same on
+    every prompt (in Tracr, ``length`` on inputs of one length); zero ablation can."""
+    if method not in NODE_METHODS:
+        raise UserError(f"unknown node method {method!r}; allowed: {', '.join(NODE_METHODS)}")
+    clean_acts = _activations(model, clean)
+    if method == "patch":
+        base, values = corrupted, clean_acts
+    else:
+        scale = 0.0 if method == "zero_ablate" else 1.0
+        base, values = clean, {name: scale * act.mean(0, keepdim=True) for name, act in clean_acts.items()}
+    reference = _run(model, base, metric, [])
+    rows = [(*c, abs(_run(model, base, metric, [(c, values[_hook(c)])]) - reference)) for c in components(model)]
+    return pd.DataFrame(rows, columns=["kind", "layer", "head", "score"])
+
+
+def faithfulness(model, clean: torch.Tensor, metric: Metric, circuit: set[Component]) -> float:
+    """The metric with every component outside ``circuit`` mean-ablated (over the clean prompts),
+    from everything ablated (0) to nothing ablated (1); NaN where ablating everything leaves the
+    metric where it was (the program's output is the same on every prompt, e.g. ``length`` on
+    inputs of one length: there is nothing to be faithful to)."""
+    means = {name: act.mean(0, keepdim=True) for name, act in _activations(model, clean).items()}
+    everything = [(c, means[_hook(c)]) for c in components(model)]
+    full, empty = _run(model, clean, metric, []), _run(model, clean, metric, everything)
+    if full == empty:
+        return float("nan")
+    kept = _run(model, clean, metric, [(c, v) for c, v in everything if c not in circuit])
+    return (kept - empty) / (full - empty)
+
+
+def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """P(a true item outscores a false one), ties counting half (the Mann-Whitney form of the ROC
+    AUC); NaN where there is no true or no false item."""
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    positive, negative = scores[labels], scores[~labels]
+    if not len(positive) or not len(negative):
+        return float("nan")
+    wins = (positive[:, None] > negative[None, :]).sum() + 0.5 * (positive[:, None] == negative[None, :]).sum()
+    return float(wins / (len(positive) * len(negative)))
+
+
+def size_curve(model, clean: torch.Tensor, metric: Metric, scores: pd.DataFrame) -> pd.DataFrame:
+    """Faithfulness of each top-k circuit by ``scores`` (``component_scores``'s frame; ties in
+    component order) -> frame ``size, faithfulness``, k = 0..number of components."""
+    ranked = scores.sort_values("score", ascending=False, kind="stable")
+    order = list(zip(ranked.kind, ranked.layer, ranked["head"]))
+    return pd.DataFrame([(k, faithfulness(model, clean, metric, set(order[:k]))) for k in range(len(order) + 1)],
+                        columns=["size", "faithfulness"])
+
+
+def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: torch.Tensor,
+                       corrupted: torch.Tensor, *, steps: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every method against the truth (``ground_truth``'s ``nodes`` and ``edges``) -> (scores:
+    ``method, level, auc, n_true, n_items, seconds, faithfulness, note``: a row per method, a
+    method that refuses the model (``note`` "refused: ...", AUC NaN), then rows "true circuit"
+    and "complement" with their ``faithfulness``; curves: ``method, size, faithfulness``)."""
+    with torch.no_grad():
+        metric = output_metric(model(clean))
+    truth_nodes = {(k, l, h) for k, l, h, t in zip(nodes.kind, nodes.layer, nodes["head"], nodes.true) if t}
+    rows, curves = [], []
+    for method in NODE_METHODS:
+        start = time.perf_counter()
+        scores = component_scores(model, clean, corrupted, metric, method)
+        seconds = time.perf_counter() - start
+        labels = [c in truth_nodes for c in zip(scores.kind, scores.layer, scores["head"])]
+        rows.append((method, "node", roc_auc(scores.score, labels), sum(labels), len(labels), seconds, np.nan, ""))
+        curves.append(size_curve(model, clean, metric, scores).assign(method=method))
+    head_edges = edges[(edges.sender_kind == "head") & edges.receiver_kind.isin(["head", "logits"])]
+    true_edges = set(map(tuple, head_edges[KEY_COLUMNS].itertuples(index=False)))
+    for name, method in EDGE_METHODS.items():
+        start = time.perf_counter()
+        options = {"steps": steps} if name == "EAP-IG" else {}
+        try:
+            frame = method(model, clean, corrupted, metric, **options)
+        except UserError as refusal:  # e.g. the hook self-test finds a q/k edit that reaches no output
+            rows.append((name, "edge", np.nan, len(true_edges), np.nan, np.nan, np.nan, f"refused: {refusal}"))
+            continue
+        seconds = time.perf_counter() - start
+        score = frame["effect"] if "effect" in frame else frame["attribution"]
+        labels = [key in true_edges for key in map(tuple, frame[KEY_COLUMNS].itertuples(index=False))]
+        rows.append((name, "edge", roc_auc(score.abs(), labels), sum(labels), len(labels), seconds, np.nan, ""))
+    every = set(components(model))
+    for name, circuit in (("true circuit", truth_nodes), ("complement", every - truth_nodes)):
+        value = faithfulness(model, clean, metric, circuit)
+        note = "undefined: the output is the same on every prompt" if np.isnan(value) else ""
+        rows.append((name, "circuit", np.nan, len(circuit), len(every), np.nan, value, note))
+    columns = ["method", "level", "auc", "n_true", "n_items", "seconds", "faithfulness", "note"]
+    return pd.DataFrame(rows, columns=columns), pd.concat(curves, ignore_index=True)[["method", "size", "faithfulness"]]

@@ -1,0 +1,214 @@
+"""Edge attribution patching (EAP; Syed et al. 2023): every edge of ``path_patch`` scored at once.
+
+An edge's exact effect (``analyses.path_patch``) moves one receiver input -- a head's query, key
+or value input, or the unembedding's -- by the sender's write (its source-minus-base output
+through ``W_O``, (batch, pos, d_model)). EAP takes the first-order term of that change:
+
+    attribution = sum over batch, pos of  write_sender . d metric / d receiver input
+
+evaluated on the unpatched base run (the corrupted one when denoising, the clean one when
+noising), so it predicts ``path_patch``'s ``effect`` with the same signs and directions. Three
+passes give every edge: the source forward (its z), the base forward and one backward (activation
+gradients only) with per-head q/k/v inputs on (TransformerLens's ``set_use_split_qkv_input``,
+which ``GPTModel`` and the bridge both offer, ``GPTModel`` for only the inputs the edges read; the
+receiver's input gradient is then one slice of ``blocks.{l}.hook_{q,k,v}_input``). "logits" edges
+need only the gradient at the residual leaving the last block. How far the linearisation holds is measured, not assumed: ``edge_agreement`` and
+``shortlist_path_patch`` (attribution ranks, exact path patching confirms the top k).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from einops import rearrange
+
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.hook_names import final_resid_name, qkv_input_name, z_names
+from analyses.interventions.engine import activation_gradients, cache_run
+from analyses.core.metrics import Metric
+from analyses.circuits.path_patching import (
+    QKV, VIAS, Edges, edges_of, output_weights, path_frame, path_values, prepare_paths, require_path_edits,
+    writes_into,
+)
+from analyses.interventions.patching import base_and_source
+from interp.errors import UserError
+
+
+@contextmanager
+def split_qkv_inputs(model, inputs: Sequence[str]):
+    """Per-head copies of the q/k/v ``inputs`` for the block (only those where the model can split
+    them one by one, ``GPTModel.set_split_qkv_inputs``; all three on a bridge), the model's own
+    setting restored after."""
+    if not hasattr(model, "set_use_split_qkv_input"):
+        raise UserError(f"{type(model).__name__} has no per-head q/k/v inputs (set_use_split_qkv_input), "
+                        "which edge attribution through q/k/v needs; via='logits' works without them")
+    if hasattr(model, "set_split_qkv_inputs"):
+        saved = model.split_qkv_inputs
+        switch = model.set_split_qkv_inputs
+    else:
+        saved = bool(getattr(model.cfg, "use_split_qkv_input", False))
+        switch, inputs = model.set_use_split_qkv_input, True
+    try:
+        switch(inputs)
+    except (ValueError, NotImplementedError) as refusal:  # a bridge whose attention has no per-head fork
+        raise UserError(f"this model cannot split its q/k/v inputs per head ({refusal}); "
+                        "edge attribution through q/k/v needs that; via='logits' works without it") from None
+    try:
+        yield
+    finally:
+        switch(saved)
+
+
+def receiver_inputs(model, edges: Edges) -> dict[str, np.ndarray]:
+    """The input each edge's receiver reads -> {hook name: the indices of its edges}."""
+    keys = edges.table[:, 2] * len(VIAS) + edges.table[:, 4]  # (receiver layer, via rank)
+    found, which = np.unique(keys, return_inverse=True)
+    return {_input_name(model, *divmod(int(key), len(VIAS))): np.flatnonzero(which == i) for i, key in enumerate(found)}
+
+
+def _input_name(model, layer: int, rank: int) -> str:
+    return final_resid_name(model) if VIAS[rank] == "logits" else qkv_input_name(layer, VIAS[rank])
+
+
+def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str]) -> tuple[dict, list]:
+    """One forward and backward of ``base`` -> ({input hook name: d metric / d input}, z per layer
+    (batch, pos, head, d_head)). ``inputs``: ``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head,
+    d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits."""
+    final = final_resid_name(model)
+    split = [which for which in QKV if any(name.endswith(f"hook_{which}_input") for name in inputs)]
+    with split_qkv_inputs(model, split) if split else nullcontext():
+        _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model))
+    for name in inputs:
+        if name != final and grads[name].shape[2] != model.cfg.n_heads:
+            raise UserError(f"{name} carries {grads[name].shape[2]} heads, not one per query head "
+                            f"({model.cfg.n_heads}): this model's key/value inputs are shared, so edge "
+                            "attribution through k/v is undefined here; use via='q' or 'logits'")
+    return {name: grads[name] for name in inputs}, [activations[name] for name in z_names(model)]
+
+
+# A chunk of writes (senders, rows, d_model) of about this many bytes stays in the CPU's cache
+# while every receiver input's gradient is multiplied into it.
+CHUNK_BYTES = 16 * 2**20
+
+
+def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torch.Tensor], grads: dict,
+                 inputs: dict[str, np.ndarray]) -> torch.Tensor:
+    """Each edge's first-order effect -> (len(edges),): the sender's write dotted with the gradient
+    of the receiver's input, summed over batch and positions.
+
+    ``moved``: each sender layer's source-minus-base z (batch, pos, head, d_head), from layer 0 up
+    to the last sender's; ``w_o``: those layers' ``W_O`` (head, d_head, d_model); ``grads``: {input
+    hook name: d metric / d input}, (batch, pos, head, d_model) for q/k/v inputs, (batch, pos,
+    d_model) for the final residual; ``inputs``: {hook name: its edges}, as ``receiver_inputs``
+    gives. The writes are made a chunk of (batch * pos) rows at a time (``CHUNK_BYTES``), never
+    all at once; per chunk, the inputs that read the same senders (one receiver layer's q, k and
+    v) share one matrix product with those senders' writes."""
+    n_heads = w_o[0].shape[0]
+    sender = torch.from_numpy(edges.table[:, 0] * n_heads + edges.table[:, 1])
+    receiver = torch.from_numpy(np.maximum(edges.table[:, 3], 0))  # logits: receiver 0
+    flat = {name: rearrange(grad if grad.ndim == 4 else grad[:, :, None], "b p r d -> (b p) r d")
+            for name, grad in grads.items()}  # (batch * pos, receiver, d_model); logits: one receiver
+    groups = {}  # senders read -> the inputs reading them
+    for name, members in inputs.items():
+        groups.setdefault(int(sender[members].max()) + 1, []).append(name)
+    moved = [rearrange(z, "b p h e -> h (b p) e") for z in moved]
+    tables = {n: moved[0].new_zeros(sum(flat[name].shape[1] for name in names), n) for n, names in groups.items()}
+    n_rows, d_model = moved[0].shape[1], w_o[0].shape[-1]
+    chunk = max(1, CHUNK_BYTES // (4 * d_model * len(moved) * n_heads))
+    for start in range(0, n_rows, chunk):
+        part = slice(start, start + chunk)
+        out = moved[0].new_empty(len(moved) * n_heads, min(chunk, n_rows - start), d_model)
+        writes = writes_into(out, [z[:, part] for z in moved], w_o).flatten(1)  # (sender, rows * d_model)
+        for n, names in groups.items():
+            grad = torch.cat([rearrange(flat[name][part], "n r d -> r (n d)") for name in names])
+            tables[n] += grad @ writes[:n].T
+    values = torch.empty(len(edges))
+    for n, names in groups.items():
+        offset = 0
+        for name in names:
+            members = torch.from_numpy(inputs[name])
+            values[members] = tables[n][offset + receiver[members], sender[members]].float().cpu()
+            offset += flat[name].shape[1]
+    return values
+
+
+def edge_attribution(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    *,
+    senders=None,
+    receivers=None,
+    via: str | Sequence[str] = VIAS,
+    direction: str = "denoise",
+) -> pd.DataFrame:
+    """EAP score of every edge (see the module docstring) -> one row per edge, sorted by sender,
+    receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via, attribution``
+    (the predicted ``effect`` of ``path_patch`` with the same arguments). Three passes: the source
+    forward, the base forward and its backward."""
+    edges = edges_of(model, senders, receivers, via)
+    base, source = base_and_source(model, clean, corrupted, direction)
+    senders_z = z_names(model)[:int(edges.table[:, 0].max()) + 1]  # the source run stops after these
+    _, source_z = cache_run(model, source, senders_z, logits=False)
+    inputs = receiver_inputs(model, edges)
+    grads, base_z = receiver_gradients(model, base, metric, list(inputs))
+    moved = [source_z[name] - z for name, z in zip(senders_z, base_z)]
+    return edges.frame(attribution=attributions(edges, moved, output_weights(model, len(senders_z)), grads, inputs))
+
+
+def shortlist_path_patch(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    *,
+    top_k: int = 20,
+    senders=None,
+    receivers=None,
+    via: str | Sequence[str] = VIAS,
+    direction: str = "denoise",
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Edge attribution ranks every edge; exact path patching confirms the ``top_k`` by
+    |attribution| -> those edges, strongest attribution first: the key columns, ``attribution``,
+    and ``path_patch``'s ``value`` and ``effect`` (unnormalised)."""
+    if not isinstance(top_k, int) or top_k < 1:
+        raise UserError(f"top_k={top_k!r} must be a positive integer")
+    every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
+    require_path_edits(model, every_edge, "shortlist_path_patch")
+    scored = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
+                              direction=direction)
+    order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
+    edges = every_edge.take(order)
+    setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
+    exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress),
+                       normalize=False)
+    return exact.assign(attribution=scored["attribution"].to_numpy()[order]).reset_index(drop=True)[
+        [*exact.columns[:5], "attribution", "value", "effect"]
+    ]
+
+
+def edge_agreement(frame: pd.DataFrame, top_k: int = 10) -> dict:
+    """How well ``attribution`` predicts ``effect`` over the edges of ``frame``: Spearman and
+    Pearson correlations, and the share of the ``top_k`` edges by |effect| that are also among the
+    ``top_k`` by |attribution| (``top_k`` capped at the number of edges)."""
+    missing = {"attribution", "effect"} - set(frame.columns)
+    if missing:
+        raise UserError(f"edge_agreement needs columns attribution and effect; missing {sorted(missing)}")
+    if len(frame) < 2:
+        raise UserError(f"edge_agreement needs at least 2 edges, got {len(frame)}")
+    k = min(top_k, len(frame))
+    pair = frame[["attribution", "effect"]].astype(float)
+    top = [set(pair[col].abs().sort_values(ascending=False, kind="stable").index[:k]) for col in pair]
+    return {
+        "spearman": float(pair.rank().corr().iloc[0, 1]),
+        "pearson": float(pair.corr().iloc[0, 1]),
+        "top_k_overlap": len(top[0] & top[1]) / k,
+        "top_k": k,
+    }

@@ -1,0 +1,317 @@
+"""Exact path patching (DESIGN 4.6; Wang et al. 2022): how much of a metric flows along one edge.
+
+An edge joins a *sender* head to a *receiver*: a later head's query, key or value input, or the
+unembedding ("logits"). Denoising (the default) runs the corrupted prompts and adds the sender's
+clean-minus-corrupted *write* -- its ``hook_z`` slice times its ``W_O``, i.e. what it adds to the
+residual stream -- to that one input alone, before the receiver's norm; every other reader keeps
+the corrupted residual. Noising swaps clean and corrupted. This is TransformerLens's
+``patching.get_act_patch_direct_path`` (which has no "logits" and does only denoising), and it
+equals it to float precision where that runs.
+
+How it runs, with no model internals but ``W_O`` (``blocks.{l}.attn.W_O``, (head, d_head,
+d_model)) and the hooks of DESIGN 2, every step batched through the intervention engine:
+
+1. for each (sender, receiver layer L, input q/k/v): one partial forward from layer L whose
+   residual entering L is the base one plus the sender's write, with the two other inputs'
+   ``hook_q/k/v`` of L held at their base values, stopping at L's ``hook_z``: that is the z of
+   every head of L when only its query (key, value) input moved, since heads of one layer are
+   independent given their q, k and v;
+2. for each edge, one forward with only the receiver's ``hook_z`` slice replaced by its step-1
+   value. On ``GPTModel`` that is a run from L's ``resid_mid``, the base one plus the receiver's
+   moved z through its ``W_O`` (what replacing the slice adds there), so only L's MLP and the
+   blocks after it run; a bridge edits ``hook_z`` in a full forward. A "logits" edge adds the
+   write to the residual leaving the last block (what ``ln_final`` and the unembedding read).
+
+Grouped-query attention: a key/value head is shared by the query heads of its group. A
+receiver's key (value) input is its own copy of the residual that its group's key (value)
+projection reads: patching receiver r gives r's z computed with its own query and the
+path-patched key (value), and leaves the other heads of the group on the base key (value). (This
+is what ``GPTModel.set_use_split_qkv_input`` computes; TransformerLens refuses k/v paths there.)
+
+Cost per edge: step 2 is one suffix forward (on a 12-layer model, from the receiver's layer's MLP
+on); step 1 is about one block's attention per (sender, receiver layer, input), shared by that
+layer's receivers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from itertools import product
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from einops import einsum, rearrange
+
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.hook_check import check_hooks, require_edit
+from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
+from analyses.interventions.engine import (
+    base_run, cache_run, check_heads, collect_variants, evaluate_variants, rows_per_chunk,
+)
+from analyses.core.metrics import Metric, evaluate_metric
+from analyses.interventions.patching import base_and_source, normalize_values
+from analyses.core.progress import progress_bar
+from interp.errors import UserError
+
+VIAS = ("q", "k", "v", "logits")
+QKV = ("q", "k", "v")
+KEY_COLUMNS = ["sender_layer", "sender_head", "receiver_layer", "receiver_head", "via"]
+Head = tuple[int, int]
+
+
+class Edge(NamedTuple):
+    """sender (layer, head) -> receiver (layer, head) through ``via``; a "logits" edge's receiver
+    is (n_layers, -1). One row of ``Edges``."""
+
+    sender: Head
+    receiver: Head
+    rank: int  # VIAS.index(via), so edges sort by it
+
+    @property
+    def via(self) -> str:
+        return VIAS[self.rank]
+
+
+@dataclass(frozen=True)
+class Edges:
+    """Edges as one table, so an analysis over thousands of them needs no Python loop: ``table``
+    (edge, 5) int64, the columns ``sender_layer, sender_head, receiver_layer, receiver_head,
+    rank`` (``VIAS.index(via)``; a "logits" edge's receiver is (n_layers, -1)), sorted by sender,
+    receiver, then via in ``VIAS`` order. ``edges[i]`` is row i as an ``Edge``."""
+
+    table: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> Edge:
+        sender_layer, sender_head, receiver_layer, receiver_head, rank = self.table[i].tolist()
+        return Edge((sender_layer, sender_head), (receiver_layer, receiver_head), rank)
+
+    def __iter__(self):
+        return (Edge((row[0], row[1]), (row[2], row[3]), row[4]) for row in self.table.tolist())
+
+    def take(self, indices) -> "Edges":
+        """The rows ``indices`` (in that order)."""
+        return Edges(self.table[np.asarray(indices, dtype=np.int64)])
+
+    def frame(self, **columns) -> pd.DataFrame:
+        """One row per edge: ``KEY_COLUMNS`` then ``columns`` (each a sequence in edge order)."""
+        keys = pd.DataFrame(self.table[:, :4], columns=KEY_COLUMNS[:4])
+        keys = keys.assign(via=np.array(VIAS, dtype=object)[self.table[:, 4]])
+        return keys.assign(**{name: torch.as_tensor(values).cpu().numpy() for name, values in columns.items()})
+
+
+def check_vias(via: str | Sequence[str]) -> tuple[str, ...]:
+    """One of ``VIAS`` or a sequence of them -> a tuple in ``VIAS`` order, without repeats."""
+    chosen = [via] if isinstance(via, str) else list(via)
+    for item in chosen:
+        if item not in VIAS:
+            raise UserError(f"unknown via {item!r}; allowed: {', '.join(VIAS)}")
+    if not chosen:
+        raise UserError(f"via is empty; give one or more of {', '.join(VIAS)}")
+    return tuple(v for v in VIAS if v in chosen)
+
+
+def _all_heads(model) -> list[Head]:
+    return list(product(range(model.cfg.n_layers), range(model.cfg.n_heads)))
+
+
+def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIAS) -> Edges:
+    """Every edge between ``senders`` and ``receivers`` (lists of (layer, head); None: all heads)
+    through each of ``via``, sorted: a q/k/v edge where the sender's layer is before the
+    receiver's; a "logits" edge from every sender. None at all is a one-line error."""
+    vias = check_vias(via)
+    senders = _all_heads(model) if senders is None else check_heads(model, senders)
+    receivers = _all_heads(model) if receivers is None else check_heads(model, receivers)
+    ranks = [VIAS.index(v) for v in vias if v in QKV]
+    inputs = [(*r, rank) for r in sorted(set(receivers)) for rank in ranks]  # (receiver, via rank), sorted
+    inputs += [(model.cfg.n_layers, -1, VIAS.index("logits"))] if "logits" in vias else []  # sorts last
+    inputs = np.array(inputs, dtype=np.int64).reshape(-1, 3)
+    sources = np.array(sorted(set(senders)), dtype=np.int64).reshape(-1, 2)
+    pairs = np.concatenate([np.repeat(sources, len(inputs), axis=0), np.tile(inputs, (len(sources), 1))], axis=1)
+    found = pairs[pairs[:, 2] > pairs[:, 0]]  # a logits edge's receiver layer, n_layers, is after every sender
+    if not len(found):
+        raise UserError(f"no edge: every receiver's layer must come after a sender's (senders {senders}, "
+                        f"receivers {receivers}, via {', '.join(vias)})")
+    return Edges(found)
+
+
+def output_weights(model, n_layers: int) -> list[torch.Tensor]:
+    """The first ``n_layers`` layers' ``W_O`` (head, d_head, d_model), detached: a head's write to
+    the residual stream is its z times its slice. Refused in one line where the hook self-test did
+    not find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
+    check = check_hooks(model)
+    if not check.sums_ok:
+        found = "is not reachable" if check.sums_ok is None else "does not give hook_attn_out"
+        raise UserError(f"path patching needs each head's write z @ W_O, and on this {check.family} model "
+                        f"({check.impl}) blocks.{{l}}.attn.W_O {found}; see `interp check`")
+    return [model.blocks[layer].attn.W_O.detach() for layer in range(n_layers)]
+
+
+def writes_into(out: torch.Tensor, moved: Sequence[torch.Tensor], w_o: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Fill ``out`` (layer * head, rows, d_model) with each head's write: its moved z, per layer
+    (head, rows, d_head), through its ``W_O`` slice; one ``bmm`` per layer, into ``out`` directly
+    (no concatenated copy of every layer's ``W_O``)."""
+    n_heads = w_o[0].shape[0]
+    for layer, (z, weight) in enumerate(zip(moved, w_o)):
+        torch.bmm(z, weight.to(z.dtype), out=out[layer * n_heads:(layer + 1) * n_heads])
+    return out
+
+
+def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor]) -> torch.Tensor:
+    """What moving each head's z from ``z_from`` to ``z_to`` (per layer from layer 0 on, (batch,
+    pos, head, d_head)) adds to the residual stream -> (layer * head, batch, pos, d_model), sender
+    ``layer * n_heads + head`` first. Refused as ``output_weights`` says."""
+    w_o = output_weights(model, len(z_to))
+    batch, n_pos, n_heads = z_to[0].shape[:3]
+    moved = [rearrange(to - start, "b p h e -> h (b p) e") for to, start in zip(z_to, z_from)]
+    out = z_to[0].new_empty(len(z_to) * n_heads, batch * n_pos, w_o[0].shape[-1])
+    return rearrange(writes_into(out, moved, w_o), "s (b p) d -> s b p d", b=batch)
+
+
+@dataclass
+class PathSetup:
+    """The two runs of a path-patching experiment.
+
+    base: tokens (batch, pos) every patched run processes (corrupted when denoising).
+    cache: the base run's activations (residual entering each layer, q/k/v, final residual).
+    starts: the base run's residual entering each layer, on a model that can start there.
+    writes: each sender's source-minus-base write, (layer * head, batch, pos, d_model).
+    clean_value / corrupted_value: the metric on the unpatched clean / corrupted runs.
+    base_value: the metric of the unpatched run that is patched.
+    """
+
+    base: torch.Tensor
+    cache: dict
+    starts: dict | None
+    writes: torch.Tensor
+    clean_value: float
+    corrupted_value: float
+    base_value: float
+
+
+def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str) -> PathSetup:
+    """Run clean and corrupted once each; cache what the edges' patched runs read."""
+    base, source = base_and_source(model, clean, corrupted, direction)
+    logits = edges.table[:, 4] == VIAS.index("logits")
+    layers = np.unique(edges.table[~logits, 2]).tolist()
+    names = [name for layer in layers for name in (resid_pre_name(layer), *(qkv_name(layer, w) for w in QKV))]
+    names += [final_resid_name(model)] if logits.any() else []
+    source_logits, source_z = cache_run(model, source, z_names(model))
+    base_logits, cache, starts = base_run(model, base, [*z_names(model), *names])
+    writes = head_writes(model, [source_z[n] for n in z_names(model)], [cache[n] for n in z_names(model)])
+    source_value = evaluate_metric(metric, source_logits).item()
+    base_value = evaluate_metric(metric, base_logits).item()
+    clean_value, corrupted_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)
+    return PathSetup(base, cache, starts, writes, clean_value, corrupted_value, base_value)
+
+
+def _write(setup: PathSetup, head: Head) -> torch.Tensor:
+    layer, index = head
+    return setup.writes[layer * setup.cache[z_name(0)].shape[2] + index]
+
+
+def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], memory_mb: float) -> dict:
+    """Step 1: for each (sender, "q" | "k" | "v"), layer ``layer``'s z (batch, pos, head, d_head)
+    with only that input of each head moved by the sender's write -> {(sender, via): z}."""
+    resid = resid_pre_name(layer)
+    variants = [
+        [(resid, (), setup.cache[resid] + _write(setup, sender)), *((qkv_name(layer, w), ()) for w in QKV if w != via)]
+        for sender, via in paths
+    ]
+    sources = {qkv_name(layer, w): setup.cache[qkv_name(layer, w)] for w in QKV}
+    z = collect_variants(model, setup.base, variants, sources, [z_name(layer)], starts=setup.starts,
+                         memory_mb=memory_mb)
+    return dict(zip(paths, z[z_name(layer)]))
+
+
+def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> list[list]:
+    """Step 2: the one edit that patches each edge (its receivers all in one layer, or "logits")."""
+    if edges[0].via == "logits":
+        final = final_resid_name(model)
+        return [[(final, (), setup.cache[final] + _write(setup, edge.sender))] for edge in edges]
+    layer = edges[0].receiver[0]
+    moved = [z[edge.sender, edge.via][:, :, edge.receiver[1]] for edge in edges]  # each (batch, pos, d_head)
+    mid = resid_mid_name(layer)
+    if setup.starts is None or mid not in setup.starts:
+        return [[(z_name(layer), (slice(None), edge.receiver[1]), value)] for edge, value in zip(edges, moved)]
+    heads = [edge.receiver[1] for edge in edges]
+    change = torch.stack(moved) - rearrange(setup.cache[z_name(layer)][:, :, heads], "b p k e -> k b p e")
+    writes = einsum(change, model.blocks[layer].attn.W_O.detach()[heads], "k b p e, k e d -> k b p d")
+    return [[(mid, (), setup.starts[mid] + write)] for write in writes]
+
+
+def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
+                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> torch.Tensor:
+    """The metric with each edge path-patched -> (len(edges),), receiver layer by receiver layer
+    (so step 1's values live for one layer at a time), step 2's edits made one forward's chunk at
+    a time."""
+    listed, by_layer = list(edges), defaultdict(list)
+    for i, edge in enumerate(listed):
+        by_layer[edge.receiver[0]].append(i)
+    values = torch.empty(len(edges))
+    chunk = rows_per_chunk(model, *setup.base.shape, memory_mb)
+    with progress_bar(total=len(edges), progress=progress, desc="path patching", leave=False) as bar:
+        for layer, members in sorted(by_layer.items()):
+            paths = list(dict.fromkeys((listed[i].sender, listed[i].via) for i in members if listed[i].via in QKV))
+            z = receiver_z(model, setup, layer, paths, memory_mb) if paths else {}
+            for start in range(0, len(members), chunk):
+                part = members[start:start + chunk]
+                variants = edge_variants(model, setup, [listed[i] for i in part], z)
+                values[part] = evaluate_variants(model, setup.base, variants, {}, metric, starts=setup.starts,
+                                                 memory_mb=memory_mb, progress=False)
+                bar.update(len(part))
+    return values
+
+
+def require_path_edits(model, edges: Edges, needed_by: str) -> None:
+    """Refuse, in one line, path patching whose edits (``hook_z``, and the receivers' q/k/v
+    hooks) would not reach this model's output (the hook self-test)."""
+    for hook in ["hook_z", *(f"hook_{VIAS[rank]}" for rank in np.unique(edges.table[:, 4]) if VIAS[rank] in QKV)]:
+        require_edit(model, hook, needed_by)
+
+
+def path_patch(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    *,
+    senders=None,
+    receivers=None,
+    via: str | Sequence[str] = VIAS,
+    direction: str = "denoise",
+    normalize: bool = False,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Exact path patching of every edge (see the module docstring) -> one row per edge, sorted
+    by sender, receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via``
+    (a "logits" edge: ``receiver_layer = n_layers``, ``receiver_head = -1``), ``value`` (the metric
+    of the path-patched run; with ``normalize``, (value - corrupted) / (clean - corrupted) as in
+    ``patch_heads``) and ``effect`` (``value`` minus the unpatched base run's, on the same scale).
+
+    ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; ``metric``:
+    logits -> scalar (``analyses.core.metrics``); ``senders`` / ``receivers``: [(layer, head), ...] or
+    None for all heads; ``via``: "q", "k", "v", "logits" or a sequence of them; ``direction``:
+    "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse). Equals
+    TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision.
+    """
+    edges = edges_of(model, senders, receivers, via)
+    require_path_edits(model, edges, "path_patch")
+    setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
+    values = path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress)
+    return path_frame(setup, edges, values, normalize)
+
+
+def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:
+    """Edges and their path-patched metric -> the frame ``path_patch`` returns."""
+    base = torch.tensor(setup.base_value)
+    if normalize:
+        values = normalize_values(values, setup.clean_value, setup.corrupted_value)
+        base = normalize_values(base, setup.clean_value, setup.corrupted_value)
+    return edges.frame(value=values, effect=values - base)

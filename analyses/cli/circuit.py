@@ -1,0 +1,84 @@
+"""``interp circuit``: the edges among a model's role heads (DESIGN 4.6), in one directory:
+
+    edges.csv     one row per edge (sender, receiver, via q/k/v/logits, composition score,
+                  path-patching value and effect, both heads' roles)
+    circuit.png   the strongest edges as a layered graph
+    meta.json     the model (spec, family, impl, weights hash), the arguments, the chosen heads
+
+Heads are classified on repeated-segment probes (``analyses.roles.classify``) and given roles as the
+report gives them (against their nulls, ``analyses.roles.nulls``, and the threshold); the senders and
+receivers are the heads with the roles asked for (every role head by default); path patching
+runs on the same probes against their first-copy-corrupted twins, with the loss on the
+predictable tokens as the metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from analyses.circuits.circuit import check_role, circuit_section
+from analyses.roles.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, classify_heads
+from analyses.roles.nulls import calibrate_roles
+from analyses.report.intervention_figures import save_csv, save_figure
+from analyses.cli.args import add_model_args, load_cli_model
+from analyses.report.meta import model_meta, write_meta
+from analyses.circuits.path_patching import VIAS, check_vias
+from analyses.interventions.patching import DIRECTIONS
+from analyses.core.probes import check_prompt_count, check_seq_len, probes_for
+from interp.errors import UserError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("circuit", help="edges among role heads: composition scores and path patching")
+    add_model_args(parser)
+    parser.add_argument("--senders", metavar="ROLE", help=f"sender heads' role, one of {', '.join(ROLES)} "
+                                                          "(default: every head with a role)")
+    parser.add_argument("--receivers", metavar="ROLE", help="receiver heads' role (default: every head with a role)")
+    parser.add_argument("--via", default=",".join(VIAS),
+                        help=f"inputs to patch, comma-separated from {', '.join(VIAS)} (default: all)")
+    parser.add_argument("--direction", default="noise", choices=DIRECTIONS,
+                        help="noise (default: the clean run with one edge corrupted) or denoise")
+    parser.add_argument("--prompts", type=int, default=16, help="number of repeated-segment probe prompts (default 16)")
+    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
+    parser.add_argument("--top", type=int, default=12, help="edges drawn in circuit.png (default 12)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
+    parser.set_defaults(func=run_circuit)
+
+
+def run_circuit(args: argparse.Namespace) -> int:
+    check_role(args.senders, "--senders")
+    check_role(args.receivers, "--receivers")
+    vias = check_vias(args.via.split(","))
+    check_prompt_count(args.prompts, f"--prompts {args.prompts}",
+                       "the role nulls' t-test that picks the circuit's heads has prompts - 1 degrees of freedom")
+    check_seq_len(args.seq_len, "--seq-len ")
+    if args.top < 1:
+        raise UserError(f"--top {args.top} must be >= 1")
+    model = load_cli_model(args)
+    progress = False if args.quiet else None
+    probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
+    scores = classify_heads(model, probes=probes, seed=args.seed, progress=progress)
+    # the report's rule: a score that beats its nulls at FDR 0.05 and reaches the threshold
+    table = assign_roles(scores, DEFAULT_THRESHOLD,
+                         calibration=calibrate_roles(model, probes, seed=args.seed, progress=progress))
+    section = circuit_section(model, table, probes, sender_role=args.senders, receiver_role=args.receivers,
+                              via=vias, direction=args.direction, top=args.top, seed=args.seed,
+                              progress=progress)
+    if section.figure is None:
+        found = sorted({role for roles in table["role"] for role in roles.split(";") if role})
+        raise UserError(f"no heads to connect: {len(section.senders)} sender heads (role {args.senders or 'any'}), "
+                        f"{len(section.receivers)} receiver heads (role {args.receivers or 'any'}); roles found on "
+                        f"this model: {', '.join(found) or 'none'}")
+    csv_path = save_csv(section.edges, args.out / "edges.csv")
+    png_path = save_figure(section.figure, args.out / "circuit.png")
+    arguments = {key: str(value) if isinstance(value, Path) else value
+                 for key, value in vars(args).items() if key not in ("func", "command")}
+    write_meta(args.out, model_meta(model, args.model) | {
+        "command": "circuit", "seed": args.seed, "arguments": arguments,
+        "senders": [list(h) for h in section.senders], "receivers": [list(h) for h in section.receivers]})
+    print(f"{len(section.edges)} edges among {len(set(section.senders) | set(section.receivers))} role heads; "
+          f"wrote {csv_path} and {png_path}")
+    return 0

@@ -1,0 +1,34 @@
+"""``interp compare A B``: two models of one shape, head by head (``analyses.report.compare``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from analyses.roles.classify import DEFAULT_THRESHOLD
+from analyses.report.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
+from analyses.cli.args import add_impl_arg, load_cli_model
+from analyses.core.probes import check_prompt_count, check_seq_len
+
+
+def run(args: argparse.Namespace) -> int:
+    check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the models load
+    check_seq_len(args.seq_len, "--seq-len ")
+    model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
+    comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
+                                seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold)
+    print(write_comparison(comparison, args.out))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("compare", help="compare the heads of two models of the same shape "
+                                                   "(two checkpoints, a model and its fine-tune)")
+    parser.add_argument("a", help="model A (the baseline): toy, a checkpoint of ours, a Hugging Face directory or id")
+    parser.add_argument("b", help="model B (compared with A): same kinds, same shape as A")
+    add_impl_arg(parser)
+    parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
+    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="role score threshold (default 0.4)")
+    parser.add_argument("--out", default="reports/compare", help="output directory (default reports/compare)")
+    parser.set_defaults(func=run)

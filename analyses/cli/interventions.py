@@ -1,0 +1,185 @@
+"""``interp ablate``, ``interp patch`` and ``interp study run [--ray [ADDRESS]]``: each writes a CSV and a PNG; ablate
+and patch also a ``meta.json`` recording the model (spec, family, impl, weights hash) and the
+arguments. Text prompts follow ``analyses.core.tokens``' rule: texts of unequal lengths are right-padded
+and only their real tokens count in the loss."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS, ablation_sweep, pruning_curve
+from analyses.interventions.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads, unpatched_value
+from analyses.report.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
+from analyses.core.metrics import logit_diff_metric, loss_metric
+from analyses.cli.args import add_model_args, load_cli_model
+from analyses.report.meta import model_meta, write_meta
+from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.core.probes import check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
+from analyses.studies.runner import run_study
+from analyses.core.tokens import as_tokens, single_token_id
+from interp.errors import UserError
+
+PATCH_TARGETS = {
+    "heads": (patch_heads, ("layer", "head"), {}),
+    "heads_by_position": (patch_heads, ("layer", "pos", "head"), {"by_position": True}),
+    "residual": (patch_residual, ("layer", "pos"), {}),
+    "patterns": (patch_patterns, ("layer", "head"), {}),
+}
+
+
+def _model_and_prompt_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--prompts", type=int, default=32, help="number of repeated-segment probe prompts")
+    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
+
+
+def register(subparsers) -> None:
+    ablate = subparsers.add_parser("ablate", help="ablate heads (zero/mean/resample) and measure the loss")
+    _model_and_prompt_args(ablate)
+    ablate.add_argument("--text", action="append",
+                        help="a prompt (repeat for several, of any lengths; default: repeated probes)")
+    ablate.add_argument("--method", default="mean", choices=METHODS)
+    ablate.add_argument("--targets", default="each_head", choices=["each_head", "each_layer", "cumulative"])
+    ablate.add_argument("--heads", help="ablate this group instead, e.g. 1.4,1.10 (layer.head, comma-separated)")
+    ablate.add_argument("--preserve-patterns", action="store_true", help="freeze other heads' attention patterns")
+    ablate.set_defaults(func=run_ablate)
+
+    patch = subparsers.add_parser("patch", help="activation patching (and attribution) of a clean/corrupted pair")
+    _model_and_prompt_args(patch)
+    patch.add_argument("--clean", help="clean prompt (with --corrupted; default: the induction pair)")
+    patch.add_argument("--corrupted", help="corrupted prompt of the same token length")
+    patch.add_argument("--what", default="heads", choices=list(PATCH_TARGETS))
+    patch.add_argument("--direction", default="denoise", choices=DIRECTIONS)
+    patch.add_argument("--normalize", action="store_true", help="0 = corrupted, 1 = clean")
+    patch.add_argument("--correct", help="with --incorrect: metric = logit difference at the last position")
+    patch.add_argument("--incorrect")
+    patch.add_argument("--attribution", action="store_true", help="also attribution patching, and its agreement")
+    patch.add_argument("--shortlist", type=int, metavar="K",
+                       help="attribution ranks all heads, exact patching confirms the top K")
+    patch.set_defaults(func=run_patch)
+
+    study = subparsers.add_parser("study", help="scripted ablation studies from a TOML spec")
+    study_commands = study.add_subparsers(dest="study_command", required=True, metavar="SUBCOMMAND")
+    run = study_commands.add_parser("run", help="run a study spec; rows go to OUT/results.csv as computed")
+    run.add_argument("spec", type=Path)
+    run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="compute rows on Ray actors (pip install 'interp[ray]'): a cluster's HOST:PORT, "
+                          "or none for the spec's [run].address, else a local instance")
+    run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, else per CPU)")
+    run.add_argument("--quiet", action="store_true")
+    run.set_defaults(func=run_study_command)
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(v) for v in item.split(".")) for item in text.split(",")]
+    except ValueError:
+        raise UserError(f"--heads {text!r}: expected layer.head pairs separated by commas, e.g. 1.4,1.10") from None
+
+
+def _progress(args) -> bool | None:
+    """False with --quiet, else None: a bar on a terminal only (``analyses.core.progress``)."""
+    return False if args.quiet else None
+
+
+def _write_meta(model, args) -> None:
+    arguments = {key: str(value) if isinstance(value, Path) else value
+                 for key, value in vars(args).items() if key not in ("func", "command")}
+    write_meta(args.out, model_meta(model, args.model) | {"command": args.command, "seed": args.seed,
+                                                           "arguments": arguments})
+
+
+def _ablation_prompts(model, args):
+    """(prompts: the --text texts or the probes (whose structure --method mean_aligned needs),
+    metric: None for texts (the library's loss over real tokens) or the probes' repeat loss)."""
+    if args.text:
+        return args.text, None
+    probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
+    return probes, loss_metric(probes.tokens, probes.predictable)
+
+
+def run_ablate(args) -> int:
+    what = f"{len(args.text)} --text prompt(s)" if args.text else f"--prompts {args.prompts}"
+    check_prompt_count(len(args.text) if args.text else args.prompts, what, FROM_OTHER_PROMPTS.get(args.method))
+    if not args.text:
+        check_seq_len(args.seq_len, "--seq-len ")
+    model = load_cli_model(args)
+    prompts, metric = _ablation_prompts(model, args)
+    common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, progress=_progress(args))
+    if args.heads:
+        frame = ablation_sweep(model, prompts, {args.heads: parse_heads(args.heads)}, args.method, metric, **common)
+    elif args.targets == "cumulative":
+        frame = pruning_curve(model, prompts, args.method, metric, **common)
+    else:
+        frame = ablation_sweep(model, prompts, args.targets, args.method, metric, **common)
+    what = "loss" if args.text else "repeat loss"
+    csv_path = save_csv(frame, args.out / "ablation.csv")
+    png_path = save_figure(ablation_figure(frame, f"{args.method} ablation: {what}"), args.out / "ablation.png")
+    _write_meta(model, args)
+    print(f"baseline {what} {frame['baseline'].iloc[0]:.4f}; wrote {csv_path} and {png_path}")
+    return 0
+
+
+def _patch_pair(model, args):
+    """(clean, corrupted, metric)."""
+    if (args.clean is None) != (args.corrupted is None):
+        raise UserError("pass both --clean and --corrupted, or neither (the built-in induction pair)")
+    if args.clean is not None:
+        clean, corrupted = as_tokens(model, args.clean), as_tokens(model, args.corrupted)
+        predictable = None
+    else:
+        probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
+        clean, predictable = probes.tokens, probes.predictable
+        corrupted = corrupt_first_copy(probes, seed=args.seed + 1)
+    if (args.correct is None) != (args.incorrect is None):
+        raise UserError("pass both --correct and --incorrect, or neither (metric: the clean prompts' loss)")
+    if args.correct is not None:
+        return clean, corrupted, logit_diff_metric(single_token_id(model, args.correct),
+                                                   single_token_id(model, args.incorrect))
+    return clean, corrupted, loss_metric(clean, predictable)
+
+
+def run_patch(args) -> int:
+    if args.clean is None:  # the built-in probes
+        check_prompt_count(args.prompts, f"--prompts {args.prompts}")
+        check_seq_len(args.seq_len, "--seq-len ")
+    model = load_cli_model(args)
+    clean, corrupted, metric = _patch_pair(model, args)
+    options = dict(direction=args.direction, normalize=args.normalize)
+    value = "normalized" if args.normalize else "metric"
+    if args.shortlist is not None:
+        frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=_progress(args),
+                                      **options)
+        frame.insert(1, "target", "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str))
+        figure = bars(frame[frame["exact"]], "target", "value", f"exact patching of the top {args.shortlist} heads")
+    else:
+        sweep, dims, extra = PATCH_TARGETS[args.what]
+        result = sweep(model, clean, corrupted, metric, progress=_progress(args), **extra, **options)
+        frame = patching_frame(result, dims, value)
+        if args.attribution:
+            if args.what not in ("heads", "heads_by_position"):
+                raise UserError(f"--attribution covers heads and heads_by_position, not --what {args.what}")
+            attributed = attribution_patch_heads(model, clean, corrupted, metric, by_position="pos" in dims, **options)
+            frame["attribution"] = attributed.flatten().cpu().numpy()
+            agreement = attribution_agreement(
+                attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, **options))
+            print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
+        figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
+    csv_path = save_csv(frame, args.out / "patching.csv")
+    png_path = save_figure(figure, args.out / "patching.png")
+    _write_meta(model, args)
+    print(f"wrote {csv_path} and {png_path}")
+    return 0
+
+
+def run_study_command(args) -> int:
+    results = run_study(args.spec, args.out, resume=args.resume, progress=_progress(args),
+                        executor=None if args.ray is None else "ray", address=args.ray or None, workers=args.workers)
+    print(f"wrote {results} and {results.with_name('results.png')}")
+    return 0

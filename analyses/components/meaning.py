@@ -1,0 +1,222 @@
+"""What heads move (DESIGN 4.8): copying and copy suppression from each head's OV circuit, QK
+positional scores, and their calibrated roles.
+
+A head's full OV circuit on the tokens (Elhage et al. 2021, "A Mathematical Framework for
+Transformer Circuits") is the (vocab x vocab) matrix
+
+    M_h = W_E W_V[h] W_O[h] W_U        row t: what attending to token t adds to every logit
+
+(the stored token embedding and unembedding, norms ignored, as TransformerLens's ``W_E @ OV @ W_U``).
+A copying head raises the logit of the token it attends to: M_h has mostly positive eigenvalues. Scores:
+
+- ``copying``: sum(Re eig) / sum(|eig|) of M_h, in [-1, 1] (1: every eigenvalue positive);
+  ``copy_suppression``: its negative (a head that lowers the logit of what it attends to). The
+  nonzero eigenvalues of ``(W_E W_V)(W_O W_U)`` are those of ``(W_O W_U)(W_E W_V)``, a (d_head x
+  d_head) matrix, so no vocab x vocab matrix is ever made (``W_U W_E`` is d_model x d_model);
+- ``copying_topk``: the share of tokens t whose own logit M_h[t, t] is among the k largest of row t;
+  ``suppression_topk``: among the k smallest (rows are computed ``n_tokens`` at a time, a seeded
+  sample of tokens where the vocabulary is larger than ``n_tokens``).
+
+QK positional scores (learned position embeddings only): the attention a head would pay from the
+position embeddings alone, ``softmax_k(W_pos[q] W_Q W_K^T W_pos[k]^T / sqrt(d_head))`` over k <= q,
+averaged over queries q >= 1: its mass on q - 1 (``qk_previous``), on q (``qk_self``), on 0 (``qk_first``).
+
+Roles: ``copying`` and ``copy_suppression`` against the random-initialisation null of the other
+roles (``analyses.roles.nulls``: the same architecture at a few random initialisations, a per-layer
+two-level null, Student's t), Benjamini-Hochberg over all heads x these roles (``meaning_roles``;
+``joint_fdr`` recomputes q over these together with ``calibrate_roles``' attention roles), and a
+threshold on the score. From behaviour: ``attended_token_effect`` is a head's direct effect on the
+logit of the token it attends to most, from one clean cache.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import einops
+import pandas as pd
+import torch
+
+from analyses.roles.classify import DEFAULT_THRESHOLD, check_fdr
+from analyses.components.decompose import final_norm
+from analyses.roles.dormant import head_outputs
+from analyses.core.hook_names import final_resid_name, pattern_name, z_name
+from analyses.roles.nulls import (DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_upper_tail, z_score)
+from analyses.core.progress import progress_bar
+from interp.errors import UserError
+from interp.random_models import random_like
+from interp.weights import expand_kv_heads
+
+MEANING_ROLES = ("copying", "copy_suppression")
+DEFAULT_TOP_K = 5
+DEFAULT_N_TOKENS = 2048
+
+
+def _ov_factors(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(W_E (vocab, d_model), W_V (layer, head, d_model, d_head), W_O (layer, head, d_head, d_model),
+    W_U (d_model, vocab)), float32, key/value heads expanded to the query heads."""
+    W_U = model.W_U.detach().float()
+    W_E = model.W_E.detach().float()
+    if W_U.shape[1] != W_E.shape[0]:
+        raise UserError(f"copying scores need the unembedding over the input vocabulary; this model maps "
+                        f"{W_E.shape[0]} input tokens to {W_U.shape[1]} outputs")
+    W_V = expand_kv_heads(model.W_V.detach(), model.cfg.n_heads).float()
+    return W_E, W_V, model.W_O.detach().float(), W_U
+
+
+def ov_eigenvalues(model) -> torch.Tensor:
+    """The nonzero eigenvalues of every head's ``W_E W_V W_O W_U`` -> (layer, head, d_head) complex128,
+    from the (d_head x d_head) ``W_O W_U W_E W_V``."""
+    W_E, W_V, W_O, W_U = _ov_factors(model)
+    unembed_embed = (W_U.double() @ W_E.double())  # (d_model, d_model)
+    small = W_O.double() @ unembed_embed @ W_V.double()  # (layer, head, d_head, d_head)
+    return torch.linalg.eigvals(small)
+
+
+def copying_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
+    """(..., n) complex eigenvalues -> (...) sum(Re) / sum(|.|) (0 where all are 0)."""
+    total = eigenvalues.abs().sum(-1)
+    return torch.where(total > 0, eigenvalues.real.sum(-1) / total.clamp(min=1e-300), torch.zeros_like(total))
+
+
+def _token_sample(n_vocab: int, n_tokens: int, seed: int) -> torch.Tensor:
+    if n_tokens <= 0:
+        raise UserError(f"n_tokens={n_tokens} must be positive")
+    if n_vocab <= n_tokens:
+        return torch.arange(n_vocab)
+    return torch.randperm(n_vocab, generator=torch.Generator().manual_seed(seed))[:n_tokens].sort().values
+
+
+def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
+             progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(copying_topk, suppression_topk), each (layer, head): the share of the sampled tokens whose own
+    entry of their row of ``W_E W_V W_O W_U`` is among the row's ``k`` largest / ``k`` smallest."""
+    W_E, W_V, W_O, W_U = _ov_factors(model)
+    if not 1 <= k <= W_U.shape[1]:
+        raise UserError(f"k={k} must be in [1, {W_U.shape[1]}]")
+    tokens = _token_sample(W_E.shape[0], n_tokens, seed)
+    n_layers, n_heads = W_O.shape[:2]
+    top, bottom = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
+    for layer in progress_bar(range(n_layers), progress=progress, desc="OV circuits", unit="layer"):
+        for head in range(n_heads):
+            rows = (W_E[tokens] @ W_V[layer, head] @ W_O[layer, head]) @ W_U  # (n_tokens, vocab)
+            own = rows.gather(1, tokens[:, None])
+            top[layer, head] = ((rows > own).sum(1) < k).float().mean()
+            bottom[layer, head] = ((rows < own).sum(1) < k).float().mean()
+    return top, bottom
+
+
+def qk_positional_scores(model) -> pd.DataFrame:
+    """One row per head: ``layer, head, qk_previous, qk_self, qk_first`` (module docstring); a one-line
+    refusal for a model without learned position embeddings (``W_pos``)."""
+    try:
+        W_pos = model.W_pos.detach().float()
+    except (AttributeError, ValueError, RuntimeError):
+        raise UserError("QK positional scores need learned position embeddings (W_pos); this model has none") from None
+    n_heads = model.cfg.n_heads
+    W_Q = model.W_Q.detach().float()
+    W_K = expand_kv_heads(model.W_K.detach(), n_heads).float()
+    queries = einops.einsum(W_pos, W_Q, "p m, l h m d -> l h p d")
+    keys = einops.einsum(W_pos, W_K, "p m, l h m d -> l h p d")
+    scores = queries @ keys.transpose(-1, -2) / W_Q.shape[-1] ** 0.5
+    n_pos = W_pos.shape[0]
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    pattern = scores.masked_fill(~causal, -torch.inf).softmax(-1)[..., 1:, :]  # queries 1.. (layer, head, q, k)
+    q = torch.arange(1, n_pos)
+    return head_frame(pattern[..., 0, 0], {
+        "qk_previous": pattern[..., torch.arange(n_pos - 1), q - 1].mean(-1),
+        "qk_self": pattern[..., torch.arange(n_pos - 1), q].mean(-1),
+        "qk_first": pattern[..., 0].mean(-1),
+    })
+
+
+def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
+              progress: bool | None = None) -> pd.DataFrame:
+    """One row per head: ``layer, head, copying, copy_suppression, copying_topk, suppression_topk``."""
+    with torch.no_grad():
+        copying = copying_from_eigenvalues(ov_eigenvalues(model)).float()
+        top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, progress=progress)
+    return head_frame(copying, {"copying": copying, "copy_suppression": -copying, "copying_topk": top,
+                                "suppression_topk": bottom})
+
+
+def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None) -> pd.DataFrame:
+    """``copying`` and ``copy_suppression`` against the random-initialisation null: one row per
+    (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
+    null_center, null_spread, null_low, null_high, z, p``)."""
+    if len(null_seeds) < 2:
+        raise UserError(f"null_seeds={tuple(null_seeds)}: a null spread needs at least 2 random initialisations")
+    with torch.no_grad():
+        observed = copying_from_eigenvalues(ov_eigenvalues(model))
+        nulls = torch.stack([copying_from_eigenvalues(ov_eigenvalues(random_like(model, seed)))
+                             for seed in progress_bar(null_seeds, progress=progress, desc="random-init nulls",
+                                                      unit="model")])
+    frames = []
+    for role, sign in zip(MEANING_ROLES, (1.0, -1.0)):
+        score = sign * observed
+        center, spread, dof = layer_null(sign * nulls)
+        z = z_score(score - center, spread)
+        frames.append(head_frame(score, {
+            "role": role, "score": score, "null": "random_init", "null_center": center, "null_spread": spread,
+            "null_low": center - 1.96 * spread, "null_high": center + 1.96 * spread, "z": z, "p": t_upper_tail(z, dof),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def joint_fdr(*calibrations: pd.DataFrame, fdr: float = 0.05) -> pd.DataFrame:
+    """Calibration tables (``calibrate_roles``, ``meaning_nulls``) as one, with ``q`` and
+    ``significant`` recomputed by Benjamini-Hochberg over all their rows."""
+    return add_fdr(pd.concat([c.drop(columns=["q", "significant"], errors="ignore") for c in calibrations],
+                             ignore_index=True), fdr)
+
+
+def meaning_roles(model, *, k: int = DEFAULT_TOP_K, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
+                  null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = 0.05,
+                  threshold: float | None = DEFAULT_THRESHOLD, progress: bool | None = None) -> pd.DataFrame:
+    """One row per head: ``layer, head``, the ``ov_scores`` columns, per role ``{role}_z, {role}_p,
+    {role}_q``, and ``meaning_role``: the roles whose q-value (Benjamini-Hochberg over all heads x
+    ``MEANING_ROLES``) is at most ``fdr`` and whose score reaches ``threshold`` (None: no threshold),
+    joined by ';'."""
+    check_fdr(fdr)
+    nulls = add_fdr(meaning_nulls(model, null_seeds, progress), fdr)
+    keep = nulls["significant"] & (nulls["score"] >= (-torch.inf if threshold is None else threshold))
+    named = nulls[keep].groupby(["layer", "head"])["role"].agg(";".join)
+    wide = nulls.pivot(index=["layer", "head"], columns="role", values=["z", "p", "q"])
+    columns = {f"{role}_{value}": wide[(value, role)] for role in MEANING_ROLES for value in ("z", "p", "q")}
+    table = ov_scores(model, k, n_tokens=n_tokens, seed=seed, progress=progress)
+    table = table.merge(pd.DataFrame(columns).reset_index(), on=["layer", "head"])
+    table["meaning_role"] = [named.get((layer, head), "") for layer, head in zip(table["layer"], table["head"])]
+    return table
+
+
+def attended_hooks(model) -> list[str]:
+    """The hooks ``attended_token_effect`` reads: every ``hook_pattern`` and ``hook_z``, the final residual."""
+    layers = range(model.cfg.n_layers)
+    return [*map(pattern_name, layers), *map(z_name, layers), final_resid_name(model)]
+
+
+@torch.no_grad()
+def attended_token_effect(model, tokens: torch.Tensor, cache=None) -> pd.DataFrame:
+    """Each head's direct effect on the logit of the token it attends to most: at every query
+    position q >= 1 of ``tokens`` (batch, pos), the head's write (final norm frozen at the clean
+    scale, as in ``analyses.components.decompose``) dotted with the unembedding of the token at its argmax key.
+    ``cache``: the clean run's, holding ``attended_hooks(model)`` (None: one run caching only those).
+    One row per head: ``layer, head, attended_effect`` (mean over prompts and positions; > 0 copies,
+    < 0 suppresses)."""
+    if cache is None:
+        _, cache = model.run_with_cache(tokens, names_filter=attended_hooks(model))
+    final = cache[final_resid_name(model)][:, 1:]
+    norm = final_norm(model, final)
+    W_U = model.W_U.detach().float()
+    rows = []
+    for layer in range(model.cfg.n_layers):
+        writes = head_outputs(model, layer, cache[z_name(layer)][:, 1:].float())  # (batch, q, head, d_model)
+        if norm.centre:
+            writes = writes - writes.mean(-1, keepdim=True)
+        attended = cache[pattern_name(layer)][..., 1:, :].argmax(-1)  # (batch, head, q)
+        targets = tokens.gather(1, attended.flatten(1)).reshape(attended.shape)
+        directions = W_U.T[targets] * norm.weight  # (batch, head, q, d_model)
+        effect = einops.einsum(writes, directions, "b q h m, b h q m -> b h q") / norm.scale[:, None, :, 0]
+        rows.append(effect.mean((0, 2)))
+    effects = torch.stack(rows)
+    return head_frame(effects, {"attended_effect": effects})

@@ -1,0 +1,216 @@
+"""The hook self-test (DESIGN 2.1): does this model's hook API do what the analyses assume?
+
+A ``TransformerBridge`` wraps Hugging Face modules, and for some families an edit of a hook never
+reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change nothing at all).
+``check_hooks(model)`` runs once per model object and measures, on one short prompt:
+
+- every hook the analyses read fires with its documented shape (``hook_k``/``hook_v`` carry the
+  key/value heads of grouped- and multi-query attention);
+- an edit of ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` and ``hook_pattern`` changes the logits
+  (path patching edits the first three). Every probe *adds* a large fixed pattern
+  (``added_pattern``), never zeros or scales: an edit that zeroes an activation which is already
+  zero (an MLP with zero weights, a pruned or hand-set model) changes nothing while the hook works,
+  and would refuse the model falsely. The last layer is tried first, then the earlier ones, so a
+  layer whose weights ignore the edit (a head with zero value weights) does not decide alone;
+- where the output projection is reachable (``blocks.{l}.attn.W_O`` / ``b_O``), the heads' outputs
+  plus its bias add up to ``hook_attn_out``.
+
+``require_edit`` is what interventions call: it refuses, in one line naming the hook and the
+family, an intervention whose edit would not reach the output, instead of returning numbers from
+an edit that did nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import pandas as pd
+import torch
+from einops import einsum
+
+from analyses.core.tokens import model_device, ordinary_token_ids, start_token_id
+from interp import provenance
+from interp.errors import UserError
+from interp.provenance import model_family, model_impl
+
+EDITABLE = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern")
+# relative change of the logits below which an edit counts as not reaching the output
+EDIT_TOLERANCE = 1e-6
+SUM_TOLERANCE = 1e-4
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class HookCheck:
+    """What the self-test measured.
+
+    shapes: one row per (hook, layer): the shape that fired (None: it did not fire) and the one
+        documented. reaches_output: hook name -> whether an edit of it changed the logits, with
+        ``effects`` the largest relative change. sum_error: the largest |sum of head outputs +
+        b_O - hook_attn_out| over layers, None where the projection is not reachable.
+    """
+
+    family: str
+    impl: str
+    shapes: pd.DataFrame
+    reaches_output: dict[str, bool]
+    effects: dict[str, float]
+    sum_error: float | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shapes_ok(self) -> bool:
+        return bool(self.shapes["ok"].all())
+
+    @property
+    def sums_ok(self) -> bool | None:
+        return None if self.sum_error is None else self.sum_error <= SUM_TOLERANCE
+
+    @property
+    def ok(self) -> bool:
+        """Every hook fires as documented and every edit reaches the output."""
+        return self.shapes_ok and all(self.reaches_output.values()) and self.sums_ok is not False
+
+    def summary(self) -> str:
+        """A few lines for a terminal."""
+        lines = [f"{self.family} ({self.impl})"]
+        bad = self.shapes[~self.shapes["ok"]]
+        lines.append("hook shapes: all as documented" if bad.empty else "hook shapes: NOT as documented:\n"
+                     + bad.to_string(index=False))
+        for hook in EDITABLE:
+            verdict = "changes the output" if self.reaches_output[hook] else "changes NOTHING: interventions on it are refused"
+            lines.append(f"edit {hook}: {verdict} (relative change {self.effects[hook]:.2e})")
+        if self.sum_error is None:
+            lines.append("heads + b_O = hook_attn_out: not checked (output projection not reachable)")
+        else:
+            lines.append(f"heads + b_O = hook_attn_out: {'yes' if self.sums_ok else 'NO'} (max error {self.sum_error:.1e})")
+        return "\n".join(lines + self.notes)
+
+
+def documented_shapes(cfg, batch: int, n_pos: int) -> dict[str, tuple[int, ...]]:
+    """Hook suffix -> the shape DESIGN 2 documents for it."""
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    heads, kv = (batch, n_pos, cfg.n_heads, cfg.d_head), (batch, n_pos, n_kv, cfg.d_head)
+    square, resid = (batch, cfg.n_heads, n_pos, n_pos), (batch, n_pos, cfg.d_model)
+    return {"hook_resid_pre": resid, "attn.hook_q": heads, "attn.hook_k": kv, "attn.hook_v": kv,
+            "attn.hook_attn_scores": square, "attn.hook_pattern": square, "attn.hook_z": heads,
+            "hook_attn_out": resid}
+
+
+def probe_tokens(model) -> torch.Tensor:
+    """One short fixed prompt (1, pos) of ordinary tokens, the start token first."""
+    ordinary = ordinary_token_ids(model)
+    n_pos = min(model.cfg.n_ctx, 12)
+    body = [ordinary[(7 * i + 3) % len(ordinary)] for i in range(n_pos - 1)]
+    return torch.tensor([[start_token_id(model), *body]], device=model_device(model))
+
+
+@torch.no_grad()
+def measure_shapes(model, tokens: torch.Tensor) -> tuple[pd.DataFrame, torch.Tensor, dict]:
+    """-> (one row per hook and layer, the logits, the cache of every checked hook)."""
+    expected = documented_shapes(model.cfg, *tokens.shape)
+    names = {f"blocks.{layer}.{suffix}": (layer, suffix) for layer in range(model.cfg.n_layers) for suffix in expected}
+    names["hook_embed"] = (None, "hook_embed")
+    expected["hook_embed"] = (*tokens.shape, model.cfg.d_model)
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    rows = []
+    for name, (layer, suffix) in names.items():
+        fired = tuple(cache[name].shape) if name in cache else None
+        rows.append({"hook": name, "layer": layer, "shape": fired, "expected": expected[suffix],
+                     "ok": fired == expected[suffix]})
+    return pd.DataFrame(rows), logits, {name: cache[name] for name in names if name in cache}
+
+
+@torch.no_grad()
+def edit_effect(model, tokens: torch.Tensor, logits: torch.Tensor, name: str, edit) -> float:
+    """Largest change of the logits when ``edit(activation)`` replaces the activation at ``name``,
+    relative to the logits' scale."""
+    with warnings.catch_warnings():  # the bridge warns where it discards the edit: that is what is measured
+        warnings.simplefilter("ignore", UserWarning)
+        edited = model.run_with_hooks(tokens, fwd_hooks=[(name, lambda activation, hook: edit(activation))])
+    return float((edited - logits).abs().max() / logits.abs().max().clamp(min=1e-12))
+
+
+PROBE_LOW, PROBE_HIGH = 1.0, 3.0  # the range of the pattern a probe adds
+_GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+def added_pattern(activation: torch.Tensor) -> torch.Tensor:
+    """``activation`` plus a large fixed pattern of its shape: entries in [1, 3), different at every
+    position, head and dimension (a golden-ratio sequence over the flattened tensor), so the edit
+    changes the activation whatever its value, moves a softmax's input by different amounts at
+    different keys, and moves an attention pattern's weights by a positive total."""
+    index = torch.arange(activation.numel(), device=activation.device, dtype=torch.float64)
+    pattern = PROBE_LOW + (PROBE_HIGH - PROBE_LOW) * torch.frac(index * _GOLDEN)
+    return activation + pattern.reshape(activation.shape).to(activation.dtype)
+
+
+@torch.no_grad()
+def probe_effect(model, tokens: torch.Tensor, logits: torch.Tensor, names: Sequence[str]) -> float:
+    """The relative change of the logits (``edit_effect``) when ``added_pattern`` edits the hook
+    at each of ``names`` in turn, stopping at the first whose edit exceeds ``EDIT_TOLERANCE``; the
+    largest change seen (0.0 for no names)."""
+    effect = 0.0
+    for name in names:
+        effect = max(effect, edit_effect(model, tokens, logits, name, added_pattern))
+        if effect > EDIT_TOLERANCE:
+            break
+    return effect
+
+
+def layers_last_first(model, suffix: str) -> list[str]:
+    """``blocks.{l}.{suffix}`` for every layer, the last first."""
+    return [f"blocks.{layer}.{suffix}" for layer in reversed(range(model.cfg.n_layers))]
+
+
+@torch.no_grad()
+def head_sum_error(model, cache: dict) -> float | None:
+    """max |sum_h z_h @ W_O[h] + b_O - hook_attn_out| over layers, or None where ``W_O`` is not
+    reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model)."""
+    errors = []
+    for layer in range(model.cfg.n_layers):
+        try:
+            w_o, b_o = model.blocks[layer].attn.W_O, model.blocks[layer].attn.b_O
+        except (AttributeError, TypeError, RuntimeError):
+            return None
+        z, out = cache.get(f"blocks.{layer}.attn.hook_z"), cache.get(f"blocks.{layer}.hook_attn_out")
+        if w_o is None or z is None or out is None or tuple(w_o.shape[:2]) != tuple(z.shape[2:]):
+            return None
+        total = einsum(z, w_o.to(z.dtype), "b p h d, h d m -> b p m") + (0 if b_o is None else b_o)
+        errors.append(float((total - out).abs().max()))
+    return max(errors)
+
+
+@torch.no_grad()
+def check_hooks(model) -> HookCheck:
+    """Run the self-test on ``model`` (once per model object; later calls return the result)."""
+    if model in _checked:
+        return _checked[model]
+    tokens = probe_tokens(model)
+    shapes, logits, cache = measure_shapes(model, tokens)
+    effects = {hook: probe_effect(model, tokens, logits, layers_last_first(model, f"attn.{hook}")) for hook in EDITABLE}
+    result = HookCheck(model_family(model), model_impl(model), shapes,
+                       {hook: effect > EDIT_TOLERANCE for hook, effect in effects.items()}, effects,
+                       head_sum_error(model, cache))
+    _checked[model] = result
+    return result
+
+
+def require_edit(model, hook: str, needed_by: str) -> None:
+    """Refuse ``needed_by`` in one line when an edit of ``hook`` does not reach ``model``'s output."""
+    if hook not in EDITABLE:
+        raise ValueError(f"require_edit: unknown hook {hook!r}; allowed: {', '.join(EDITABLE)}")
+    check = check_hooks(model)
+    if not check.reaches_output[hook]:
+        raise UserError(f"{needed_by} needs edits of {hook}, which do not reach the output of this "
+                        f"{check.family} model ({check.impl}); see `interp check`")
+
+
+def describe(model) -> dict:
+    """The self-test's verdicts as JSON-able data, with the model's provenance, for ``meta.json``."""
+    check = check_hooks(model)
+    return {**provenance(model), "hooks_as_documented": check.shapes_ok, "edits_reach_output": check.reaches_output,
+            "heads_sum_to_attn_out": check.sums_ok}

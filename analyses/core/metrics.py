@@ -1,0 +1,188 @@
+"""Metrics for ablation and patching: callables ``logits (batch, pos, d_vocab) -> scalar tensor``.
+
+Every intervention here evaluates a metric on the logits of one batch of prompts, exactly as
+TransformerLens's patching sweeps do, so any such callable works; these build the usual ones.
+They stay differentiable, so attribution patching can take their gradient.
+
+The metrics built here also say which positions' logits they read (``read_positions``): on a model
+that can start mid-stream (GPTModel), an intervention then unembeds only those positions, the
+costliest step of a suffix run when the vocabulary is large. Any other callable gets every position.
+
+On a right-padded batch of texts of unequal lengths the metrics built here never read the padding:
+the interventions bind the batch's lengths to them (``metric_for_batch``), so a logit difference is
+read at each prompt's own last real token and a loss counts real tokens only; a position past a
+prompt's end is refused, never wrapped. Guide: docs/guides/metrics.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from interp.errors import UserError
+from interp.tokenizer import TokenBatch
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> Metric:
+    """Mean next-token cross-entropy of ``tokens`` (batch, pos).
+
+    ``positions`` (batch, pos) bool marks the *predicted* tokens that count (position i is
+    predicted from the logits at i - 1; position 0 is never predicted). Default: all of them. On a
+    right-padded batch, mark the real tokens (``TokenBatch.real``); the interventions do that for
+    this metric themselves (``metric_for_batch``). The metric takes logits (batch, pos, d_vocab) of
+    exactly these tokens; other shapes are refused.
+    """
+    if positions is not None and tuple(positions.shape) != tuple(tokens.shape):
+        raise UserError(f"loss positions have shape {tuple(positions.shape)} but the tokens {tuple(tokens.shape)}; "
+                        "they must be equal (one flag per token)")
+    targets = tokens[:, 1:]
+    mask = None if positions is None else positions[:, 1:].to(tokens.device)
+    if mask is not None and not mask.any():
+        raise UserError("loss positions select no predicted token (the mask is empty after position 0)")
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits, tuple(tokens.shape), "the loss metric's tokens")
+        if mask is None:
+            log_probs = logits[:, :-1].log_softmax(dim=-1)
+            return -log_probs.gather(-1, targets[..., None]).mean()
+        log_probs = logits[:, :-1][mask].log_softmax(dim=-1)  # only the rows that count: (n, d_vocab)
+        return -log_probs.gather(-1, targets[mask][:, None]).mean()
+
+    def for_lengths(lengths: torch.Tensor) -> Metric:
+        real = TokenBatch(tokens, lengths.to(tokens.device)).real
+        return loss_metric(tokens, real if positions is None else real & positions.to(tokens.device))
+
+    metric.read_positions = None if mask is None else torch.nonzero(mask.any(dim=0))[:, 0].cpu()
+    metric.for_lengths = for_lengths
+    return metric
+
+
+def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int, position: int = -1, *,
+                      lengths: torch.Tensor | None = None) -> Metric:
+    """Mean over prompts of ``logits[b, at[b], correct[b]] - logits[b, at[b], incorrect[b]]``.
+
+    ``correct`` / ``incorrect``: a token id, or one per prompt (batch,). ``position`` counts from
+    the start (0, 1, ...) or from the end (-1 = the last token) of each prompt. ``lengths`` (batch,):
+    the prompts' real token counts in a right-padded batch (``TokenBatch.lengths``); then
+    ``at[b]`` counts within prompt b's real tokens (-1: its last real token, not the padding).
+    Without ``lengths`` every prompt is read at the same position of the logits. A position past a
+    prompt's end is refused, never wrapped. The interventions bind ``lengths`` themselves when
+    they pad texts of unequal lengths (``metric_for_batch``).
+    """
+    correct, incorrect = torch.as_tensor(correct), torch.as_tensor(incorrect)
+    for name, ids in (("correct", correct), ("incorrect", incorrect)):
+        if ids.ndim > 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise UserError(f"logit_diff_metric: {name} must be a token id or one id per prompt (batch,), "
+                            f"got {tuple(ids.shape)} {ids.dtype}")
+    at = None if lengths is None else _positions_within(position, torch.as_tensor(lengths))
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        batch, n_pos, d_vocab = logits.shape
+        if at is None:
+            _check_position(position, n_pos)
+            rows_at = torch.full((batch,), position % n_pos, device=logits.device)
+        else:
+            _check_logits(logits, (len(at), None), "the lengths logit_diff_metric was given")
+            if int(at.max()) >= n_pos:  # ``at`` stays on the CPU: no device sync
+                raise UserError(f"logit_diff_metric: its prompts have up to {int(at.max()) + 1} real tokens "
+                                f"but the logits only {n_pos} positions")
+            rows_at = at.to(logits.device)
+        rows = torch.arange(batch, device=logits.device)
+        good_ids, bad_ids = (_ids_per_prompt(ids, name, batch, d_vocab).to(logits.device)
+                             for name, ids in (("correct", correct), ("incorrect", incorrect)))
+        last = logits[rows, rows_at]  # (batch, d_vocab)
+        return (last[rows, good_ids] - last[rows, bad_ids]).mean()
+
+    def for_lengths(new_lengths: torch.Tensor) -> Metric:
+        if lengths is not None and not torch.equal(torch.as_tensor(lengths).cpu(), new_lengths.cpu()):
+            raise UserError(f"logit_diff_metric was built for prompt lengths {torch.as_tensor(lengths).tolist()}, "
+                            f"but the batch has lengths {new_lengths.tolist()}")
+        return logit_diff_metric(correct, incorrect, position, lengths=new_lengths)
+
+    metric.read_positions = position if at is None else torch.unique(at)
+    metric.for_lengths = for_lengths
+    return metric
+
+
+def metric_for_batch(metric: Metric, lengths: torch.Tensor, n_pos: int) -> Metric:
+    """``metric`` fitted to a right-padded batch (pos ``n_pos``) whose prompts have ``lengths``
+    (batch,) real tokens, so it never reads the padding: unchanged when no prompt is padded; a
+    metric built here gets the lengths (``for_lengths``: the loss counts real tokens only, a logit
+    difference reads each prompt's own position); any other callable that declares the positions
+    it reads (``read_positions``) is refused, since fixed positions land on padding; an undeclared
+    callable is given the padded logits as they are (it must mask the padding itself)."""
+    lengths = torch.as_tensor(lengths)
+    if bool((lengths == n_pos).all()):
+        return metric
+    fit = getattr(metric, "for_lengths", None)
+    if fit is not None:
+        return fit(lengths)
+    if getattr(metric, "read_positions", None) is not None:
+        raise UserError(f"the metric reads fixed positions ({_as_list(metric.read_positions)}), but the prompts have "
+                        f"unequal token lengths {sorted(set(lengths.tolist()))}, so those fall on padding; pass "
+                        "prompts of equal length, or a metric of analyses.core.metrics built with lengths=")
+    return metric
+
+
+def read_positions(metric: Metric, n_pos: int) -> torch.Tensor | None:
+    """The sorted positions (n,) of logits (batch, ``n_pos``, d_vocab) that ``metric`` reads, as the
+    metrics built here declare them (a negative one counts from the end); None for every position
+    (any other callable). A position past the end is refused, never wrapped."""
+    declared = getattr(metric, "read_positions", None)
+    if declared is None:
+        return None
+    positions = torch.as_tensor(declared).reshape(-1).long()
+    for position in positions.tolist():
+        _check_position(position, n_pos)
+    return torch.unique(positions % n_pos)
+
+
+def evaluate_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
+    """``metric(logits)`` checked to be a scalar; returned as a 0-d float tensor."""
+    value = torch.as_tensor(metric(logits))
+    if value.ndim != 0:
+        raise UserError(f"the metric must return a scalar, got a tensor of shape {tuple(value.shape)}")
+    return value.float()
+
+
+def _check_position(position: int, n_pos: int) -> None:
+    """Refuse a position outside prompts of ``n_pos`` tokens: allowed -n_pos .. n_pos - 1."""
+    if not -n_pos <= position < n_pos:
+        raise UserError(f"position {position} is past the end of prompts of {n_pos} tokens "
+                        f"(allowed {-n_pos} .. {n_pos - 1})")
+
+
+def _positions_within(position: int, lengths: torch.Tensor) -> torch.Tensor:
+    """``position`` in each prompt of ``lengths`` (batch,) real tokens -> (batch,) positions from
+    the start; refused where a prompt is too short for it."""
+    if lengths.ndim != 1 or len(lengths) == 0 or int(lengths.min()) < 1:
+        raise UserError(f"lengths must be one positive token count per prompt (batch,), got {lengths.tolist()}")
+    at = torch.where(torch.as_tensor(position) < 0, lengths + position, torch.full_like(lengths, position))
+    bad = ((at < 0) | (at >= lengths)).nonzero()[:, 0]
+    if len(bad):
+        b = int(bad[0])
+        raise UserError(f"position {position} is past the end of prompt {b}, which has {int(lengths[b])} real tokens "
+                        f"(allowed {-int(lengths[b])} .. {int(lengths[b]) - 1})")
+    return at.long()
+
+
+def _ids_per_prompt(ids: torch.Tensor, name: str, batch: int, d_vocab: int) -> torch.Tensor:
+    """A token id, or one per prompt, -> (batch,) ids, checked against the batch and vocabulary."""
+    if ids.ndim == 1 and len(ids) != batch:
+        raise UserError(f"logit_diff_metric: {len(ids)} {name} ids for {batch} prompts; pass one id, or one per prompt")
+    if int(ids.min()) < 0 or int(ids.max()) >= d_vocab:
+        raise UserError(f"logit_diff_metric: {name} token ids {ids.tolist()} are outside the vocabulary [0, {d_vocab})")
+    return ids.expand(batch)
+
+
+def _check_logits(logits: torch.Tensor, shape: tuple, what: str) -> None:
+    """Refuse logits (batch, pos, d_vocab) whose leading dims differ from ``shape`` (None: any)."""
+    if logits.ndim != 3 or any(want is not None and got != want for got, want in zip(logits.shape, shape)):
+        expected = ", ".join("*" if want is None else str(want) for want in shape)
+        raise UserError(f"the metric got logits of shape {tuple(logits.shape)}, but {what} are for ({expected}, d_vocab)")
+
+
+def _as_list(declared) -> list[int]:
+    return torch.as_tensor(declared).reshape(-1).tolist()

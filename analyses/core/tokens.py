@@ -1,0 +1,116 @@
+"""Tokens for analyses: the one tokenization rule of ``interp.tokenizer``, on a hooked model.
+
+Every analysis turns texts and ids into tokens through here, so both backends (our ``GPTModel``
+and a TransformerLens bridge of any family) get the same treatment: texts are encoded without
+special tokens, the model's start token (its BOS, else its EOS) is prepended, and a batch of
+unequal lengths is right-padded with its real lengths kept, so the padding can be masked out of
+every score. Ids are checked against the model's vocabulary and context.
+
+The one deliberate exception is ``analyses.roles.tl_compat.detect_heads``, which tokenises as
+TransformerLens's ``detect_head`` does (``model.to_tokens`` per prompt), to reproduce its numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from interp.errors import UserError
+from interp.tokenizer import TokenBatch, Tokenizer, as_tokenizer, check_token_ids, encode_texts
+
+
+def model_device(model) -> torch.device:
+    """Where the model's weights are."""
+    return next(model.parameters()).device
+
+
+def model_tokenizer(model) -> Tokenizer:
+    """The model's tokenizer in ``interp.tokenizer``'s protocol (ours, or a Hugging Face one wrapped)."""
+    return as_tokenizer(model.tokenizer)
+
+
+def start_token_id(model) -> int:
+    """The token every sequence starts with: the model's BOS, else its EOS."""
+    return model_tokenizer(model).bos_token_id
+
+
+def token_differences(model_a, model_b) -> list[str]:
+    """How the two models' tokens differ, as phrases; none when every id is the same token in both:
+    the start token, the tokenizer's size, and the first id that decodes differently."""
+    a, b = model_tokenizer(model_a), model_tokenizer(model_b)
+    found = [] if a.bos_token_id == b.bos_token_id else [f"start token {a.bos_token_id} vs {b.bos_token_id}"]
+    if a.vocab_size != b.vocab_size:
+        return found + [f"tokenizer size {a.vocab_size} vs {b.vocab_size}"]
+    differ = next((i for i in range(a.vocab_size) if a.decode([i]) != b.decode([i])), None)
+    return found + ([] if differ is None else [f"token {differ} is {a.decode([differ])!r} vs {b.decode([differ])!r}"])
+
+
+def ordinary_token_ids(model) -> list[int]:
+    """Ids of ordinary tokens, ascending: neither special nor added, within the tokenizer and the
+    model's vocabulary (a padded vocabulary's extra ids are no real tokens)."""
+    return [i for i in model_tokenizer(model).ordinary_ids() if i < model.cfg.d_vocab]
+
+
+def is_text(value) -> bool:
+    """A string, or a non-empty list/tuple of strings."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, str) for v in value)
+
+
+def encode(model, texts: str | Sequence[str], *, equal_lengths: bool = False) -> TokenBatch:
+    """Texts -> a right-padded ``TokenBatch`` (tokens (batch, pos), lengths (batch,)) on the
+    model's device; ``equal_lengths`` refuses texts of different token lengths."""
+    batch = encode_texts(model_tokenizer(model), texts, model.cfg.n_ctx, equal_lengths=equal_lengths)
+    return batch.to(model_device(model))
+
+
+def as_batch(model, tokens) -> TokenBatch:
+    """Texts (of any lengths) or ids (pos,) / (batch, pos) -> a checked ``TokenBatch`` on the
+    model's device (ids count as real throughout)."""
+    if is_text(tokens):
+        return encode(model, tokens)
+    ids = as_tokens(model, tokens)
+    return TokenBatch(ids, torch.full((ids.shape[0],), ids.shape[1], device=ids.device))
+
+
+def as_tokens(model, tokens) -> torch.Tensor:
+    """Texts of equal token length, or ids (pos,) / (batch, pos) -> checked ids (batch, pos) on the
+    model's device."""
+    if is_text(tokens):
+        return encode(model, tokens, equal_lengths=True).tokens
+    ids = check_token_ids(tokens, model.cfg.d_vocab, model.cfg.n_ctx)
+    return ids.to(model_device(model))
+
+
+def single_token_id(model, text: str) -> int:
+    """The id of ``text`` when it is exactly one token (no start token); else a one-line error."""
+    ids = model_tokenizer(model).encode(text)
+    if len(ids) != 1:
+        raise UserError(f"{text!r} is {len(ids)} tokens; it must be exactly one token")
+    return int(ids[0])
+
+
+def read_text_lines(path, what: str) -> list[str]:
+    """The non-empty lines of the UTF-8 text file ``path``, one text each; ``what`` names the file
+    in a one-line refusal (missing, not UTF-8 text, no non-empty line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{what} {str(path)!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise UserError(f"{what} {str(path)!r} has no non-empty line")
+    return lines
+
+
+def leading_tokens(model, text: str, n_tokens: int) -> torch.Tensor:
+    """The start token and the first tokens of ``text`` -> ids (pos,), at most ``n_tokens`` and the
+    context long: for displaying a text that may be longer than the model can read."""
+    ids = [start_token_id(model), *model_tokenizer(model).encode(text)][: min(n_tokens, model.cfg.n_ctx)]
+    return torch.tensor(ids, device=model_device(model))

@@ -1,0 +1,322 @@
+"""Head ablation at ``hook_z`` (DESIGN 4.2): zero, mean and resample, optionally pattern-preserving.
+
+A head's output (its slice of ``hook_z``, (batch, pos, d_head)) is replaced by
+- ``zero``: zeros;
+- ``mean``: its mean at the same position over the *other* prompts (leave-one-out: a prompt's own
+  output never leaks into its replacement), or over a separate ``reference`` batch as given;
+- ``mean_aligned``: its mean over the other prompts at the same place in the probes' structure
+  (``RepeatedProbes.places``: the same region -- start, prefix, first copy, second copy, filler --
+  at the same offset in it), so the second copy of one prompt is replaced by second copies of
+  others even where periods and prefixes differ; a place no other prompt has falls back to the
+  leave-one-out mean at that position. Needs the prompts as ``RepeatedProbes``;
+- ``resample``: its output on another prompt of the reference batch (seeded; never the prompt itself
+  when the reference is the prompts).
+With ``preserve_patterns`` every attention pattern is frozen at its value in the unablated run
+(Olsson et al. 2022), so later heads cannot react to the ablation through where they attend: only
+what they read (values) changes, which isolates the ablated head's direct role.
+
+Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
+suffix-only on ``GPTModel``): every single head, every layer, named groups, and the cumulative
+pruning curve of Michel et al. (2019), heads removed in increasing order of importance.
+
+Prompts are token ids (batch, pos), texts, or ``RepeatedProbes``; texts of unequal lengths are
+right-padded, and the padding is kept out of the metric (``analyses.core.metrics.metric_for_batch``: a
+logit difference reads each prompt's last real token) and of the mean replacement (a
+position where no other prompt is real takes the mean over every real position of the others;
+resample needs equal lengths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.hook_check import require_edit
+from analyses.core.hook_names import pattern_name, pattern_names, z_name, z_names
+from analyses.interventions.engine import (
+    Variant,
+    base_run,
+    cache_run,
+    check_choice,
+    check_heads,
+    evaluate_variants,
+    head_cells,
+    linear_effects,
+    metric_gradients,
+)
+from analyses.core.metrics import Metric, evaluate_metric, loss_metric, metric_for_batch
+from analyses.core.probes import RepeatedProbes
+from analyses.core.tokens import as_batch
+from interp.errors import UserError
+from interp.tokenizer import TokenBatch
+
+METHODS = ("zero", "mean", "mean_aligned", "resample")
+# the methods that replace a prompt's head outputs with other prompts' (without a reference batch,
+# they need at least 2 prompts): what each takes from them, for a refusal
+FROM_OTHER_PROMPTS = {
+    "mean": "mean ablation replaces a prompt's head outputs by their mean over the other prompts",
+    "mean_aligned": "mean_aligned ablation replaces a prompt's head outputs by their mean over the other prompts",
+    "resample": "resample ablation gives each prompt another prompt's head outputs",
+}
+
+
+@dataclass
+class Ablation:
+    """Everything an ablation sweep needs, computed once.
+
+    tokens: (batch, pos) prompts. sources: replacement per edited hook name: ``hook_z``
+    (batch or 1, pos, head, d_head); with ``preserve_patterns`` also each ``hook_pattern`` of the
+    unablated run. starts: see ``base_run``. baseline: the metric unablated.
+    """
+
+    model: object
+    tokens: torch.Tensor
+    metric: Metric
+    sources: dict
+    starts: dict | None
+    baseline: float
+    preserve_patterns: bool
+
+    def variant(self, heads: Sequence[tuple[int, int]]) -> Variant:
+        """Cells ablating ``heads``; patterns are frozen from the first ablated layer on (earlier
+        ones see unchanged inputs), so a suffix run still starts there."""
+        cells = head_cells(heads)
+        if self.preserve_patterns:
+            first = min(layer for layer, _ in heads)
+            cells += [(pattern_name(layer), ()) for layer in range(first, self.model.cfg.n_layers)]
+        return cells
+
+    def run(self, head_sets: Sequence[Sequence[tuple[int, int]]], *, memory_mb=DEFAULT_MEMORY_MB,
+            progress: bool | None = None, desc="ablations") -> torch.Tensor:
+        """The metric with each set of heads ablated together -> (len(head_sets),) float64, as the
+        baseline is kept: a table's metric and baseline columns then print alike, and an empty set
+        (which gives the baseline) has an effect of exactly 0, also once read back from a CSV."""
+        values = torch.full((len(head_sets),), self.baseline, dtype=torch.float64)
+        todo = [i for i, heads in enumerate(head_sets) if heads]
+        if todo:
+            variants = [self.variant(head_sets[i]) for i in todo]
+            values[todo] = evaluate_variants(
+                self.model, self.tokens, variants, self.sources, self.metric,
+                starts=self.starts, memory_mb=memory_mb, progress=progress, desc=desc,
+            ).double()
+        return values
+
+    def importance(self) -> torch.Tensor:
+        """Michel et al. (2019) head importance -> [n_layers, n_heads]: per prompt, the first-order
+        change of the metric when the head is ablated, |dM/dz . (replacement - z)| (for zero
+        ablation exactly their |dL/d gate|), summed over prompts. One forward and backward. With
+        ``preserve_patterns`` every attention pattern is held constant in the derivative too (no
+        gradient flows through where heads attend), the linearisation of the pattern-preserving
+        ablation this object runs, so a pruning order follows the same ablation it prunes by."""
+        frozen = [(name, _constant) for name in pattern_names(self.model)] if self.preserve_patterns else []
+        with self.model.hooks(fwd_hooks=frozen):
+            _, z, grads = metric_gradients(self.model, self.tokens, self.metric)
+        targets = [self.sources[z_name(layer)].expand_as(z[layer]) for layer in range(self.model.cfg.n_layers)]
+        return linear_effects(grads, z, targets, keep="b h").abs().sum(dim=1)
+
+
+def _constant(pattern: torch.Tensor, hook) -> torch.Tensor:
+    """A hook that keeps an activation's value and cuts its gradient."""
+    return pattern.detach()
+
+
+def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: int = 0,
+                  places: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head).
+
+    ``places`` (batch, pos): the probes' structure, for ``mean_aligned`` (see the module docstring)."""
+    check_choice("ablation method", method, METHODS)
+    names = z_names(model)
+    if method == "zero":
+        shape = (1, batch.tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
+        return {name: torch.zeros(shape, device=batch.tokens.device) for name in names}
+    if method == "mean_aligned" and (places is None or reference is not None):
+        raise UserError("mean_aligned ablation needs the prompts as RepeatedProbes (their structure says which "
+                        "positions align) and no reference batch; use mean for other prompts")
+    ref = batch if reference is None else as_batch(model, reference)
+    if ref.tokens.shape[1] != batch.tokens.shape[1]:
+        raise UserError(f"reference prompts are {ref.tokens.shape[1]} tokens long but the prompts are "
+                        f"{batch.tokens.shape[1]}; mean and resample ablation need equal lengths")
+    _, cache = cache_run(model, ref.tokens, names)
+    if method == "mean" and reference is not None:
+        weights = ref.real / ref.real.sum(dim=0).clamp(min=1)  # (batch, pos): each position's real rows
+        return {name: torch.einsum("bp,bphd->phd", weights.to(cache[name].dtype), cache[name])[None] for name in names}
+    if method == "mean":
+        return {name: leave_one_out_mean(cache[name], batch.real) for name in names}
+    if method == "mean_aligned":
+        return {name: aligned_mean(cache[name], places) for name in names}
+    if not (batch.real.all() and ref.real.all()):
+        raise UserError("resample ablation needs prompts of equal token length (a prompt would receive "
+                        "another's padding); pass texts of equal length or use mean ablation")
+    index = resample_index(batch.tokens.shape[0], ref.tokens.shape[0], reference is None, seed)
+    return {name: cache[name][index] for name in names}
+
+
+def leave_one_out_mean(z: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """z (batch, pos, ...) -> (batch, pos, ...): for each prompt and position, the mean of ``z`` at
+    that position over the *other* prompts that are real there (``real`` (batch, pos) bool); where
+    no other prompt is real, the mean over every real position of the other prompts."""
+    n_prompts = z.shape[0]
+    if n_prompts < 2:
+        raise UserError("mean ablation over the prompts themselves needs at least 2 prompts (a prompt's own output "
+                        "is left out of its mean); pass more prompts or a reference batch")
+    mask = real.to(z.dtype).reshape(*real.shape, *[1] * (z.ndim - 2))
+    kept = z * mask
+    others_sum = kept.sum(0, keepdim=True) - kept  # (batch, pos, ...)
+    others_n = mask.sum(0, keepdim=True) - mask
+    anywhere_sum = kept.sum((0, 1), keepdim=True) - kept.sum(1, keepdim=True)  # (batch, 1, ...)
+    anywhere_n = mask.sum((0, 1), keepdim=True) - mask.sum(1, keepdim=True)
+    return torch.where(others_n > 0, others_sum / others_n.clamp(min=1), anywhere_sum / anywhere_n.clamp(min=1))
+
+
+def aligned_mean(z: torch.Tensor, places: torch.Tensor) -> torch.Tensor:
+    """z (batch, pos, ...) -> (batch, pos, ...): for each prompt and position, the mean of ``z`` over
+    the other prompts' positions at the same place (``places`` (batch, pos) long, each place at most
+    once per prompt); the leave-one-out mean at that position where no other prompt has the place."""
+    flat_places = places.flatten()
+    flat_z = z.flatten(0, 1)
+    totals = torch.zeros(int(flat_places.max()) + 1, *z.shape[2:], dtype=z.dtype, device=z.device)
+    totals.index_add_(0, flat_places, flat_z)
+    counts = torch.bincount(flat_places, minlength=totals.shape[0])
+    others_n = (counts[places] - 1).reshape(*places.shape, *[1] * (z.ndim - 2)).to(z.dtype)
+    aligned = (totals[places] - z) / others_n.clamp(min=1)
+    fallback = leave_one_out_mean(z, torch.ones(places.shape, dtype=torch.bool, device=z.device))
+    return torch.where(others_n > 0, aligned, fallback)
+
+
+def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int) -> torch.Tensor:
+    """(n_prompts,) reference prompt per prompt, seeded; a derangement when the reference is the
+    prompts themselves (a prompt never receives its own output)."""
+    generator = torch.Generator().manual_seed(seed)
+    if not same_batch:
+        return torch.randint(n_reference, (n_prompts,), generator=generator)
+    if n_prompts < 2:
+        raise UserError("resample ablation needs at least 2 prompts (or a reference batch) to draw others from")
+    order = torch.randperm(n_prompts, generator=generator)
+    index = torch.empty(n_prompts, dtype=torch.long)
+    index[order] = order.roll(-1)  # each prompt takes the next one in a random cycle
+    return index
+
+
+def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
+                     preserve_patterns: bool = False, seed: int = 0) -> Ablation:
+    """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
+    reference). ``metric`` defaults to the mean next-token loss over all real positions."""
+    require_edit(model, "hook_z", "head ablation")
+    if preserve_patterns:
+        require_edit(model, "hook_pattern", "preserve_patterns=True")
+    places = tokens.places if isinstance(tokens, RepeatedProbes) else None
+    batch = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens)
+    metric = loss_metric(batch.tokens, batch.real) if metric is None else metric
+    metric = metric_for_batch(metric, batch.lengths, batch.tokens.shape[1])  # never reads the padding
+    sources = replacement_z(model, batch, method, reference, seed, places)
+    patterns = pattern_names(model) if preserve_patterns else []
+    logits, pattern_cache, starts = base_run(model, batch.tokens, patterns)
+    baseline = evaluate_metric(metric, logits).item()
+    return Ablation(model, batch.tokens, metric, sources | pattern_cache, starts, baseline, preserve_patterns)
+
+
+def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,
+                 preserve_patterns: bool = False, seed: int = 0) -> float:
+    """The metric with all of ``heads`` [(layer, head), ...] ablated together."""
+    heads = check_heads(model, heads)
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    return ablation.run([heads], progress=False).item()
+
+
+def sweep_targets(model, targets) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``"each_head"`` | ``"each_layer"`` | {name: heads} | [heads, ...] -> [(name, heads), ...]."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    if targets == "each_head":
+        return [(f"L{l}H{h}", [(l, h)]) for l, h in product(range(n_layers), range(n_heads))]
+    if targets == "each_layer":
+        return [(f"L{l}", [(l, h) for h in range(n_heads)]) for l in range(n_layers)]
+    if isinstance(targets, str):
+        raise UserError(f"unknown targets {targets!r}; allowed: each_head, each_layer, a mapping name -> heads, "
+                         "or a list of head lists")
+    items = targets.items() if isinstance(targets, Mapping) else ((None, heads) for heads in targets)
+    named = []
+    for name, heads in items:
+        heads = check_heads(model, heads)
+        named.append((name or "+".join(f"L{l}H{h}" for l, h in heads), heads))
+    return named
+
+
+def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", metric: Metric | None = None, *,
+                   reference=None, preserve_patterns: bool = False, seed: int = 0,
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """Ablate each target separately -> one row per target: ``target`` (name), ``layer`` and
+    ``head`` (for a single head; ``layer`` also for a whole layer; else missing), ``n_heads``,
+    ``metric`` (ablated), ``baseline`` (unablated), ``effect`` (metric - baseline)."""
+    named = sweep_targets(model, targets)
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    values = ablation.run([heads for _, heads in named], memory_mb=memory_mb, progress=progress, desc="ablate")
+    return target_frame(named, values, ablation.baseline)
+
+
+def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: float) -> pd.DataFrame:
+    def where(heads):
+        layers = {l for l, _ in heads}
+        return (heads[0][0] if len(layers) == 1 else None), (heads[0][1] if len(heads) == 1 else None)
+
+    located = [where(heads) for _, heads in named]
+    frame = pd.DataFrame({
+        "target": [name for name, _ in named],
+        "layer": pd.array([layer for layer, _ in located], dtype="Int64"),
+        "head": pd.array([head for _, head in located], dtype="Int64"),
+        "n_heads": [len(heads) for _, heads in named],
+        "metric": values.numpy(),
+    })
+    frame["baseline"] = baseline
+    frame["effect"] = frame["metric"] - baseline
+    return frame
+
+
+def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
+                    preserve_patterns: bool = False, seed: int = 0) -> torch.Tensor:
+    """Michel et al. (2019) head importance -> [n_layers, n_heads] (see ``Ablation.importance``); with
+    ``preserve_patterns`` that of the pattern-preserving ablation, the order ``pruning_curve`` then
+    prunes by."""
+    return prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
+                            seed=seed).importance()
+
+
+def pruning_order(importance: torch.Tensor) -> list[tuple[int, int]]:
+    """Head importance [n_layers, n_heads] -> every head as (layer, head), the least important
+    first (ties in index order): the order in which ``pruning_curve`` and cumulative studies prune."""
+    return [divmod(int(i), importance.shape[1]) for i in importance.flatten().argsort(stable=True)]
+
+
+def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = None, *, order=None,
+                  reference=None, preserve_patterns: bool = False, seed: int = 0,
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """Cumulative ablation: step i ablates the first i heads of ``order`` (default: increasing
+    ``head_importance``, the least important pruned first) -> rows ``step`` (0 = nothing
+    ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
+    ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect``."""
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed)
+    importance = ablation.importance()
+    order = check_heads(model, pruning_order(importance) if order is None else order)
+    values = ablation.run([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
+                          desc="prune")
+    n_total = model.cfg.n_layers * model.cfg.n_heads
+    frame = pd.DataFrame({
+        "step": range(len(order) + 1),
+        "layer": pd.array([None] + [l for l, _ in order], dtype="Int64"),
+        "head": pd.array([None] + [h for _, h in order], dtype="Int64"),
+        "importance": [float("nan")] + [importance[l, h].item() for l, h in order],
+        "n_heads": range(len(order) + 1),
+    })
+    frame["fraction"] = frame["n_heads"] / n_total
+    frame["metric"] = values.numpy()
+    frame["baseline"] = ablation.baseline
+    frame["effect"] = frame["metric"] - ablation.baseline
+    return frame

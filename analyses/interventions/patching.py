@@ -1,0 +1,225 @@
+"""Exact activation patching (DESIGN 4.3), in TransformerLens's convention and result shapes.
+
+Denoising (the default) runs the corrupted prompts and patches in activations from the clean run
+(is this component sufficient to restore the clean behaviour?); noising runs the clean prompts
+and patches in the corrupted activations (is it necessary?). Each cell is the metric of the
+patched run, as in ``transformer_lens.patching.get_act_patch_*``:
+
+    patch_heads                    [n_layers, n_heads]        hook_z of one head, all positions
+    patch_heads(by_position=True)  [n_layers, pos, n_heads]   hook_z of one head at one position
+    patch_residual                 [n_layers, pos]            hook_resid_pre at one position
+    patch_mlps                     [n_layers]                 hook_mlp_out of one MLP, all positions
+    patch_mlps(by_position=True)   [n_layers, pos]            hook_mlp_out at one position
+    patch_patterns                 [n_layers, n_heads]        hook_pattern of one head
+
+``normalize=True`` rescales to (value - corrupted) / (clean - corrupted): 0 = the corrupted
+run's metric, 1 = the clean run's. All patches go through ``evaluate_variants`` (batched,
+chunked to ``memory_mb``; on ``GPTModel`` only the layers from the patched one on are rerun).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+import pandas as pd
+import torch
+
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.hook_check import require_edit
+from analyses.core.hook_names import (mlp_out_name, pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name,
+                                 z_names)
+from analyses.interventions.engine import Variant, base_run, cache_run, check_choice, evaluate_variants, head_cells
+from analyses.core.metrics import Metric, evaluate_metric
+from analyses.core.tokens import as_tokens
+from interp.errors import UserError
+
+DIRECTIONS = ("denoise", "noise")
+
+
+@dataclass
+class PatchSetup:
+    """The two runs of a patching experiment.
+
+    base: tokens (batch, pos) that every patched run processes (corrupted when denoising).
+    sources: the other run's activations by hook name.
+    starts: the base run's residual entering each layer, on a model that can start there.
+    clean_value / corrupted_value: the metric on the unpatched clean / corrupted runs.
+    """
+
+    base: torch.Tensor
+    sources: dict
+    starts: dict | None
+    clean_value: float
+    corrupted_value: float
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        return normalize_values(values, self.clean_value, self.corrupted_value)
+
+
+def normalize_values(values: torch.Tensor, clean_value: float, corrupted_value: float) -> torch.Tensor:
+    """(values - corrupted) / (clean - corrupted): 0 = the corrupted run's metric, 1 = the clean run's."""
+    if clean_value == corrupted_value:
+        raise UserError(f"cannot normalise: the metric is {clean_value} on both clean and corrupted prompts")
+    return (values - corrupted_value) / (clean_value - corrupted_value)
+
+
+def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
+    if clean.shape[1] != corrupted.shape[1]:
+        raise UserError(
+            f"clean prompts are {clean.shape[1]} tokens long but corrupted prompts are {corrupted.shape[1]}; "
+            "patching needs equal token lengths"
+        )
+    if clean.shape[0] != corrupted.shape[0]:
+        raise UserError(f"{clean.shape[0]} clean prompts but {corrupted.shape[0]} corrupted; they must pair up")
+
+
+def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked token pair ordered as (run that gets patched, run patched from)."""
+    check_choice("direction", direction, DIRECTIONS)
+    clean, corrupted = as_tokens(model, clean_tokens), as_tokens(model, corrupted_tokens)
+    check_pair(clean, corrupted)
+    return (corrupted, clean) if direction == "denoise" else (clean, corrupted)
+
+
+def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise") -> PatchSetup:
+    """Run clean and corrupted once each, caching ``names`` from the source side."""
+    base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
+    source_logits, sources = cache_run(model, source, names)
+    base_logits, _, starts = base_run(model, base)
+    source_value = evaluate_metric(metric, source_logits).item()
+    base_value = evaluate_metric(metric, base_logits).item()
+    clean_value, corrupted_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)
+    return PatchSetup(base, sources, starts, clean_value, corrupted_value)
+
+
+def _sweep(model, setup: PatchSetup, metric, variants: list[Variant], shape, normalize, memory_mb, progress, desc):
+    values = evaluate_variants(
+        model, setup.base, variants, setup.sources, metric, starts=setup.starts, memory_mb=memory_mb, progress=progress, desc=desc
+    ).reshape(shape)
+    return setup.normalize(values) if normalize else values
+
+
+def patch_heads(
+    model,
+    clean_tokens,
+    corrupted_tokens,
+    metric: Metric,
+    *,
+    by_position: bool = False,
+    direction: str = "denoise",
+    normalize: bool = False,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """Patch each head's output (``hook_z``) -> [n_layers, n_heads], or with ``by_position``
+    [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
+    ``..._by_pos`` (denoising, unnormalised)."""
+    require_edit(model, "hook_z", "patch_heads")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    names = z_names(model)
+    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    if by_position:
+        n_pos = setup.base.shape[1]
+        cells = product(range(n_layers), range(n_pos), range(n_heads))
+        variants = [[(z_name(layer), (pos, head))] for layer, pos, head in cells]
+        shape = (n_layers, n_pos, n_heads)
+    else:
+        variants = [head_cells([cell]) for cell in product(range(n_layers), range(n_heads))]
+        shape = (n_layers, n_heads)
+    return _sweep(model, setup, metric, variants, shape, normalize, memory_mb, progress, "patch heads")
+
+
+def patch_residual(
+    model,
+    clean_tokens,
+    corrupted_tokens,
+    metric: Metric,
+    *,
+    direction: str = "denoise",
+    normalize: bool = False,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """Patch the residual stream entering each block at each position -> [n_layers, pos].
+    Equals TransformerLens's ``get_act_patch_resid_pre``."""
+    n_layers = model.cfg.n_layers
+    names = resid_pre_names(model)
+    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    n_pos = setup.base.shape[1]
+    variants = [[(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
+    return _sweep(model, setup, metric, variants, (n_layers, n_pos), normalize, memory_mb, progress, "patch resid")
+
+
+def mlp_out_names(model) -> list[str]:
+    """Every layer's ``hook_mlp_out``; a one-line refusal for a model without MLPs."""
+    names = [mlp_out_name(layer) for layer in range(model.cfg.n_layers)]
+    if any(name not in model.hook_dict for name in names):
+        raise UserError("this model has no MLP outputs (blocks.L.hook_mlp_out): it is attention-only")
+    return names
+
+
+def patch_mlps(
+    model,
+    clean_tokens,
+    corrupted_tokens,
+    metric: Metric,
+    *,
+    by_position: bool = False,
+    direction: str = "denoise",
+    normalize: bool = False,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """Patch each MLP's output (``hook_mlp_out``) -> [n_layers], or with ``by_position``
+    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``)."""
+    names = mlp_out_names(model)
+    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    n_layers, n_pos = model.cfg.n_layers, setup.base.shape[1]
+    if by_position:
+        variants = [[(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
+        shape = (n_layers, n_pos)
+    else:
+        variants = [[(mlp_out_name(layer), (slice(None),))] for layer in range(n_layers)]
+        shape = (n_layers,)
+    return _sweep(model, setup, metric, variants, shape, normalize, memory_mb, progress, "patch MLPs")
+
+
+def patch_patterns(
+    model,
+    clean_tokens,
+    corrupted_tokens,
+    metric: Metric,
+    *,
+    direction: str = "denoise",
+    normalize: bool = False,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """Patch each head's whole attention pattern (``hook_pattern``) -> [n_layers, n_heads].
+    Equals TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``."""
+    require_edit(model, "hook_pattern", "patch_patterns")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    names = pattern_names(model)
+    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    variants = [[(pattern_name(layer), (head,))] for layer, head in product(range(n_layers), range(n_heads))]
+    return _sweep(model, setup, metric, variants, (n_layers, n_heads), normalize, memory_mb, progress, "patch patterns")
+
+
+def patch_specific_heads(
+    model, setup: PatchSetup, metric: Metric, heads, *, memory_mb=DEFAULT_MEMORY_MB, progress: bool | None = None
+) -> torch.Tensor:
+    """Exact patch of each of ``heads`` [(layer, head), ...] alone -> (len(heads),), with a
+    ``PatchSetup`` already made (its sources must hold every ``hook_z``)."""
+    variants = [head_cells([cell]) for cell in heads]
+    return evaluate_variants(
+        model, setup.base, variants, setup.sources, metric, starts=setup.starts, memory_mb=memory_mb, progress=progress, desc="patch heads"
+    )
+
+
+def patching_frame(result: torch.Tensor, dims: tuple[str, ...], value: str = "metric") -> pd.DataFrame:
+    """A patching tensor -> tidy DataFrame with one column per dim (e.g. ``("layer", "head")``) and ``value``."""
+    if result.ndim != len(dims):
+        raise UserError(f"result has {result.ndim} dims but {len(dims)} names were given: {dims}")
+    index = pd.MultiIndex.from_product([range(n) for n in result.shape], names=list(dims))
+    return pd.DataFrame({value: result.detach().cpu().flatten().numpy()}, index=index).reset_index()

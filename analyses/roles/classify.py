@@ -1,0 +1,353 @@
+"""Head classification (DESIGN 4.1): every head's attention-role scores from one batched forward.
+
+Each role is a *target*: for every query position where the role is defined, the keys the role
+attends to. A head's score for a role is its attention mass on the target keys, averaged over the
+query positions where the role is defined (pooled over prompts), so a perfect head scores 1.0:
+
+    previous_token   query i >= 1, target key i - 1
+    duplicate_token  query in the second copy of the probe segment, target its earlier occurrence
+                     (texts: any query whose token occurred before, target every earlier occurrence)
+    induction        query in the second copy, target the key after its earlier occurrence
+    self             query i >= 1, target key i
+    bos              query i >= 1, target key 0 (the attention sink)
+    entropy          query i >= 1: H(attention row) / log(i + 1), so 1.0 = uniform over the prefix
+    distance         query i >= 1: sum_k A[i, k] (i - k), the mean attention distance in tokens
+
+``chance`` is the same score for a uniform causal head (A[i, k] = 1 / (i + 1)) on the same query
+positions. Intervals are percentile bootstraps over prompts. Roles (``assign_roles``) are decided
+either against calibrated nulls under false-discovery control (``analyses.roles.nulls``) or by the
+fixed rule: a threshold and an interval above chance. Patterns come from one forward per
+chunk of prompts caching only ``hook_pattern`` and stopping after the last layer's (no logits are
+computed); all heads and roles are scored with tensor ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import einops
+import pandas as pd
+import torch
+
+from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.hook_names import pattern_names
+from analyses.interventions.engine import cache_run
+from analyses.core.probes import RepeatedProbes, probes_for
+from analyses.core.progress import progress_bar
+from analyses.core.tokens import encode
+from interp.errors import UserError
+from interp.model import require_causal
+
+ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
+MEASURES = (*ROLES, "entropy", "distance")
+TEXT_MEASURES = ("previous_token", "duplicate_token", "self", "bos", "entropy", "distance")
+DEFAULT_THRESHOLD = 0.4
+DEFAULT_FDR = 0.05  # Benjamini-Hochberg false discovery rate of calibrated roles (analyses.roles.nulls)
+NO_EFFECT_BELOW = 0.01  # nats: a smaller |ablation effect| is reported as "no causal effect"
+NO_EFFECT = "no causal effect"
+
+
+@dataclass
+class RoleTargets:
+    """Where each role is defined and what it attends to, for a batch of prompts.
+
+    queries: (batch, q) bool, positions that exist and have a predecessor (i >= 1).
+    targets: role -> (batch, q, k) float, 1 on the role's target keys of the query positions
+        where the role is defined, 0 elsewhere (rows of undefined queries are all 0).
+    """
+
+    queries: torch.Tensor
+    targets: dict[str, torch.Tensor]
+
+    def __getitem__(self, rows: slice) -> "RoleTargets":
+        return RoleTargets(self.queries[rows], {role: t[rows] for role, t in self.targets.items()})
+
+
+def probe_targets(probes: RepeatedProbes) -> RoleTargets:
+    """Targets of all five roles on repeated-segment probes."""
+    batch, n_pos = probes.tokens.shape
+    pos = torch.arange(n_pos, device=probes.tokens.device)
+    queries = (pos >= 1)[None].expand(batch, n_pos)
+    earlier = probes.earlier_occurrence  # (batch, q): i - p in the second copy, -1 elsewhere
+    targets = _positional_targets(queries)
+    targets["duplicate_token"] = _one_hot_keys(earlier, n_pos)
+    targets["induction"] = _one_hot_keys(torch.where(earlier >= 0, earlier + 1, -1), n_pos)
+    return RoleTargets(queries, targets)
+
+
+def text_targets(tokens: torch.Tensor, lengths: torch.Tensor) -> RoleTargets:
+    """Targets of the roles natural text defines (no induction) on right-padded ``tokens``
+    (batch, pos) whose first ``lengths`` (batch,) tokens are real."""
+    n_pos = tokens.shape[1]
+    pos = torch.arange(n_pos, device=tokens.device)
+    real = pos[None] < lengths[:, None]
+    queries = real & (pos >= 1)[None]
+    targets = _positional_targets(queries)
+    causal = pos[None, :, None] > pos[None, None, :]
+    same = (tokens[:, :, None] == tokens[:, None, :]) & causal & queries[:, :, None]
+    targets["duplicate_token"] = same.float()
+    return RoleTargets(queries, targets)
+
+
+def _positional_targets(queries: torch.Tensor) -> dict[str, torch.Tensor]:
+    """previous_token, self and bos targets for query mask (batch, q)."""
+    n_pos = queries.shape[1]
+    eye = torch.eye(n_pos, device=queries.device)
+    rows = queries[:, :, None].float()
+    bos = torch.zeros(n_pos, n_pos, device=queries.device)
+    bos[:, 0] = 1
+    return {"previous_token": rows * eye.roll(-1, dims=1).tril(-1), "self": rows * eye, "bos": rows * bos}
+
+
+def _one_hot_keys(key: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """key (batch, q) long, -1 for none -> (batch, q, k) float one-hot."""
+    one_hot = torch.nn.functional.one_hot(key.clamp(min=0), n_keys).float()
+    return one_hot * (key >= 0)[..., None]
+
+
+def prompt_sums(pattern: torch.Tensor, targets: RoleTargets, measures: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Per-prompt score numerators for one layer.
+
+    pattern: (batch, head, q, k) post-softmax attention.
+    Returns measure -> (batch, head): the sum over the measure's query positions of the per-query
+    score (attention mass on the role's targets, normalised entropy, or attention distance).
+    """
+    n_pos = pattern.shape[-1]
+    pos = torch.arange(n_pos, device=pattern.device)
+    queries = targets.queries.float()
+    sums = {}
+    for measure in measures:
+        if measure in targets.targets:
+            sums[measure] = einops.einsum(pattern, targets.targets[measure], "b h q k, b q k -> b h")
+        elif measure == "entropy":
+            entropy = -torch.special.xlogy(pattern, pattern).sum(-1)  # (batch, head, q)
+            sums[measure] = einops.einsum(entropy, queries / _log_row_size(pos), "b h q, b q -> b h")
+        elif measure == "distance":
+            offset = (pos[:, None] - pos[None, :]).clamp(min=0).to(pattern.dtype)
+            distance = einops.einsum(pattern, offset, "b h q k, q k -> b h q")
+            sums[measure] = einops.einsum(distance, queries, "b h q, b q -> b h")
+    return sums
+
+
+def prompt_counts_and_chance(targets: RoleTargets, measures: Sequence[str]) -> tuple[dict, dict]:
+    """Per-prompt denominators and uniform-head numerators.
+
+    Returns (counts, chance): measure -> (batch,) number of query positions where it is defined,
+    and the sum over those positions of a uniform causal head's per-query score.
+    """
+    n_pos = targets.queries.shape[1]
+    pos = torch.arange(n_pos, device=targets.queries.device, dtype=torch.float)
+    queries = targets.queries.float()
+    counts, chance = {}, {}
+    for measure in measures:
+        if measure in targets.targets:
+            target = targets.targets[measure]
+            counts[measure] = (target.sum(-1) > 0).float().sum(-1)
+            chance[measure] = (target.sum(-1) / (pos + 1)).sum(-1)
+        else:
+            counts[measure] = queries.sum(-1)
+            per_query = torch.ones_like(pos) if measure == "entropy" else pos / 2
+            chance[measure] = (queries * per_query).sum(-1)
+    return counts, chance
+
+
+def _log_row_size(pos: torch.Tensor) -> torch.Tensor:
+    """log(i + 1) per query position, 1 at i = 0 (never a query) to avoid dividing by zero."""
+    return torch.where(pos >= 1, torch.log1p(pos.float()), torch.ones_like(pos, dtype=torch.float))
+
+
+def pattern_chunks(model, tokens: torch.Tensor, memory_mb: float, progress: bool | None, desc: str):
+    """Yield (rows, {hook_pattern name: (chunk, head, q, k)}) for chunks of ``tokens`` (batch, pos)
+    that fit ``memory_mb``; each forward stops after the last layer's pattern (no logits)."""
+    names = pattern_names(model)
+    size = rows_within(model, tokens.shape[1], memory_mb, logits=False, kept_patterns=model.cfg.n_layers)
+    for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
+        rows = slice(start, start + size)
+        yield rows, cache_run(model, tokens[rows], names, logits=False)[1]
+
+
+def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
+                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
+    """Run ``tokens`` (batch, pos) through ``model`` in chunks, caching only the patterns.
+
+    Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``). A
+    non-causal model is refused: the roles' chance levels are those of a causal head.
+    """
+    require_causal(model, "head classification")
+    names = pattern_names(model)
+    chunks = []
+    for rows, cache in pattern_chunks(model, tokens, memory_mb, progress, "classify heads"):
+        chunk_targets = targets[rows]
+        layers = [prompt_sums(cache[name].float(), chunk_targets, measures) for name in names]
+        chunks.append({m: torch.stack([layer[m] for layer in layers], dim=1) for m in measures})
+    return {m: torch.cat([chunk[m] for chunk in chunks]) for m in measures}
+
+
+def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = 1000, seed: int = 0,
+                    level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pooled ratio sum(sums) / sum(counts) with a percentile bootstrap over prompts.
+
+    sums: (batch, ...) per-prompt numerators; counts: (batch,) per-prompt denominators.
+    Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:].
+    """
+    batch = sums.shape[0]
+    flat = sums.reshape(batch, -1).double()
+    estimate = flat.sum(0) / counts.double().sum()
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(batch, (n_boot, batch), generator=generator)
+    weights = torch.zeros(n_boot, batch, dtype=torch.double).scatter_add_(1, draws, torch.ones(n_boot, batch, dtype=torch.double))
+    resampled = (weights @ flat.cpu()) / (weights @ counts.double().cpu())[:, None]  # (n_boot, cells)
+    tail = (1 - level) / 2
+    bounds = torch.nanquantile(resampled, torch.tensor([tail, 1 - tail], dtype=torch.double), dim=0)
+    shape = sums.shape[1:]
+    return estimate.reshape(shape).cpu(), bounds[0].reshape(shape), bounds[1].reshape(shape)
+
+
+def classify_heads(
+    model,
+    n_prompts: int = 64,
+    seq_len: int | None = None,
+    seed: int = 0,
+    texts: Sequence[str] | None = None,
+    *,
+    probes: RepeatedProbes | None = None,
+    n_boot: int = 1000,
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Score every head of a hooked model on every measure.
+
+    Args:
+        model: a hooked model (``GPTModel`` or ``TransformerBridge``).
+        n_prompts, seq_len, seed: the repeated-segment probes (``probes_for``); ``seed`` also seeds
+            the bootstrap.
+        texts: score on these texts instead of probes (all measures but induction); texts of
+            unequal lengths are right-padded and the padding never scores.
+        probes: score on these probes (made once by the caller) instead of drawing them.
+        n_boot: bootstrap resamples over prompts.
+        memory_mb: budget for one chunk's cached patterns and activations.
+        progress: see ``analyses.core.progress``.
+
+    Returns a tidy DataFrame, one row per (layer, head, measure), columns
+    ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
+    """
+    require_causal(model, "head classification")
+    if texts is not None and probes is not None:
+        raise UserError("pass probes or texts to classify_heads, not both")
+    if texts is not None:
+        batch = encode(model, texts)
+        tokens, targets, measures = batch.tokens, text_targets(batch.tokens, batch.lengths), TEXT_MEASURES
+    else:
+        probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
+        tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
+    sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, progress)
+    counts, chance = prompt_counts_and_chance(targets, measures)
+    return scores_frame(sums, counts, chance, n_boot=n_boot, seed=seed)
+
+
+def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Tensor],
+                 chance: Mapping[str, torch.Tensor], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Pool per-prompt numerators (batch, layer, head) into the tidy scores table."""
+    frames = []
+    for measure, numerators in sums.items():
+        if counts[measure].sum() == 0:
+            raise UserError(f"no query position defines {measure!r} in these prompts")
+        score, low, high = bootstrap_ratio(numerators, counts[measure], n_boot=n_boot, seed=seed)
+        n_layers, n_heads = score.shape
+        layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
+        frames.append(pd.DataFrame({
+            "layer": layer.flatten().numpy(),
+            "head": head.flatten().numpy(),
+            "measure": measure,
+            "score": score.flatten().numpy(),
+            "ci_low": low.flatten().numpy(),
+            "ci_high": high.flatten().numpy(),
+            "chance": float(chance[measure].sum() / counts[measure].sum()),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] | None = None, *,
+                 calibration: pd.DataFrame | None = None, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
+    """One row per head with ``role``: its roles in ``ROLES`` order joined by ';' ('' for none).
+
+    Two rules (DESIGN 4.7):
+    - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``): the roles whose Benjamini-Hochberg
+      q-value over all heads x roles is at most ``fdr`` (the head beats its nulls); ``thresholds``,
+      when given, also asks for a score of at least the threshold (a strong role, not only a
+      non-random one);
+    - without: the fixed rule, a score of at least ``thresholds`` (default ``DEFAULT_THRESHOLD``)
+      and a bootstrap interval above chance.
+    """
+    limits = _limits(DEFAULT_THRESHOLD if thresholds is None and calibration is None else thresholds)
+    roles = scores[scores["measure"].isin(ROLES)].rename(columns={"measure": "role"})
+    if calibration is not None:
+        check_fdr(fdr)
+        roles = roles.merge(calibration[["layer", "head", "role", "q"]], on=["layer", "head", "role"])
+        keep = roles["q"] <= fdr
+    else:
+        keep = roles["ci_low"] > roles["chance"]
+    if limits is not None:
+        keep &= roles["score"] >= roles["role"].map(limits).fillna(-float("inf"))
+    roles = roles[keep]
+    order = {role: rank for rank, role in enumerate(ROLES)}
+    roles = roles.assign(rank=roles["role"].map(order)).sort_values(["layer", "head", "rank"])
+    joined = roles.groupby(["layer", "head"])["role"].agg(";".join)
+    heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
+    heads["role"] = [joined.get((layer, head), "") for layer, head in zip(heads["layer"], heads["head"])]
+    return heads.reset_index(drop=True)
+
+
+def check_fdr(fdr: float) -> None:
+    if not 0 < fdr < 1:
+        raise UserError(f"fdr={fdr} must be in (0, 1)")
+
+
+def _limits(thresholds: float | Mapping[str, float] | None) -> dict[str, float] | None:
+    """thresholds -> {role: threshold} (a number applies to every role), checked; None stays None."""
+    if thresholds is None:
+        return None
+    limits = dict(thresholds) if isinstance(thresholds, Mapping) else dict.fromkeys(ROLES, thresholds)
+    unknown = sorted(set(limits) - set(ROLES))
+    if unknown:
+        raise UserError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
+    return limits
+
+
+def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
+               thresholds: float | Mapping[str, float] | None = None, *, calibration: pd.DataFrame | None = None,
+               fdr: float = DEFAULT_FDR, no_effect_below: float = NO_EFFECT_BELOW) -> pd.DataFrame:
+    """The report's wide table, one row per head: ``layer, head``, per measure ``m, m_ci_low,
+    m_ci_high``; with ``calibration`` per role ``{role}_null_low, {role}_null_high`` (the null
+    band), ``{role}_z, {role}_p, {role}_q``; with ``effects`` ``ablation_effect`` and ``causal``
+    ("no causal effect" where |ablation_effect| < ``no_effect_below`` nats, else ""); and ``role``
+    (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``)."""
+    wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
+    columns = {}
+    for measure in [m for m in MEASURES if m in scores["measure"].unique()]:
+        columns[measure] = wide[("score", measure)]
+        columns[f"{measure}_ci_low"] = wide[("ci_low", measure)]
+        columns[f"{measure}_ci_high"] = wide[("ci_high", measure)]
+    table = pd.DataFrame(columns).reset_index()
+    if calibration is not None:
+        table = table.merge(null_columns(calibration), on=["layer", "head"], how="left")
+    if effects is not None:
+        table = table.merge(effects[["layer", "head", "ablation_effect"]], on=["layer", "head"], how="left")
+        table["causal"] = no_effect_labels(table["ablation_effect"], no_effect_below)
+    return table.merge(assign_roles(scores, thresholds, calibration=calibration, fdr=fdr), on=["layer", "head"])
+
+
+def no_effect_labels(effects: pd.Series, no_effect_below: float = NO_EFFECT_BELOW) -> pd.Series:
+    """"no causal effect" where |effect| < ``no_effect_below`` (nats), else ""."""
+    return effects.abs().lt(no_effect_below).map({True: NO_EFFECT, False: ""})
+
+
+def null_columns(calibration: pd.DataFrame) -> pd.DataFrame:
+    """The head table's null columns from a calibration table (``analyses.roles.nulls``), one row per
+    head: ``layer, head`` and per role ``{role}_null_low, {role}_null_high, {role}_z, {role}_p, {role}_q``."""
+    values = ("null_low", "null_high", "z", "p", "q")
+    wide = calibration.pivot(index=["layer", "head"], columns="role", values=list(values))
+    present = [role for role in ROLES if role in calibration["role"].unique()]
+    columns = {f"{role}_{value}": wide[(value, role)] for role in present for value in values}
+    return pd.DataFrame(columns).reset_index()

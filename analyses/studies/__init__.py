@@ -1,0 +1,1 @@
+"""Scripted ablation studies: the spec, the runner and its executors (local, Ray)."""

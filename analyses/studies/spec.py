@@ -1,0 +1,287 @@
+"""The TOML spec of a scripted ablation study (DESIGN 4.5), parsed and checked key by key.
+
+```toml
+[run]                       # optional
+executor = "local"          # local | ray
+[model]
+spec = "toy"                # anything load_model takes
+impl = "auto"               # auto (load_model's choice) | scratch | transformer_lens
+[prompts]
+kind = "repeated"           # repeated | text (with file = "prompts.txt", one prompt per line)
+n = 64
+seed = 0
+seq_len = 64                # repeated only; default min(n_ctx, 128)
+[ablation]
+method = "mean"             # zero | mean (leave-one-out) | mean_aligned | resample
+targets = "each_head"       # each_head | each_layer | cumulative | [[1, 4], [1, 10]]
+preserve_patterns = false
+seed = 0                    # resample draws
+[metric]
+kind = "repeat_loss"        # loss | repeat_loss | logit_diff (with correct = "...", incorrect = "...")
+```
+
+A list of heads as ``targets`` ablates each listed head alone, then (for two or more) all of them together.
+
+**Grids.** A list in place of any other value (``spec = ["toy", "runs/ckpt"]``, ``seed = [0, 1]``,
+``method = ["zero", "mean"]``; for ``targets``, a list of kinds or of head lists) makes a grid: one
+cell per combination, in the order of the keys above and then of the values listed, each a complete
+study named ``"spec=toy method=zero"`` (``section.key`` where the key alone is ambiguous:
+``prompts.seed``, ``ablation.seed``, ``prompts.kind``, ``metric.kind``).
+
+**[run]** says how, never what: ``executor = "local" | "ray"``, ``address`` (a Ray cluster,
+``HOST:PORT`` or ``ray://HOST:PORT``; default a local one), ``workers`` (default one per GPU, else per
+CPU). It is not part of the study's identity: a run may be resumed by another executor.
+
+Every mistake is a one-line ``ValueError`` naming the key, e.g. ``[ablation].method``.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass
+from itertools import product
+from pathlib import Path
+from typing import NamedTuple
+
+from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS
+from analyses.core.probes import MIN_SEQ_LEN
+from interp.errors import UserError
+
+TARGET_KINDS = ("each_head", "each_layer", "cumulative")
+PROMPT_KINDS = ("repeated", "text")
+METRIC_KINDS = ("loss", "repeat_loss", "logit_diff")
+IMPLS = ("auto", "scratch", "transformer_lens")
+EXECUTORS = ("local", "ray")
+
+# section -> its keys, in the order that orders a grid's cells
+_ALLOWED = {
+    "model": ("spec", "impl"),
+    "prompts": ("kind", "n", "seed", "seq_len", "file"),
+    "ablation": ("method", "targets", "preserve_patterns", "seed"),
+    "metric": ("kind", "correct", "incorrect"),
+}
+_RUN_KEYS = ("executor", "address", "workers")
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """One cell of a study: one model, one set of prompts, one ablation, one metric."""
+
+    model: str
+    impl: str
+    prompt_kind: str
+    n_prompts: int
+    prompt_seed: int
+    seq_len: int | None
+    text_file: str | None
+    method: str
+    targets: str | tuple[tuple[int, int], ...]
+    preserve_patterns: bool
+    ablation_seed: int
+    metric: str
+    correct: str | None
+    incorrect: str | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Cell(NamedTuple):
+    """A grid cell: its name (None for a study that is not a grid) and its spec."""
+
+    name: str | None
+    spec: StudySpec
+
+
+@dataclass(frozen=True)
+class Study:
+    """A parsed spec file: its cells in row order (one, unnamed, unless it is a grid) and how to run
+    them (``executor``, ``address``, ``workers``: see the module docstring)."""
+
+    cells: tuple[Cell, ...]
+    executor: str = "local"
+    address: str | None = None
+    workers: int | None = None
+
+    @property
+    def is_grid(self) -> bool:
+        return self.cells[0].name is not None
+
+    def record(self) -> dict:
+        """What identifies the study's results (``spec.json``): the cells' specs, not how they run."""
+        if not self.is_grid:
+            return self.cells[0].spec.as_dict()
+        return {"cells": [{"cell": name, "spec": spec.as_dict()} for name, spec in self.cells]}
+
+
+def _fail(key: str, problem: str):
+    raise UserError(f"study spec: {key} {problem}")
+
+
+def _get(table: dict, section: str, key: str, kind, default=..., choices=None):
+    name = f"[{section}].{key}"
+    if key not in table:
+        if default is ...:
+            _fail(name, "is missing")
+        return default
+    value = table[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        _fail(name, f"must be an integer, got {value!r}")
+    if kind is not int and not isinstance(value, kind):
+        _fail(name, f"must be a {kind.__name__}, got {value!r}")
+    if choices is not None and value not in choices:
+        _fail(name, f"is {value!r}; allowed: {', '.join(choices)}")
+    return value
+
+
+def _targets(value) -> str | tuple[tuple[int, int], ...]:
+    name = "[ablation].targets"
+    if isinstance(value, str):
+        if value not in TARGET_KINDS:
+            _fail(name, f"is {value!r}; allowed: {', '.join(TARGET_KINDS)}, or a list of [layer, head] pairs")
+        return value
+    if not isinstance(value, list) or not value:
+        _fail(name, f"must be one of {', '.join(TARGET_KINDS)} or a non-empty list of [layer, head] pairs, got {value!r}")
+    heads = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and v >= 0 for v in item)):
+            _fail(name, f"has {item!r}; each entry must be a [layer, head] pair of non-negative integers")
+        heads.append((item[0], item[1]))
+    return tuple(heads)
+
+
+def _check_layout(data: dict) -> dict[str, dict]:
+    """The spec's tables by section (missing ones empty), with unknown sections and keys refused."""
+    allowed = _ALLOWED | {"run": _RUN_KEYS}
+    for section in data:
+        if section not in allowed:
+            _fail(f"[{section}]", f"is not a known section; allowed: {', '.join(f'[{s}]' for s in allowed)}")
+    tables = {}
+    for section, keys in allowed.items():
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            _fail(f"[{section}]", "must be a table")
+        for key in table:
+            if key not in keys:
+                _fail(f"[{section}].{key}", f"is not a known key; allowed: {', '.join(sorted(keys))}")
+        tables[section] = table
+    return tables
+
+
+def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
+    """A parsed TOML document without lists of values -> ``StudySpec``; relative ``[prompts].file``
+    is resolved against ``base_dir``. ``[run]`` is not read here (see ``parse_study``)."""
+    tables = _check_layout(data)
+    model, prompts, ablation, metric = (tables[s] for s in ("model", "prompts", "ablation", "metric"))
+    prompt_kind = _get(prompts, "prompts", "kind", str, "repeated", PROMPT_KINDS)
+    n_prompts = _get(prompts, "prompts", "n", int, 64)
+    if n_prompts < 1:
+        _fail("[prompts].n", f"must be >= 1, got {n_prompts}")
+    seq_len = _get(prompts, "prompts", "seq_len", int, None)
+    if seq_len is not None and seq_len < MIN_SEQ_LEN:
+        _fail("[prompts].seq_len", f"must be >= {MIN_SEQ_LEN} (the start token, a prefix and two copies of a segment), "
+                                   f"got {seq_len}")
+    text_file = _get(prompts, "prompts", "file", str, None if prompt_kind == "repeated" else ...)
+    if text_file is not None:
+        text_file = str((base_dir / text_file).resolve())
+    metric_kind = _get(metric, "metric", "kind", str, "repeat_loss" if prompt_kind == "repeated" else "loss", METRIC_KINDS)
+    if metric_kind == "repeat_loss" and prompt_kind != "repeated":
+        _fail("[metric].kind", "is 'repeat_loss', which needs [prompts].kind = 'repeated'")
+    needs_tokens = metric_kind == "logit_diff"
+    spec = StudySpec(
+        model=_get(model, "model", "spec", str, "toy"),
+        impl=_get(model, "model", "impl", str, "auto", IMPLS),
+        prompt_kind=prompt_kind,
+        n_prompts=n_prompts,
+        prompt_seed=_get(prompts, "prompts", "seed", int, 0),
+        seq_len=seq_len,
+        text_file=text_file,
+        method=_get(ablation, "ablation", "method", str, ..., METHODS),
+        targets=_targets(ablation.get("targets", "each_head")),
+        preserve_patterns=_get(ablation, "ablation", "preserve_patterns", bool, False),
+        ablation_seed=_get(ablation, "ablation", "seed", int, 0),
+        metric=metric_kind,
+        correct=_get(metric, "metric", "correct", str, ... if needs_tokens else None),
+        incorrect=_get(metric, "metric", "incorrect", str, ... if needs_tokens else None),
+    )
+    if spec.method in FROM_OTHER_PROMPTS and n_prompts < 2:
+        _fail("[prompts].n", f"is {n_prompts}, but at least 2 prompts are needed, since {FROM_OTHER_PROMPTS[spec.method]}")
+    return spec
+
+
+def _is_head_list(value: list) -> bool:
+    """Whether a ``targets`` list is one value (a list of [layer, head] pairs) rather than a grid
+    (a list of kinds or of head lists)."""
+    return not any(isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], list))
+                   for item in value)
+
+
+def _axis_name(section: str, key: str) -> str:
+    """A grid axis as cell names show it: the key, or ``section.key`` where the key is ambiguous."""
+    ambiguous = sum(key in keys for keys in _ALLOWED.values()) > 1
+    return f"{section}.{key}" if ambiguous else key
+
+
+def _value_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _grid_axes(tables: dict[str, dict]) -> list[tuple[str, str, list]]:
+    """(section, key, values) of every key given a list of values, in ``_ALLOWED``'s order."""
+    axes = []
+    for section, keys in _ALLOWED.items():
+        for key in keys:
+            value = tables[section].get(key)
+            if not isinstance(value, list) or (section, key) == ("ablation", "targets") and _is_head_list(value):
+                continue
+            texts = [_value_text(v) for v in value]
+            if not value:
+                _fail(f"[{section}].{key}", "is an empty list; a grid needs at least one value")
+            if len(set(texts)) < len(texts):
+                _fail(f"[{section}].{key}", f"lists a value twice ({value!r}); each grid cell must differ")
+            axes.append((section, key, value))
+    return axes
+
+
+def _cells(data: dict, tables: dict[str, dict], base_dir: Path) -> tuple[Cell, ...]:
+    """Every combination of the grid axes' values, in order, as named cells (one unnamed cell
+    when there is no grid)."""
+    axes = _grid_axes(tables)
+    if not axes:
+        return (Cell(None, parse_spec(data, base_dir)),)
+    cells = []
+    for values in product(*(values for _, _, values in axes)):
+        cell_data = {section: dict(table) for section, table in data.items()}
+        for (section, key, _), value in zip(axes, values):
+            cell_data[section][key] = value
+        name = " ".join(f"{_axis_name(section, key)}={_value_text(value)}" for (section, key, _), value in zip(axes, values))
+        cells.append(Cell(name, parse_spec(cell_data, base_dir)))
+    return tuple(cells)
+
+
+def parse_study(data: dict, base_dir: Path = Path(".")) -> Study:
+    """A parsed TOML document -> ``Study``: its cells (a grid where values are lists) and ``[run]``."""
+    tables = _check_layout(data)
+    run = tables["run"]
+    workers = _get(run, "run", "workers", int, None)
+    if workers is not None and workers < 1:
+        _fail("[run].workers", f"must be >= 1, got {workers}")
+    return Study(
+        cells=_cells({s: t for s, t in data.items() if s != "run"}, tables, base_dir),
+        executor=_get(run, "run", "executor", str, "local", EXECUTORS),
+        address=_get(run, "run", "address", str, None),
+        workers=workers,
+    )
+
+
+def load_spec(path) -> Study:
+    """The study spec file at ``path``, parsed and checked (one-line ``UserError`` on any mistake)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"study spec {str(path)!r} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"study spec: {path} is not valid TOML: {error}") from None
+    return parse_study(data, path.parent)

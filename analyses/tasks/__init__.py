@@ -1,0 +1,1 @@
+"""Tasks (prompts, answers, a metric) and causal tracing on them."""

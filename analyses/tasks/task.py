@@ -1,0 +1,515 @@
+"""Tasks as data (DESIGN 4.9): clean prompts, corrupted prompts, answer and distractor tokens, a metric.
+
+A ``Task`` is made for one tokenizer: its answers and distractors are token ids, each the one token
+that continues its prompt. The built-in generators work for any tokenizer and keep only the words
+that are a single token there, saying how many they dropped (``Task.dropped``):
+
+- ``ioi_task``: indirect-object identification (Wang et al. 2022), "When Mary and John went to the
+  store, John gave a drink to" -> " Mary" (the indirect object) against " John" (the subject), in
+  ABBA and BABA orders; the corruption is ABC (three other, distinct names: no name repeats);
+- ``greater_than_task`` (Hanna et al. 2023): "The war lasted from the year 1732 to the year 17" ->
+  any two-digit YY > 32 against YY <= 32, with the probability-difference metric
+  ``sum p(YY > 32) - sum p(YY <= 32)``; the corruption is the start year 1701;
+- ``induction_text_task``: a natural sentence and its repeat, cut mid-way, predicting the next
+  word's first token; the corruption shuffles the words of the first copy, so nothing can be
+  copied from it;
+- ``brackets_task`` / ``identifier_task`` (code): predict the type of the bracket that closes an
+  open one; recall the rest of a name defined earlier (an identifier used again);
+- ``load_task``: a JSONL or CSV file of rows with ``clean``, ``corrupted``, ``answer`` and
+  ``distractor`` (several answers or distractors joined by ``|`` in CSV, lists in JSONL), each the
+  exact text that continues the prompt (" Mary", with its space, for GPT-2's tokenizer).
+
+Where the tokenizer gives a word's leading space a token of its own (bytes), the space moves to the
+end of the prompt and the word itself must be one token; a byte tokenizer therefore keeps no
+multi-letter name, and ``ioi_task`` falls back to single capital letters (said in ``Task.note``),
+``greater_than_task`` to the decade digit (start year 17D9; end decade > D against <= D).
+
+Metrics (``task_metric``) read each prompt's last real token, so prompts of different token
+lengths share one right-padded batch; clean and corrupted prompts of one pair must have equal
+token lengths (refused otherwise). ``"logit_diff"``: mean over prompts of (mean logit of the
+answers - mean logit of the distractors); ``"prob_diff"``: mean over prompts of (sum of the answers'
+probabilities - sum of the distractors').
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from analyses.core.metrics import Metric
+from analyses.core.tokens import encode, model_tokenizer
+from interp.errors import UserError
+from interp.tokenizer import Tokenizer
+
+METRICS = ("logit_diff", "prob_diff")
+BUILT_IN = ("ioi", "greater-than", "induction-text", "brackets", "identifier")
+
+# Wang et al. 2022's templates are of this kind: two names introduced, one of them (the subject)
+# named again, who gives something to the other (the indirect object). Written for this module.
+IOI_TEMPLATES = (
+    "When [A] and [B] went to the store, [B] gave a drink to",
+    "When [A] and [B] went to the park, [B] handed a ball to",
+    "After [A] and [B] arrived at the office, [B] sent a letter to",
+    "While [A] and [B] were working at the school, [B] gave a book to",
+    "Then, [A] and [B] had a long argument, and afterwards [B] said to",
+    "When [A] and [B] got a snack at the cafe, [B] offered a bite to",
+    "Friends [A] and [B] found a ring at the beach. [B] gave it to",
+    "After the lunch, [A] and [B] went to the garden. [B] gave a flower to",
+    "Then, [A] and [B] were thinking about going to the house. [B] wanted to give a key to",
+    "The local big hospital had [A] and [B] as nurses. [B] passed a note to",
+    "After [A] and [B] went to the station, [B] gave a ticket to",
+    "When [A] and [B] started a game at the club, [B] threw the dice to",
+    "Then, [A] and [B] had a lot of fun at the restaurant. [B] gave a bill to",
+    "While [A] and [B] were commuting to the hospital, [B] gave a coat to",
+    "After [A] and [B] met at the market, [B] sold a basket to",
+)
+# First names (a subset of the common English names such studies draw from).
+NAMES = (
+    "Mary", "John", "Alice", "Bob", "Tom", "James", "Sarah", "David", "Michael", "Anna", "Paul", "Laura",
+    "Daniel", "Emma", "Kevin", "Rachel", "Brian", "Lisa", "Mark", "Jessica", "Peter", "Karen", "Eric",
+    "Amy", "Steven", "Kate", "Ryan", "Helen", "Jason", "Grace", "Adam", "Julia", "Scott", "Rose", "Sam",
+    "Jane", "Luke", "Anne", "Ben", "Claire",
+)
+LETTER_NAMES = tuple("ABCDEFGHJKLMNPRSTW")  # the fallback for tokenizers that keep no multi-letter name
+GT_NOUNS = ("war", "dynasty", "siege", "drought", "strike", "expedition", "reign", "famine", "journey",
+            "crisis", "empire", "festival", "voyage", "truce", "partnership")
+GT_CENTURY = "17"
+# Natural sentences written for this module (induction on text needs words that recur only by copying).
+SENTENCES = (
+    "The old lighthouse keeper painted every window of the tower bright green last spring",
+    "A small brown dog followed the children all the way home from the crowded market",
+    "Our neighbour grows tomatoes and tall sunflowers along the fence behind her garage",
+    "The orchestra rehearsed the second movement slowly until the violins finally agreed",
+    "Heavy rain flooded the narrow road near the bridge so the buses took another route",
+    "My grandfather kept a wooden box of letters from sailors he had met in foreign ports",
+    "The museum closed its western wing while engineers repaired the cracked glass ceiling",
+    "Every morning the baker sells warm bread and honey cakes before the town wakes up",
+    "Two students built a tiny weather station and measured the wind on the school roof",
+    "The committee postponed the vote because half of its members were stuck at the airport",
+    "She learned to play chess from a patient stranger who sat by the fountain each evening",
+    "Farmers in the valley harvest apples in autumn and press most of them into cider",
+    "The detective noticed muddy footprints leading from the kitchen door to the cellar",
+    "A quiet library on the hill lends maps, telescopes and board games to its visitors",
+    "During the storm the cat hid under the piano and refused to come out for dinner",
+    "The young pilot circled the island twice before landing on the short grassy strip",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task on one tokenizer.
+
+    clean / corrupted: prompts (n,), pair i of equal token length; answers / distractors: per prompt,
+    the token ids (one or more) that count for / against the behaviour at the prompt's last token;
+    metric: one of ``METRICS``; dropped: candidate words (or prompts) a generator left out because
+    the tokenizer does not keep them as single tokens (or a pair's token lengths differed); note:
+    what the generator changed for this tokenizer, if anything.
+    """
+
+    name: str
+    clean: tuple[str, ...]
+    corrupted: tuple[str, ...]
+    answers: tuple[tuple[int, ...], ...]
+    distractors: tuple[tuple[int, ...], ...]
+    metric: str = "logit_diff"
+    dropped: int = 0
+    note: str = ""
+
+    def __post_init__(self):
+        if self.metric not in METRICS:
+            raise UserError(f"unknown task metric {self.metric!r}; allowed: {', '.join(METRICS)}")
+        n = len(self.clean)
+        if n == 0:
+            raise UserError(f"task {self.name!r} has no prompt")
+        if not len(self.corrupted) == len(self.answers) == len(self.distractors) == n:
+            raise UserError(f"task {self.name!r}: {n} clean prompts but {len(self.corrupted)} corrupted, "
+                            f"{len(self.answers)} answer sets and {len(self.distractors)} distractor sets")
+        for i, (good, bad) in enumerate(zip(self.answers, self.distractors)):
+            if not good or not bad:
+                raise UserError(f"task {self.name!r}, prompt {i}: needs at least one answer and one distractor")
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def take(self, n: int) -> "Task":
+        """The first ``n`` prompts."""
+        if n <= 0:
+            raise UserError(f"a task needs at least one prompt, got n={n}")
+        return Task(self.name, self.clean[:n], self.corrupted[:n], self.answers[:n], self.distractors[:n],
+                    self.metric, self.dropped, self.note)
+
+
+@dataclass
+class TaskBatch:
+    """A task tokenised for one model: clean / corrupted (batch, pos) ids, right-padded alike;
+    last (batch,) each prompt's last real position (where its metric reads the logits)."""
+
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    last: torch.Tensor
+
+
+def task_batch(model, task: Task) -> TaskBatch:
+    """The task's prompts as tokens for ``model``; a pair whose clean and corrupted prompts
+    tokenise to different lengths is refused in one line naming it."""
+    clean, corrupted = encode(model, list(task.clean)), encode(model, list(task.corrupted))
+    for i, (a, b) in enumerate(zip(clean.lengths.tolist(), corrupted.lengths.tolist())):
+        if a != b:
+            raise UserError(f"task {task.name!r}, prompt {i}: the clean prompt is {a} tokens but the corrupted "
+                            f"one is {b}; they must have equal token lengths")
+    vocab = model.cfg.d_vocab
+    for ids in [*task.answers, *task.distractors]:
+        if not all(0 <= t < vocab for t in ids):
+            raise UserError(f"task {task.name!r}: answer/distractor ids {list(ids)} out of the vocabulary [0, {vocab})")
+    return TaskBatch(clean.tokens, corrupted.tokens, clean.lengths - 1)
+
+
+def _padded(sets: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged id sets -> (ids (n, width), mask (n, width)), padded with id 0 masked out."""
+    width = max(len(s) for s in sets)
+    ids = torch.zeros(len(sets), width, dtype=torch.long)
+    mask = torch.zeros(len(sets), width, dtype=torch.bool)
+    for i, s in enumerate(sets):
+        ids[i, : len(s)] = torch.tensor(list(s))
+        mask[i, : len(s)] = True
+    return ids, mask
+
+
+def task_metric(task: Task, last: torch.Tensor) -> Metric:
+    """The task's metric: logits (batch, pos, d_vocab) -> scalar, read at ``last`` (batch,), each
+    prompt's last real position (see the module docstring for the two kinds). Differentiable;
+    declares the positions it reads (``read_positions``) so interventions unembed only those."""
+    good, good_mask = _padded(task.answers)
+    bad, bad_mask = _padded(task.distractors)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        final = logits[rows, last.to(logits.device)].float()  # (batch, d_vocab)
+        if task.metric == "prob_diff":
+            final = final.softmax(dim=-1)
+        picked_good = final.gather(-1, good.to(final.device)) * good_mask.to(final.device)
+        picked_bad = final.gather(-1, bad.to(final.device)) * bad_mask.to(final.device)
+        if task.metric == "prob_diff":
+            per_prompt = picked_good.sum(-1) - picked_bad.sum(-1)
+        else:
+            per_prompt = picked_good.sum(-1) / good_mask.sum(-1).to(final.device) - \
+                picked_bad.sum(-1) / bad_mask.sum(-1).to(final.device)
+        return per_prompt.mean()
+
+    metric.read_positions = torch.unique(last).cpu()
+    return metric
+
+
+# ------------------------------------------------------------------------- the one token rule
+def continuation(tokenizer: Tokenizer, prompt: str, word: str, sep: str = " ") -> tuple[str, list[int]] | None:
+    """How ``word`` continues ``prompt`` after ``sep`` -> (the prompt to use, the word's tokens).
+
+    The tokens are those that ``prompt + sep + word`` adds to ``prompt``'s. Where the first of them
+    is the space alone (a byte tokenizer), the space moves to the prompt's end and the word's own
+    tokens follow it. None where the prompt's tokens are not a prefix of the joined text's."""
+    base, joined = tokenizer.encode(prompt), tokenizer.encode(prompt + sep + word)
+    if joined[: len(base)] != base or len(joined) == len(base):
+        return None
+    added = joined[len(base):]
+    if sep and not tokenizer.decode(added[:1]).strip():  # the separator is a token of its own
+        return continuation(tokenizer, prompt + sep, word, "")
+    return prompt, added
+
+
+def single_token(tokenizer: Tokenizer, prompt: str, word: str, sep: str = " ") -> tuple[str, int] | None:
+    """(prompt to use, the word's token id) where ``word`` continues ``prompt`` (after ``sep``) as
+    one token; else None."""
+    found = continuation(tokenizer, prompt, word, sep)
+    return (found[0], found[1][0]) if found is not None and len(found[1]) == 1 else None
+
+
+# ------------------------------------------------------------------------------- generators
+def _fill(template: str, a: str, b: str, s: str) -> str:
+    return template.replace("[A]", a).replace("[B]", b, 1).replace("[B]", s)
+
+
+def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
+             templates: Sequence[str] = IOI_TEMPLATES) -> Task:
+    """Indirect-object identification: ``n`` prompts, ABBA ("When A and B ..., B gave ... to" -> A)
+    for one pass over the templates, BABA ("When B and A ..., B gave ... to" -> A) for the next, and
+    so on (half each when every template fits the context); the metric logit(IO) - logit(S);
+    corrupted: the same template with three other, distinct names (ABC). Names that are not one
+    token after " to" are dropped (counted); if fewer than 5 remain, single capital letters are used."""
+    tokenizer = model_tokenizer(model)
+    probe = templates[0].split("[B]")[-1]  # a prompt ending as the templates do
+    kept = {name: single_token(tokenizer, probe, name) for name in names}
+    kept = [name for name, found in kept.items() if found is not None]
+    dropped, note = len(names) - len(kept), ""
+    if len(kept) < 5:
+        letters = [name for name in LETTER_NAMES if single_token(tokenizer, probe, name) is not None]
+        if len(letters) < 5:
+            raise UserError(f"ioi: only {len(kept)} of {len(names)} names and {len(letters)} capital letters are "
+                            "single tokens for this tokenizer; pass names= that are")
+        note = f"none of the names is a single token for this tokenizer: single capital letters {''.join(letters)} stand in"
+        kept = letters
+    rng = random.Random(seed)
+    clean, corrupted, answers, distractors, skipped = [], [], [], [], 0
+    for attempt in range(20 * n):
+        if len(clean) == n:
+            break
+        template = templates[attempt % len(templates)]
+        io, s, *others = rng.sample(kept, 5)
+        first, second = (io, s) if (attempt // len(templates)) % 2 == 0 else (s, io)  # ABBA, then BABA
+        prompt, bad = _fill(template, first, second, s), _fill(template, *others)
+        answer, subject = single_token(tokenizer, prompt, io), single_token(tokenizer, prompt, s)
+        if answer is None or subject is None or answer[0] != subject[0]:
+            skipped += 1
+            continue
+        shifted = answer[0] != prompt  # the space moved into the prompt
+        bad = bad + " " if shifted else bad
+        length = len(tokenizer.encode(answer[0]))
+        if length != len(tokenizer.encode(bad)) or length >= model.cfg.n_ctx:  # the start token comes first
+            skipped += 1
+            continue
+        clean.append(answer[0])
+        corrupted.append(bad)
+        answers.append((answer[1],))
+        distractors.append((subject[1],))
+    if len(clean) < n:
+        raise UserError(f"ioi: made only {len(clean)} of {n} prompts whose clean and corrupted token lengths match "
+                        f"within the context n_ctx={model.cfg.n_ctx}")
+    return Task("ioi", tuple(clean), tuple(corrupted), tuple(answers), tuple(distractors), "logit_diff",
+                dropped + skipped, note)
+
+
+def greater_than_task(model, n: int = 60, seed: int = 0, nouns: Sequence[str] = GT_NOUNS) -> Task:
+    """Greater-than: "The NOUN lasted from the year 17YY to the year 17" with YY in 02..98, the
+    answers every two-digit token > YY, the distractors every one <= YY, the metric
+    ``prob_diff``; corrupted: the start year 1701. Two-digit numbers that are not one token there
+    are dropped (counted); if fewer than 10 remain, the decade digit stands in (see the module
+    docstring)."""
+    tokenizer = model_tokenizer(model)
+    probe = f"The {nouns[0]} lasted from the year {GT_CENTURY}50 to the year {GT_CENTURY}"
+    pairs = [f"{y:02d}" for y in range(100)]
+    found = {yy: single_token(tokenizer, probe, yy, sep="") for yy in pairs}
+    kept = {yy: hit for yy, hit in found.items() if hit is not None and hit[0] == probe}
+    rng = random.Random(seed)
+    rows = []
+    if len(kept) >= 10:
+        dropped, note = 100 - len(kept), ""
+        ids = {int(yy): hit[1] for yy, hit in kept.items()}
+        for i in range(n):
+            noun, year = nouns[i % len(nouns)], rng.randint(2, 98)
+            rows.append((f"The {noun} lasted from the year {GT_CENTURY}{year:02d} to the year {GT_CENTURY}",
+                         f"The {noun} lasted from the year {GT_CENTURY}01 to the year {GT_CENTURY}",
+                         tuple(t for y, t in ids.items() if y > year), tuple(t for y, t in ids.items() if y <= year)))
+    else:
+        digits = {d: single_token(tokenizer, probe, str(d), sep="") for d in range(10)}
+        if any(hit is None or hit[0] != probe for hit in digits.values()):
+            raise UserError("greater-than: neither two-digit numbers nor single digits are single tokens after "
+                            f"{probe!r} for this tokenizer")
+        dropped, note = 100, "no two-digit number is a single token for this tokenizer: the decade digit D of start year 17D9 stands in"
+        ids = {d: hit[1] for d, hit in digits.items()}
+        for i in range(n):
+            noun, decade = nouns[i % len(nouns)], rng.randint(1, 8)
+            rows.append((f"The {noun} lasted from the year {GT_CENTURY}{decade}9 to the year {GT_CENTURY}",
+                         f"The {noun} lasted from the year {GT_CENTURY}09 to the year {GT_CENTURY}",
+                         tuple(t for d, t in ids.items() if d > decade), tuple(t for d, t in ids.items() if d <= decade)))
+    rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
+    return _from_rows("greater-than", rows, "prob_diff", dropped + skipped, note)
+
+
+def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[str] = SENTENCES) -> Task:
+    """Induction on natural text: each sentence (its first words, as many as fit the context
+    twice), then its repeat cut after half its words, the answer the next word's first token, the
+    distractor the first token of a word from earlier in the sentence; corrupted: the first copy's
+    words shuffled (seeded), so the next word cannot be copied. Sentences whose pair lengths differ
+    after 20 shuffles, or whose first 4 words do not fit, are dropped (counted)."""
+    tokenizer = model_tokenizer(model)
+    rng = random.Random(seed)
+    rows = []
+    for sentence in list(sentences)[:n]:
+        words = sentence.split()
+        while len(words) > 4 and 2 * len(tokenizer.encode(" ".join(words))) + 2 >= model.cfg.n_ctx:
+            words = words[:-1]
+        sentence, cut = " ".join(words), len(words) // 2
+        if 2 * len(tokenizer.encode(sentence)) + 2 >= model.cfg.n_ctx:
+            continue
+        prompt = f"{sentence}. {' '.join(words[:cut])}"
+        nxt = continuation(tokenizer, prompt, words[cut])
+        other = continuation(tokenizer, prompt, words[cut - 2])
+        if nxt is None or other is None or other[0] != nxt[0] or nxt[1][0] == other[1][0]:
+            continue
+        for _ in range(20):
+            shuffled = words[:]
+            rng.shuffle(shuffled)
+            if shuffled != words:
+                bad = f"{' '.join(shuffled)}. {' '.join(words[:cut])}" + nxt[0][len(prompt):]
+                if len(tokenizer.encode(bad)) == len(tokenizer.encode(nxt[0])):
+                    rows.append((nxt[0], bad, (nxt[1][0],), (other[1][0],)))
+                    break
+    dropped = min(n, len(sentences)) - len(rows)
+    if not rows:
+        raise UserError("induction-text: no sentence gives clean and corrupted prompts of equal token length for this tokenizer")
+    return _from_rows("induction-text", rows, "logit_diff", dropped, "")
+
+
+def _fitting_rows(tokenizer: Tokenizer, rows: list, n_ctx: int) -> tuple[list, int]:
+    """The rows whose clean and corrupted prompts tokenise to equal lengths within the context
+    (after the start token), and how many were not."""
+    lengths = [(len(tokenizer.encode(row[0])), len(tokenizer.encode(row[1]))) for row in rows]
+    kept = [row for row, (a, b) in zip(rows, lengths) if a == b < n_ctx]
+    return kept, len(rows) - len(kept)
+
+
+def _from_rows(name: str, rows: list, metric: str, dropped: int, note: str) -> Task:
+    if not rows:
+        raise UserError(f"{name}: no prompt survived for this tokenizer")
+    clean, corrupted, answers, distractors = zip(*rows)
+    return Task(name, clean, corrupted, answers, distractors, metric, dropped, note)
+
+
+# Code tasks (for the embedded "code" model): Python lines written for this module.
+BRACKET_LINES = (
+    "result = compute{o}first_value, second_value", "items = sorted{o}records, key", "print{o}total + offset",
+    "config = load{o}path, strict", "values = merge{o}left, right", "data = parse{o}line.strip()",
+    "if check{o}name, size", "out.append{o}row[0], row[1]", "return build{o}node.left, node.right",
+    "self.cache = dict{o}", "args = collect{o}options, defaults", "yield pair{o}key, value",
+)
+BRACKETS = {"(": ")", "[": "]", "{": "}"}
+IDENTIFIER_PREFIXES = ("total_", "user_", "max_", "item_", "last_", "num_", "line_", "file_")
+IDENTIFIER_SUFFIXES = ("count", "value", "index", "width", "limit", "score")  # distinct first letters
+
+
+def brackets_task(model, n: int = 36, seed: int = 0, lines: Sequence[str] = BRACKET_LINES) -> Task:
+    """Predict the closing bracket's type: a line with one bracket left open, "(", "[" or "{", the
+    answer its closing bracket, the distractor the closing bracket of the corrupted prompt's
+    opening bracket (another type, same place). Lines whose pair lengths differ, or whose closing
+    brackets are not single tokens, are dropped (counted)."""
+    tokenizer = model_tokenizer(model)
+    rng = random.Random(seed)
+    rows, dropped = [], 0
+    for i in range(n):
+        line = lines[i % len(lines)]
+        opening, other = rng.sample(list(BRACKETS), 2)
+        clean, corrupted = line.format(o=opening), line.format(o=other)
+        good, bad = single_token(tokenizer, clean, BRACKETS[opening], sep=""), single_token(tokenizer, clean, BRACKETS[other], sep="")
+        if good is None or bad is None:
+            dropped += 1
+            continue
+        rows.append((clean, corrupted, (good[1],), (bad[1],)))
+    rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
+    return _from_rows("brackets", rows, "logit_diff", dropped + skipped, "")
+
+
+def identifier_task(model, n: int = 48, seed: int = 0) -> Task:
+    """Recall a name defined earlier: "PREFIX_count = 0\nfor x in data:\n    PREFIX_" -> the first
+    token of "count"; corrupted: the line defines PREFIX_ + another suffix of the same length, whose
+    first token is the distractor. Pairs whose suffixes are not single first tokens, or whose
+    lengths differ, are dropped (counted)."""
+    tokenizer = model_tokenizer(model)
+    rng = random.Random(seed)
+    rows, dropped = [], 0
+    for i in range(n):
+        prefix = IDENTIFIER_PREFIXES[i % len(IDENTIFIER_PREFIXES)]
+        name, other = rng.sample(IDENTIFIER_SUFFIXES, 2)
+        template = "{name} = 0\nfor x in data:\n    {prefix}"
+        clean = template.format(name=prefix + name, prefix=prefix)
+        corrupted = template.format(name=prefix + other, prefix=prefix)
+        good, bad = continuation(tokenizer, clean, name, sep=""), continuation(tokenizer, clean, other, sep="")
+        if good is None or bad is None or good[1][0] == bad[1][0]:
+            dropped += 1
+            continue
+        rows.append((clean, corrupted, (good[1][0],), (bad[1][0],)))
+    rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
+    return _from_rows("identifier", rows, "logit_diff", dropped + skipped, "")
+
+
+GENERATORS = {"ioi": ioi_task, "greater-than": greater_than_task, "induction-text": induction_text_task,
+              "brackets": brackets_task, "identifier": identifier_task}
+
+
+def make_task(model, name: str, n: int | None = None, seed: int = 0) -> Task:
+    """A built-in task (``BUILT_IN``) by name, or a JSONL/CSV file of rows (``load_task``)."""
+    if name in GENERATORS:
+        return GENERATORS[name](model, seed=seed, **({} if n is None else {"n": n}))
+    path = Path(name)
+    if path.suffix.lower() in (".jsonl", ".csv"):
+        task = load_task(model, path)
+        return task if n is None else task.take(n)
+    raise UserError(f"unknown task {name!r}; allowed: {', '.join(BUILT_IN)}, or a .jsonl / .csv file")
+
+
+# ----------------------------------------------------------------------------- custom tasks
+FIELDS = ("clean", "corrupted", "answer", "distractor")
+
+
+def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
+    """A task from a JSONL file (one object per line with ``FIELDS``; ``answer`` / ``distractor`` a
+    string or a list of strings) or a CSV file (a header with ``FIELDS``; several answers joined by
+    ``|``). Each answer and distractor is the exact text that continues the clean prompt and must
+    be one token there (" Mary", with its space, on GPT-2). A malformed row is refused in one line naming its row number (1 = the first
+    data row)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"task file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as error:
+                raise UserError(f"{path.name}, row {number}: not JSON ({error.msg})") from None
+    elif suffix == ".csv":
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [f for f in FIELDS if f not in (reader.fieldnames or [])]
+            if missing:
+                raise UserError(f"{path.name}: the header lacks {', '.join(missing)}; it needs {', '.join(FIELDS)}")
+            rows = [(number, {key: (value.split("|") if key in ("answer", "distractor") and value else value)
+                              for key, value in row.items()})
+                    for number, row in enumerate(reader, start=1)]
+    else:
+        raise UserError(f"task file {str(path)!r}: allowed suffixes are .jsonl and .csv")
+    if not rows:
+        raise UserError(f"{path.name} has no rows")
+    tokenizer = model_tokenizer(model)
+    parsed = [_parse_row(tokenizer, path.name, number, row) for number, row in rows]
+    return _from_rows(path.stem, parsed, metric, 0, "")
+
+
+def _parse_row(tokenizer: Tokenizer, source: str, number: int, row) -> tuple:
+    where = f"{source}, row {number}"
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: a row must be an object with {', '.join(FIELDS)}")
+    missing = [f for f in FIELDS if f not in row or row[f] in (None, "", [])]
+    if missing:
+        raise UserError(f"{where}: missing {', '.join(missing)}")
+    clean, corrupted = row["clean"], row["corrupted"]
+    if not isinstance(clean, str) or not isinstance(corrupted, str):
+        raise UserError(f"{where}: clean and corrupted must be strings")
+    sets, prompts = [], set()
+    for field in ("answer", "distractor"):
+        words = [row[field]] if isinstance(row[field], str) else row[field]
+        if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+            raise UserError(f"{where}: {field} must be a non-empty string or a list of them")
+        ids = []
+        for word in words:
+            hit = single_token(tokenizer, clean, word, sep="")
+            if hit is None:
+                raise UserError(f"{where}: {field} {word!r} is not a single token after the clean prompt")
+            ids.append(hit[1])
+            prompts.add(hit[0])
+        sets.append(tuple(ids))
+    if len(prompts) > 1:
+        raise UserError(f"{where}: the answers and distractors continue the prompt differently (some after a space token)")
+    prompt = prompts.pop()
+    corrupted = corrupted + prompt[len(clean):]
+    if len(tokenizer.encode(prompt)) != len(tokenizer.encode(corrupted)):
+        raise UserError(f"{where}: clean and corrupted prompts have different token lengths "
+                        f"({len(tokenizer.encode(prompt))} and {len(tokenizer.encode(corrupted))})")
+    return prompt, corrupted, sets[0], sets[1]
