@@ -1,6 +1,7 @@
 """interp: hook-instrumented attention and GPT models, for looking inside attention heads."""
 
-from interp.teaching import CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper, SelfAttentionV1, SelfAttentionV2
+from interp.teaching import (CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper, SelfAttentionV1,
+                             SelfAttentionV2)
 from interp.attention import GroupedQueryAttention
 from interp.convert import from_hf
 from interp.errors import UserError

@@ -487,9 +487,12 @@ def run(recipe: Recipe, out: Path, progress: bool = True, save_every: int | None
 
 
 # ---------------------------------------------------------------------------------- CLI
-def register(subparsers) -> None:
-    """Add the ``train`` subcommand to an argparse subparsers object."""
-    parser = subparsers.add_parser("train", help="train the embedded toy model (or a variant) on CPU")
+TRAIN_HELP = "train the embedded toy model (or a variant) on CPU"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``train`` subcommand's arguments (the ``interp`` console script's ``analyses/cli/train.py``
+    and ``python -m interp train`` share them)."""
     parser.add_argument("--out", type=Path, required=True, help="directory for the checkpoint and curves")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
                         help="'full' is the shipped model's recipe; 'short' is a fast variant for tests")
@@ -505,10 +508,11 @@ def register(subparsers) -> None:
                         help="also save a checkpoint every N steps, as OUT/checkpoints/step_NNNNNN (for "
                              "`interp compare` and head scores over training)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.set_defaults(func=_command)
+    parser.set_defaults(func=command)
 
 
-def _command(args) -> int:
+def command(args) -> int:
+    """Run the ``train`` subcommand parsed by ``add_arguments``."""
     overrides = {key: getattr(args, key) for key in ("steps", "seed", "positions", "kv_heads")
                  if getattr(args, key) is not None}
     recipe = dataclasses.replace(PRESETS[args.preset], **overrides)
@@ -521,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m interp train ...`` (the same subcommand as the ``interp`` console script)."""
     parser = argparse.ArgumentParser(prog="python -m interp")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    register(subparsers)
+    add_arguments(subparsers.add_parser("train", help=TRAIN_HELP))
     args = parser.parse_args(argv)
     try:
         return args.func(args)

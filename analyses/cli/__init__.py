@@ -1,5 +1,6 @@
-"""The ``interp`` command line. Each subcommand lives next to the analysis it runs and registers
-itself through a ``register(subparsers)`` function listed in ``_COMMANDS``."""
+"""The ``interp`` command line. Each subcommand is a module of this package (``analyses/cli/``) that
+registers itself through a ``register(subparsers)`` function listed in ``_COMMANDS``; the library
+never imports a command module."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from interp.memory import retain_freed_memory_once
 # module path -> it defines register(subparsers), adding one or more subcommands whose
 # parser sets `func(args) -> int`.
 _COMMANDS = [
-    "interp.train",
-    "analyses.report.build",
-    "analyses.report.attention_map",
+    "analyses.cli.train",
+    "analyses.cli.report",
+    "analyses.cli.attention_map",
     "analyses.cli.interventions",
     "analyses.cli.check",
     "analyses.cli.circuit",

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from analyses.components.rollout import all_patterns
+from analyses.core.hook_names import pattern_names
 from analyses.core.plots import attention_grid
 from analyses.core.progress import progress_bar
+from analyses.interventions.engine import cache_run
 from interp.errors import UserError
 
 ROLLOUT_NOTE = (
@@ -43,6 +44,14 @@ ROLLOUT_NOTE = (
     "the value vectors, the output projections and the MLPs, and averages the heads, so it shows where "
     "information could flow, not what the model uses (ablation and patching measure that)."
 )
+
+
+def all_patterns(model, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens (pos,) -> every layer's attention (layer, head, q, k), from one forward that stops
+    after the last layer's pattern."""
+    names = pattern_names(model)
+    _, cache = cache_run(model, tokens[None], names, logits=False)
+    return torch.stack([cache[name][0] for name in names]).cpu()
 
 
 def mixed_attention(patterns: torch.Tensor, attention_weight: float = 0.5) -> torch.Tensor:

@@ -18,7 +18,6 @@ Same model, prompts and seed -> the same bytes. Every file is written atomically
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -36,15 +35,14 @@ from analyses.components.meaning import meaning_roles
 from analyses.core.metrics import loss_metric
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD, MEASURES, ROLES, check_fdr, classify_heads, head_table
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
-from analyses.cli.args import add_model_args, load_cli_model
 from analyses.report.meta import model_meta
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
-from analyses.core.probes import RepeatedProbes, check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
+from analyses.core.probes import RepeatedProbes, check_prompt_count, corrupt_first_copy, probes_for
 from analyses.core.progress import progress_bar
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
-from analyses.core.tokens import leading_tokens, read_text_lines
+from analyses.core.tokens import leading_tokens
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
 PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
@@ -314,45 +312,3 @@ def write_report(report: HeadReport, out: str | Path) -> Path:
     """Write the report directory (each file atomically)."""
     title, subtitle = report_title(report)
     return write_report_files(out, title, subtitle, report.sections, report.meta, {"head_roles.csv": report.table})
-
-
-def read_texts(path: str) -> list[str]:
-    """One text per non-empty line of ``path`` (UTF-8)."""
-    return read_text_lines(path, "text file")
-
-
-def optional_float(text: str) -> float | None:
-    """An argparse type: a number, or 'none'."""
-    if text.lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'none'") from None
-
-
-def run(args: argparse.Namespace) -> int:
-    check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
-    check_seq_len(args.seq_len, "--seq-len ")
-    texts = read_texts(args.text_file) if args.text_file else None
-    model = load_cli_model(args)
-    report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
-                          seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr)
-    print(write_report(report, args.out))
-    return 0
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
-    add_model_args(parser)
-    parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
-    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
-    parser.add_argument("--threshold", type=optional_float, default=DEFAULT_THRESHOLD,
-                        help="a role's minimum score (default 0.4); 'none': significance alone decides")
-    parser.add_argument("--fdr", type=optional_float, default=DEFAULT_FDR,
-                        help="false-discovery rate of roles against their nulls (default 0.05); "
-                             "'none': the fixed rule (threshold and an interval above chance)")
-    parser.add_argument("--out", default="reports/toy", help="output directory (default reports/toy)")
-    parser.set_defaults(func=run)

@@ -1,0 +1,53 @@
+"""``interp report``: classify every head of a model and write the head-role report."""
+
+from __future__ import annotations
+
+import argparse
+
+from analyses.cli.args import add_model_args, load_cli_model
+from analyses.core.probes import check_prompt_count, check_seq_len
+from analyses.core.tokens import read_text_lines
+from analyses.report.build import PROMPTS_NEEDED_BY, build_report, write_report
+from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
+
+
+def read_texts(path: str) -> list[str]:
+    """One text per non-empty line of ``path`` (UTF-8)."""
+    return read_text_lines(path, "text file")
+
+
+def optional_float(text: str) -> float | None:
+    """An argparse type: a number, or 'none'."""
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'none'") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
+    check_seq_len(args.seq_len, "--seq-len ")
+    texts = read_texts(args.text_file) if args.text_file else None
+    model = load_cli_model(args)
+    report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
+                          seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr)
+    print(write_report(report, args.out))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
+    add_model_args(parser)
+    parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
+    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
+    parser.add_argument("--threshold", type=optional_float, default=DEFAULT_THRESHOLD,
+                        help="a role's minimum score (default 0.4); 'none': significance alone decides")
+    parser.add_argument("--fdr", type=optional_float, default=DEFAULT_FDR,
+                        help="false-discovery rate of roles against their nulls (default 0.05); "
+                             "'none': the fixed rule (threshold and an interval above chance)")
+    parser.add_argument("--out", default="reports/toy", help="output directory (default reports/toy)")
+    parser.set_defaults(func=run)
