@@ -209,7 +209,7 @@ def no_model_load(monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    for module in ("analyses.report.build", "analyses.cli.compare", "analyses.cli.circuit", "analyses.cli.interventions"):
+    for module in ("analyses.cli.report", "analyses.cli.compare", "analyses.cli.circuit", "analyses.cli.interventions"):
         monkeypatch.setattr(f"{module}.load_cli_model", no_model)
 
 

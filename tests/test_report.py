@@ -126,13 +126,13 @@ def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_pat
 def test_a_bug_keeps_its_traceback(monkeypatch, gpt2_dir):
     """Only UserError is a user mistake; a KeyError or RuntimeError from inside is a bug and
     must surface with its traceback, not print as a one-line 'error'."""
-    import analyses.report.build
+    import analyses.cli.report
 
     for bug in (KeyError("blocks.0.attn.hook_z"), RuntimeError("shape mismatch")):
         def broken(*args, bug=bug, **kwargs):
             raise bug
 
-        monkeypatch.setattr(analyses.report.build, "build_report", broken)
+        monkeypatch.setattr(analyses.cli.report, "build_report", broken)
         with pytest.raises(type(bug)):
             main(["report", "--model", str(gpt2_dir), "--out", "unused"])
 

@@ -263,7 +263,7 @@ def test_impl_auto_is_the_default_and_leaves_the_choice_to_load_model(tmp_path, 
         requests.append(impl)
         return load_model(spec, impl="scratch", device=device)
 
-    monkeypatch.setattr(analyses.studies.runner, "load_model", load)
+    monkeypatch.setattr(analyses.studies.cells, "load_model", load)
     run_study(write_spec(tmp_path, gpt2_dir, '"each_layer"', impl=impl), tmp_path / "out", progress=False)
     assert requests == [asked]
     assert json.loads((tmp_path / "out" / "spec.json").read_text())["impl"] == (impl or "auto")
@@ -369,7 +369,7 @@ def test_a_grid_resumes_from_its_last_cell_on_disk(tmp_path, gpt2_dir, monkeypat
         handle.write(f"spec={gpt2_dir} method=resample,1,L".encode())  # torn mid-write
     prepared = []
     prepare = analyses.studies.runner.prepare_study
-    monkeypatch.setattr(analyses.studies.runner, "prepare_study", lambda model, cell: prepared.append(cell.method) or
+    monkeypatch.setattr(analyses.studies.cells, "prepare_study", lambda model, cell: prepared.append(cell.method) or
                         prepare(model, cell))
     resumed = run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes()
     assert resumed == clean

@@ -33,7 +33,7 @@ from interp.files import write_atomic
 
 FLOAT_FORMAT = "%.6f"
 
-ASSETS = resources.files("analyses.report") / "assets"
+ASSETS = resources.files("analyses") / "report" / "assets"
 
 
 @dataclass
