@@ -368,7 +368,7 @@ def test_a_grid_resumes_from_its_last_cell_on_disk(tmp_path, gpt2_dir, monkeypat
     with open(tmp_path / "resumed" / "results.csv", "ab") as handle:
         handle.write(f"spec={gpt2_dir} method=resample,1,L".encode())  # torn mid-write
     prepared = []
-    prepare = analyses.studies.runner.prepare_study
+    prepare = analyses.studies.cells.prepare_study
     monkeypatch.setattr(analyses.studies.cells, "prepare_study", lambda model, cell: prepared.append(cell.method) or
                         prepare(model, cell))
     resumed = run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes()
