@@ -44,6 +44,9 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         _check_logits(logits, tuple(tokens.shape), "the loss metric's tokens")
+        if int(targets.max()) >= logits.shape[-1]:  # e.g. a Tracr model's own output space
+            raise UserError(f"the loss metric needs logits over the input vocabulary, but these have {logits.shape[-1]} "
+                            f"outputs and the tokens reach id {int(targets.max())}; use a metric on the model's outputs")
         if mask is None:
             log_probs = logits[:, :-1].log_softmax(dim=-1)
             return -log_probs.gather(-1, targets[..., None]).mean()
