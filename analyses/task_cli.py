@@ -59,7 +59,8 @@ def register(subparsers) -> None:
 def run_trace(args) -> int:
     model = load_cli_model(args)
     trace = causal_trace(model, args.prompt, args.subject, args.answer, samples=args.samples, noise=args.noise,
-                         seed=args.seed, state=args.state, progress=False if args.quiet else None)
+                         seed=args.seed, state=args.state, memory_mb=args.memory_mb,
+                         progress=False if args.quiet else None)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = save_csv(trace.frame, args.out / "trace.csv")
     png_path = save_figure(trace_figure(trace), args.out / "trace.png")
@@ -244,7 +245,8 @@ def register_task(subparsers) -> None:
 def run_task(args) -> int:
     model = load_cli_model(args)
     task = make_task(model, args.name, args.n, args.seed)
-    analysis = analyse_task(model, task, top=args.top, progress=False if args.quiet else None)
+    analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
+                            progress=False if args.quiet else None)
     meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                              "prompts": len(task), "dropped": task.dropped, "note": task.note}
     out = write_task_page(analysis, args.out, meta)
