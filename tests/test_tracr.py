@@ -185,7 +185,7 @@ def test_head_roles_of_compiled_heads():
 
 def test_the_loss_metric_refuses_an_output_space_narrower_than_the_vocabulary():
     from analyses.metrics import loss_metric
-    _, model = compiled("sort")  # ids 0..4 in, 3 outputs
-    tokens = encode_inputs(model, [[3, 1, 2]])
+    _, model = compiled("shift_by")  # ids BOS, a, b, c, pad in; outputs a, b, c
+    tokens = encode_inputs(model, [["c", "a"]])  # c is id 3
     with pytest.raises(UserError, match="loss metric needs logits over the input vocabulary"):
         loss_metric(tokens)(model(tokens))
