@@ -360,5 +360,6 @@ def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> t
     (batch, pos, head, d_head)), summed over every axis not in ``keep`` -> [n_layers, *keep],
     e.g. ``keep="p h"`` -> [n_layers, pos, n_heads]."""
     return torch.stack([
-        einsum(g, target - current, f"b p h d, b p h d -> {keep}") for g, current, target in zip(grads, z, z_target)
+        einsum(g.float(), (target - current).float(), f"b p h d, b p h d -> {keep}")  # float32 sums
+        for g, current, target in zip(grads, z, z_target)
     ])

@@ -170,3 +170,32 @@ def test_a_study_spec_takes_dtype_device_and_memory_mb():
         parse_study({"model": {"dtype": "half"}, "ablation": {"method": "zero"}})
     with pytest.raises(UserError, match=r"\[run\].memory_mb must be a number above 0"):
         parse_study({"run": {"memory_mb": 0}, "ablation": {"method": "zero"}})
+
+
+def test_a_bfloat16_model_gives_float32_metrics_patching_and_edge_scores_close_to_float32():
+    """Metrics, activation patching, attribution and EAP on the bfloat16 toy: float32 results within
+    bfloat16's rounding of the float32 model's (the sums are float32, so they do not drift)."""
+    from analyses.edge_attribution import edge_attribution
+    from analyses.attribution import attribution_patch_heads
+    from analyses.metrics import logit_diff_metric, loss_metric
+    from analyses.patching import patch_heads
+    from analyses.probes import corrupt_first_copy, probes_for
+
+    full, half = load_model("toy"), load_model("toy", dtype="bfloat16")
+    probes = probes_for(full, 8, 32, seed=0)
+    clean, corrupted = probes.tokens, corrupt_first_copy(probes, seed=1)
+    metric = loss_metric(clean, probes.predictable)
+    with torch.no_grad():
+        loss = metric(half(clean))
+        diff = logit_diff_metric(10, 20)(half(clean))
+    assert loss.dtype == torch.float32 and diff.dtype == torch.float32
+    torch.testing.assert_close(loss, metric(full(clean)), atol=0.05, rtol=0.02)
+    results = {}
+    for name, model in (("full", full), ("half", half)):
+        results[name] = (patch_heads(model, clean, corrupted, metric, progress=False),
+                         attribution_patch_heads(model, clean, corrupted, metric),
+                         torch.tensor(edge_attribution(model, clean, corrupted, metric)["attribution"].to_numpy()))
+    for exact, approx in zip(results["full"], results["half"]):
+        exact, approx = torch.as_tensor(exact).float(), torch.as_tensor(approx)
+        assert approx.dtype in (torch.float32, torch.float64)
+        assert (approx - exact).abs().max() <= 0.05 * exact.abs().max(), (approx - exact).abs().max()
