@@ -27,6 +27,7 @@ it for each node method's top-k components, k = 0..all.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Sequence
 
@@ -59,6 +60,28 @@ def output_metric(clean_logits: torch.Tensor) -> Metric:
         return -(logits[:, 1:] - clean[:, 1:]).pow(2).mean()
 
     return metric
+
+
+def program_inputs(vocab: Sequence, length: int, max_prompts: int = 128, seed: int = 0) -> list[list]:
+    """Every input of ``length`` tokens over ``vocab``, in order, or a seeded sample of
+    ``max_prompts`` of them (kept in order) where there are more."""
+    inputs = [list(row) for row in itertools.product(vocab, repeat=length)]
+    if len(inputs) <= max_prompts:
+        return inputs
+    chosen = np.sort(np.random.default_rng(seed).choice(len(inputs), max_prompts, replace=False))
+    return [inputs[i] for i in chosen]
+
+
+def curve_figure(curves: pd.DataFrame, title: str = ""):
+    """Faithfulness against circuit size, one line per node method (``evaluate_discovery``'s curves)."""
+    import seaborn as sns
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(5, 3.5))
+    ax = figure.subplots()
+    sns.lineplot(data=curves, x="size", y="faithfulness", hue="method", marker="o", ax=ax)
+    ax.set(xlabel="components kept (top-k by score)", ylabel="faithfulness", title=title)
+    figure.tight_layout()
+    return figure
 
 
 def task_pairs(tokens: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -147,3 +147,14 @@ def test_full_graph_edge_scores_equal_the_head_edge_tools_on_head_edges(method):
     for key in got:
         assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
     assert max(abs(v) for v in got.values()) > 0
+
+
+def test_tracr_command_evaluates_discovery(tmp_path):
+    import pandas as pd
+    from analyses.cli import main
+    assert main(["tracr", "frac_prevs", "--vocab", "a,b", "--max-seq-len", "4", "--out", str(tmp_path), "--evaluate",
+                 "--ig-steps", "2"]) == 0
+    scores = pd.read_csv(tmp_path / "discovery.csv").set_index("method")
+    assert scores.loc["true circuit", "faithfulness"] >= 0.99 and scores.loc["complement", "faithfulness"] <= 0.05
+    assert (tmp_path / "faithfulness_vs_size.png").stat().st_size > 0
+    assert pd.read_csv(tmp_path / "true_nodes.csv").true.sum() == 2  # the map MLP and the aggregating head
