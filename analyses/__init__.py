@@ -20,6 +20,9 @@ from analyses.calibration_figures import calibration_frames, calibration_section
 from analyses.composition import composition_figure, composition_scores
 from analyses.path_patching import path_patch
 from analyses.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.eap_ig import eap_ig
+from analyses.ground_truth import compile_with_graph, ground_truth
+from analyses.circuit_eval import evaluate_discovery, graph_edge_scores
 from analyses.circuit import circuit_edges, circuit_figure, circuit_section
 from analyses.rollout import attention_flow, attention_rollout, model_flow, model_rollout
 from analyses.compare import compare_models, scores_over_training, training_figure, write_comparison
