@@ -20,6 +20,9 @@ from analyses.report.calibration_figures import calibration_frames, calibration_
 from analyses.circuits.composition import composition_figure, composition_scores
 from analyses.circuits.path_patching import path_patch
 from analyses.circuits.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.circuits.eap_ig import eap_ig
+from analyses.circuits.ground_truth import compile_with_graph, ground_truth
+from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores
 from analyses.circuits.circuit import circuit_edges, circuit_figure, circuit_section
 from analyses.components.rollout import attention_flow, attention_rollout, model_flow, model_rollout
 from analyses.report.compare import compare_models, scores_over_training, training_figure, write_comparison

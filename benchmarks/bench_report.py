@@ -8,7 +8,9 @@ MLP share. The unembedding is not counted. Counted apart:
 - ``probe passes``: how many times the probe batch itself was embedded, i.e. started from the first
   block (chunks add their share of the prompts): the "identical-batch full forwards" of issue 23,
   whose floor is one;
-- the main model and the other models the report builds (the random-initialisation nulls).
+- the main model and the other models the report builds (the random-initialisation nulls);
+- ``peak MB``: the largest resident memory seen while the step ran (a sampling thread reads it every
+  0.1 s with the main thread's stack), so the step that grew the process shows it.
 
 Each count is charged to the report step whose call it happened in (the function ``build_report``
 called, then the one that called below it), read from the Python stack. Runs on ``GPTModel`` (the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -45,9 +48,15 @@ class ForwardCounter:
         self.n_prompts = probe_tokens.shape[0]
         self.block_rows: dict[tuple, float] = defaultdict(float)
         self.passes: dict[tuple, float] = defaultdict(float)
+        self.peak_mb: dict[tuple, float] = {}
+        self.reported_peak = 0.0
+        self._main_thread = threading.main_thread().ident
+        self._sampling = True
         self._mlp_share = {}
 
     def __enter__(self):
+        self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
+        self._sampler.start()
         self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook)
         self._from_mid = TransformerBlock.forward_from_mid
         counter = self
@@ -60,6 +69,8 @@ class ForwardCounter:
         return self
 
     def __exit__(self, *exc):
+        self._sampling = False
+        self._sampler.join()
         self._handle.remove()
         TransformerBlock.forward_from_mid = self._from_mid
 
@@ -74,7 +85,8 @@ class ForwardCounter:
     def _charge(self, block, resid, share):
         owner = "main" if OWNER.get(id(block)) is self.main else "other models"
         rows = resid.numel() / resid.shape[-1]
-        self.block_rows[(owner, *self._step())] += share * rows / (self.batch_rows * self.main.cfg.n_layers)
+        step = self._step()
+        self.block_rows[(owner, *step)] += share * rows / (self.batch_rows * self.main.cfg.n_layers)
 
     def _mlp_fraction(self, block):
         if block not in self._mlp_share:
@@ -82,11 +94,25 @@ class ForwardCounter:
             self._mlp_share[block] = mlp / sum(p.numel() for p in block.parameters())
         return self._mlp_share[block]
 
+    def _sample_memory(self) -> None:
+        """Every 0.1 s: the resident memory, charged to the step the main thread is in; printed as it
+        grows (a run that runs out of memory prints nothing else)."""
+        while self._sampling:
+            frame = sys._current_frames().get(self._main_thread)
+            step = self._step(frame)
+            with open("/proc/self/status") as status:
+                rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+            self.peak_mb[step] = max(self.peak_mb.get(step, 0), rss)
+            if rss > self.reported_peak + 256:
+                print(f"  {rss:.0f} MB in {' / '.join(step)}", file=sys.stderr, flush=True)
+                self.reported_peak = rss
+            time.sleep(0.1)
+
     @staticmethod
-    def _step() -> tuple[str, str]:
+    def _step(frame=None) -> tuple[str, str]:
         """(step, substep): the analyses function build_report called, and the two below it on the stack."""
         names = []
-        frame = sys._getframe(2)
+        frame = sys._getframe(2) if frame is None else frame
         while frame is not None:
             module = frame.f_globals.get("__name__", "")
             if frame.f_code.co_name == "build_report":
@@ -143,11 +169,11 @@ def main() -> None:
     seconds = time.perf_counter() - start
     print(f"{args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
           f"vocabulary {model.cfg.d_vocab}; report {seconds:.1f} s (one thread)")
-    steps = sorted({key[1:] for key in counter.block_rows} | set(counter.passes))
-    print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9}")
+    steps = list(dict.fromkeys([*counter.peak_mb, *counter.passes, *(key[1:] for key in counter.block_rows)]))
+    print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9} {'peak MB':>8}")
     for step in steps:
         print(f"{step[0]:<28} {step[1]:<44} {counter.passes.get(step, 0):>12.2f} "
-              f"{counter.block_rows.get(('main', *step), 0):>9.2f} {counter.block_rows.get(('other models', *step), 0):>9.2f}")
+              f"{counter.block_rows.get(('main', *step), 0):>9.2f} {counter.block_rows.get(('other models', *step), 0):>9.2f} {counter.peak_mb.get(step, 0):>8.0f}")
     total = lambda owner: sum(v for k, v in counter.block_rows.items() if k[0] == owner)
     print(f"{'total':<73} {sum(counter.passes.values()):>12.2f} {total('main'):>9.2f} {total('other models'):>9.2f}")
 

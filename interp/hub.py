@@ -23,6 +23,9 @@ from interp.errors import UserError
 # a hub id: "name" or "org/name", letters, digits, "_", "-", "."
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json", "tokenizer.model")
+# constant buffers older GPT-2 checkpoints saved beside the weights (the causal mask and the -1e4 fill
+# value), which the model recomputes: an unexpected tensor of exactly these names is no weight
+CONSTANT_BUFFERS = ("attn.bias", "attn.masked_bias")
 
 
 class OfflineError(UserError):
@@ -109,8 +112,8 @@ def hf_config(located: Located):
         raise UserError(f"{what}could not read the config of {located.spec!r}: {_first_line(error)}") from None
 
 
-def load_hf(located: Located, device_map: str | dict | None = None):
-    """``(causal LM in eval mode, float32, eager attention; its tokenizer or None)`` of a located
+def load_hf(located: Located, device_map: str | dict | None = None, dtype: torch.dtype = torch.float32):
+    """``(causal LM in eval mode, in ``dtype``, eager attention; its tokenizer or None)`` of a located
     model, on the CPU or placed by an accelerate ``device_map`` (checked by the caller). Every
     checkpoint tensor must match the model the config describes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -119,7 +122,7 @@ def load_hf(located: Located, device_map: str | dict | None = None):
     placement = {} if device_map is None else {"device_map": device_map}
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            source, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32,
+            source, local_files_only=local_only, attn_implementation="eager", dtype=dtype,
             output_loading_info=True, **placement)
     except ValueError as error:  # a config class transformers has no causal LM for
         raise UserError(f"{spec!r} is not a causal language model transformers can load: {_first_line(error)}") from None
@@ -127,11 +130,17 @@ def load_hf(located: Located, device_map: str | dict | None = None):
         raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {_first_line(error)}") from None
     except OSError as error:  # no weights file, or one that cannot be read
         raise UserError(f"could not read the weights of {spec!r}: {_first_line(error)}") from None
-    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
-    refuse_mismatched_tensors(spec, *(info.get(kind) or () for kind in kinds), errors=info.get("error_msgs") or ())
+    unexpected = [name for name in info.get("unexpected_keys") or () if not _is_constant_buffer(name)]
+    refuse_mismatched_tensors(spec, info.get("missing_keys") or (), unexpected, info.get("mismatched_keys") or (),
+                              errors=info.get("error_msgs") or ())
     has_tokenizer = not Path(source).is_dir() or any((Path(source) / f).is_file() for f in _TOKENIZER_FILES)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if has_tokenizer else None
     return model.eval(), tokenizer
+
+
+def _is_constant_buffer(name: str) -> bool:
+    """Whether a checkpoint tensor's name ends in one of ``CONSTANT_BUFFERS`` (``transformer.h.3.attn.bias``)."""
+    return any(name == buffer or name.endswith("." + buffer) for buffer in CONSTANT_BUFFERS)
 
 
 def refuse_mismatched_tensors(source: str, missing, unexpected, misshaped, errors=()) -> None:

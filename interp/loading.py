@@ -15,14 +15,15 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from interp.bridge import boot_bridge
 from interp.convert import check_scratch_family, from_hf, scratch_families
 from interp.errors import UserError
 from interp.files import write_atomic
-from interp.hub import hf_config, load_hf, locate, read_config_json, refuse_mismatched_tensors
+from interp.convert.common import model_from_state
+from interp.hub import hf_config, load_hf, locate, read_config_json
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer, VocabTokenizer
 
@@ -30,6 +31,37 @@ CHECKPOINT_FORMAT = "interp-gpt/1"
 IMPLS = ("scratch", "transformer_lens")
 DEVICE_MAP_KINDS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+# the precisions a model may be loaded in (``load_model(dtype=...)``, ``--dtype``)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICE_KINDS = ("cpu", "cuda", "cuda:N", "mps")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """``"float32"`` / ``torch.float32`` (the default, for None), ``"bfloat16"``, ``"float16"`` ->
+    the torch dtype; anything else a one-line error naming the allowed ones."""
+    if dtype is None:
+        return torch.float32
+    for name, value in DTYPES.items():
+        if dtype is value or (isinstance(dtype, str) and dtype == name):
+            return value
+    raise UserError(f"dtype {dtype!r} not supported; allowed: {', '.join(DTYPES)} (names or torch dtypes)")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"cpu"`` (the default, for None), ``"cuda"``, ``"cuda:N"``, ``"mps"`` -> a ``torch.device``
+    this machine has; anything else, or an accelerator it lacks, a one-line error."""
+    try:
+        place = torch.device("cpu" if device is None else device)
+    except (RuntimeError, TypeError):
+        raise UserError(f"device {device!r} not understood; allowed: {', '.join(DEVICE_KINDS)}") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if place.type not in available:
+        raise UserError(f"device {device!r} not supported; allowed: {', '.join(DEVICE_KINDS)}")
+    if not available[place.type]:
+        raise UserError(f"device {device!r}: this machine (torch {torch.__version__}) has no {place.type} device")
+    if place.type == "cuda" and place.index is not None and place.index >= torch.cuda.device_count():
+        raise UserError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return place
 
 
 def toy_checkpoint_dir() -> Path:
@@ -37,17 +69,12 @@ def toy_checkpoint_dir() -> Path:
     return Path(str(resources.files("interp") / "toy_model"))
 
 
-# the embedded models: spec -> (package folder, the `interp train` arguments that make it)
-EMBEDDED = {"toy": ("toy_model", ""), "code": ("code_model", " --preset code")}
-
-
 def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None,
-               device_map: str | dict | None = None):
+               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None):
     """Load a hooked model.
 
     Args:
-        spec: "toy" (the embedded model, no network), "code" (the embedded model trained on Python
-            source only, no network), a checkpoint directory of ours (safetensors +
+        spec: "toy" (the embedded model, no network), a checkpoint directory of ours (safetensors +
             JSON config), a Hugging Face directory saved by ``save_pretrained``, or a hub id
             ("gpt2", "EleutherAI/pythia-70m"; network or the local HF cache needed). A Hugging Face
             model is read by its config's ``model_type``; every checkpoint tensor must match it.
@@ -55,7 +82,10 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
             ``interp.convert.scratch_families``, else the TransformerLens bridge; always the bridge
             with a ``device_map``), "scratch" or "transformer_lens" (a ``TransformerBridge``: any
             family the bridge supports).
-        device: where to put the model (default: CPU).
+        device: where to put the model: "cpu" (default), "cuda", "cuda:N", "mps".
+        dtype: the precision of the weights and the forward: "float32" (default), "bfloat16",
+            "float16" (or the torch dtypes). Analyses compute their scores, statistics and metrics
+            in float32 whatever it is; rotary frequencies and ALiBi slopes stay float32.
         device_map: instead of ``device``, for a model larger than one device: an accelerate device
             map ("auto", "balanced", "balanced_low_0", "sequential", or ``{module name: device}``,
             e.g. ``{"": "cpu"}``, ``{"transformer.h.0": 0, ...}``) with which transformers places the
@@ -63,29 +93,34 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
             where it lies (TransformerLens's multi-device loading). Needs ``accelerate``. The
             from-scratch model runs on one device and refuses it.
 
+    Loading costs the loaded model's own size: the from-scratch model is built with its parameters
+    on the meta device and takes the checkpoint's tensors (cast to ``dtype``) as its own, one by one.
     The model's family, impl and weights hash are given by ``interp.provenance(model)``.
-    A bridge tunes the allocator at load as GPTModel does at its first cache (``interp.memory``).
     """
     if impl is not None and impl not in IMPLS:
         raise UserError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)} (or None to choose by family)")
     spec = str(spec)
+    dtype = resolve_dtype(dtype)
     if device_map is not None:
         check_device_map(spec, impl, device, device_map)
-    path = Path(str(resources.files("interp") / EMBEDDED[spec][0])) if spec in EMBEDDED else Path(spec).expanduser()
+    place = resolve_device(device)
+    path = toy_checkpoint_dir() if spec == "toy" else Path(spec).expanduser()
     if path.suffix in _PICKLE_SUFFIXES:
         raise UserError(f"refusing to load {spec!r}: pickle checkpoints can run code; use safetensors")
-    if spec in EMBEDDED and not (path / "model.safetensors").is_file():
-        raise UserError(f"the embedded {spec!r} model is not in this installation; run `interp train{EMBEDDED[spec][1]}`")
+    if spec == "toy" and not (path / "model.safetensors").is_file():
+        raise UserError("the embedded 'toy' model is not in this installation; run `interp train`")
     if path.is_dir() and _is_our_checkpoint(path):
         if impl == "transformer_lens":
             raise UserError(f"{spec!r} is a from-scratch checkpoint; only impl='scratch' can load it")
         if device_map is not None:
             raise UserError(f"{spec!r} is a from-scratch checkpoint, which runs on one device: pass device=..., "
                             "not device_map")
-        model = load_checkpoint(path)
+        model = load_checkpoint(path, dtype)
     else:
-        model = _load_hf_model(spec, impl, device_map)
-    return model.to(device) if device is not None else model
+        model = _load_hf_model(spec, impl, device_map, dtype)
+    if device_map is None and next(model.parameters()).device != place:
+        model = model.to(place)
+    return model
 
 
 def check_device_map(spec: str, impl: str | None, device, device_map) -> None:
@@ -102,18 +137,19 @@ def check_device_map(spec: str, impl: str | None, device, device_map) -> None:
         raise UserError(f"device_map for {spec!r} needs the accelerate package: pip install accelerate")
 
 
-def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = None):
-    """A Hugging Face directory or hub id as the chosen (or the family's default) implementation;
-    a bridge with a ``device_map``."""
+def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = None,
+                   dtype: torch.dtype = torch.float32):
+    """A Hugging Face directory or hub id as the chosen (or the family's default) implementation,
+    in ``dtype``; a bridge with a ``device_map``."""
     located = locate(spec)
     family = hf_config(located).model_type
     if impl is None:
         impl = "scratch" if family in scratch_families() and device_map is None else "transformer_lens"
     if impl == "scratch":
         check_scratch_family(family)  # before reading any weight
-    hf_model, tokenizer = load_hf(located, device_map=device_map)
+    hf_model, tokenizer = load_hf(located, device_map=device_map, dtype=dtype)
     if impl == "scratch":
-        return from_hf(hf_model, tokenizer)
+        return from_hf(hf_model, tokenizer, release=True)  # its tensors become ours, the rest is freed
     return boot_bridge(hf_model, tokenizer, name=spec, copy=False)  # nothing else holds hf_model
 
 
@@ -138,8 +174,10 @@ def save_checkpoint(model: GPTModel, directory: str | os.PathLike, training: dic
     return directory
 
 
-def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
-    """Load a directory written by ``save_checkpoint`` (safetensors only: nothing is unpickled)."""
+def load_checkpoint(directory: str | os.PathLike, dtype: str | torch.dtype | None = None):
+    """Load a directory written by ``save_checkpoint`` (safetensors only: nothing is unpickled) as a
+    ``GPTModel`` in ``dtype`` (default float32), each tensor read from the file straight into the
+    model (no second copy of the weights)."""
     directory = Path(directory)
     config = read_config_json(directory)
     if not isinstance(config.get("config"), dict):
@@ -150,19 +188,19 @@ def load_checkpoint(directory: str | os.PathLike) -> GPTModel:
                         "model.safetensors")
     tokenizer = config.get("tokenizer", "bytes")
     tokenizer = ByteTokenizer() if tokenizer == "bytes" else VocabTokenizer.from_dict(tokenizer)
-    model = GPTModel(GPTConfig.from_dict(config["config"]), tokenizer)
+    dtype = resolve_dtype(dtype)
     try:
-        state = load_file(weights)
+        with safe_open(str(weights), framework="pt") as file:
+            state = {name: _read_as(file, name, dtype) for name in file.keys()}
     except SafetensorError as error:
         raise UserError(f"{weights} is not a readable safetensors file: {error}") from None
-    check_tensors(str(directory), state, model.state_dict())
-    model.load_state_dict(state)
-    model.check_finite()
-    return model.eval()
+    return model_from_state(GPTConfig.from_dict(config["config"]), state, tokenizer, str(directory))
 
 
-def check_tensors(source: str, found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    """Refuse a checkpoint whose tensors are not exactly the model's: none missing, none
-    unexpected, every shape equal."""
-    misshaped = [name for name in set(found) & set(expected) if found[name].shape != expected[name].shape]
-    refuse_mismatched_tensors(source, set(expected) - set(found), set(found) - set(expected), misshaped)
+def _read_as(file, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor of an open safetensors file; a floating one cast to ``dtype`` (integer and bool
+    tensors keep theirs)."""
+    tensor = file.get_tensor(name)
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+

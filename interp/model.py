@@ -534,9 +534,11 @@ class GPTModel(HeadWeights, HookedModule):
         return tokens
 
     def check_finite(self) -> None:
-        """Raise if any weight is NaN or infinite (a corrupt checkpoint)."""
+        """Raise if any weight is NaN or infinite (a corrupt checkpoint). Checked 4M values at a time:
+        ``isfinite`` on a whole embedding makes temporaries of its size (at load, a second model)."""
         for name, param in self.state_dict().items():
-            if param.is_floating_point() and not torch.isfinite(param).all():
+            chunks = param.reshape(-1).split(1 << 22) if param.is_floating_point() else ()
+            if not all(torch.isfinite(chunk).all() for chunk in chunks):
                 raise UserError(f"weight {name!r} has non-finite values (NaN or inf); the checkpoint is corrupt")
 
 

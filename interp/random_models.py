@@ -141,7 +141,8 @@ def random_like(model, seed: int = 0):
     keeps ``hf_config``) is rebuilt by ``AutoModelForCausalLM.from_config`` with that family's own
     initialisation, so both implementations of one model get the very same random weights (the
     ``GPTModel`` converted from them); our own ``GPTModel`` checkpoints are rebuilt from ``cfg``
-    with GPT-2's initialisation (``gpt2_initialise``)."""
+    with GPT-2's initialisation (``gpt2_initialise``). Each call builds one model at its own size, in
+    its dtype; a caller drawing several nulls holds one at a time (``analyses.roles.nulls.random_init_null``)."""
     from transformers import AutoModelForCausalLM
 
     from interp.bridge import boot_bridge
@@ -156,11 +157,12 @@ def random_like(model, seed: int = 0):
             fresh = gpt2_initialise(type(model)(model.cfg, model.tokenizer))
             fresh.family = model.family
             return fresh.to(device=parameter.device, dtype=parameter.dtype).eval()
-        hf_model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-        hf_model = hf_model.to(device=parameter.device, dtype=parameter.dtype).eval()
+        # made in the model's dtype (no float32 copy first); its tensors become the null model's own
+        hf_model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=parameter.dtype)
+        hf_model = hf_model.to(device=parameter.device).eval()
         if hasattr(model, "original_model"):
             return boot_bridge(hf_model, model.tokenizer, name=f"random-init-{seed}", copy=False)
-        return from_hf(hf_model, model.tokenizer).eval()
+        return from_hf(hf_model, model.tokenizer, release=True).eval()
 
 
 def gpt2_initialise(model):

@@ -288,6 +288,9 @@ def test_attention_vs_mlp_rows(scratch_gpt2):
     assert frame["total"].tolist() == pytest.approx([*heads[0].tolist(), mlps[0].item(), *heads[1].tolist(), mlps[1].item()])
     dla = direct_logit_attribution(scratch_gpt2, clean, answers, positions=positions)
     assert frame.set_index("component").loc["L1H2", "direct"] == pytest.approx(dla[dla["component"] == "L1H2"]["dla"].mean())
+    cached = attention_vs_mlp(scratch_gpt2, clean, corrupted, metric, answers, positions=positions,
+                              cache=components_cache(scratch_gpt2, clean), progress=False)
+    assert cached.equals(frame)  # the clean run's cache serves the direct effects
     attention_vs_mlp_figure(frame)
 
 

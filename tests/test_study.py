@@ -259,7 +259,7 @@ def test_resume_refuses_rows_without_a_record_of_their_model(tmp_path, gpt2_dir)
 def test_impl_auto_is_the_default_and_leaves_the_choice_to_load_model(tmp_path, gpt2_dir, monkeypatch, impl, asked):
     requests = []
 
-    def load(spec, impl, device=None):  # records the impl asked for; loads the scratch model whatever it is
+    def load(spec, impl, device=None, dtype=None):  # records the impl asked for; loads the scratch model whatever it is
         requests.append(impl)
         return load_model(spec, impl="scratch", device=device)
 

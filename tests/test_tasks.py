@@ -239,7 +239,8 @@ def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
     analysis = analyse_task(model, task, top=2, progress=False)
     out = write_task_page(analysis, tmp_path / "page", {"model": family})
     assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(analysis.heads["metric"].to_numpy(), abs=1e-6)
-    assert (analysis.mlps is None) == (family == "toy") and len(analysis.mlps_by_pos) == 2 * 8
+    assert len(analysis.mlps_by_pos) == 2 * 8  # 2 layers x 8 positions
+    assert set(analysis.agreement) == {"attribution", "attribution_ig"}  # scored, or the refusal said
     assert analysis.dla["dla"].sum() == pytest.approx(analysis.values["clean"], abs=1e-3)
 
 
@@ -298,7 +299,8 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
     assert analysis.values["clean"] > 2 and analysis.values["corrupted"] < -2
     top = analysis.edges.reindex(analysis.edges["effect"].abs().sort_values(ascending=False).index).iloc[0]
     assert (top["sender_layer"], top["sender_head"], top["via"]) == (1, 1, "logits")
-    assert analysis.agreement["top_k_overlap"] >= 0.6
+    assert analysis.agreement["attribution"]["top_k_overlap"] >= 0.6  # EAP
+    assert analysis.agreement["attribution_ig"]["top_k_overlap"] >= 0.6  # EAP-IG
     recall = analyse_task(code, make_task(code, "identifier", n=16), top=1, progress=False).values
     assert abs(recall["clean"] - recall["corrupted"]) < 0.1
 

@@ -181,3 +181,11 @@ def test_head_roles_of_compiled_heads():
     scores = classify_heads(hist, n_prompts=16, seq_len=12).set_index("measure").score
     assert scores["duplicate_token"] == pytest.approx(1 / 3, abs=1e-4)
     assert set(assign_roles(classify_heads(hist, n_prompts=16, seq_len=12)).role.iloc[0].split(";")) == {"self", "bos"}
+
+
+def test_the_loss_metric_refuses_an_output_space_narrower_than_the_vocabulary():
+    from analyses.core.metrics import loss_metric
+    _, model = compiled("shift_by")  # ids BOS, a, b, c, pad in; outputs a, b, c
+    tokens = encode_inputs(model, [["c", "a"]])  # c is id 3
+    with pytest.raises(UserError, match="loss metric needs logits over the input vocabulary"):
+        loss_metric(tokens)(model(tokens))

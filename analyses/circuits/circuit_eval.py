@@ -27,6 +27,7 @@ it for each node method's top-k components, k = 0..all.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Sequence
 
@@ -42,6 +43,9 @@ from interp.errors import UserError
 
 Component = tuple[str, int, int]  # (kind, layer, head); an MLP's head is -1
 NODE_METHODS = ("patch", "mean_ablate", "zero_ablate")
+QKV = ("q", "k", "v")
+GRAPH_EDGE_COLUMNS = ["sender_kind", "sender_layer", "sender_head", "receiver_kind", "receiver_layer", "receiver_head", "via"]
+GRAPH_METHODS = {"patch": "edge patching (all)", "eap": "EAP (all)", "eap_ig": "EAP-IG (all)"}
 EDGE_METHODS = {"path patching": path_patch, "EAP": edge_attribution, "EAP-IG": eap_ig}
 
 
@@ -56,6 +60,28 @@ def output_metric(clean_logits: torch.Tensor) -> Metric:
         return -(logits[:, 1:] - clean[:, 1:]).pow(2).mean()
 
     return metric
+
+
+def program_inputs(vocab: Sequence, length: int, max_prompts: int = 128, seed: int = 0) -> list[list]:
+    """Every input of ``length`` tokens over ``vocab``, in order, or a seeded sample of
+    ``max_prompts`` of them (kept in order) where there are more."""
+    inputs = [list(row) for row in itertools.product(vocab, repeat=length)]
+    if len(inputs) <= max_prompts:
+        return inputs
+    chosen = np.sort(np.random.default_rng(seed).choice(len(inputs), max_prompts, replace=False))
+    return [inputs[i] for i in chosen]
+
+
+def curve_figure(curves: pd.DataFrame, title: str = ""):
+    """Faithfulness against circuit size, one line per node method (``evaluate_discovery``'s curves)."""
+    import seaborn as sns
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(5, 3.5))
+    ax = figure.subplots()
+    sns.lineplot(data=curves, x="size", y="faithfulness", hue="method", marker="o", ax=ax)
+    ax.set(xlabel="components kept (top-k by score)", ylabel="faithfulness", title=title)
+    figure.tight_layout()
+    return figure
 
 
 def task_pairs(tokens: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +164,107 @@ def faithfulness(model, clean: torch.Tensor, metric: Metric, circuit: set[Compon
     return (kept - empty) / (full - empty)
 
 
+def graph_edges(model) -> list[tuple[Component, Component, str]]:
+    """Every edge of the full component graph, as ``ground_truth`` names them: (sender, receiver,
+    via) for a head or MLP sender and a later head's q/k/v input, a later (or, for a head, the
+    same layer's) MLP ("mlp"), or the unembedding (receiver ("logits", n_layers, -1))."""
+    every, edges = components(model), []
+    for sender in every:
+        for receiver in every:
+            later = receiver[1] > sender[1] or (receiver[1] == sender[1] and sender[0] == "head" and receiver[0] == "mlp")
+            if later:
+                edges += [(sender, receiver, via) for via in (QKV if receiver[0] == "head" else ("mlp",))]
+        edges.append((sender, ("logits", model.cfg.n_layers, -1), "logits"))
+    return edges
+
+
+def _writes(model, clean: torch.Tensor, base: torch.Tensor) -> dict[Component, torch.Tensor]:
+    """Each component's clean-minus-base write to the residual (batch, pos, d_model)."""
+    clean_acts, base_acts = _activations(model, clean), _activations(model, base)
+    writes = {}
+    for component in components(model):
+        kind, layer, head = component
+        moved = clean_acts[_hook(component)] - base_acts[_hook(component)]
+        writes[component] = moved[:, :, head] @ model.blocks[layer].attn.W_O[head].detach() if kind == "head" else moved
+    return writes
+
+
+def _input_hooks(model, deltas: dict[tuple[Component, str], torch.Tensor]) -> list:
+    """Hooks adding ``deltas[(receiver, via)]`` (batch, pos, d_model) to that one input: a head's
+    own q/k/v input (per-head inputs must be on), an MLP's input (added to ``resid_mid``, taken
+    back out of ``resid_post``: with no norm the MLP alone sees it), or the unembedding's."""
+    hooks = []
+    for (receiver, via), delta in deltas.items():
+        kind, layer, head = receiver
+        if kind == "head":
+            def add_to_head(inputs, hook, head=head, delta=delta):
+                return inputs + torch.nn.functional.one_hot(torch.tensor(head), inputs.shape[2]).to(inputs)[:, None] * delta[:, :, None]
+            hooks.append((f"blocks.{layer}.hook_{via}_input", add_to_head))
+        elif kind == "mlp":
+            hooks.append((f"blocks.{layer}.hook_resid_mid", lambda resid, hook, delta=delta: resid + delta))
+            hooks.append((f"blocks.{layer}.hook_resid_post", lambda resid, hook, delta=delta: resid - delta))
+        else:
+            hooks.append((f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", lambda resid, hook, delta=delta: resid + delta))
+    return hooks
+
+
+def graph_edge_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, method: str = "patch",
+                      steps: int = 5) -> pd.DataFrame:
+    """Every edge of ``graph_edges`` scored on the corrupted run (denoising) -> frame
+    ``sender_kind, sender_layer, sender_head, receiver_kind, receiver_layer, receiver_head, via,
+    score``. "patch": the metric change when the sender's clean-minus-corrupted write is added
+    to that one receiver input (exact; one forward per edge; for head edges it is what
+    ``path_patch`` computes). "eap": that write dotted with the metric's gradient at the input,
+    on the corrupted run (as ``edge_attribution``). "eap_ig": the gradient averaged over
+    ``steps`` runs with input embeddings between the corrupted and clean ones (as ``eap_ig``).
+    Requires a model without normalisation (a Tracr model): an MLP's input is edited through
+    its residual."""
+    if model.cfg.normalization_type is not None:
+        raise UserError("graph_edge_scores edits an MLP's input through the residual, which needs a model without "
+                        f"normalisation (a Tracr model); this one has {model.cfg.normalization_type}")
+    if method not in ("patch", "eap", "eap_ig"):
+        raise UserError(f"unknown edge method {method!r}; allowed: patch, eap, eap_ig")
+    edges, writes = graph_edges(model), _writes(model, clean, corrupted)
+    saved = model.split_qkv_inputs
+    model.set_split_qkv_inputs(QKV)
+    try:
+        if method == "patch":
+            reference = _run_hooks(model, corrupted, metric, [])
+            scores = [_run_hooks(model, corrupted, metric, _input_hooks(model, {(r, v): writes[s]})) - reference
+                      for s, r, v in edges]
+        else:
+            grads = _input_gradients(model, clean, corrupted, metric, {(r, v) for _, r, v in edges},
+                                     steps if method == "eap_ig" else 0)
+            scores = [float((grads[(r, v)] * writes[s]).sum()) for s, r, v in edges]
+    finally:
+        model.set_split_qkv_inputs(saved)
+    rows = [(*s, *r, v, score) for (s, r, v), score in zip(edges, scores)]
+    return pd.DataFrame(rows, columns=GRAPH_EDGE_COLUMNS + ["score"])
+
+
+def _run_hooks(model, tokens: torch.Tensor, metric: Metric, hooks: list) -> float:
+    with torch.no_grad():
+        return float(metric(model.run_with_hooks(tokens, fwd_hooks=hooks)))
+
+
+def _input_gradients(model, clean, corrupted, metric, inputs, steps: int) -> dict:
+    """d metric / d (each receiver input) on the corrupted run (``steps=0``), or averaged over
+    ``steps`` runs whose input embeddings are interpolated towards the clean ones."""
+    first = "blocks.0.hook_resid_pre"
+    _, clean_cache = model.run_with_cache(clean, names_filter=first)
+    _, base_cache = model.run_with_cache(corrupted, names_filter=first)
+    total = {key: 0.0 for key in inputs}
+    for alpha in ([k / steps for k in range(1, steps + 1)] if steps else [0.0]):
+        deltas = {key: torch.zeros_like(base_cache[first], requires_grad=True) for key in inputs}
+        interpolate = (first, lambda resid, hook: torch.lerp(base_cache[first], clean_cache[first], alpha))
+        with torch.enable_grad():
+            value = metric(model.run_with_hooks(corrupted, fwd_hooks=[interpolate, *_input_hooks(model, deltas)]))
+            grads = torch.autograd.grad(value, list(deltas.values()), allow_unused=True)
+        for key, grad in zip(deltas, grads):
+            total[key] = total[key] + (0.0 if grad is None else grad) / max(steps, 1)
+    return {key: grad if torch.is_tensor(grad) else torch.zeros_like(base_cache[first]) for key, grad in total.items()}
+
+
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     """P(a true item outscores a false one), ties counting half (the Mann-Whitney form of the ROC
     AUC); NaN where there is no true or no false item."""
@@ -189,6 +316,13 @@ def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: t
         score = frame["effect"] if "effect" in frame else frame["attribution"]
         labels = [key in true_edges for key in map(tuple, frame[KEY_COLUMNS].itertuples(index=False))]
         rows.append((name, "edge", roc_auc(score.abs(), labels), sum(labels), len(labels), seconds, np.nan, ""))
+    truth_all = set(map(tuple, edges[GRAPH_EDGE_COLUMNS].itertuples(index=False)))
+    for method, name in GRAPH_METHODS.items():
+        start = time.perf_counter()
+        frame = graph_edge_scores(model, clean, corrupted, metric, method, steps)
+        seconds = time.perf_counter() - start
+        labels = [key in truth_all for key in map(tuple, frame[GRAPH_EDGE_COLUMNS].itertuples(index=False))]
+        rows.append((name, "edge (all)", roc_auc(frame.score.abs(), labels), sum(labels), len(labels), seconds, np.nan, ""))
     every = set(components(model))
     for name, circuit in (("true circuit", truth_nodes), ("complement", every - truth_nodes)):
         value = faithfulness(model, clean, metric, circuit)

@@ -116,7 +116,8 @@ def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torc
     for name, members in inputs.items():
         groups.setdefault(int(sender[members].max()) + 1, []).append(name)
     moved = [rearrange(z, "b p h e -> h (b p) e") for z in moved]
-    tables = {n: moved[0].new_zeros(sum(flat[name].shape[1] for name in names), n) for n, names in groups.items()}
+    tables = {n: moved[0].new_zeros(sum(flat[name].shape[1] for name in names), n, dtype=torch.float32)
+              for n, names in groups.items()}  # accumulated in float32 whatever the model's dtype
     n_rows, d_model = moved[0].shape[1], w_o[0].shape[-1]
     chunk = max(1, CHUNK_BYTES // (4 * d_model * len(moved) * n_heads))
     for start in range(0, n_rows, chunk):
@@ -125,7 +126,7 @@ def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torc
         writes = writes_into(out, [z[:, part] for z in moved], w_o).flatten(1)  # (sender, rows * d_model)
         for n, names in groups.items():
             grad = torch.cat([rearrange(flat[name][part], "n r d -> r (n d)") for name in names])
-            tables[n] += grad @ writes[:n].T
+            tables[n] += grad.float() @ writes[:n].T.float()
     values = torch.empty(len(edges))
     for n, names in groups.items():
         offset = 0

@@ -1,11 +1,14 @@
-"""What every command that analyses a model shares: its ``--model``/``--impl`` arguments and the
-model they name."""
+"""What every command that analyses a model shares: its ``--model``/``--impl`` arguments, where and
+in which precision it runs (``--device``, ``--dtype``), the memory an analysis may add
+(``--memory-mb``), and the model they name."""
 
 from __future__ import annotations
 
 import argparse
 
+from analyses.core.budget import DEFAULT_MEMORY_MB
 from interp import load_model
+from interp.loading import DTYPES
 
 IMPL_CHOICES = ("auto", "scratch", "transformer_lens")
 
@@ -15,6 +18,27 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="toy (the embedded model, default), a checkpoint of ours, or any Hugging Face "
                              "model directory or hub id")
     add_impl_arg(parser)
+    add_run_args(parser)
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``, ``--device`` (how the model is loaded) and ``--memory-mb`` (the analyses' budget)."""
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                        help="precision of the weights and the forward (default float32); scores are float32 always")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N, mps")
+    parser.add_argument("--memory-mb", type=_positive_float, default=DEFAULT_MEMORY_MB,
+                        help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
 
 
 def add_impl_arg(parser: argparse.ArgumentParser) -> None:
@@ -24,5 +48,7 @@ def add_impl_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def load_cli_model(args: argparse.Namespace, spec: str | None = None):
-    """The model ``--model`` (or ``spec``) names, run by ``--impl``, in eval mode."""
-    return load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl).eval()
+    """The model ``--model`` (or ``spec``) names, run by ``--impl``, in ``--dtype`` on ``--device``,
+    in eval mode."""
+    return load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl,
+                      dtype=args.dtype, device=args.device).eval()

@@ -60,13 +60,14 @@ def run_circuit(args: argparse.Namespace) -> int:
     model = load_cli_model(args)
     progress = False if args.quiet else None
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
-    scores = classify_heads(model, probes=probes, seed=args.seed, progress=progress)
+    scores = classify_heads(model, probes=probes, seed=args.seed, memory_mb=args.memory_mb, progress=progress)
     # the report's rule: a score that beats its nulls at FDR 0.05 and reaches the threshold
     table = assign_roles(scores, DEFAULT_THRESHOLD,
-                         calibration=calibrate_roles(model, probes, seed=args.seed, progress=progress))
+                         calibration=calibrate_roles(model, probes, seed=args.seed, memory_mb=args.memory_mb,
+                                                     progress=progress))
     section = circuit_section(model, table, probes, sender_role=args.senders, receiver_role=args.receivers,
                               via=vias, direction=args.direction, top=args.top, seed=args.seed,
-                              progress=progress)
+                              memory_mb=args.memory_mb, progress=progress)
     if section.figure is None:
         found = sorted({role for roles in table["role"] for role in roles.split(";") if role})
         raise UserError(f"no heads to connect: {len(section.senders)} sender heads (role {args.senders or 'any'}), "

@@ -6,7 +6,7 @@ import argparse
 
 from analyses.roles.classify import DEFAULT_THRESHOLD
 from analyses.report.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
-from analyses.cli.args import add_impl_arg, load_cli_model
+from analyses.cli.args import add_impl_arg, add_run_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 
 
@@ -15,7 +15,8 @@ def run(args: argparse.Namespace) -> int:
     check_seq_len(args.seq_len, "--seq-len ")
     model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
     comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
-                                seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold)
+                                seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold,
+                                memory_mb=args.memory_mb)
     print(write_comparison(comparison, args.out))
     return 0
 
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("a", help="model A (the baseline): toy, a checkpoint of ours, a Hugging Face directory or id")
     parser.add_argument("b", help="model B (compared with A): same kinds, same shape as A")
     add_impl_arg(parser)
+    add_run_args(parser)
     parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
     parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
     parser.add_argument("--seed", type=int, default=0)

@@ -111,7 +111,8 @@ def run_ablate(args) -> int:
         check_seq_len(args.seq_len, "--seq-len ")
     model = load_cli_model(args)
     prompts, metric = _ablation_prompts(model, args)
-    common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, progress=_progress(args))
+    common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, memory_mb=args.memory_mb,
+                  progress=_progress(args))
     if args.heads:
         frame = ablation_sweep(model, prompts, {args.heads: parse_heads(args.heads)}, args.method, metric, **common)
     elif args.targets == "cumulative":
@@ -155,12 +156,13 @@ def run_patch(args) -> int:
     value = "normalized" if args.normalize else "metric"
     if args.shortlist is not None:
         frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=_progress(args),
-                                      **options)
+                                      memory_mb=args.memory_mb, **options)
         frame.insert(1, "target", "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str))
         figure = bars(frame[frame["exact"]], "target", "value", f"exact patching of the top {args.shortlist} heads")
     else:
         sweep, dims, extra = PATCH_TARGETS[args.what]
-        result = sweep(model, clean, corrupted, metric, progress=_progress(args), **extra, **options)
+        result = sweep(model, clean, corrupted, metric, progress=_progress(args), memory_mb=args.memory_mb, **extra,
+                       **options)
         frame = patching_frame(result, dims, value)
         if args.attribution:
             if args.what not in ("heads", "heads_by_position"):

@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
-                          seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr)
+                          seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
+                          memory_mb=args.memory_mb)
     print(write_report(report, args.out))
     return 0
 

@@ -17,6 +17,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, direct_logit_attribution, dla_heatmap
+from analyses.circuits.eap_ig import eap_ig
 from analyses.circuits.edge_attribution import edge_agreement, edge_attribution
 from analyses.report.intervention_figures import patching_figure, save_csv, save_figure
 from analyses.core.metrics import evaluate_metric
@@ -59,7 +60,8 @@ def register(subparsers) -> None:
 def run_trace(args) -> int:
     model = load_cli_model(args)
     trace = causal_trace(model, args.prompt, args.subject, args.answer, samples=args.samples, noise=args.noise,
-                         seed=args.seed, state=args.state, progress=False if args.quiet else None)
+                         seed=args.seed, state=args.state, memory_mb=args.memory_mb,
+                         progress=False if args.quiet else None)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = save_csv(trace.frame, args.out / "trace.csv")
     png_path = save_figure(trace_figure(trace), args.out / "trace.png")
@@ -88,8 +90,9 @@ class TaskAnalysis:
     token, averaged over prompts and over each prompt's answers minus its distractors; None for the
     probability-difference metric, which is not linear in the logits); edges: path patching from the
     ``top`` senders by |head patching - corrupted| to every later head's q/k/v and the logits, with
-    edge attribution (EAP) beside it; agreement: ``edge_agreement`` of the two, or {"refused": why}
-    where the model cannot take EAP's edits."""
+    edge attribution beside it (``ATTRIBUTIONS``: EAP in column ``attribution``, EAP-IG in
+    ``attribution_ig``); agreement: for each of those columns, ``edge_agreement`` with path patching,
+    or {"refused": why} where the model cannot take that method's edits."""
 
     task: Task
     values: dict
@@ -99,7 +102,12 @@ class TaskAnalysis:
     mlps_by_pos: pd.DataFrame | None
     dla: pd.DataFrame | None
     edges: pd.DataFrame
-    agreement: dict | None
+    agreement: dict
+
+
+# edge attribution methods beside path patching: frame column -> method (same edges, same frame)
+ATTRIBUTIONS = {"attribution": edge_attribution, "attribution_ig": eap_ig}
+ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": "EAP-IG"}
 
 
 def task_dla(model, task: Task, batch: TaskBatch) -> pd.DataFrame:
@@ -143,11 +151,16 @@ def analyse_task(model, task: Task, *, top: int = 3, memory_mb: float = DEFAULT_
                                                                                           kind="stable")
     senders = [tuple(map(int, cell)) for cell in ranked[["layer", "head"]].head(top).to_numpy()]
     edges = path_patch(*pair, senders=senders, **options)
-    try:
-        edges["attribution"] = edge_attribution(*pair, senders=senders)["attribution"].to_numpy()
-        agreement = edge_agreement(edges, top_k=min(5, len(edges))) if len(edges) >= 2 else None
-    except UserError as refusal:  # a model whose q/k/v inputs cannot be split per head: no EAP, said on the page
-        agreement = {"refused": str(refusal)}
+    agreement = {}
+    for column, method in ATTRIBUTIONS.items():
+        try:
+            edges[column] = method(*pair, senders=senders)["attribution"].to_numpy()
+        except UserError as refusal:  # e.g. a bridge that cannot split q/k/v per head: said on the page
+            agreement[column] = {"refused": str(refusal)}
+            continue
+        if len(edges) >= 2:
+            scored = edges[["effect", column]].rename(columns={column: "attribution"})
+            agreement[column] = edge_agreement(scored, top_k=min(5, len(edges)))
     return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement)
 
 
@@ -183,10 +196,10 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
                                 "Each component's direct contribution to the logit difference (mean over prompts).",
                                 figures=[_figure("dla", "direct logit attribution", dla_heatmap(analysis.dla))],
                                 table=analysis.dla))
-    agreement = analysis.agreement or {}
-    agreement = (f" Edge attribution not computed: {agreement['refused']}" if "refused" in agreement else
-                 f" Edge attribution vs path patching: Spearman {agreement['spearman']:.3f}, top-"
-                 f"{agreement['top_k']} overlap {agreement['top_k_overlap']:.2f}." if agreement else "")
+    agreement = "".join(
+        f" {ATTRIBUTION_NAMES[column]} not computed: {found['refused']}" if "refused" in found else
+        f" {ATTRIBUTION_NAMES[column]} vs path patching: Spearman {found['spearman']:.3f}, top-{found['top_k']} "
+        f"overlap {found['top_k_overlap']:.2f}." for column, found in analysis.agreement.items())
     sections.append(Section("Circuit", "Path patching from the heads whose patching moves the metric most." + agreement
                             + "\n\n" + "\n".join(edge_lines_plain(analysis.edges)),
                             figures=[_figure("circuit", "strongest path-patched edges",
@@ -233,7 +246,8 @@ def register_task(subparsers) -> None:
 def run_task(args) -> int:
     model = load_cli_model(args)
     task = make_task(model, args.name, args.n, args.seed)
-    analysis = analyse_task(model, task, top=args.top, progress=False if args.quiet else None)
+    analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
+                            progress=False if args.quiet else None)
     meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                              "prompts": len(task), "dropped": task.dropped, "note": task.note}
     out = write_task_page(analysis, args.out, meta)

@@ -50,7 +50,9 @@ class HookCheck:
     shapes: one row per (hook, layer): the shape that fired (None: it did not fire) and the one
         documented. reaches_output: hook name -> whether an edit of it changed the logits, with
         ``effects`` the largest relative change. sum_error: the largest |sum of head outputs +
-        b_O - hook_attn_out| over layers, None where the projection is not reachable.
+        b_O - hook_attn_out| over layers (summed in float32), None where the projection is not
+        reachable; sum_tolerance: what it may be (``SUM_TOLERANCE`` in float32; in a narrower
+        dtype, ``hook_attn_out``'s own rounding: 8 epsilons of its largest value).
     """
 
     family: str
@@ -60,6 +62,7 @@ class HookCheck:
     effects: dict[str, float]
     sum_error: float | None
     notes: list[str] = field(default_factory=list)
+    sum_tolerance: float = SUM_TOLERANCE
 
     @property
     def shapes_ok(self) -> bool:
@@ -67,7 +70,7 @@ class HookCheck:
 
     @property
     def sums_ok(self) -> bool | None:
-        return None if self.sum_error is None else self.sum_error <= SUM_TOLERANCE
+        return None if self.sum_error is None else self.sum_error <= self.sum_tolerance
 
     @property
     def ok(self) -> bool:
@@ -167,21 +170,25 @@ def layers_last_first(model, suffix: str) -> list[str]:
 
 
 @torch.no_grad()
-def head_sum_error(model, cache: dict) -> float | None:
-    """max |sum_h z_h @ W_O[h] + b_O - hook_attn_out| over layers, or None where ``W_O`` is not
-    reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model)."""
-    errors = []
+def head_sum_error(model, cache: dict) -> tuple[float | None, float]:
+    """(max |sum_h z_h @ W_O[h] + b_O - hook_attn_out| over layers, summed in float32, or None where
+    ``W_O`` is not reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model); the error allowed:
+    ``SUM_TOLERANCE``, or in a dtype narrower than float32, 8 of its epsilons times the largest
+    |hook_attn_out|, the rounding of the output itself)."""
+    errors, tolerance = [], SUM_TOLERANCE
     for layer in range(model.cfg.n_layers):
         try:
             w_o, b_o = model.blocks[layer].attn.W_O, model.blocks[layer].attn.b_O
         except (AttributeError, TypeError, RuntimeError):
-            return None
+            return None, tolerance
         z, out = cache.get(f"blocks.{layer}.attn.hook_z"), cache.get(f"blocks.{layer}.hook_attn_out")
         if w_o is None or z is None or out is None or tuple(w_o.shape[:2]) != tuple(z.shape[2:]):
-            return None
-        total = einsum(z, w_o.to(z.dtype), "b p h d, h d m -> b p m") + (0 if b_o is None else b_o)
-        errors.append(float((total - out).abs().max()))
-    return max(errors)
+            return None, tolerance
+        total = einsum(z.float(), w_o.float(), "b p h d, h d m -> b p m") + (0 if b_o is None else b_o.float())
+        errors.append(float((total - out.float()).abs().max()))
+        if torch.finfo(out.dtype).eps > torch.finfo(torch.float32).eps:
+            tolerance = max(tolerance, 8 * torch.finfo(out.dtype).eps * float(out.abs().max()))
+    return max(errors), tolerance
 
 
 @torch.no_grad()
@@ -192,9 +199,10 @@ def check_hooks(model) -> HookCheck:
     tokens = probe_tokens(model)
     shapes, logits, cache = measure_shapes(model, tokens)
     effects = {hook: probe_effect(model, tokens, logits, layers_last_first(model, f"attn.{hook}")) for hook in EDITABLE}
+    sum_error, sum_tolerance = head_sum_error(model, cache)
     result = HookCheck(model_family(model), model_impl(model), shapes,
                        {hook: effect > EDIT_TOLERANCE for hook, effect in effects.items()}, effects,
-                       head_sum_error(model, cache))
+                       sum_error, sum_tolerance=sum_tolerance)
     _checked[model] = result
     return result
 

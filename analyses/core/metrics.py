@@ -44,10 +44,13 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         _check_logits(logits, tuple(tokens.shape), "the loss metric's tokens")
+        if int(targets.max()) >= logits.shape[-1]:  # e.g. a Tracr model's own output space
+            raise UserError(f"the loss metric needs logits over the input vocabulary, but these have {logits.shape[-1]} "
+                            f"outputs and the tokens reach id {int(targets.max())}; use a metric on the model's outputs")
         if mask is None:
-            log_probs = logits[:, :-1].log_softmax(dim=-1)
+            log_probs = logits[:, :-1].log_softmax(dim=-1, dtype=torch.float32)  # float32 whatever the model's
             return -log_probs.gather(-1, targets[..., None]).mean()
-        log_probs = logits[:, :-1][mask].log_softmax(dim=-1)  # only the rows that count: (n, d_vocab)
+        log_probs = logits[:, :-1][mask].log_softmax(dim=-1, dtype=torch.float32)  # only the rows that count: (n, d_vocab)
         return -log_probs.gather(-1, targets[mask][:, None]).mean()
 
     def for_lengths(lengths: torch.Tensor) -> Metric:
@@ -93,7 +96,7 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
         good_ids, bad_ids = (_ids_per_prompt(ids, name, batch, d_vocab).to(logits.device)
                              for name, ids in (("correct", correct), ("incorrect", incorrect)))
         last = logits[rows, rows_at]  # (batch, d_vocab)
-        return (last[rows, good_ids] - last[rows, bad_ids]).mean()
+        return (last[rows, good_ids].float() - last[rows, bad_ids].float()).mean()  # float32 whatever the model's
 
     def for_lengths(new_lengths: torch.Tensor) -> Metric:
         if lengths is not None and not torch.equal(torch.as_tensor(lengths).cpu(), new_lengths.cpu()):

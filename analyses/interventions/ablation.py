@@ -40,7 +40,6 @@ from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import pattern_name, pattern_names, z_name, z_names
 from analyses.interventions.engine import (
     Variant,
-    base_run,
     cache_run,
     check_choice,
     check_heads,
@@ -49,8 +48,9 @@ from analyses.interventions.engine import (
     linear_effects,
     metric_gradients,
 )
-from analyses.core.metrics import Metric, evaluate_metric, loss_metric, metric_for_batch
+from analyses.core.metrics import Metric, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
+from analyses.interventions.run import Run
 from analyses.core.tokens import as_batch
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
@@ -69,18 +69,29 @@ FROM_OTHER_PROMPTS = {
 class Ablation:
     """Everything an ablation sweep needs, computed once.
 
-    tokens: (batch, pos) prompts. sources: replacement per edited hook name: ``hook_z``
-    (batch or 1, pos, head, d_head); with ``preserve_patterns`` also each ``hook_pattern`` of the
-    unablated run. starts: see ``base_run``. baseline: the metric unablated.
+    base: the unablated ``Run`` of the prompts (its model, tokens (batch, pos) and starts). sources:
+    replacement per edited hook name: ``hook_z`` (batch or 1, pos, head, d_head); with
+    ``preserve_patterns`` also each ``hook_pattern`` of the unablated run. baseline: the metric
+    unablated.
     """
 
-    model: object
-    tokens: torch.Tensor
+    base: Run
     metric: Metric
     sources: dict
-    starts: dict | None
     baseline: float
     preserve_patterns: bool
+
+    @property
+    def model(self):
+        return self.base.model
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.base.tokens
+
+    @property
+    def starts(self) -> dict | None:
+        return self.base.starts
 
     def variant(self, heads: Sequence[tuple[int, int]]) -> Variant:
         """Cells ablating ``heads``; patterns are frozen from the first ablated layer on (earlier
@@ -126,10 +137,12 @@ def _constant(pattern: torch.Tensor, hook) -> torch.Tensor:
 
 
 def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: int = 0,
-                  places: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                  places: torch.Tensor | None = None, run: Run | None = None) -> dict[str, torch.Tensor]:
     """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head).
 
-    ``places`` (batch, pos): the probes' structure, for ``mean_aligned`` (see the module docstring)."""
+    ``places`` (batch, pos): the probes' structure, for ``mean_aligned`` (see the module docstring);
+    ``run``: a ``Run`` of ``batch`` whose ``hook_z`` serve when the replacement comes from the prompts
+    themselves (no forward of its own then)."""
     check_choice("ablation method", method, METHODS)
     names = z_names(model)
     if method == "zero":
@@ -142,7 +155,7 @@ def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: i
     if ref.tokens.shape[1] != batch.tokens.shape[1]:
         raise UserError(f"reference prompts are {ref.tokens.shape[1]} tokens long but the prompts are "
                         f"{batch.tokens.shape[1]}; mean and resample ablation need equal lengths")
-    _, cache = cache_run(model, ref.tokens, names)
+    cache = run.read(names) if run is not None and reference is None else cache_run(model, ref.tokens, names)[1]
     if method == "mean" and reference is not None:
         weights = ref.real / ref.real.sum(dim=0).clamp(min=1)  # (batch, pos): each position's real rows
         return {name: torch.einsum("bp,bphd->phd", weights.to(cache[name].dtype), cache[name])[None] for name in names}
@@ -203,22 +216,43 @@ def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int
     return index
 
 
+def ablation_reads(model, method: str, *, reference=None, preserve_patterns: bool = False) -> list[str]:
+    """The hooks an ablation reads from a ``Run`` of its prompts (``prepare_ablation(run=...)``):
+    every ``hook_z`` where the replacement comes from the prompts themselves, every
+    ``hook_pattern`` with ``preserve_patterns``."""
+    own = method != "zero" and reference is None
+    return [*(z_names(model) if own else []), *(pattern_names(model) if preserve_patterns else [])]
+
+
+def prompts_run(model, prompts, names, metric: Metric | None = None) -> Run:
+    """A ``Run`` of ``prompts`` (ids, texts or ``RepeatedProbes``) keeping ``names``, for the
+    ablations that read it (``prepare_ablation(run=...)``)."""
+    batch = as_batch(model, prompts.tokens if isinstance(prompts, RepeatedProbes) else prompts)
+    return Run.make(model, batch.tokens, metric, names)
+
+
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
-                     preserve_patterns: bool = False, seed: int = 0) -> Ablation:
+                     preserve_patterns: bool = False, seed: int = 0, run: Run | None = None) -> Ablation:
     """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
-    reference). ``metric`` defaults to the mean next-token loss over all real positions."""
+    reference). ``metric`` defaults to the mean next-token loss over all real positions (the run's
+    metric where ``run`` has one). ``run``: a ``Run`` of these tokens (``Run.make``, reading at least
+    ``ablation_reads``) that serves instead of a forward of its own."""
     require_edit(model, "hook_z", "head ablation")
     if preserve_patterns:
         require_edit(model, "hook_pattern", "preserve_patterns=True")
     places = tokens.places if isinstance(tokens, RepeatedProbes) else None
     batch = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens)
+    if run is not None:
+        run.check_tokens(batch.tokens)
+        metric = run.metric if metric is None and run.metric is not None else metric
     metric = loss_metric(batch.tokens, batch.real) if metric is None else metric
     metric = metric_for_batch(metric, batch.lengths, batch.tokens.shape[1])  # never reads the padding
-    sources = replacement_z(model, batch, method, reference, seed, places)
-    patterns = pattern_names(model) if preserve_patterns else []
-    logits, pattern_cache, starts = base_run(model, batch.tokens, patterns)
-    baseline = evaluate_metric(metric, logits).item()
-    return Ablation(model, batch.tokens, metric, sources | pattern_cache, starts, baseline, preserve_patterns)
+    if run is None:
+        run = Run.make(model, batch.tokens, metric, ablation_reads(model, method, reference=reference,
+                                                                   preserve_patterns=preserve_patterns))
+    sources = replacement_z(model, batch, method, reference, seed, places, run)
+    pattern_cache = run.read(pattern_names(model)) if preserve_patterns else {}
+    return Ablation(run, metric, sources | pattern_cache, run.value(metric), preserve_patterns)
 
 
 def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,

@@ -1,9 +1,10 @@
 """Many interventions in one forward: the hook-editing mechanism behind ablation and patching.
 
-An intervention (a *variant*) is a list of cells ``(hook name, index)``: the part ``index`` of that
+An intervention (a *variant*) is a list of edits ``Edit(hook, index)``: the part ``index`` of that
 activation (indexed without its batch dim) takes its value from a *source* activation of the same
-name, shape (batch, ...). A cell ``(hook name, index, value)`` carries its own value instead
-(batch, *the indexed part's shape): path patching gives every variant a different one. Ablation's
+name, shape (batch, ...). An ``Edit(hook, index, value)`` carries its own value instead
+(batch, *the indexed part's shape): path patching gives every variant a different one. (A plain
+tuple ``(hook, index[, value])`` is read as the same edit.) Ablation's
 sources are zero / mean / resampled head outputs; patching's are the other run's cache. ``k``
 variants run as one forward of ``k * batch`` rows (variant-major: row ``v * batch + b`` is prompt b
 under variant v), chunked to a memory budget; ``collect_variants`` returns activations instead of
@@ -23,7 +24,8 @@ first-order change of the metric for moving an activation, from one forward and 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence, Union
 
 import torch
 from einops import einsum, repeat
@@ -34,8 +36,25 @@ from analyses.core.metrics import Metric, evaluate_metric, read_positions
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 
-Cell = tuple  # (hook name "blocks.{l}....", index into the activation without batch[, value (batch, ...)])
+
+@dataclass(frozen=True)
+class Edit:
+    """One edit of an intervention: the part ``index`` (a tuple indexing the activation without its
+    batch dim; () for all of it) of the activation ``hook`` ("blocks.{l}....") takes ``value``
+    (batch, *the indexed part's shape), or where that is None the source activation of that name."""
+
+    hook: str
+    index: tuple = ()
+    value: torch.Tensor | None = None
+
+
+Cell = Union[Edit, tuple]  # an Edit, or the tuple (hook, index[, value]) read as one
 Variant = Sequence[Cell]
+
+
+def as_edit(cell: Cell) -> Edit:
+    """An ``Edit``, also from the tuple ``(hook, index[, value])``."""
+    return cell if isinstance(cell, Edit) else Edit(*cell)
 
 
 def runs_suffix_only(model) -> bool:
@@ -66,9 +85,9 @@ def check_heads(model, heads) -> list[tuple[int, int]]:
     return checked
 
 
-def head_cells(heads: Sequence[tuple[int, int]]) -> list[Cell]:
-    """The cells that replace each head's output at every position."""
-    return [(z_name(layer), (slice(None), head)) for layer, head in heads]
+def head_cells(heads: Sequence[tuple[int, int]]) -> list[Edit]:
+    """The edits that replace each head's output at every position."""
+    return [Edit(z_name(layer), (slice(None), head)) for layer, head in heads]
 
 
 class _Collected(Exception):
@@ -145,11 +164,11 @@ def edit_hooks(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor])
     ``sources`` needs an entry for every name edited by a cell without its own value."""
     cells_by_name, valued_by_name = defaultdict(list), defaultdict(list)
     for v, variant in enumerate(variants):
-        for name, index, *value in variant:
-            if value:
-                valued_by_name[name].append((v, index, value[0]))
+        for edit in map(as_edit, variant):
+            if edit.value is not None:
+                valued_by_name[edit.hook].append((v, edit.index, edit.value))
             else:
-                cells_by_name[name].append((v, index))
+                cells_by_name[edit.hook].append((v, edit.index))
     hooks = []
     for name in dict.fromkeys([*cells_by_name, *valued_by_name]):
         mask = source = None
@@ -165,8 +184,9 @@ def edit_hooks(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor])
 def start_of(variant: Variant) -> tuple[int, bool]:
     """Where a run serving ``variant`` may start -> (its earliest edited layer, whether every edit
     there is of that layer's ``hook_resid_mid``, so the layer's attention may be skipped)."""
-    layer = min(layer_of(cell[0]) for cell in variant)
-    return layer, all(cell[0] == resid_mid_name(layer) for cell in variant if layer_of(cell[0]) == layer)
+    hooks = [as_edit(cell).hook for cell in variant]
+    layer = min(layer_of(hook) for hook in hooks)
+    return layer, all(hook == resid_mid_name(layer) for hook in hooks if layer_of(hook) == layer)
 
 
 def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None,
@@ -340,5 +360,6 @@ def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> t
     (batch, pos, head, d_head)), summed over every axis not in ``keep`` -> [n_layers, *keep],
     e.g. ``keep="p h"`` -> [n_layers, pos, n_heads]."""
     return torch.stack([
-        einsum(g, target - current, f"b p h d, b p h d -> {keep}") for g, current, target in zip(grads, z, z_target)
+        einsum(g.float(), (target - current).float(), f"b p h d, b p h d -> {keep}")  # float32 sums
+        for g, current, target in zip(grads, z, z_target)
     ])

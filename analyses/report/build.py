@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from analyses.components.rollout import all_patterns
+from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.report.calibration_figures import CalibrationSection, calibration_section
 from analyses.circuits.circuit import CircuitSection, circuit_section, edge_lines
 from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, components_cache,
@@ -77,7 +78,7 @@ class HeadReport:
 def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
                  texts: Sequence[str] | None = None,
                  thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
-                 progress: bool | None = None) -> HeadReport:
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> HeadReport:
     """Classify every head (on probes, or on ``texts``), calibrate the scores and run the causal
     checks on the probes, find the edges among the role heads, store every head's pattern on a
     probe and on a text, draw the figures. The probes are drawn once and serve all of it.
@@ -86,20 +87,22 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     (head, role) whose score beats its nulls at that false-discovery rate and, with
     ``thresholds``, also reaches the threshold; ``fdr=None`` (or ``texts``, which the probe nulls
     do not describe) is the fixed rule: the threshold and an interval above chance.
-    ``model_name``: the spec the model was loaded from, for meta.json."""
+    ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: each step's budget."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
         check_fdr(fdr)
     steps = progress_bar(total=4, progress=progress, desc="report", unit="step")
     probes = probes_for(model, n_prompts, seq_len, seed=seed)
-    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, progress=progress)
+    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, memory_mb=memory_mb,
+                            progress=progress)
     steps.update()
-    calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, progress=progress)
+    calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
+                                      progress=progress)
     calibrated = fdr is not None and not texts
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.update()
-    circuit = circuit_section(model, table, probes, seed=seed, progress=progress)
+    circuit = circuit_section(model, table, probes, seed=seed, memory_mb=memory_mb, progress=progress)
     steps.update()
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -167,9 +170,9 @@ def components_report_section(model, probes: RepeatedProbes, *, progress: bool |
     dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
     lens = logit_lens(model, cache, answers, positions=positions)
     lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
-    del cache
     effects = attention_vs_mlp(model, tokens, corrupt_first_copy(probes), loss_metric(tokens, probes.predictable),
-                               answers, positions=positions, progress=progress)
+                               answers, positions=positions, cache=cache, progress=progress)
+    del cache
     roles = meaning_roles(model, progress=progress)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
     per_kind = effects.groupby("kind")["direct"].sum()

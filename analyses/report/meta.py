@@ -1,6 +1,6 @@
-"""The record of the model in each output's ``meta.json`` (the spec it was loaded from, its family, the
-implementation that ran it, a hash of its weights, the hook self-test's verdicts and the package
-versions)."""
+"""The record of the model in each output's ``meta.json`` (the spec it was
+loaded from, its family, the implementation that ran it, its dtype and device, a hash of its
+weights, the hook self-test's verdicts and the package versions)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ def versions() -> dict[str, str]:
 
 
 def model_meta(model, spec: str) -> dict:
-    """For an output's meta.json: ``{"model": spec, "family", "impl", "weights_hash"}``, the hook
-    self-test's verdicts (``analyses.core.hook_check.describe``) and the package versions."""
-    return {"model": str(spec), **describe(model), "versions": versions()}
+    """For an output's meta.json: ``{"model": spec, "family", "impl", "weights_hash", "dtype", "device"}``,
+    the hook self-test's verdicts (``analyses.core.hook_check.describe``) and the package versions."""
+    weight = next(model.parameters())
+    return {"model": str(spec), **describe(model), "dtype": str(weight.dtype).removeprefix("torch."),
+            "device": str(weight.device), "versions": versions()}
 
 
 def write_meta(directory: str | Path, meta: dict) -> Path:

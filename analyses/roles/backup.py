@@ -26,12 +26,13 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from analyses.interventions.ablation import Ablation, prepare_ablation
+from analyses.interventions.ablation import Ablation, ablation_reads, prepare_ablation, prompts_run
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.core.hook_names import z_name, z_names
-from analyses.interventions.engine import cache_run, check_heads, evaluate_variants, head_cells
+from analyses.interventions.engine import check_heads, evaluate_variants, head_cells
 from analyses.core.metrics import Metric
+from analyses.interventions.run import Run
 from interp.errors import UserError
 
 DEFAULT_MIN_EXCESS = 0.05  # nats: a pair whose joint effect exceeds the sum of its single effects by this much backs itself up
@@ -43,18 +44,18 @@ def head_label(head: tuple[int, int]) -> str:
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                       metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
-                      progress: bool | None = None) -> pd.DataFrame:
+                      progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
     """Ablate each of ``heads`` alone and every pair together (one batched call).
 
     prompts: ids, texts or ``RepeatedProbes`` (see ``analyses.interventions.ablation``); metric: default the mean
-    next-token loss. Returns one row per pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a,
+    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``). Returns one row per pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a,
     layer_b, head_b, effect_a, effect_b, joint, additive`` (effect_a + effect_b), ``excess``
     (joint - additive), ``baseline``.
     """
     heads = check_heads(model, heads)
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
-    ablation = prepare_ablation(model, prompts, method, metric)
+    ablation = prepare_ablation(model, prompts, method, metric, run=run)
     pairs = list(combinations(heads, 2))
     values = ablation.run([[h] for h in heads] + [list(p) for p in pairs], memory_mb=memory_mb,
                           progress=progress, desc="pairwise ablation") - ablation.baseline
@@ -95,18 +96,21 @@ def _label_key(label: str) -> tuple[int, int]:
 
 def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                   metric: Metric | None = None, *, min_excess: float = DEFAULT_MIN_EXCESS,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Pairwise ablation of ``heads`` and their backup groups, each ablated as a whole.
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                  run: Run | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pairwise ablation of ``heads`` and their backup groups, each ablated as a whole (``run``: a
+    ``Run`` of the prompts, made here where None, that both steps read).
 
     Returns (pairs: see ``pairwise_ablation``, groups: one row per group ``group`` (0..),
     ``heads`` (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single
     effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single))."""
-    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress)
+    run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method))
+    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run)
     groups = backup_groups(pairs, min_excess)
     single = dict(zip(pairs["a"], pairs["effect_a"])) | dict(zip(pairs["b"], pairs["effect_b"]))
     joint = torch.empty(0)
     if groups:
-        ablation = prepare_ablation(model, prompts, method, metric)
+        ablation = prepare_ablation(model, prompts, method, metric, run=run)
         members = [[_label_key(label) for label in group] for group in groups]
         joint = ablation.run(members, memory_mb=memory_mb, progress=progress, desc="backup groups") - ablation.baseline
     frame = pd.DataFrame({
@@ -118,6 +122,12 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     })
     frame["excess"] = frame["joint"] - frame["sum_single"]
     return pairs, frame
+
+
+def direct_effect_reads(model, method: str) -> list[str]:
+    """What ``direct_and_total_effects`` reads from a ``Run`` of its prompts: the ablation's hooks,
+    every ``hook_z`` and every ``hook_mlp_out``."""
+    return list(dict.fromkeys([*ablation_reads(model, method), *z_names(model), *mlp_out_names(model)]))
 
 
 def mlp_out_name(layer: int) -> str:
@@ -146,8 +156,9 @@ def require_mlp_freeze(model, names: Sequence[str]) -> None:
 
 def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | None = None, method: str = "mean",
                              metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
-                             progress: bool | None = None) -> pd.DataFrame:
-    """Each head's total and direct ablation effect (see the module docstring).
+                             progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
+    """Each head's total and direct ablation effect (see the module docstring; ``run``: a ``Run``
+    of the prompts reading at least ``direct_effect_reads``, made here where None).
 
     heads: default every head. Returns one row per head: ``layer, head, total, direct,
     self_repair`` (direct - total), ``baseline``. One batched call for the totals and one per
@@ -155,11 +166,11 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
-    ablation = prepare_ablation(model, prompts, method, metric)
+    ablation = prepare_ablation(model, prompts, method, metric, run=run)
     mlps = mlp_out_names(model)
     require_mlp_freeze(model, mlps)
     total = ablation.run([[h] for h in heads], memory_mb=memory_mb, progress=progress, desc="total effects")
-    _, clean = cache_run(model, ablation.tokens, [*z_names(model), *mlps])
+    clean = ablation.base.read([*z_names(model), *mlps])
     direct = torch.empty(len(heads), dtype=torch.float64)  # as the totals
     for layer in sorted({l for l, _ in heads}):
         members = [i for i, (l, _) in enumerate(heads) if l == layer]

@@ -35,6 +35,7 @@ from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run
 from analyses.core.probes import RepeatedProbes, probes_for
 from analyses.core.progress import progress_bar
+from analyses.interventions.run import Run
 from analyses.core.tokens import encode
 from interp.errors import UserError
 from interp.model import require_causal
@@ -167,21 +168,49 @@ def pattern_chunks(model, tokens: torch.Tensor, memory_mb: float, progress: bool
         yield rows, cache_run(model, tokens[rows], names, logits=False)[1]
 
 
+class PromptSums:
+    """A streaming reducer of a ``Run``'s forward (``Run.make(reducers=...)``): each layer's pattern,
+    as the forward passes its ``hook_pattern``, reduced to per-prompt score numerators
+    (``prompt_sums``), so no pattern outlives its layer. ``result()``: measure -> (batch, layer, head)."""
+
+    def __init__(self, model, targets: RoleTargets, measures: Sequence[str]):
+        require_causal(model, "head classification")
+        self.targets, self.measures = targets, tuple(measures)
+        self.names = pattern_names(model)
+        self.parts: dict[str, list] = {name: [] for name in self.names}  # per layer: (rows, sums) per chunk
+
+    def hooks(self) -> list[tuple[str, object]]:
+        def reducer(name):
+            def reduce(pattern, rows):
+                self.parts[name].append(prompt_sums(pattern.float(), self.targets[rows], self.measures))
+
+            return reduce
+
+        return [(name, reducer(name)) for name in self.names]
+
+    def result(self) -> dict[str, torch.Tensor]:
+        layers = [{m: torch.cat([part[m] for part in self.parts[name]]) for m in self.measures} for name in self.names]
+        return {m: torch.stack([layer[m] for layer in layers], dim=1) for m in self.measures}
+
+
 def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
-                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
-    """Run ``tokens`` (batch, pos) through ``model`` in chunks, caching only the patterns.
+                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                      run: Run | None = None) -> dict[str, torch.Tensor]:
+    """Run ``tokens`` (batch, pos) through ``model`` in chunks, reducing the patterns as they pass.
 
     Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``). A
-    non-causal model is refused: the roles' chance levels are those of a causal head.
+    non-causal model is refused: the roles' chance levels are those of a causal head. ``run``: a
+    ``Run`` of ``tokens`` whose forward fed a ``PromptSums`` of at least ``measures`` (under
+    ``reduced["prompt_sums"]``), read instead of a forward.
     """
     require_causal(model, "head classification")
-    names = pattern_names(model)
-    chunks = []
-    for rows, cache in pattern_chunks(model, tokens, memory_mb, progress, "classify heads"):
-        chunk_targets = targets[rows]
-        layers = [prompt_sums(cache[name].float(), chunk_targets, measures) for name in names]
-        chunks.append({m: torch.stack([layer[m] for layer in layers], dim=1) for m in measures})
-    return {m: torch.cat([chunk[m] for chunk in chunks]) for m in measures}
+    if run is not None and "prompt_sums" in run.reduced:
+        run.check_tokens(tokens)
+        return {m: run.reduced["prompt_sums"][m] for m in measures}
+    sums = PromptSums(model, targets, measures)
+    run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, memory_mb=memory_mb,
+                   progress=progress, desc="classify heads")
+    return run.reduced["prompt_sums"]
 
 
 def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = 1000, seed: int = 0,
@@ -215,6 +244,7 @@ def classify_heads(
     n_boot: int = 1000,
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
+    run: Run | None = None,
 ) -> pd.DataFrame:
     """Score every head of a hooked model on every measure.
 
@@ -228,6 +258,7 @@ def classify_heads(
         n_boot: bootstrap resamples over prompts.
         memory_mb: budget for one chunk's cached patterns and activations.
         progress: see ``analyses.core.progress``.
+        run: a ``Run`` of the probes that already reduced their patterns (``per_prompt_scores``).
 
     Returns a tidy DataFrame, one row per (layer, head, measure), columns
     ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
@@ -241,7 +272,7 @@ def classify_heads(
     else:
         probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
         tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
-    sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, progress)
+    sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, progress, run)
     counts, chance = prompt_counts_and_chance(targets, measures)
     return scores_frame(sums, counts, chance, n_boot=n_boot, seed=seed)
 

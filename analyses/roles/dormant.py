@@ -32,6 +32,7 @@ from analyses.core.hook_names import pattern_names, z_names
 from analyses.interventions.engine import cache_run
 from analyses.core.metrics import Metric
 from analyses.core.probes import RepeatedProbes
+from analyses.interventions.run import Run
 from interp.errors import UserError
 
 DORMANT_BELOW = 0.1  # relative output norm under which (with a no-op ablation) a head is dormant
@@ -58,10 +59,15 @@ def head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
     return einops.einsum(z, w_o.to(z.dtype), "b p h d, h d m -> b p h m")
 
 
-def output_norms(model, tokens: torch.Tensor) -> pd.DataFrame:
+def output_norms(model, tokens: torch.Tensor, run: Run | None = None) -> pd.DataFrame:
     """One row per head: ``layer, head, output_norm`` (mean |z_h W_O[h]| over prompts and
-    positions) and ``relative_norm`` (over the mean of its layer's heads). tokens: (batch, pos)."""
-    _, cache = cache_run(model, tokens, z_names(model), logits=False)
+    positions) and ``relative_norm`` (over the mean of its layer's heads). tokens: (batch, pos);
+    run: a ``Run`` of them whose ``hook_z`` serve instead of a forward."""
+    if run is not None:
+        run.check_tokens(tokens)
+        cache = run.read(z_names(model))
+    else:
+        _, cache = cache_run(model, tokens, z_names(model), logits=False)
     norms = torch.stack([head_outputs(model, layer, cache[name]).norm(dim=-1).mean((0, 1))
                          for layer, name in enumerate(z_names(model))]).double().cpu()  # (layer, head)
     relative = norms / norms.mean(dim=1, keepdim=True).clamp(min=1e-30)
@@ -88,15 +94,15 @@ def dormant_heads(model, prompts, method: str = "mean", metric: Metric | None = 
 
 
 def dormant_frame(model, tokens: torch.Tensor, effects, *, dormant_below: float = DORMANT_BELOW,
-                  no_effect_below: float = NO_EFFECT_BELOW) -> pd.DataFrame:
+                  no_effect_below: float = NO_EFFECT_BELOW, run: Run | None = None) -> pd.DataFrame:
     """Each head's output norm on ``tokens`` (batch, pos) beside its ablation effect ``effects``
     (n_layers * n_heads, layer-major, in nats).
 
     Returns one row per head: ``layer, head, output_norm, relative_norm, ablation_effect``,
     ``no_op`` (|ablation_effect| < no_effect_below) and ``dormant`` (no_op and relative_norm <
-    dormant_below).
+    dormant_below). run: see ``output_norms``.
     """
-    frame = output_norms(model, tokens)
+    frame = output_norms(model, tokens, run)
     frame["ablation_effect"] = effects
     frame["no_op"] = frame["ablation_effect"].abs() < no_effect_below
     frame["dormant"] = frame["no_op"] & (frame["relative_norm"] < dormant_below)
@@ -119,11 +125,19 @@ class Similarity:
         return pd.DataFrame({"label": self.labels, "order": range(len(self.labels)), "cluster": self.clusters})
 
 
-def head_similarities(model, tokens: torch.Tensor, *, similar_above: float = SIMILAR_ABOVE) -> dict[str, Similarity]:
+def similarity_reads(model) -> list[str]:
+    """The hooks ``head_similarities`` reads: every ``hook_z`` and every ``hook_pattern``."""
+    return [*z_names(model), *pattern_names(model)]
+
+
+def head_similarities(model, tokens: torch.Tensor, *, similar_above: float = SIMILAR_ABOVE,
+                      cache: dict | None = None) -> dict[str, Similarity]:
     """Cosine similarity of every pair of heads' outputs (``z_h W_O[h]``) and patterns on ``tokens``
     (batch, pos), each clustered -> {"output": ..., "pattern": ...}. The Gram matrices are summed
-    prompt by prompt, so memory holds one prompt's head outputs at a time."""
-    _, cache = cache_run(model, tokens, [*z_names(model), *pattern_names(model)], logits=False)
+    prompt by prompt, so memory holds one prompt's head outputs at a time. ``cache``: the
+    ``similarity_reads`` activations of ``tokens`` already run (each (batch, ...)), instead of a forward."""
+    if cache is None:
+        _, cache = cache_run(model, tokens, similarity_reads(model), logits=False)
     n = model.cfg.n_layers * model.cfg.n_heads
     grams = {"output": torch.zeros(n, n, dtype=torch.double), "pattern": torch.zeros(n, n, dtype=torch.double)}
     for row in range(tokens.shape[0]):

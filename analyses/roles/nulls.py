@@ -44,6 +44,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.classify import DEFAULT_FDR, ROLES, check_fdr, per_prompt_scores, probe_targets, prompt_counts_and_chance
 from analyses.core.probes import RepeatedProbes, probes_for, shuffle_second_copy
 from analyses.core.progress import progress_bar
+from analyses.interventions.run import Run
 from interp.errors import UserError
 from interp.random_models import random_like
 
@@ -64,10 +65,11 @@ class RoleSamples:
 
 
 def role_samples(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
-                 progress: bool | None = None) -> RoleSamples:
-    """Every head's per-prompt numerators for every role in ``ROLES`` (patterns only, no logits)."""
+                 progress: bool | None = None, run: Run | None = None) -> RoleSamples:
+    """Every head's per-prompt numerators for every role in ``ROLES`` (patterns only, no logits;
+    ``run``: a ``Run`` of the probes that reduced them already, see ``per_prompt_scores``)."""
     targets = probe_targets(probes)
-    sums = per_prompt_scores(model, probes.tokens, targets, ROLES, memory_mb, progress)
+    sums = per_prompt_scores(model, probes.tokens, targets, ROLES, memory_mb, progress, run)
     counts, _ = prompt_counts_and_chance(targets, ROLES)
     return RoleSamples({r: s.double().cpu() for r, s in sums.items()}, {r: c.double().cpu() for r, c in counts.items()})
 
@@ -275,8 +277,11 @@ def add_fdr(nulls: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
 
 def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: int = 64, seq_len: int | None = None,
                     seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
-                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
-    """Every head's role scores against their nulls, with Benjamini-Hochberg roles.
+                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                    run: Run | None = None) -> pd.DataFrame:
+    """Every head's role scores against their nulls, with Benjamini-Hochberg roles (``run``: a
+    ``Run`` of the probes whose pattern sums serve the model's own scores, see ``per_prompt_scores``;
+    the control probes and the null models run their own forwards).
 
     probes: made once by the caller (else ``probes_for(model, n_prompts, seq_len, seed)``); the
     control probes are drawn from them with ``seed``. null_seeds: the random initialisations.
@@ -287,7 +292,7 @@ def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: i
     """
     check_fdr(fdr)
     probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
-    observed = role_samples(model, probes, memory_mb, progress)
+    observed = role_samples(model, probes, memory_mb, progress, run)
     control = role_samples(model, shuffle_second_copy(probes, seed), memory_mb, progress)
     random_scores = random_init_null(model, probes, null_seeds, memory_mb, progress)
     return add_fdr(role_nulls(observed, random_scores, control), fdr)

@@ -94,17 +94,17 @@ class StudyCells:
     time, a model loaded once for consecutive cells that name it (and dropped before the next
     one loads)."""
 
-    def __init__(self, cells: tuple[Cell, ...], device: str | None = None):
-        self.cells, self.device = cells, device
+    def __init__(self, cells: tuple[Cell, ...], device: str | None = None, memory_mb: float = DEFAULT_MEMORY_MB):
+        self.cells, self.device, self.memory_mb = cells, device, memory_mb
         self._model_key = self._model = None
         self._cell: tuple[int, CellPlan, Ablation] | None = None
 
     def _load(self, spec: StudySpec):
-        key = (spec.model, spec.impl)
+        key = (spec.model, spec.impl, spec.dtype)
         if key != self._model_key:
             self._model = self._cell = None  # free the previous model before loading the next
             self._model = load_model(spec.model, impl=None if spec.impl == "auto" else spec.impl,
-                                     device=self.device).eval()
+                                     device=self.device, dtype=spec.dtype).eval()
             self._model_key = key
         return self._model
 
@@ -112,7 +112,7 @@ class StudyCells:
         if self._cell is None or self._cell[0] != index:
             model = self._load(self.cells[index].spec)
             targets, ablation = prepare_study(model, self.cells[index].spec)
-            block = rows_per_chunk(model, ablation.tokens.shape[0], ablation.tokens.shape[1], DEFAULT_MEMORY_MB)
+            block = rows_per_chunk(model, ablation.tokens.shape[0], ablation.tokens.shape[1], self.memory_mb)
             self._cell = (index, CellPlan(targets, ablation.baseline, provenance(model), block), ablation)
         return self._cell[1:]
 

@@ -76,7 +76,7 @@ def open_executor(study: Study, executor: str | None, address: str | None, worke
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
     if executor == "local":
-        yield StudyCells(study.cells)
+        yield StudyCells(study.cells, study.device, study.memory_mb)
         return
     try:
         from analyses.studies.on_ray import RayCells

@@ -3,9 +3,12 @@
 ```toml
 [run]                       # optional
 executor = "local"          # local | ray
+memory_mb = 1024            # what an analysis may add beyond the weights
 [model]
 spec = "toy"                # anything load_model takes
 impl = "auto"               # auto (load_model's choice) | scratch | transformer_lens
+dtype = "float32"           # float32 | bfloat16 | float16
+device = "cpu"              # cpu | cuda | cuda:N | mps (the local executor's; Ray gives each actor its own)
 [prompts]
 kind = "repeated"           # repeated | text (with file = "prompts.txt", one prompt per line)
 n = 64
@@ -30,7 +33,9 @@ study named ``"spec=toy method=zero"`` (``section.key`` where the key alone is a
 
 **[run]** says how, never what: ``executor = "local" | "ray"``, ``address`` (a Ray cluster,
 ``HOST:PORT`` or ``ray://HOST:PORT``; default a local one), ``workers`` (default one per GPU, else per
-CPU). It is not part of the study's identity: a run may be resumed by another executor.
+CPU), ``memory_mb`` (each analysis's budget beyond the weights). Neither it nor ``[model].device`` is
+part of the study's identity: a run may be resumed by another executor, on another device. The
+``[model].dtype`` is: results in bfloat16 are not those in float32.
 
 Every mistake is a one-line ``ValueError`` naming the key, e.g. ``[ablation].method``.
 """
@@ -45,8 +50,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS
+from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.probes import MIN_SEQ_LEN
 from interp.errors import UserError
+from interp.loading import DTYPES
 
 TARGET_KINDS = ("each_head", "each_layer", "cumulative")
 PROMPT_KINDS = ("repeated", "text")
@@ -56,12 +63,13 @@ EXECUTORS = ("local", "ray")
 
 # section -> its keys, in the order that orders a grid's cells
 _ALLOWED = {
-    "model": ("spec", "impl"),
+    "model": ("spec", "impl", "dtype"),
     "prompts": ("kind", "n", "seed", "seq_len", "file"),
     "ablation": ("method", "targets", "preserve_patterns", "seed"),
     "metric": ("kind", "correct", "incorrect"),
 }
-_RUN_KEYS = ("executor", "address", "workers")
+_RUN_KEYS = ("executor", "address", "workers", "memory_mb")
+_MODEL_RUN_KEYS = ("device",)  # [model] keys that say where, not what: outside the grid and the identity
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class StudySpec:
     metric: str
     correct: str | None
     incorrect: str | None
+    dtype: str = "float32"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +112,8 @@ class Study:
     executor: str = "local"
     address: str | None = None
     workers: int | None = None
+    device: str | None = None
+    memory_mb: float = DEFAULT_MEMORY_MB
 
     @property
     def is_grid(self) -> bool:
@@ -129,7 +140,7 @@ def _get(table: dict, section: str, key: str, kind, default=..., choices=None):
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         _fail(name, f"must be an integer, got {value!r}")
     if kind is not int and not isinstance(value, kind):
-        _fail(name, f"must be a {kind.__name__}, got {value!r}")
+        _fail(name, f"must be a {getattr(kind, '__name__', 'number')}, got {value!r}")
     if choices is not None and value not in choices:
         _fail(name, f"is {value!r}; allowed: {', '.join(choices)}")
     return value
@@ -153,7 +164,7 @@ def _targets(value) -> str | tuple[tuple[int, int], ...]:
 
 def _check_layout(data: dict) -> dict[str, dict]:
     """The spec's tables by section (missing ones empty), with unknown sections and keys refused."""
-    allowed = _ALLOWED | {"run": _RUN_KEYS}
+    allowed = _ALLOWED | {"run": _RUN_KEYS, "model": _ALLOWED["model"] + _MODEL_RUN_KEYS}
     for section in data:
         if section not in allowed:
             _fail(f"[{section}]", f"is not a known section; allowed: {', '.join(f'[{s}]' for s in allowed)}")
@@ -192,6 +203,7 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     spec = StudySpec(
         model=_get(model, "model", "spec", str, "toy"),
         impl=_get(model, "model", "impl", str, "auto", IMPLS),
+        dtype=_get(model, "model", "dtype", str, "float32", tuple(DTYPES)),
         prompt_kind=prompt_kind,
         n_prompts=n_prompts,
         prompt_seed=_get(prompts, "prompts", "seed", int, 0),
@@ -267,11 +279,19 @@ def parse_study(data: dict, base_dir: Path = Path(".")) -> Study:
     workers = _get(run, "run", "workers", int, None)
     if workers is not None and workers < 1:
         _fail("[run].workers", f"must be >= 1, got {workers}")
+    memory_mb = _get(run, "run", "memory_mb", (int, float), DEFAULT_MEMORY_MB)
+    if isinstance(memory_mb, bool) or not memory_mb > 0:
+        _fail("[run].memory_mb", f"must be a number above 0, got {memory_mb!r}")
+    cell_data = {s: t for s, t in data.items() if s != "run"}
+    if "model" in cell_data:
+        cell_data["model"] = {k: v for k, v in cell_data["model"].items() if k not in _MODEL_RUN_KEYS}
     return Study(
-        cells=_cells({s: t for s, t in data.items() if s != "run"}, tables, base_dir),
+        cells=_cells(cell_data, tables, base_dir),
         executor=_get(run, "run", "executor", str, "local", EXECUTORS),
         address=_get(run, "run", "address", str, None),
         workers=workers,
+        device=_get(tables["model"], "model", "device", str, None),
+        memory_mb=float(memory_mb),
     )
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from interp.convert.bloom import bloom_to_scratch
 from interp.errors import UserError
 from interp.convert.gpt2 import gpt2_to_scratch
@@ -49,13 +51,20 @@ def check_scratch_family(family: str) -> None:
                         f"{', '.join(CONVERTERS)}); use impl='transformer_lens' or leave impl unset")
 
 
-def from_hf(hf_model, tokenizer=None) -> GPTModel:
+def from_hf(hf_model, tokenizer=None, release: bool = False) -> GPTModel:
     """A ``GPTModel`` with the weights of an in-memory Hugging Face causal LM (logits equal its
-    eager forward); ``tokenizer``: its HF tokenizer (the byte tokenizer when None). The model keeps
-    the Hugging Face config as ``hf_config`` (``interp.random_models.random_like`` rebuilds the
-    same architecture from it, as the bridge's null does)."""
+    eager forward), in its dtype and on its device; ``tokenizer``: its HF tokenizer (the byte
+    tokenizer when None). The model keeps the Hugging Face config as ``hf_config``
+    (``interp.random_models.random_like`` rebuilds the same architecture from it, as the bridge's
+    null does). ``release=True``: the caller drops ``hf_model`` afterwards, so the model takes its
+    tensors as they are (no copy, where the layouts agree); by default the weights are copied and
+    ``hf_model`` stays independent of the result."""
     family = hf_model.config.model_type
     check_scratch_family(family)
     model = CONVERTERS[family](hf_model, tokenizer)
+    if not release:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.data = param.data.clone()
     model.hf_config = copy.deepcopy(hf_model.config)
     return model

@@ -13,10 +13,14 @@ the from-scratch one does not have.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from einops import rearrange
+from torch import nn
 
 from interp.errors import UserError
+from interp.hub import refuse_mismatched_tensors
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import as_tokenizer
 
@@ -146,8 +150,42 @@ def scratch_model(cfg: GPTConfig, state: dict[str, torch.Tensor], tokenizer, fam
         shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
         raise UserError(f"{family} weights {shown} have no place in the from-scratch model (it would run without "
                         "them); use impl='transformer_lens'")
-    model = GPTModel(cfg, as_tokenizer(tokenizer) if tokenizer is not None else None)
-    model.load_state_dict({name: tensor.detach().clone().contiguous() for name, tensor in state.items()})
+    state = {name: tensor.detach().contiguous() for name, tensor in state.items()}  # a copy only where strided
+    model = model_from_state(cfg, state, as_tokenizer(tokenizer) if tokenizer is not None else None, family)
     model.family = family
+    return model
+
+
+@contextmanager
+def parameters_on_meta():
+    """Inside it, every ``nn.Parameter`` a module registers is swapped for one on the meta device
+    (no memory, no initialisation: ``reset_parameters`` on meta does nothing), while buffers (the
+    causal mask, rotary frequencies, ALiBi slopes) are made as usual. A module's ``torch.empty``
+    weight is allocated but never touched, so it never becomes resident."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def model_from_state(cfg: GPTConfig, state: dict[str, torch.Tensor], tokenizer, source: str) -> GPTModel:
+    """``GPTModel(cfg, tokenizer)`` whose parameters ARE ``state``'s tensors (assigned, not copied:
+    loading costs the model's own size), in eval mode. ``state`` must name every parameter and
+    persistent buffer of the model and nothing else, each of its shape (else a one-line error naming
+    ``source``); a non-finite weight is refused. The model takes the tensors' dtype and device."""
+    with parameters_on_meta():
+        model = GPTModel(cfg, tokenizer)
+    expected = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    misshaped = [name for name in set(state) & set(expected) if state[name].shape != expected[name]]
+    refuse_mismatched_tensors(source, set(expected) - set(state), set(state) - set(expected), misshaped)
+    model.load_state_dict(state, strict=True, assign=True)
     model.check_finite()
     return model.eval()

@@ -1,0 +1,177 @@
+"""The spine (DESIGN 4.0): one run of one model on one batch, made once and read by every analysis.
+
+A ``Run`` holds the model, the token batch (batch, pos), the metric and its value on the unedited
+run (``baseline``), the activations later steps read (``cache``: hook name -> (batch, ...)) and,
+on a model that can start a forward part-way (``GPTModel``), the residual stream where it may start
+(``starts``: see ``analyses.interventions.engine.start_names``). It is made by ONE forward of the batch
+(``Run.make``; chunked over prompts only where ``memory_mb`` asks, still one pass), which may also
+feed *streaming consumers*: hooks that reduce an activation as the forward runs (classification's
+per-prompt pattern sums), so the whole activation need never be stored.
+
+Each analysis says what it reads as a small function returning hook names (``ablation_reads``,
+``direct_effect_reads``, ...), so a caller running several of them (the report) takes the union
+before the one forward. An activation a step asks for later (``Run.read``) is computed by a
+forward of only the blocks it needs, from the latest cached start before it.
+
+Interventions run on a ``Run``: the base run is the one that gets patched (its tokens, starts and
+baseline), the sources what gets written in (``analyses.interventions.engine.evaluate_variants``).
+Options shared by the intervention functions are one ``Options`` object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.hook_names import layer_of, resid_pre_name
+from analyses.interventions.engine import _Collected, start_names
+from analyses.core.metrics import Metric, evaluate_metric
+from analyses.core.progress import progress_bar
+from interp.errors import UserError
+
+Consumer = Callable[[torch.Tensor, slice], None]  # (activation of a chunk of prompts, its rows) -> None
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the intervention functions share beyond their inputs.
+
+    direction: "denoise" (run the corrupted prompts, patch in the clean run's activations) or
+    "noise" (the reverse); normalize: rescale a metric to (value - corrupted) / (clean - corrupted);
+    memory_mb: the memory one forward may add (not the weights); progress: see ``analyses.core.progress``."""
+
+    direction: str = "denoise"
+    normalize: bool = False
+    memory_mb: float = DEFAULT_MEMORY_MB
+    progress: bool | None = None
+
+    def but(self, **changes) -> "Options":
+        """A copy with ``changes``."""
+        return replace(self, **changes)
+
+
+@dataclass
+class Run:
+    """One model on one batch, run once (see the module docstring).
+
+    tokens: (batch, pos); metric: logits -> scalar, or None; baseline: the metric on this run (None
+    without one); cache: hook name -> activation (batch, ...); starts: ``start_names`` hook ->
+    residual (batch, pos, d_model) on a model that can start there, None elsewhere; reduced: what
+    streaming consumers left, by the key they were given."""
+
+    model: object
+    tokens: torch.Tensor
+    metric: Metric | None = None
+    baseline: float | None = None
+    cache: dict = field(default_factory=dict)
+    starts: dict | None = None
+    reduced: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, model, tokens: torch.Tensor, metric: Metric | None = None, names: Sequence[str] = (), *,
+             consumers: Sequence[tuple[str, Consumer]] = (), reducers: Mapping[str, object] | None = None,
+             starts: bool = True,
+             memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False, desc: str = "run") -> "Run":
+        """One forward of ``tokens`` (batch, pos), in chunks of prompts that fit ``memory_mb``,
+        keeping ``names`` (and with ``starts`` the ``start_names`` residuals), calling each
+        consumer ``(hook name, fn(activation (chunk, ...), rows))`` as the forward passes the hook,
+        and evaluating ``metric`` on the logits. ``reducers``: key -> an object with ``hooks()``
+        (consumers) and ``result()``, left in ``reduced[key]``. Without a metric the forward stops
+        once the last wanted hook has fired (no unembedding)."""
+        reducers = dict(reducers or {})
+        consumers = [*consumers, *(hook for reducer in reducers.values() for hook in reducer.hooks())]
+        resid_names = start_names(model) if starts else []
+        kept_names = list(dict.fromkeys([*names, *resid_names]))
+        by_name: dict[str, list[Consumer]] = {}
+        for name, consumer in consumers:
+            by_name.setdefault(name, []).append(consumer)
+        wanted = set(kept_names) | set(by_name)
+        n_patterns = sum(1 for name in by_name if name.endswith("hook_pattern"))
+        size = rows_within(model, tokens.shape[1], memory_mb, logits=metric is not None, kept_patterns=n_patterns)
+        kept: dict[str, list[torch.Tensor]] = {name: [] for name in kept_names}
+        logits = []
+        for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
+            rows = slice(start, start + size)
+            fired = set()
+
+            def hook_for(name):
+                def hook(activation, hook):  # the name is bound here: hook.name may be a backend alias
+                    fired.add(name)
+                    if name in kept:
+                        kept[name].append(activation.detach())
+                    for consumer in by_name.get(name, ()):
+                        consumer(activation.detach(), rows)
+                    if metric is None and len(fired) == len(wanted):
+                        raise _Collected
+
+                return hook
+
+            try:
+                with torch.no_grad(), model.hooks(fwd_hooks=[(name, hook_for(name)) for name in wanted]):
+                    logits.append(model(tokens[rows]))
+            except _Collected:
+                pass
+        cache = {name: _joined(parts) for name, parts in kept.items()}
+        baseline = evaluate_metric(metric, _joined(logits)).item() if metric is not None else None
+        run_starts = {name: cache.pop(name) for name in resid_names if name not in names} if resid_names else None
+        if run_starts is not None:
+            run_starts |= {name: cache[name] for name in resid_names if name in names}
+        return cls(model, tokens, metric, baseline, cache, run_starts,
+                   {key: reducer.result() for key, reducer in reducers.items()})
+
+    def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """{name: activation (batch, ...)} for ``names``: from the cache, and what is missing from one
+        forward of only the blocks it needs, starting at the latest cached start at or before the
+        earliest missing hook (the whole model where there is none), kept in the cache after."""
+        missing = [name for name in dict.fromkeys(names) if name not in self.cache and name not in (self.starts or {})]
+        if missing:
+            self.cache |= self._suffix_cache(missing)
+        return {name: self.cache[name] if name in self.cache else self.starts[name] for name in names}
+
+    def _suffix_cache(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        start = resid_pre_name(min(layer_of(name) for name in names))
+        kept, wanted = {}, set(names)
+
+        def keeper(name):
+            def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
+                kept[name] = activation.detach()
+                if len(kept) == len(wanted):
+                    raise _Collected
+
+            return keep
+
+        try:
+            with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, keeper(name)) for name in wanted]):
+                if self.starts is None or start not in self.starts:
+                    self.model(self.tokens)
+                else:
+                    self.model(self.starts[start], start_at_layer=layer_of(start))
+        except _Collected:
+            pass
+        return kept
+
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        """Refuse, in one line, ``tokens`` (batch, pos) other than this run's."""
+        if tokens.shape != self.tokens.shape or not torch.equal(tokens.to(self.tokens.device), self.tokens):
+            raise UserError(f"the prompts {tuple(tokens.shape)} are not those this run was made of "
+                            f"{tuple(self.tokens.shape)}; make a Run of them")
+
+    def value(self, metric: Metric) -> float:
+        """The metric on this run: the baseline for the run's own metric; another one's from the
+        logits of a forward of the last block only (the whole model where it cannot start there)."""
+        if metric is self.metric:
+            return self.baseline
+        last = resid_pre_name(self.model.cfg.n_layers - 1)
+        with torch.no_grad():
+            if self.starts is not None and last in self.starts:
+                logits = self.model(self.starts[last], start_at_layer=self.model.cfg.n_layers - 1)
+            else:
+                logits = self.model(self.tokens)
+        return evaluate_metric(metric, logits).item()
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
