@@ -6,6 +6,7 @@ import circle among the modules, counting the imports inside functions too."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,29 @@ def test_interp_keeps_its_public_names(name):
     import interp
 
     assert hasattr(interp, name)
+
+
+def room_entries(page: str) -> dict[str, str]:
+    """The layer diagram of docs/architecture.md: each room's entry (its line and the indented lines
+    that continue it), by room."""
+    diagram = page.split("## The layers", 1)[1].split("```")[1]
+    entries, current = {}, None
+    for line in diagram.splitlines():
+        found = [r for r in FLOORS if f"analyses/{r}/" in line]
+        if found:
+            current = found[0]
+            entries[current] = line
+        elif current and line.startswith(" " * 20) and line.strip():
+            entries[current] += " " + line
+        else:
+            current = None
+    return entries
+
+
+def test_the_architecture_page_names_every_room_and_module():
+    """docs/architecture.md's picture stays true: each room's entry names each of its modules."""
+    entries = room_entries((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert set(entries) == set(FLOORS)
+    missing = [name for name in GRAPH if room(name) and name.count(".") == 2
+               and not re.search(rf"\b{name.split('.')[-1]}\b", entries[room(name)])]
+    assert missing == []

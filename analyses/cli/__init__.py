@@ -20,6 +20,7 @@ _COMMANDS = [
     "analyses.cli.report",
     "analyses.cli.attention_map",
     "analyses.cli.interventions",
+    "analyses.cli.study",
     "analyses.cli.check",
     "analyses.cli.circuit",
     "analyses.cli.compare",

@@ -1,7 +1,7 @@
-"""``interp ablate``, ``interp patch`` and ``interp study run [--ray [ADDRESS]]``: each writes a CSV and a PNG; ablate
-and patch also a ``meta.json`` recording the model (spec, family, impl, weights hash) and the
-arguments. Text prompts follow ``analyses.core.tokens``' rule: texts of unequal lengths are right-padded
-and only their real tokens count in the loss."""
+"""``interp ablate`` and ``interp patch``: each writes a CSV, a PNG and a ``meta.json`` recording
+the model (spec, family, impl, weights hash) and the arguments. Text prompts follow
+``analyses.core.tokens``' rule: texts of unequal lengths are right-padded and only their real tokens
+count in the loss."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from analyses.cli.args import add_model_args, load_cli_model
 from analyses.report.meta import model_meta, write_meta
 from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
 from analyses.core.probes import check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
-from analyses.studies.runner import run_study
 from analyses.core.tokens import as_tokens, single_token_id
 from interp.errors import UserError
 
@@ -61,19 +60,6 @@ def register(subparsers) -> None:
     patch.add_argument("--shortlist", type=int, metavar="K",
                        help="attribution ranks all heads, exact patching confirms the top K")
     patch.set_defaults(func=run_patch)
-
-    study = subparsers.add_parser("study", help="scripted ablation studies from a TOML spec")
-    study_commands = study.add_subparsers(dest="study_command", required=True, metavar="SUBCOMMAND")
-    run = study_commands.add_parser("run", help="run a study spec; rows go to OUT/results.csv as computed")
-    run.add_argument("spec", type=Path)
-    run.add_argument("--out", type=Path, required=True)
-    run.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT")
-    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                     help="compute rows on Ray actors (pip install 'interp[ray]'): a cluster's HOST:PORT, "
-                          "or none for the spec's [run].address, else a local instance")
-    run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, else per CPU)")
-    run.add_argument("--quiet", action="store_true")
-    run.set_defaults(func=run_study_command)
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
@@ -177,11 +163,4 @@ def run_patch(args) -> int:
     png_path = save_figure(figure, args.out / "patching.png")
     _write_meta(model, args)
     print(f"wrote {csv_path} and {png_path}")
-    return 0
-
-
-def run_study_command(args) -> int:
-    results = run_study(args.spec, args.out, resume=args.resume, progress=_progress(args),
-                        executor=None if args.ray is None else "ray", address=args.ray or None, workers=args.workers)
-    print(f"wrote {results} and {results.with_name('results.png')}")
     return 0
