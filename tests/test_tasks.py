@@ -217,7 +217,7 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
 
 
 def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):
-    from analyses.cli.tasks import task_dla
+    from analyses.report.task_page import task_dla
 
     task = Task("sets", ("x = (1", "y = [2, 3"), ("x = [1", "y = (2, 3"), ((ord(")"), ord("]")), (ord("]"),)),
                 ((ord("}"),), (ord(")"), ord("}"), ord(">"))))
@@ -229,7 +229,7 @@ def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi", "opt", "gpt_neo"])
 def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
-    from analyses.cli.tasks import analyse_task, write_task_page
+    from analyses.report.task_page import analyse_task, write_task_page
 
     model = load_model(family_dir(family))
     path = tmp_path / "pairs.jsonl"
@@ -280,7 +280,7 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
     last token to the open bracket, its mean ablation erases the bracket-type logit difference, and
     path patching and edge attribution agree on the circuit's strongest edges. No identifier recall."""
     from analyses.interventions.ablation import ablation_sweep
-    from analyses.cli.tasks import analyse_task
+    from analyses.report.task_page import analyse_task
 
     code = load_model("code")
     task = make_task(code, "brackets")
@@ -308,7 +308,7 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
 @pytest.mark.parametrize("family", ["llama", "opt"])  # a from-scratch family and a bridge-only one
 @pytest.mark.parametrize("name", ["ioi", "greater-than", "induction-text"])
 def test_the_built_in_tasks_run_on_random_models_of_other_families(family, name, family_dir):
-    from analyses.cli.tasks import analyse_task
+    from analyses.report.task_page import analyse_task
 
     model = load_model(family_dir(family))
     task = make_task(model, name, n=2)
