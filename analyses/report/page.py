@@ -2,7 +2,7 @@
 Markdown twin, built from a list of ``Section``s.
 
 The HTML page is one self-contained file that makes no network request: its figures are base64
-PNGs, its style and script (``report_assets/``) and CircuitsVis's browser bundle are inlined, and
+PNGs, its style and script (``analyses/report/assets/``) and CircuitsVis's browser bundle are inlined, and
 the attention patterns it shows are stored in the page, compactly: for each stored text, the
 lower triangle of every head's (q, k) pattern quantised to uint8 (value x 255, rounded), base64.
 The same inputs give the same bytes.
