@@ -30,7 +30,7 @@ from analyses.classify import (DEFAULT_THRESHOLD, MEASURES, ROLES, bootstrap_rat
 from analyses.hook_names import pattern_names
 from analyses.interventions import cache_run
 from analyses.outputs import model_meta
-from analyses.plots import png_bytes, role_heatmaps
+from analyses.plots import new_figure, png_bytes, role_heatmaps
 from analyses.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.progress import progress_bar
 from analyses.report import display_probe
@@ -258,7 +258,7 @@ def training_figure(frame: pd.DataFrame, measures: Sequence[str] = ("previous_to
     """One panel per measure: every head's score against the training step (a line per head; the
     three that end highest in colour with their intervals, the others grey), the phase change
     visible head by head."""
-    figure = Figure(figsize=(6 * len(measures), 4.2))
+    figure = new_figure(figsize=(6 * len(measures), 4.2))
     axes = figure.subplots(1, len(measures), squeeze=False)[0]
     for ax, measure in zip(axes, measures):
         rows = frame[frame["measure"] == measure]

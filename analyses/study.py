@@ -50,6 +50,7 @@ from analyses.probes import check_prompt_count, probes_for
 from analyses.progress import progress_bar
 from analyses.study_spec import EXECUTORS, Cell, Study, StudySpec, load_spec
 from analyses.tokens import encode, read_text_lines, single_token_id
+from analyses.plots import new_figure
 from interp import load_model, provenance
 from interp.files import write_atomic
 from interp.errors import UserError
@@ -393,7 +394,7 @@ def grid_figure(frame: pd.DataFrame, title: str) -> Figure:
     when every cell is a cumulative study; else a cell x target heatmap of the effect, both axes in
     row order."""
     if "fraction" in frame:
-        fig = Figure(figsize=(7, 4), layout="constrained")
+        fig = new_figure(figsize=(7, 4), layout="constrained")
         ax = fig.subplots()
         sns.lineplot(data=frame, x="fraction", y="metric", hue="cell", marker="o", ax=ax)
         ax.set_title(title)
