@@ -37,6 +37,8 @@ from analyses.circuits.composition import KINDS, composition_scores, head_label
 from analyses.core.metrics import Metric, loss_metric
 from analyses.circuits.path_patching import KEY_COLUMNS, VIAS, check_vias, path_patch
 from analyses.core.probes import RepeatedProbes, corrupt_first_copy
+from analyses.interventions.run import Run
+from analyses.core.plots import new_figure
 from interp.errors import UserError
 
 Head = tuple[int, int]
@@ -47,7 +49,8 @@ _COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", 
 
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
                   via: str | Sequence[str] = VIAS, direction: str = "noise", baseline_samples: int = 100,
-                  seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                  seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                  base_run: Run | None = None) -> pd.DataFrame:
     """Every edge from ``senders`` to later ``receivers`` through each of ``via``, one row each.
 
     Args:
@@ -58,6 +61,7 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
         via: "q", "k", "v", "logits" or several.
         direction: "noise" (default: the clean run, one edge corrupted) or "denoise".
         baseline_samples, seed: the composition scores' random baseline.
+        base_run: a ``Run`` of the prompts path patching edits (clean when noising), see ``path_patch``.
 
     Returns ``sender_layer, sender_head, receiver_layer, receiver_head, via`` (a logits edge's
     receiver is ``(n_layers, -1)``), ``composition``, ``composition_minus_baseline`` (NaN for
@@ -66,7 +70,7 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
     """
     vias = check_vias(via)
     paths = path_patch(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=vias,
-                       direction=direction, memory_mb=memory_mb, progress=progress)
+                       direction=direction, memory_mb=memory_mb, progress=progress, base_run=base_run)
     kinds = [v for v in vias if v in KINDS]
     if not kinds:
         return paths.assign(composition=float("nan"), composition_minus_baseline=float("nan"))[_COLUMNS]
@@ -170,7 +174,7 @@ def circuit_figure(edges: pd.DataFrame, *, top: int = 12, value: str = "effect",
         roles = dict(zip(senders, shown["sender_role"])) | dict(zip(receivers, shown["receiver_role"]))
     positions = _node_positions(sorted(set(senders) | set(receivers)))
     per_layer = Counter(x for x, _ in positions.values())
-    figure = Figure(figsize=(2.6 * len(per_layer) + 2.5, 0.9 * max(per_layer.values()) + 2.2), layout="constrained")
+    figure = new_figure(figsize=(2.6 * len(per_layer) + 2.5, 0.9 * max(per_layer.values()) + 2.2), layout="constrained")
     ax = figure.subplots()
     largest = float(shown[value].abs().max()) or 1.0
     for sender, receiver, via, size in reversed(list(zip(senders, receivers, shown["via"], shown[value]))):
@@ -235,14 +239,16 @@ def induction_pair(probes: RepeatedProbes, seed: int = 0) -> tuple[torch.Tensor,
 def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sender_role: str | None = None,
                     receiver_role: str | None = None, via: str | Sequence[str] = VIAS, direction: str = "noise",
                     top: int = 12, baseline_samples: int = 100, seed: int = 0,
-                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> CircuitSection:
+                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                    run: Run | None = None) -> CircuitSection:
     """The circuit among a head-role table's heads on the probes' induction pair.
 
     ``table``: ``layer, head, role`` (``analyses.assign_roles``, or the report's head table);
     senders are the heads with ``sender_role`` (None: any role), receivers those with
     ``receiver_role``. The metric is the loss on the probes' predictable tokens, so an edge's
     ``effect`` > 0 under noising means the loss rises without it. With no head chosen the section
-    has no edges and no figure.
+    has no edges and no figure. ``run``: a ``Run`` of the probes, which noising path patching edits
+    (it runs the clean probes) instead of running them again.
     """
     senders, receivers = role_heads(table, sender_role), role_heads(table, receiver_role)
     if not senders or not receivers:
@@ -251,7 +257,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     clean, corrupted, metric = induction_pair(probes, seed)
     edges = circuit_edges(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                           direction=direction, baseline_samples=baseline_samples, seed=seed, memory_mb=memory_mb,
-                          progress=progress)
+                          progress=progress, base_run=run if direction == "noise" else None)
     edges = with_roles(edges, table)
     title = f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"
     return CircuitSection(edges, circuit_figure(edges, top=top, title=title), senders, receivers)

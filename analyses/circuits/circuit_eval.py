@@ -39,6 +39,7 @@ from analyses.circuits.eap_ig import eap_ig
 from analyses.circuits.edge_attribution import edge_attribution
 from analyses.core.metrics import Metric
 from analyses.circuits.path_patching import KEY_COLUMNS, path_patch
+from analyses.core.plots import new_figure
 from interp.errors import UserError
 
 Component = tuple[str, int, int]  # (kind, layer, head); an MLP's head is -1
@@ -75,8 +76,7 @@ def program_inputs(vocab: Sequence, length: int, max_prompts: int = 128, seed: i
 def curve_figure(curves: pd.DataFrame, title: str = ""):
     """Faithfulness against circuit size, one line per node method (``evaluate_discovery``'s curves)."""
     import seaborn as sns
-    from matplotlib.figure import Figure
-    figure = Figure(figsize=(5, 3.5))
+    figure = new_figure(figsize=(5, 3.5))
     ax = figure.subplots()
     sns.lineplot(data=curves, x="size", y="faithfulness", hue="method", marker="o", ax=ax)
     ax.set(xlabel="components kept (top-k by score)", ylabel="faithfulness", title=title)

@@ -44,6 +44,7 @@ from matplotlib.figure import Figure
 
 from analyses.interventions.engine import check_heads
 from analyses.core.progress import progress_bar
+from analyses.core.plots import new_figure
 from interp.errors import UserError
 from interp.weights import expand_kv_heads
 
@@ -240,7 +241,7 @@ def composition_figure(frame: pd.DataFrame, value: str = "score_minus_baseline")
     labelled = frame.assign(sender=head_labels(frame, "sender"), receiver=head_labels(frame, "receiver"))
     n_senders, n_receivers = labelled["sender"].nunique(), labelled["receiver"].nunique()
     side = min(10.0, max(3.0, 0.3 * max(n_senders, n_receivers) + 1.5))
-    figure = Figure(figsize=(side * len(kinds) + 1, side), layout="constrained")
+    figure = new_figure(figsize=(side * len(kinds) + 1, side), layout="constrained")
     axes = figure.subplots(1, len(kinds), squeeze=False)[0]
     limit = float(labelled[value].abs().max()) or 1.0
     order = {"sender": list(dict.fromkeys(labelled["sender"])), "receiver": list(dict.fromkeys(labelled["receiver"]))}

@@ -48,11 +48,10 @@ from einops import einsum, rearrange
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import check_hooks, require_edit
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
-from analyses.interventions.engine import (
-    base_run, cache_run, check_heads, collect_variants, evaluate_variants, rows_per_chunk,
-)
-from analyses.core.metrics import Metric, evaluate_metric
-from analyses.interventions.patching import base_and_source, normalize_values
+from analyses.interventions.engine import check_heads, collect_variants, evaluate_variants, rows_per_chunk
+from analyses.core.metrics import Metric
+from analyses.interventions.patching import base_and_source
+from analyses.interventions.run import Contrast, Run, normalize_values
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 
@@ -174,40 +173,39 @@ def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tens
 
 
 @dataclass
-class PathSetup:
-    """The two runs of a path-patching experiment.
+class PathSetup(Contrast):
+    """The two runs of a path-patching experiment: a ``Contrast`` whose base run is the one every
+    patched run processes (corrupted when denoising), plus what is path patching's own:
+    ``cache``, what the edges' patched runs read of the base run (``path_reads``), and
+    ``writes``, each sender's source-minus-base write, (layer * head, batch, pos, d_model)."""
 
-    base: tokens (batch, pos) every patched run processes (corrupted when denoising).
-    cache: the base run's activations (residual entering each layer, q/k/v, final residual).
-    starts: the base run's residual entering each layer, on a model that can start there.
-    writes: each sender's source-minus-base write, (layer * head, batch, pos, d_model).
-    clean_value / corrupted_value: the metric on the unpatched clean / corrupted runs.
-    base_value: the metric of the unpatched run that is patched.
-    """
-
-    base: torch.Tensor
-    cache: dict
-    starts: dict | None
-    writes: torch.Tensor
-    clean_value: float
-    corrupted_value: float
-    base_value: float
+    cache: dict | None = None
+    writes: torch.Tensor | None = None
 
 
-def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str) -> PathSetup:
-    """Run clean and corrupted once each; cache what the edges' patched runs read."""
-    base, source = base_and_source(model, clean, corrupted, direction)
+def path_reads(model, edges: Edges) -> list[str]:
+    """The hooks of the base run that path patching of ``edges`` reads: every ``hook_z``, the
+    receivers' layers' ``hook_resid_pre`` and q/k/v, and the final residual for "logits" edges."""
     logits = edges.table[:, 4] == VIAS.index("logits")
     layers = np.unique(edges.table[~logits, 2]).tolist()
     names = [name for layer in layers for name in (resid_pre_name(layer), *(qkv_name(layer, w) for w in QKV))]
-    names += [final_resid_name(model)] if logits.any() else []
-    source_logits, source_z = cache_run(model, source, z_names(model))
-    base_logits, cache, starts = base_run(model, base, [*z_names(model), *names])
-    writes = head_writes(model, [source_z[n] for n in z_names(model)], [cache[n] for n in z_names(model)])
-    source_value = evaluate_metric(metric, source_logits).item()
-    base_value = evaluate_metric(metric, base_logits).item()
-    clean_value, corrupted_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)
-    return PathSetup(base, cache, starts, writes, clean_value, corrupted_value, base_value)
+    return [*z_names(model), *names, *([final_resid_name(model)] if logits.any() else [])]
+
+
+def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str, *,
+                  base_run: Run | None = None) -> PathSetup:
+    """Run clean and corrupted once each; cache what the edges' patched runs read (``base_run``: a
+    ``Run`` of the base prompts, corrupted when denoising, that serves instead of a forward; what
+    it lacks is read by a forward of only the blocks it needs)."""
+    base, source = base_and_source(model, clean, corrupted, direction)
+    names = path_reads(model, edges)
+    source_run = Run.make(model, source, metric, z_names(model), starts=False)
+    if base_run is None:
+        base_run = Run.make(model, base, metric, names)
+    base_run.check_tokens(base)
+    cache = base_run.read(names)
+    writes = head_writes(model, [source_run.cache[n] for n in z_names(model)], [cache[n] for n in z_names(model)])
+    return PathSetup(base_run, metric, {}, base_run.value(metric), source_run.baseline, direction, cache, writes)
 
 
 def _write(setup: PathSetup, head: Head) -> torch.Tensor:
@@ -224,7 +222,7 @@ def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, 
         for sender, via in paths
     ]
     sources = {qkv_name(layer, w): setup.cache[qkv_name(layer, w)] for w in QKV}
-    z = collect_variants(model, setup.base, variants, sources, [z_name(layer)], starts=setup.starts,
+    z = collect_variants(model, setup.tokens, variants, sources, [z_name(layer)], starts=setup.starts,
                          memory_mb=memory_mb)
     return dict(zip(paths, z[z_name(layer)]))
 
@@ -254,7 +252,7 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
     for i, edge in enumerate(listed):
         by_layer[edge.receiver[0]].append(i)
     values = torch.empty(len(edges))
-    chunk = rows_per_chunk(model, *setup.base.shape, memory_mb)
+    chunk = rows_per_chunk(model, *setup.tokens.shape, memory_mb)
     with progress_bar(total=len(edges), progress=progress, desc="path patching", leave=False) as bar:
         for layer, members in sorted(by_layer.items()):
             paths = list(dict.fromkeys((listed[i].sender, listed[i].via) for i in members if listed[i].via in QKV))
@@ -262,7 +260,7 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
             for start in range(0, len(members), chunk):
                 part = members[start:start + chunk]
                 variants = edge_variants(model, setup, [listed[i] for i in part], z)
-                values[part] = evaluate_variants(model, setup.base, variants, {}, metric, starts=setup.starts,
+                values[part] = evaluate_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts,
                                                  memory_mb=memory_mb, progress=False)
                 bar.update(len(part))
     return values
@@ -288,6 +286,7 @@ def path_patch(
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
+    base_run: Run | None = None,
 ) -> pd.DataFrame:
     """Exact path patching of every edge (see the module docstring) -> one row per edge, sorted
     by sender, receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via``
@@ -300,17 +299,18 @@ def path_patch(
     None for all heads; ``via``: "q", "k", "v", "logits" or a sequence of them; ``direction``:
     "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse). Equals
     TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision.
+    ``base_run``: a ``Run`` of the base prompts (see ``prepare_paths``).
     """
     edges = edges_of(model, senders, receivers, via)
     require_path_edits(model, edges, "path_patch")
-    setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
+    setup = prepare_paths(model, clean, corrupted, metric, edges, direction, base_run=base_run)
     values = path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress)
     return path_frame(setup, edges, values, normalize)
 
 
 def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:
     """Edges and their path-patched metric -> the frame ``path_patch`` returns."""
-    base = torch.tensor(setup.base_value)
+    base = torch.tensor(setup.baseline)
     if normalize:
         values = normalize_values(values, setup.clean_value, setup.corrupted_value)
         base = normalize_values(base, setup.clean_value, setup.corrupted_value)

@@ -57,6 +57,7 @@ from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_n
 from analyses.interventions.engine import base_run, check_choice, evaluate_variants
 from analyses.core.metrics import evaluate_metric, loss_metric
 from analyses.interventions.patching import mlp_out_names, patch_heads, patch_mlps
+from analyses.core.plots import new_figure
 from interp.errors import UserError
 
 EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"
@@ -371,7 +372,7 @@ def head_grid(frame: pd.DataFrame, value: str = "dla") -> pd.DataFrame:
 def dla_heatmap(frame: pd.DataFrame, title: str = "direct logit attribution") -> Figure:
     """Layer x head heatmap (plus each layer's MLP) of the mean DLA of a ``direct_logit_attribution`` frame."""
     grid = head_grid(frame)
-    figure = Figure(figsize=(0.6 * grid.shape[1] + 2.2, 0.5 * grid.shape[0] + 1.5))
+    figure = new_figure(figsize=(0.6 * grid.shape[1] + 2.2, 0.5 * grid.shape[0] + 1.5))
     ax = figure.subplots()
     sns.heatmap(grid.astype(float), ax=ax, center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14, fmt=".2f",
                 annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
@@ -387,7 +388,7 @@ def logit_lens_figure(lens: pd.DataFrame) -> Figure:
     ``logit_lens`` frame."""
     summary = lens.assign(top=lens["rank"] == 0).groupby(["layer", "stage"], sort=True)[["log_prob", "top"]].mean()
     summary = summary.reset_index()
-    figure = Figure(figsize=(8, 3))
+    figure = new_figure(figsize=(8, 3))
     left, right = figure.subplots(1, 2)
     for ax, column, label in ((left, "log_prob", "mean log-prob of the answer"), (right, "top", "answer is top-1")):
         sns.lineplot(summary, x="stage", y=column, marker="o", ax=ax, sort=False)
@@ -454,7 +455,7 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
 def attention_vs_mlp_figure(frame: pd.DataFrame) -> Figure:
     """Direct (x) against total (y) effect of every head and MLP of an ``attention_vs_mlp`` frame,
     labelled, with each layer's heads summed beside its MLP on the right."""
-    figure = Figure(figsize=(10, 4))
+    figure = new_figure(figsize=(10, 4))
     left, right = figure.subplots(1, 2)
     sns.scatterplot(frame, x="direct", y="total", hue="kind", style="kind", ax=left)
     for row in frame.itertuples():

@@ -12,9 +12,20 @@ from typing import Sequence
 import pandas as pd
 import seaborn as sns
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 DPI = 100
+
+
+def new_figure(**options) -> Figure:
+    """``matplotlib.figure.Figure(**options)`` with its own Agg canvas. A bare ``Figure`` has none, so
+    every text measurement (seaborn checks each tick label for overlap) renders a fresh full-size
+    renderer: on a 144-head similarity heatmap that took minutes and grew the process by gigabytes
+    (the 23 GB of issue 24); with a canvas the renderer is made once. Same PNG bytes."""
+    figure = Figure(**options)
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def png_bytes(figure: Figure, description: str | None = None) -> bytes:
@@ -44,7 +55,7 @@ def role_heatmaps(table: pd.DataFrame, columns: Sequence[str],
     n_cols = min(3, len(columns))
     n_rows = math.ceil(len(columns) / n_cols)
     cell = max(0.35, min(0.7, 6 / n_heads))
-    figure = Figure(figsize=(n_cols * (n_heads * cell + 1.8), n_rows * (n_layers * cell + 1.2)))
+    figure = new_figure(figsize=(n_cols * (n_heads * cell + 1.8), n_rows * (n_layers * cell + 1.2)))
     axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
     for ax, column in zip(axes, columns):
         grid = table.pivot(index="layer", columns="head", values=column).reindex(index=range(n_layers), columns=range(n_heads))
@@ -70,7 +81,7 @@ def attention_grid(patterns: torch.Tensor, str_tokens: Sequence[str], titles: Se
     n_rows = math.ceil(n / n_cols)
     labels = [token_label(t) for t in str_tokens]
     side = max(3.0, 0.16 * len(labels) + 1.0)
-    figure = Figure(figsize=(n_cols * side, n_rows * side + (0.4 if suptitle else 0)))
+    figure = new_figure(figsize=(n_cols * side, n_rows * side + (0.4 if suptitle else 0)))
     axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
     for ax, pattern, title in zip(axes, patterns.detach().float().cpu().numpy(), titles):
         ax.imshow(pattern, vmin=0.0, vmax=vmax, cmap="Blues")

@@ -43,14 +43,13 @@ from analyses.interventions.engine import (
     cache_run,
     check_choice,
     check_heads,
-    evaluate_variants,
     head_cells,
     linear_effects,
     metric_gradients,
 )
 from analyses.core.metrics import Metric, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
-from analyses.interventions.run import Run
+from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.tokens import as_batch
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
@@ -66,32 +65,14 @@ FROM_OTHER_PROMPTS = {
 
 
 @dataclass
-class Ablation:
-    """Everything an ablation sweep needs, computed once.
-
-    base: the unablated ``Run`` of the prompts (its model, tokens (batch, pos) and starts). sources:
-    replacement per edited hook name: ``hook_z`` (batch or 1, pos, head, d_head); with
-    ``preserve_patterns`` also each ``hook_pattern`` of the unablated run. baseline: the metric
-    unablated.
+class Ablation(Contrast):
+    """Everything an ablation sweep needs, computed once: a ``Contrast`` whose base is the
+    unablated ``Run`` of the prompts and whose sources replace ``hook_z`` (batch or 1, pos, head,
+    d_head), with ``preserve_patterns`` also each ``hook_pattern`` of the unablated run.
+    baseline: the metric unablated.
     """
 
-    base: Run
-    metric: Metric
-    sources: dict
-    baseline: float
-    preserve_patterns: bool
-
-    @property
-    def model(self):
-        return self.base.model
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self.base.tokens
-
-    @property
-    def starts(self) -> dict | None:
-        return self.base.starts
+    preserve_patterns: bool = False
 
     def variant(self, heads: Sequence[tuple[int, int]]) -> Variant:
         """Cells ablating ``heads``; patterns are frozen from the first ablated layer on (earlier
@@ -111,10 +92,7 @@ class Ablation:
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
             variants = [self.variant(head_sets[i]) for i in todo]
-            values[todo] = evaluate_variants(
-                self.model, self.tokens, variants, self.sources, self.metric,
-                starts=self.starts, memory_mb=memory_mb, progress=progress, desc=desc,
-            ).double()
+            values[todo] = self.evaluate(variants, Options(memory_mb=memory_mb, progress=progress), desc).double()
         return values
 
     def importance(self) -> torch.Tensor:
@@ -252,7 +230,7 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
                                                                    preserve_patterns=preserve_patterns))
     sources = replacement_z(model, batch, method, reference, seed, places, run)
     pattern_cache = run.read(pattern_names(model)) if preserve_patterns else {}
-    return Ablation(run, metric, sources | pattern_cache, run.value(metric), preserve_patterns)
+    return Ablation(run, metric, sources | pattern_cache, run.value(metric), preserve_patterns=preserve_patterns)
 
 
 def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,

@@ -18,7 +18,8 @@ from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
 from analyses.interventions.engine import activation_gradients, cache_run, linear_effects, metric_gradients
 from analyses.core.metrics import Metric, evaluate_metric
-from analyses.interventions.patching import base_and_source, mlp_out_names, normalize_values, patch_specific_heads, prepare
+from analyses.interventions.patching import base_and_source, mlp_out_names, patch_specific_heads, prepare
+from analyses.interventions.run import Options, normalize_values
 from interp.errors import UserError
 
 
@@ -129,18 +130,18 @@ def shortlist_patch_heads(
     if not 0 <= k <= n_layers * n_heads:
         raise UserError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
     names = z_names(model)
-    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
-    value, z, grads = metric_gradients(model, setup.base, metric)
-    estimate = value + linear_effects(grads, z, [setup.sources[name] for name in names]).sum(dim=1).cpu()
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    value, z, grads = metric_gradients(model, contrast.tokens, metric)
+    estimate = value + linear_effects(grads, z, [contrast.sources[name] for name in names]).sum(dim=1).cpu()
     order = (estimate - value).abs().flatten().argsort(descending=True, stable=True)
     heads = [divmod(int(i), n_heads) for i in order]
     frame = pd.DataFrame(heads, columns=["layer", "head"])
     frame.insert(0, "rank", range(len(frame)))
     frame["attribution"] = estimate.flatten()[order].numpy()
-    exact = patch_specific_heads(model, setup, metric, heads[:k], memory_mb=memory_mb, progress=progress)
+    exact = patch_specific_heads(contrast, heads[:k], Options(direction, normalize, memory_mb, progress))
     frame["value"] = torch.cat([exact, estimate.flatten()[order][k:]]).numpy()
     frame["exact"] = frame["rank"] < k
     if normalize:
         for column in ("attribution", "value"):
-            frame[column] = setup.normalize(torch.tensor(frame[column].to_numpy())).numpy()
+            frame[column] = contrast.normalize(torch.tensor(frame[column].to_numpy())).numpy()
     return frame

@@ -19,7 +19,6 @@ chunked to ``memory_mb``; on ``GPTModel`` only the layers from the patched one o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import product
 
 import pandas as pd
@@ -29,39 +28,13 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import (mlp_out_name, pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name,
                                  z_names)
-from analyses.interventions.engine import Variant, base_run, cache_run, check_choice, evaluate_variants, head_cells
-from analyses.core.metrics import Metric, evaluate_metric
+from analyses.interventions.engine import Edit, Variant, check_choice, head_cells
+from analyses.core.metrics import Metric
+from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.tokens import as_tokens
 from interp.errors import UserError
 
 DIRECTIONS = ("denoise", "noise")
-
-
-@dataclass
-class PatchSetup:
-    """The two runs of a patching experiment.
-
-    base: tokens (batch, pos) that every patched run processes (corrupted when denoising).
-    sources: the other run's activations by hook name.
-    starts: the base run's residual entering each layer, on a model that can start there.
-    clean_value / corrupted_value: the metric on the unpatched clean / corrupted runs.
-    """
-
-    base: torch.Tensor
-    sources: dict
-    starts: dict | None
-    clean_value: float
-    corrupted_value: float
-
-    def normalize(self, values: torch.Tensor) -> torch.Tensor:
-        return normalize_values(values, self.clean_value, self.corrupted_value)
-
-
-def normalize_values(values: torch.Tensor, clean_value: float, corrupted_value: float) -> torch.Tensor:
-    """(values - corrupted) / (clean - corrupted): 0 = the corrupted run's metric, 1 = the clean run's."""
-    if clean_value == corrupted_value:
-        raise UserError(f"cannot normalise: the metric is {clean_value} on both clean and corrupted prompts")
-    return (values - corrupted_value) / (clean_value - corrupted_value)
 
 
 def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
@@ -82,22 +55,22 @@ def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tu
     return (corrupted, clean) if direction == "denoise" else (clean, corrupted)
 
 
-def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise") -> PatchSetup:
-    """Run clean and corrupted once each, caching ``names`` from the source side."""
+def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise", *,
+            base_run: Run | None = None) -> Contrast:
+    """Run clean and corrupted once each, caching ``names`` from the source side -> the ``Contrast``
+    whose base is the run that gets patched. ``base_run``: a ``Run`` of the base prompts (the
+    corrupted ones when denoising) that serves instead of a forward of its own."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
-    source_logits, sources = cache_run(model, source, names)
-    base_logits, _, starts = base_run(model, base)
-    source_value = evaluate_metric(metric, source_logits).item()
-    base_value = evaluate_metric(metric, base_logits).item()
-    clean_value, corrupted_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)
-    return PatchSetup(base, sources, starts, clean_value, corrupted_value)
+    source_run = Run.make(model, source, metric, names, starts=False)
+    if base_run is None:
+        base_run = Run.make(model, base, metric)
+    base_run.check_tokens(base)
+    return Contrast(base_run, metric, source_run.cache, base_run.value(metric), source_run.baseline, direction)
 
 
-def _sweep(model, setup: PatchSetup, metric, variants: list[Variant], shape, normalize, memory_mb, progress, desc):
-    values = evaluate_variants(
-        model, setup.base, variants, setup.sources, metric, starts=setup.starts, memory_mb=memory_mb, progress=progress, desc=desc
-    ).reshape(shape)
-    return setup.normalize(values) if normalize else values
+def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options, desc: str) -> torch.Tensor:
+    values = contrast.evaluate(variants, options, desc).reshape(shape)
+    return contrast.normalize(values) if options.normalize else values
 
 
 def patch_heads(
@@ -116,18 +89,23 @@ def patch_heads(
     [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
     ``..._by_pos`` (denoising, unnormalised)."""
     require_edit(model, "hook_z", "patch_heads")
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    names = z_names(model)
-    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    options = Options(direction, normalize, memory_mb, progress)
+    return head_patches(prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction), options,
+                        by_position=by_position)
+
+
+def head_patches(contrast: Contrast, options: Options, *, by_position: bool = False) -> torch.Tensor:
+    """``patch_heads`` on a ``Contrast`` made already (its sources hold every ``hook_z``)."""
+    n_layers, n_heads = contrast.model.cfg.n_layers, contrast.model.cfg.n_heads
     if by_position:
-        n_pos = setup.base.shape[1]
+        n_pos = contrast.tokens.shape[1]
         cells = product(range(n_layers), range(n_pos), range(n_heads))
-        variants = [[(z_name(layer), (pos, head))] for layer, pos, head in cells]
+        variants = [[Edit(z_name(layer), (pos, head))] for layer, pos, head in cells]
         shape = (n_layers, n_pos, n_heads)
     else:
         variants = [head_cells([cell]) for cell in product(range(n_layers), range(n_heads))]
         shape = (n_layers, n_heads)
-    return _sweep(model, setup, metric, variants, shape, normalize, memory_mb, progress, "patch heads")
+    return _sweep(contrast, variants, shape, options, "patch heads")
 
 
 def patch_residual(
@@ -145,10 +123,10 @@ def patch_residual(
     Equals TransformerLens's ``get_act_patch_resid_pre``."""
     n_layers = model.cfg.n_layers
     names = resid_pre_names(model)
-    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
-    n_pos = setup.base.shape[1]
-    variants = [[(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
-    return _sweep(model, setup, metric, variants, (n_layers, n_pos), normalize, memory_mb, progress, "patch resid")
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    n_pos = contrast.tokens.shape[1]
+    variants = [[Edit(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
+    return _sweep(contrast, variants, (n_layers, n_pos), Options(direction, normalize, memory_mb, progress), "patch resid")
 
 
 def mlp_out_names(model) -> list[str]:
@@ -174,15 +152,15 @@ def patch_mlps(
     """Patch each MLP's output (``hook_mlp_out``) -> [n_layers], or with ``by_position``
     [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``)."""
     names = mlp_out_names(model)
-    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
-    n_layers, n_pos = model.cfg.n_layers, setup.base.shape[1]
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    n_layers, n_pos = model.cfg.n_layers, contrast.tokens.shape[1]
     if by_position:
-        variants = [[(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
+        variants = [[Edit(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
         shape = (n_layers, n_pos)
     else:
-        variants = [[(mlp_out_name(layer), (slice(None),))] for layer in range(n_layers)]
+        variants = [[Edit(mlp_out_name(layer), (slice(None),))] for layer in range(n_layers)]
         shape = (n_layers,)
-    return _sweep(model, setup, metric, variants, shape, normalize, memory_mb, progress, "patch MLPs")
+    return _sweep(contrast, variants, shape, Options(direction, normalize, memory_mb, progress), "patch MLPs")
 
 
 def patch_patterns(
@@ -201,20 +179,16 @@ def patch_patterns(
     require_edit(model, "hook_pattern", "patch_patterns")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     names = pattern_names(model)
-    setup = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
-    variants = [[(pattern_name(layer), (head,))] for layer, head in product(range(n_layers), range(n_heads))]
-    return _sweep(model, setup, metric, variants, (n_layers, n_heads), normalize, memory_mb, progress, "patch patterns")
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    variants = [[Edit(pattern_name(layer), (head,))] for layer, head in product(range(n_layers), range(n_heads))]
+    return _sweep(contrast, variants, (n_layers, n_heads), Options(direction, normalize, memory_mb, progress),
+                  "patch patterns")
 
 
-def patch_specific_heads(
-    model, setup: PatchSetup, metric: Metric, heads, *, memory_mb=DEFAULT_MEMORY_MB, progress: bool | None = None
-) -> torch.Tensor:
+def patch_specific_heads(contrast: Contrast, heads, options: Options = Options()) -> torch.Tensor:
     """Exact patch of each of ``heads`` [(layer, head), ...] alone -> (len(heads),), with a
-    ``PatchSetup`` already made (its sources must hold every ``hook_z``)."""
-    variants = [head_cells([cell]) for cell in heads]
-    return evaluate_variants(
-        model, setup.base, variants, setup.sources, metric, starts=setup.starts, memory_mb=memory_mb, progress=progress, desc="patch heads"
-    )
+    ``Contrast`` already made (its sources must hold every ``hook_z``)."""
+    return contrast.evaluate([head_cells([cell]) for cell in heads], options, "patch heads")
 
 
 def patching_frame(result: torch.Tensor, dims: tuple[str, ...], value: str = "metric") -> pd.DataFrame:

@@ -27,7 +27,7 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
-from analyses.interventions.engine import _Collected, start_names
+from analyses.interventions.engine import _Collected, evaluate_variants, start_names
 from analyses.core.metrics import Metric, evaluate_metric
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
@@ -173,5 +173,85 @@ class Run:
         return evaluate_metric(metric, logits).item()
 
 
+class FirstRows:
+    """A reducer for ``Run.make(reducers=...)`` keeping only the first ``n_rows`` prompts of each of
+    ``names`` (an analysis of a sample of the batch, e.g. head similarities). ``result()``:
+    {name: (min(n_rows, batch), ...)}."""
+
+    def __init__(self, names: Sequence[str], n_rows: int):
+        self.names, self.n_rows = list(names), n_rows
+        self.parts: dict[str, list] = {name: [] for name in self.names}
+
+    def hooks(self) -> list[tuple[str, Consumer]]:
+        def keeper(name):
+            def keep(activation, rows):
+                wanted = max(0, min(self.n_rows - rows.start, activation.shape[0]))
+                if wanted:
+                    self.parts[name].append(activation[:wanted])
+
+            return keep
+
+        return [(name, keeper(name)) for name in self.names]
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return {name: _joined(parts) for name, parts in self.parts.items()}
+
+
+def normalize_values(values: torch.Tensor, clean_value: float, corrupted_value: float) -> torch.Tensor:
+    """(values - corrupted) / (clean - corrupted): 0 = the corrupted run's metric, 1 = the clean run's."""
+    if clean_value == corrupted_value:
+        raise UserError(f"cannot normalise: the metric is {clean_value} on both clean and corrupted prompts")
+    return (values - corrupted_value) / (clean_value - corrupted_value)
+
+
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass
+class Contrast:
+    """What every intervention sweep runs on: the ``base`` run that gets edited and the ``sources``
+    its edits write (hook name -> (batch or 1, ...)): the other run's activations for patching
+    (corrupted when noising, clean when denoising), replacements for ablation.
+
+    metric: what each edited run is scored by; baseline: its value on the unedited base run;
+    source_value: its value on the source run, where there is one (patching); direction: "denoise"
+    (the base run is the corrupted one) or "noise" (the base run is the clean one)."""
+
+    base: Run
+    metric: Metric
+    sources: dict
+    baseline: float
+    source_value: float | None = None
+    direction: str = "denoise"
+
+    @property
+    def model(self):
+        return self.base.model
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The base run's tokens (batch, pos): what every edited run processes."""
+        return self.base.tokens
+
+    @property
+    def starts(self) -> dict | None:
+        return self.base.starts
+
+    @property
+    def clean_value(self) -> float:
+        return self.source_value if self.direction == "denoise" else self.baseline
+
+    @property
+    def corrupted_value(self) -> float:
+        return self.baseline if self.direction == "denoise" else self.source_value
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        """``normalize_values`` with this contrast's clean and corrupted values."""
+        return normalize_values(values, self.clean_value, self.corrupted_value)
+
+    def evaluate(self, variants, options: Options = Options(), desc: str = "interventions") -> torch.Tensor:
+        """The metric under each variant (``analyses.interventions.engine.evaluate_variants`` on the base
+        run, from its starts) -> (len(variants),)."""
+        return evaluate_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
+                                 memory_mb=options.memory_mb, progress=options.progress, desc=desc)

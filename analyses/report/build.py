@@ -27,9 +27,9 @@ import torch
 
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.report.calibration_figures import CalibrationSection, calibration_section
+from analyses.report.calibration_figures import CalibrationSection, calibration_section, probe_run
 from analyses.circuits.circuit import CircuitSection, circuit_section, edge_lines
-from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, components_cache,
+from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, component_hooks, components_cache,
                                  direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
                                  next_token_answers)
 from analyses.components.meaning import meaning_roles
@@ -43,6 +43,7 @@ from analyses.core.progress import progress_bar
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
+from analyses.interventions.run import Run
 from analyses.core.tokens import leading_tokens
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -93,16 +94,18 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
         check_fdr(fdr)
     steps = progress_bar(total=4, progress=progress, desc="report", unit="step")
     probes = probes_for(model, n_prompts, seq_len, seed=seed)
+    # the probes' one forward, which every step below reads
+    run = probe_run(model, probes, names=component_hooks(model, lens=True), memory_mb=memory_mb, progress=progress)
     scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, memory_mb=memory_mb,
-                            progress=progress)
+                            progress=progress, run=None if texts else run)
     steps.update()
     calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
-                                      progress=progress)
+                                      progress=progress, run=run)
     calibrated = fdr is not None and not texts
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.update()
-    circuit = circuit_section(model, table, probes, seed=seed, memory_mb=memory_mb, progress=progress)
+    circuit = circuit_section(model, table, probes, seed=seed, memory_mb=memory_mb, progress=progress, run=run)
     steps.update()
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -111,7 +114,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                                             "null_seeds": list(DEFAULT_NULL_SEEDS)}
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
     sections[2:2] = [calibration_report_section(calibration), circuit_report_section(circuit),
-                     components_report_section(model, probes, progress=progress)]
+                     components_report_section(model, probes, progress=progress, run=run)]
     steps.update()
     steps.close()
     return HeadReport(table, sections, meta)
@@ -155,17 +158,20 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
 COMPONENT_PROMPTS = 16  # the probes the components section reads (its patching sweeps every head and MLP)
 
 
-def components_report_section(model, probes: RepeatedProbes, *, progress: bool | None = None) -> Section:
+def components_report_section(model, probes: RepeatedProbes, *, progress: bool | None = None,
+                              run: Run | None = None) -> Section:
     """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
     attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
     effect (attention vs MLP), and the copying / copy-suppression roles of the OV circuits, on the
-    first ``COMPONENT_PROMPTS`` probes."""
+    first ``COMPONENT_PROMPTS`` probes. ``run``: a ``Run`` of the probes whose ``component_hooks``
+    (with the lens) serve instead of a forward."""
     first = slice(0, COMPONENT_PROMPTS)
     probes = RepeatedProbes(probes.tokens[first], probes.period[first], probes.segment_start[first], probes.vocab)
     tokens = probes.tokens
     answers, positions = next_token_answers(tokens)
     predictable = probes.predictable[:, 1:].reshape(-1).cpu()
-    cache = components_cache(model, tokens, lens=True)
+    cache = (components_cache(model, tokens, lens=True) if run is None else
+             {name: value[first] for name, value in run.read(component_hooks(model, lens=True)).items()})
     dla = direct_logit_attribution(model, cache, answers, positions=positions)
     dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
     lens = logit_lens(model, cache, answers, positions=positions)
@@ -208,9 +214,9 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
 
 
 def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]:
-    """Every head's pattern on the display probe and on the start of ``text`` (at most
-    ``DISPLAY_TOKENS`` tokens and the context)."""
-    probe = display_probe(probes)
+    """Every head's pattern on the display probe and on the start of ``text``, each at most
+    ``DISPLAY_TOKENS`` tokens (and the context): the page stores n^2 weights per head of each."""
+    probe = display_probe(probes)[:DISPLAY_TOKENS]
     tokens = leading_tokens(model, text, DISPLAY_TOKENS)
     return [PatternView("probe prompt (a repeated random segment)", display_tokens(model.to_str_tokens(probe)),
                         all_patterns(model, probe)),

@@ -17,14 +17,17 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from analyses.roles.backup import backup_report, direct_and_total_effects
+from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.roles.classify import DEFAULT_FDR, ROLES
+from analyses.roles.classify import DEFAULT_FDR, MEASURES, ROLES, PromptSums, probe_targets
 from analyses.roles.dormant import DORMANT_BELOW, Similarity, dormant_frame, head_similarities
+from analyses.core.hook_names import pattern_names, z_names
 from analyses.core.metrics import Metric, loss_metric
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles
 from analyses.core.probes import RepeatedProbes
 from analyses.core.progress import progress_bar
+from analyses.interventions.run import FirstRows, Run
+from analyses.core.plots import new_figure
 
 DEFAULT_PAIR_HEADS = 12  # pairwise ablation covers at most this many role heads (the largest effects)
 # no figure of every head is wider or taller than this (10,000 pixels at the report's 100 dpi): past
@@ -62,30 +65,63 @@ def calibration_section(model, probes: RepeatedProbes, **options) -> Calibration
     return CalibrationSection(frames, figures, {name: CAPTIONS[name] for name in figures})
 
 
+def calibration_reads(model, method: str = "mean_aligned") -> list[str]:
+    """The hooks of the probes' ``Run`` that the calibration reads (the ablations' and direct
+    effects' ``hook_z`` and ``hook_mlp_out``; dormant and similarity read ``hook_z`` too)."""
+    return direct_effect_reads(model, method)
+
+
+def calibration_reducers(model, probes: RepeatedProbes) -> dict:
+    """The streaming reducers the probes' ``Run`` feeds for the calibration: every head's per-prompt
+    pattern sums for every measure (``prompt_sums``: the role scores, also classification's) and the
+    patterns of the first ``SIMILARITY_PROMPTS`` probes (``similarity``)."""
+    return {"prompt_sums": PromptSums(model, probe_targets(probes), MEASURES),
+            "similarity": FirstRows(pattern_names(model), SIMILARITY_PROMPTS)}
+
+
+def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names: Sequence[str] = (), *,
+              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Run:
+    """The one ``Run`` of the probes that the calibration (and the report) reads: one forward keeping
+    ``calibration_reads`` and ``names``, feeding ``calibration_reducers``; ``metric`` default the loss
+    of the probes' predictable tokens."""
+    metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
+    return Run.make(model, probes.tokens, metric, [*calibration_reads(model), *names],
+                    reducers=calibration_reducers(model, probes), memory_mb=memory_mb, progress=progress,
+                    desc="probes")
+
+
 def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None = None, method: str = "mean_aligned",
                        null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                        pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
-                       progress: bool | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+                       progress: bool | None = None,
+                       run: Run | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
     """The section's tables on ``probes`` (see ``CalibrationSection``) and the head similarities.
 
-    metric: default the loss of the probes' predictable tokens; method: the ablation method of
-    every ablation here; pair_heads: pairwise ablation covers the heads with a role at ``fdr`` that
-    have the largest |total effect|, at most this many (pairs grow as its square); seed: the
-    control probes' shuffle.
+    metric: default the loss of the probes' predictable tokens (the run's metric where it has
+    one); method: the ablation method of every ablation here; pair_heads: pairwise ablation covers
+    the heads with a role at ``fdr`` that have the largest |total effect|, at most this many (pairs
+    grow as its square); seed: the control probes' shuffle; run: the probes' ``probe_run`` (made
+    here where None), which every step reads instead of running the probes again.
     """
-    metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
+    run = run if run is not None else probe_run(model, probes, metric, memory_mb=memory_mb)
+    metric = metric if metric is not None else run.metric
     steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
     calibration = calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
-                                  progress=progress)
+                                  progress=progress, run=run)
     steps.update()
-    effects = direct_and_total_effects(model, probes, None, method, metric, memory_mb=memory_mb, progress=progress)
+    effects = direct_and_total_effects(model, probes, None, method, metric, memory_mb=memory_mb, progress=progress,
+                                       run=run)
     steps.update()
     role_heads = role_heads_by_effect(calibration, effects, pair_heads)
-    pairs, groups = (backup_report(model, probes, role_heads, method, metric, memory_mb=memory_mb, progress=progress)
+    pairs, groups = (backup_report(model, probes, role_heads, method, metric, memory_mb=memory_mb, progress=progress,
+                                   run=run)
                      if len(role_heads) >= 2 else (pd.DataFrame(), pd.DataFrame()))
     steps.update()
-    dormant = dormant_frame(model, probes.tokens, effects["total"].to_numpy())
-    similarities = head_similarities(model, probes.tokens[:SIMILARITY_PROMPTS])
+    dormant = dormant_frame(model, probes.tokens, effects["total"].to_numpy(), run=run)
+    sample = slice(0, SIMILARITY_PROMPTS)
+    similarities = head_similarities(model, probes.tokens[sample],
+                                     cache={name: z[sample] for name, z in run.read(z_names(model)).items()}
+                                     | run.reduced["similarity"])
     steps.update()
     steps.close()
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "dormant": dormant,
@@ -121,7 +157,7 @@ def head_extent(n_heads: int, per_head: float, margin: float, limit: float = MAX
 def _figure(width: float, height: float, n_cols: int = 1):
     """A figure and its row of axes; each figure is laid out once (tight_layout) when drawn, so
     rendering it again gives the same bytes."""
-    figure = Figure(figsize=(width, height))
+    figure = new_figure(figsize=(width, height))
     return figure, figure.subplots(1, n_cols, squeeze=False)[0]
 
 
@@ -135,7 +171,7 @@ def null_band_figure(calibration: pd.DataFrame) -> Figure:
     frame = calibration.assign(head_label="L" + calibration["layer"].astype(str) + "H" + calibration["head"].astype(str))
     n_heads = frame["head_label"].nunique()
     width, labelled = head_extent(n_heads, 0.22, 2)
-    figure = Figure(figsize=(max(6.0, width), 1.9 * len(roles) + 0.6))
+    figure = new_figure(figsize=(max(6.0, width), 1.9 * len(roles) + 0.6))
     axes = figure.subplots(len(roles), 1, squeeze=False, sharex=True)[:, 0]
     for ax, role in zip(axes, roles):
         rows = frame[frame["role"] == role].reset_index(drop=True)

@@ -30,7 +30,7 @@ from analyses.roles.classify import (DEFAULT_THRESHOLD, MEASURES, ROLES, bootstr
 from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run
 from analyses.report.meta import model_meta
-from analyses.core.plots import png_bytes, role_heatmaps
+from analyses.core.plots import new_figure, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
 from analyses.report.build import display_probe
@@ -258,7 +258,7 @@ def training_figure(frame: pd.DataFrame, measures: Sequence[str] = ("previous_to
     """One panel per measure: every head's score against the training step (a line per head; the
     three that end highest in colour with their intervals, the others grey), the phase change
     visible head by head."""
-    figure = Figure(figsize=(6 * len(measures), 4.2))
+    figure = new_figure(figsize=(6 * len(measures), 4.2))
     axes = figure.subplots(1, len(measures), squeeze=False)[0]
     for ax, measure in zip(axes, measures):
         rows = frame[frame["measure"] == measure]

@@ -10,7 +10,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from analyses.core.plots import png_bytes
+from analyses.core.plots import new_figure, png_bytes
 from interp.files import write_atomic
 
 
@@ -23,7 +23,7 @@ def save_figure(fig: Figure, path) -> Path:
 
 
 def _axes(width: float, height: float):
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = new_figure(figsize=(width, height), layout="constrained")
     return fig, fig.subplots()
 
 

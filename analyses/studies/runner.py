@@ -40,12 +40,13 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from analyses.core.progress import progress_bar
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
-from analyses.studies.cells import CellPlan, StudyCells
+from analyses.core.progress import progress_bar
 from analyses.studies.spec import EXECUTORS, Study, load_spec
+from analyses.core.plots import new_figure
 from interp.files import write_atomic
 from interp.errors import UserError
+from analyses.studies.cells import CellPlan, StudyCells
 
 COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "effect"]
 RESULTS, LOCK, SPEC_RECORD, MODEL_RECORD = "results.csv", ".lock", "spec.json", "provenance.json"
@@ -271,7 +272,7 @@ def grid_figure(frame: pd.DataFrame, title: str) -> Figure:
     when every cell is a cumulative study; else a cell x target heatmap of the effect, both axes in
     row order."""
     if "fraction" in frame:
-        fig = Figure(figsize=(7, 4), layout="constrained")
+        fig = new_figure(figsize=(7, 4), layout="constrained")
         ax = fig.subplots()
         sns.lineplot(data=frame, x="fraction", y="metric", hue="cell", marker="o", ax=ax)
         ax.set_title(title)

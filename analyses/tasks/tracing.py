@@ -30,7 +30,7 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.interventions.engine import base_run, cache_run, check_choice, evaluate_variants
-from analyses.core.plots import token_label
+from analyses.core.plots import new_figure, token_label
 from analyses.tasks.task import single_token
 from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids
 from interp.errors import UserError
@@ -177,11 +177,9 @@ def _answer_id(model, prompt: str, answer: str) -> int:
 def trace_figure(trace: Trace):
     """Three heatmaps (layer x position) of the restored answer probability, one per kind, the
     subject's tokens marked with *; the clean and noised probabilities in the title."""
-    from matplotlib.figure import Figure
-
     n = len(trace.kinds)
     n_pos = len(trace.tokens)
-    fig = Figure(figsize=(max(6.0, 0.45 * n_pos + 2) * n / 1.6, 4.5), layout="constrained")
+    fig = new_figure(figsize=(max(6.0, 0.45 * n_pos + 2) * n / 1.6, 4.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, n, sharey=True))
     labels = [token_label(t) + ("*" if i in trace.subject else "") for i, t in enumerate(trace.tokens)]
     titles = {"resid": "hidden state", "mlp": "MLP output", "attn": "attention output"}

@@ -1,0 +1,142 @@
+"""The spine (``analyses.interventions.run``): one forward of the probes serves the whole report; a ``Run``-based
+call equals the keyword API it replaces; what a ``Run`` reads later (``Run.read``) equals a full
+forward's cache; ``Edit`` and the old tuples make the same intervention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from analyses.interventions.ablation import ablation_reads, prepare_ablation, prompts_run
+from analyses.roles.backup import direct_and_total_effects, direct_effect_reads
+from analyses.roles.classify import MEASURES, PromptSums, per_prompt_scores, probe_targets
+from analyses.core.hook_names import qkv_name, z_name, z_names
+from analyses.interventions.engine import Edit, cache_run, evaluate_variants
+from analyses.core.metrics import loss_metric
+from analyses.circuits.path_patching import path_patch, path_reads, edges_of
+from analyses.interventions.patching import head_patches, patch_heads, prepare
+from analyses.core.probes import corrupt_first_copy, probes_for
+from analyses.report.build import build_report
+from analyses.interventions.run import FirstRows, Options, Run
+from interp import load_model
+from interp.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy").eval()
+
+
+@pytest.fixture(scope="module")
+def probes(toy):
+    return probes_for(toy, 6, 24, seed=3)
+
+
+def test_report_runs_the_probe_batch_once(toy):
+    """Count the forwards that embed the report's probe batch itself (every probe row at once, as
+    ``benchmarks/bench_report.py`` counts them): the report's steps all read one ``Run``. (20 prompts:
+    the components section reads the first 16, another batch.)"""
+    n_prompts, seq_len = 20, 24
+    batch = probes_for(toy, n_prompts, seq_len, seed=0).tokens
+    passes = []
+
+    def count(module, args):
+        tokens = args[0]
+        if tokens.dim() == 2 and tokens.shape == batch.shape and torch.equal(tokens, batch):
+            passes.append(1)
+
+    handle = toy.embed.register_forward_pre_hook(count)
+    try:
+        build_report(toy, model_name="toy", n_prompts=n_prompts, seq_len=seq_len, seed=0, progress=False)
+    finally:
+        handle.remove()
+    assert len(passes) == 1
+
+
+def test_run_read_equals_a_full_forward(toy, probes):
+    """What a Run did not keep is read by a forward of only the blocks it needs, from its starts:
+    the same numbers as the full forward's cache."""
+    run = Run.make(toy, probes.tokens, None, [z_name(0)])
+    names = [qkv_name(1, "q"), qkv_name(1, "v"), z_name(1), "blocks.1.hook_resid_post"]
+    _, full = cache_run(toy, probes.tokens, names)
+    read = run.read(names)
+    for name in names:
+        assert torch.equal(read[name], full[name]), name
+
+
+def test_run_baseline_and_chunks(toy, probes):
+    """One forward in chunks of prompts (a tiny budget) keeps the same activations and baseline as one
+    unchunked forward (to float precision: chunks change the batch shape), and its reducers see every row."""
+    metric = loss_metric(probes.tokens, probes.predictable)
+    whole = Run.make(toy, probes.tokens, metric, z_names(toy),
+                     reducers={"sums": PromptSums(toy, probe_targets(probes), MEASURES),
+                               "first": FirstRows(["blocks.0.attn.hook_pattern"], 4)})
+    chunked = Run.make(toy, probes.tokens, metric, z_names(toy), memory_mb=0.05,
+                       reducers={"sums": PromptSums(toy, probe_targets(probes), MEASURES),
+                                 "first": FirstRows(["blocks.0.attn.hook_pattern"], 4)})
+    assert whole.baseline == pytest.approx(chunked.baseline, abs=1e-6)
+    for name in z_names(toy):
+        torch.testing.assert_close(whole.cache[name], chunked.cache[name], atol=1e-6, rtol=0)
+    for measure in MEASURES:
+        torch.testing.assert_close(whole.reduced["sums"][measure], chunked.reduced["sums"][measure], atol=1e-6, rtol=1e-6)
+    first = chunked.reduced["first"]["blocks.0.attn.hook_pattern"]
+    assert first.shape[0] == 4
+    _, full = cache_run(toy, probes.tokens[:4], ["blocks.0.attn.hook_pattern"], logits=False)
+    torch.testing.assert_close(first, full["blocks.0.attn.hook_pattern"], atol=1e-6, rtol=0)
+    with pytest.raises(UserError, match="not those this run was made of"):
+        whole.check_tokens(probes.tokens[:2])
+
+
+def test_scores_from_a_run_equal_their_own_forward(toy, probes):
+    """Per-prompt pattern sums reduced by a Run's forward equal those of per_prompt_scores' own run."""
+    targets = probe_targets(probes)
+    run = Run.make(toy, probes.tokens, reducers={"prompt_sums": PromptSums(toy, targets, MEASURES)})
+    own = per_prompt_scores(toy, probes.tokens, targets, MEASURES)
+    read = per_prompt_scores(toy, probes.tokens, targets, MEASURES, run=run)
+    for measure in MEASURES:
+        assert torch.equal(own[measure], read[measure])
+
+
+def test_patch_heads_keywords_equal_the_run_api(toy, probes):
+    """patch_heads(model, clean, corrupted, metric, by_position=..., direction=...) builds the Contrast
+    and Options it then runs on: the same numbers as calling head_patches on them directly."""
+    clean, corrupted = probes.tokens, corrupt_first_copy(probes, seed=4)
+    metric = loss_metric(clean, probes.predictable)
+    keywords = patch_heads(toy, clean, corrupted, metric, by_position=True, direction="noise", progress=False)
+    contrast = prepare(toy, clean, corrupted, metric, z_names(toy), "noise")
+    direct = head_patches(contrast, Options(direction="noise", progress=False), by_position=True)
+    assert torch.equal(keywords, direct)
+    assert contrast.clean_value == contrast.baseline  # noising patches the clean run
+
+
+def test_ablation_and_paths_on_a_shared_run(toy, probes):
+    """prepare_ablation, direct_and_total_effects and path_patch on one shared Run give exactly what
+    each gives with a forward of its own."""
+    metric = loss_metric(probes.tokens, probes.predictable)
+    run = Run.make(toy, probes.tokens, metric, direct_effect_reads(toy, "mean_aligned"))
+    own = prepare_ablation(toy, probes, "mean_aligned", metric)
+    shared = prepare_ablation(toy, probes, "mean_aligned", metric, run=run)
+    heads = [[(0, 1)], [(1, 2), (1, 3)]]
+    assert torch.equal(own.run(heads, progress=False), shared.run(heads, progress=False))
+    assert own.baseline == shared.baseline
+    effects = direct_and_total_effects(toy, probes, None, "mean_aligned", metric, progress=False)
+    assert effects.equals(direct_and_total_effects(toy, probes, None, "mean_aligned", metric, progress=False, run=run))
+    corrupted = corrupt_first_copy(probes, seed=4)
+    paths = path_patch(toy, probes.tokens, corrupted, metric, direction="noise", progress=False)
+    assert paths.equals(path_patch(toy, probes.tokens, corrupted, metric, direction="noise", progress=False,
+                                   base_run=run))
+    assert set(ablation_reads(toy, "mean")) <= set(path_reads(toy, edges_of(toy)))
+    assert prompts_run(toy, probes, ablation_reads(toy, "zero")).cache == {}
+
+
+def test_edits_equal_tuples(toy, probes):
+    """An Edit and the tuple it replaces make the same intervention (with and without a value)."""
+    metric = loss_metric(probes.tokens, probes.predictable)
+    _, cache = cache_run(toy, probes.tokens, [z_name(1)])
+    sources = {z_name(1): torch.zeros_like(cache[z_name(1)])}
+    value = torch.ones(probes.tokens.shape[0], probes.tokens.shape[1], cache[z_name(1)].shape[-1])
+    as_tuples = [[(z_name(1), (slice(None), 0))], [(z_name(1), (slice(None), 2), value)]]
+    as_edits = [[Edit(z_name(1), (slice(None), 0))], [Edit(z_name(1), (slice(None), 2), value)]]
+    one = evaluate_variants(toy, probes.tokens, as_tuples, sources, metric, progress=False)
+    two = evaluate_variants(toy, probes.tokens, as_edits, sources, metric, progress=False)
+    assert torch.equal(one, two)
