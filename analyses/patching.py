@@ -56,16 +56,25 @@ def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tu
 
 
 def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise", *,
-            base_run: Run | None = None) -> Contrast:
+            base_run: Run | None = None, clean_run: Run | None = None) -> Contrast:
     """Run clean and corrupted once each, caching ``names`` from the source side -> the ``Contrast``
     whose base is the run that gets patched. ``base_run``: a ``Run`` of the base prompts (the
-    corrupted ones when denoising) that serves instead of a forward of its own."""
+    corrupted ones when denoising) that serves instead of a forward of its own; ``clean_run``: a
+    ``Run`` of the clean prompts, which serves as the source run when denoising and as the base run
+    when noising (its metric value is read from its last block where its metric is another)."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
-    source_run = Run.make(model, source, metric, names, starts=False)
+    if clean_run is not None and direction == "noise":
+        base_run = clean_run
+    if clean_run is not None and direction == "denoise":
+        clean_run.check_tokens(source)
+        source_cache, source_value = clean_run.read(names), clean_run.value(metric)
+    else:
+        source_run = Run.make(model, source, metric, names, starts=False)
+        source_cache, source_value = source_run.cache, source_run.baseline
     if base_run is None:
         base_run = Run.make(model, base, metric)
     base_run.check_tokens(base)
-    return Contrast(base_run, metric, source_run.cache, base_run.value(metric), source_run.baseline, direction)
+    return Contrast(base_run, metric, source_cache, base_run.value(metric), source_value, direction)
 
 
 def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options, desc: str) -> torch.Tensor:
@@ -84,14 +93,16 @@ def patch_heads(
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
+    clean_run: Run | None = None,
 ) -> torch.Tensor:
     """Patch each head's output (``hook_z``) -> [n_layers, n_heads], or with ``by_position``
     [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
-    ``..._by_pos`` (denoising, unnormalised)."""
+    ``..._by_pos`` (denoising, unnormalised). ``clean_run``: a ``Run`` of the clean prompts made
+    already (see ``prepare``), so they are not run again."""
     require_edit(model, "hook_z", "patch_heads")
     options = Options(direction, normalize, memory_mb, progress)
-    return head_patches(prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction), options,
-                        by_position=by_position)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction, clean_run=clean_run)
+    return head_patches(contrast, options, by_position=by_position)
 
 
 def head_patches(contrast: Contrast, options: Options, *, by_position: bool = False) -> torch.Tensor:
@@ -126,7 +137,8 @@ def patch_residual(
     contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
     n_pos = contrast.tokens.shape[1]
     variants = [[Edit(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
-    return _sweep(contrast, variants, (n_layers, n_pos), Options(direction, normalize, memory_mb, progress), "patch resid")
+    return _sweep(contrast, variants, (n_layers, n_pos), Options(direction, normalize, memory_mb, progress),
+                  "patch resid")
 
 
 def mlp_out_names(model) -> list[str]:
@@ -148,11 +160,12 @@ def patch_mlps(
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
+    clean_run: Run | None = None,
 ) -> torch.Tensor:
     """Patch each MLP's output (``hook_mlp_out``) -> [n_layers], or with ``by_position``
-    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``)."""
+    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``). ``clean_run``: see ``patch_heads``."""
     names = mlp_out_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction, clean_run=clean_run)
     n_layers, n_pos = model.cfg.n_layers, contrast.tokens.shape[1]
     if by_position:
         variants = [[Edit(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]

@@ -14,7 +14,7 @@ from analyses.hook_names import qkv_name, z_name, z_names
 from analyses.interventions import Edit, cache_run, evaluate_variants
 from analyses.metrics import loss_metric
 from analyses.path_patching import path_patch, path_reads, edges_of
-from analyses.patching import head_patches, patch_heads, prepare
+from analyses.patching import head_patches, mlp_out_names, patch_heads, patch_mlps, prepare
 from analyses.probes import corrupt_first_copy, probes_for
 from analyses.report import build_report
 from analyses.run import FirstRows, Options, Run
@@ -78,7 +78,8 @@ def test_run_baseline_and_chunks(toy, probes):
     for name in z_names(toy):
         torch.testing.assert_close(whole.cache[name], chunked.cache[name], atol=1e-6, rtol=0)
     for measure in MEASURES:
-        torch.testing.assert_close(whole.reduced["sums"][measure], chunked.reduced["sums"][measure], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(whole.reduced["sums"][measure], chunked.reduced["sums"][measure],
+                                   atol=1e-6, rtol=1e-6)
     first = chunked.reduced["first"]["blocks.0.attn.hook_pattern"]
     assert first.shape[0] == 4
     _, full = cache_run(toy, probes.tokens[:4], ["blocks.0.attn.hook_pattern"], logits=False)
@@ -107,6 +108,24 @@ def test_patch_heads_keywords_equal_the_run_api(toy, probes):
     direct = head_patches(contrast, Options(direction="noise", progress=False), by_position=True)
     assert torch.equal(keywords, direct)
     assert contrast.clean_value == contrast.baseline  # noising patches the clean run
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_patching_reads_a_clean_run(scratch_gpt2, direction):
+    """patch_heads and patch_mlps given a Run of the clean prompts (made with another metric object:
+    its value is then read from the last block) equal their own two forwards."""
+    probes = probes_for(scratch_gpt2, 4, 16, seed=2)
+    clean, corrupted = probes.tokens, corrupt_first_copy(probes, seed=4)
+    metric = loss_metric(clean, probes.predictable)
+    names = [*z_names(scratch_gpt2), *mlp_out_names(scratch_gpt2)]
+    run = Run.make(scratch_gpt2, clean, loss_metric(clean, probes.predictable), names)
+    for patch in (patch_heads, patch_mlps):
+        own = patch(scratch_gpt2, clean, corrupted, metric, direction=direction, normalize=True, progress=False)
+        shared = patch(scratch_gpt2, clean, corrupted, metric, direction=direction, normalize=True, progress=False,
+                       clean_run=run)
+        assert torch.equal(own, shared)
+    with pytest.raises(UserError, match="not those this run was made of"):
+        patch_heads(scratch_gpt2, corrupted, clean, metric, direction=direction, progress=False, clean_run=run)
 
 
 def test_ablation_and_paths_on_a_shared_run(toy, probes):
