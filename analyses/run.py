@@ -49,8 +49,14 @@ class Options:
     progress: bool | None = None
 
     def but(self, **changes) -> "Options":
-        """A copy with ``changes``."""
+        """A copy with ``changes`` (a name that is not an option: a TypeError naming it)."""
         return replace(self, **changes)
+
+    @classmethod
+    def of(cls, options: "Options | None", keywords: Mapping) -> "Options":
+        """``options`` (default ``Options()``) with the keyword arguments ``keywords`` (``direction=``,
+        ``normalize=``, ``memory_mb=``, ``progress=``) on top: how a public function takes both."""
+        return (options or cls()).but(**keywords)
 
 
 @dataclass

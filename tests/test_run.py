@@ -107,6 +107,11 @@ def test_patch_heads_keywords_equal_the_run_api(toy, probes):
     contrast = prepare(toy, clean, corrupted, metric, z_names(toy), "noise")
     direct = head_patches(contrast, Options(direction="noise", progress=False), by_position=True)
     assert torch.equal(keywords, direct)
+    as_object = patch_heads(toy, clean, corrupted, metric, by_position=True,
+                            options=Options(direction="noise", progress=False))
+    assert torch.equal(keywords, as_object)
+    with pytest.raises(TypeError, match="directoin"):
+        patch_heads(toy, clean, corrupted, metric, directoin="noise")
     assert contrast.clean_value == contrast.baseline  # noising patches the clean run
 
 
