@@ -207,7 +207,8 @@ def final_norm(model, final: torch.Tensor) -> FinalNorm:
     the clean run (module docstring: the scale by least squares, checked against the norm's output)."""
     norm = model.ln_final
     d_model = final.shape[-1]
-    output = norm(final).float()
+    normed = norm(final)
+    output = normed.float()
     bias = norm(final.new_zeros(1, 1, d_model)).float().reshape(d_model)
     weight = getattr(norm, "weight", None)
     weight = final.new_ones(d_model, dtype=torch.float32) if weight is None else weight.detach().float()
@@ -222,7 +223,8 @@ def final_norm(model, final: torch.Tensor) -> FinalNorm:
     # (zero, or cancelling) contribute nothing, and the infinite scale says so
     scale = torch.where(squares > 0, squares / (written * shifted).sum(-1, keepdim=True), torch.inf)
     gap = float((written / scale - shifted).abs().max())
-    if not gap <= 1e-4 * max(1.0, float(output.abs().max())):
+    # float32: 1e-4 of the output's scale; a narrower dtype: the output's own rounding (4 epsilons)
+    if not gap <= max(1e-4, 4 * torch.finfo(normed.dtype).eps) * max(1.0, float(output.abs().max())):
         raise UserError(f"the final norm is not weight * centre(x) / scale + bias within {gap:.3g}; direct logit "
                         "attribution needs a LayerNorm, an RMSNorm or no final norm")
     return FinalNorm(weight, bias, scale, centre)
