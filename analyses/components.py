@@ -433,19 +433,20 @@ def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zer
 
 
 def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.Tensor, metric, answers,
-                     distractors=None, *, positions: Sequence[int] | None = None, cache=None,
+                     distractors=None, *, positions: Sequence[int] | None = None, cache=None, clean_run=None,
                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Each head and each MLP, its direct and its total effect: one row per component with
     ``component, kind, layer, head, direct`` (its mean direct logit attribution to ``answers`` (minus
     ``distractors``) on the clean run, ``direct_logit_attribution``) and ``total`` (exact denoising
     patch of its output from the clean into the corrupted run, normalised: 0 = corrupted, 1 = clean;
     ``patch_heads`` / ``patch_mlps``). A component with a large total and a small direct effect acts
-    through later components. ``cache``: the clean run's (``components_cache``), else one is made."""
+    through later components. ``cache``: the clean run's (``components_cache``), else one is made;
+    ``clean_run``: a ``Run`` of the clean prompts, which the patching reads instead of running them again."""
     dla = direct_logit_attribution(model, clean_tokens if cache is None else cache, answers, distractors,
                                    positions=positions)
     direct = dla[dla["kind"].isin(["head", "mlp"])].groupby("component", sort=False).agg(
         kind=("kind", "first"), layer=("layer", "first"), head=("head", "first"), direct=("dla", "mean")).reset_index()
-    options = dict(normalize=True, memory_mb=memory_mb, progress=progress)
+    options = dict(normalize=True, memory_mb=memory_mb, progress=progress, clean_run=clean_run)
     heads = patch_heads(model, clean_tokens, corrupted_tokens, metric, **options)
     has_mlps = (direct["kind"] == "mlp").any()
     mlps = patch_mlps(model, clean_tokens, corrupted_tokens, metric, **options) if has_mlps else None

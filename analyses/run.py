@@ -159,6 +159,14 @@ class Run:
             pass
         return kept
 
+    def first(self, n: int) -> "Run":
+        """This run restricted to its first ``n`` prompts, nothing run again: the tokens, cache and
+        starts sliced; no metric, so ``value`` computes any from the last block."""
+        if not 0 < n <= len(self.tokens):
+            raise UserError(f"a run of {len(self.tokens)} prompts has no first {n}")
+        return Run(self.model, self.tokens[:n], cache={name: value[:n] for name, value in self.cache.items()},
+                   starts=None if self.starts is None else {name: value[:n] for name, value in self.starts.items()})
+
     def check_tokens(self, tokens: torch.Tensor) -> None:
         """Refuse, in one line, ``tokens`` (batch, pos) other than this run's."""
         if tokens.shape != self.tokens.shape or not torch.equal(tokens.to(self.tokens.device), self.tokens):
