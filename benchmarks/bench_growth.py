@@ -143,6 +143,7 @@ def measure(point: Point, analysis: str, timeout: float) -> dict:
 def plot(rows: list[dict], path: Path) -> Path:
     """One panel per ladder axis: seconds and peak growth (MB) of each analysis against the axis."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,7 +157,11 @@ def plot(rows: list[dict], path: Path) -> Path:
         for row, (value, label) in enumerate((("seconds", "seconds (1 thread)"), ("peak_growth_mb", "peak growth (MB)"))):
             sns.lineplot(part, x="value", y=value, hue="analysis", marker="o", ax=axes[row, column],
                          legend=column == len(LADDER) - 1 and row == 0)
-            axes[row, column].set(xscale="log", yscale="log", xlabel=axis, ylabel=label if column == 0 else "")
+            ax = axes[row, column]
+            ax.set_xscale("log", base=2)
+            ax.set(yscale="log", xlabel=axis, ylabel=label if column == 0 else "", xticks=sorted(part["value"].unique()))
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     figure.suptitle("growth from the base " + BASE.label())
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -69,12 +69,17 @@ def toy_checkpoint_dir() -> Path:
     return Path(str(resources.files("interp") / "toy_model"))
 
 
+# the embedded models: spec -> (package folder, the `interp train` arguments that make it)
+EMBEDDED = {"toy": ("toy_model", ""), "code": ("code_model", " --preset code")}
+
+
 def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, device_map: str | dict | None = None):
     """Load a hooked model.
 
     Args:
-        spec: "toy" (the embedded model, no network), a checkpoint directory of ours (safetensors +
+        spec: "toy" (the embedded model, no network), "code" (the embedded model trained on Python
+            source only, no network), a checkpoint directory of ours (safetensors +
             JSON config), a Hugging Face directory saved by ``save_pretrained``, or a hub id
             ("gpt2", "EleutherAI/pythia-70m"; network or the local HF cache needed). A Hugging Face
             model is read by its config's ``model_type``; every checkpoint tensor must match it.
@@ -104,11 +109,11 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
     if device_map is not None:
         check_device_map(spec, impl, device, device_map)
     place = resolve_device(device)
-    path = toy_checkpoint_dir() if spec == "toy" else Path(spec).expanduser()
+    path = Path(str(resources.files("interp") / EMBEDDED[spec][0])) if spec in EMBEDDED else Path(spec).expanduser()
     if path.suffix in _PICKLE_SUFFIXES:
         raise UserError(f"refusing to load {spec!r}: pickle checkpoints can run code; use safetensors")
-    if spec == "toy" and not (path / "model.safetensors").is_file():
-        raise UserError("the embedded 'toy' model is not in this installation; run `interp train`")
+    if spec in EMBEDDED and not (path / "model.safetensors").is_file():
+        raise UserError(f"the embedded {spec!r} model is not in this installation; run `interp train{EMBEDDED[spec][1]}`")
     if path.is_dir() and _is_our_checkpoint(path):
         if impl == "transformer_lens":
             raise UserError(f"{spec!r} is a from-scratch checkpoint; only impl='scratch' can load it")

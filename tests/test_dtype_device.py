@@ -199,3 +199,23 @@ def test_a_bfloat16_model_gives_float32_metrics_patching_and_edge_scores_close_t
         exact, approx = torch.as_tensor(exact).float(), torch.as_tensor(approx)
         assert approx.dtype in (torch.float32, torch.float64)
         assert (approx - exact).abs().max() <= 0.05 * exact.abs().max(), (approx - exact).abs().max()
+
+
+def test_direct_logit_attribution_reads_a_bfloat16_final_norm():
+    """The final RMS norm of a bfloat16 Llama-width model is recognised (its output is rounded to
+    bfloat16, so the affine fit is allowed that rounding); a non-norm is still refused."""
+    from analyses.components.decompose import final_norm
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(d_vocab=512, n_ctx=32, d_model=2048, n_heads=32, n_layers=1, n_key_value_heads=8, d_mlp=512,
+                    normalization_type="RMS", act_fn="silu", gated_mlp=True, positional_embedding_type="rotary",
+                    qkv_bias=False, attn_out_bias=False, mlp_bias=False)
+    model = GPTModel(cfg).to(torch.bfloat16).eval()
+    _, cache = model.run_with_cache(torch.randint(0, 512, (4, 32)))
+    final = cache["blocks.0.hook_resid_post"]
+    norm = final_norm(model, final)
+    assert norm.scale.dtype == torch.float32
+    model.ln_final = torch.nn.Tanh()
+    with pytest.raises(UserError, match="the final norm is not"):
+        final_norm(model, final)

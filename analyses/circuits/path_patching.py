@@ -51,7 +51,7 @@ from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name,
 from analyses.interventions.engine import check_heads, collect_variants, evaluate_variants, rows_per_chunk
 from analyses.core.metrics import Metric
 from analyses.interventions.patching import base_and_source
-from analyses.interventions.run import Contrast, Run, normalize_values
+from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 
@@ -282,11 +282,9 @@ def path_patch(
     senders=None,
     receivers=None,
     via: str | Sequence[str] = VIAS,
-    direction: str = "denoise",
-    normalize: bool = False,
-    memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
+    options: Options | None = None,
     base_run: Run | None = None,
+    **keywords,
 ) -> pd.DataFrame:
     """Exact path patching of every edge (see the module docstring) -> one row per edge, sorted
     by sender, receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via``
@@ -297,15 +295,17 @@ def path_patch(
     ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; ``metric``:
     logits -> scalar (``analyses.core.metrics``); ``senders`` / ``receivers``: [(layer, head), ...] or
     None for all heads; ``via``: "q", "k", "v", "logits" or a sequence of them; ``direction``:
-    "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse). Equals
-    TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision.
+    "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse); it, ``normalize``,
+    ``memory_mb`` and ``progress`` come as ``options`` (``analyses.interventions.run.Options``) or as keywords.
+    Equals TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision.
     ``base_run``: a ``Run`` of the base prompts (see ``prepare_paths``).
     """
+    options = Options.of(options, keywords)
     edges = edges_of(model, senders, receivers, via)
     require_path_edits(model, edges, "path_patch")
-    setup = prepare_paths(model, clean, corrupted, metric, edges, direction, base_run=base_run)
-    values = path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress)
-    return path_frame(setup, edges, values, normalize)
+    setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run)
+    values = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
+    return path_frame(setup, edges, values, options.normalize)
 
 
 def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:

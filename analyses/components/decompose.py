@@ -207,7 +207,8 @@ def final_norm(model, final: torch.Tensor) -> FinalNorm:
     the clean run (module docstring: the scale by least squares, checked against the norm's output)."""
     norm = model.ln_final
     d_model = final.shape[-1]
-    output = norm(final).float()
+    normed = norm(final)
+    output = normed.float()
     bias = norm(final.new_zeros(1, 1, d_model)).float().reshape(d_model)
     weight = getattr(norm, "weight", None)
     weight = final.new_ones(d_model, dtype=torch.float32) if weight is None else weight.detach().float()
@@ -222,7 +223,8 @@ def final_norm(model, final: torch.Tensor) -> FinalNorm:
     # (zero, or cancelling) contribute nothing, and the infinite scale says so
     scale = torch.where(squares > 0, squares / (written * shifted).sum(-1, keepdim=True), torch.inf)
     gap = float((written / scale - shifted).abs().max())
-    if not gap <= 1e-4 * max(1.0, float(output.abs().max())):
+    # float32: 1e-4 of the output's scale; a narrower dtype: the output's own rounding (4 epsilons)
+    if not gap <= max(1e-4, 4 * torch.finfo(normed.dtype).eps) * max(1.0, float(output.abs().max())):
         raise UserError(f"the final norm is not weight * centre(x) / scale + bias within {gap:.3g}; direct logit "
                         "attribution needs a LayerNorm, an RMSNorm or no final norm")
     return FinalNorm(weight, bias, scale, centre)
@@ -431,19 +433,20 @@ def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zer
 
 
 def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.Tensor, metric, answers,
-                     distractors=None, *, positions: Sequence[int] | None = None, cache=None,
+                     distractors=None, *, positions: Sequence[int] | None = None, cache=None, clean_run=None,
                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Each head and each MLP, its direct and its total effect: one row per component with
     ``component, kind, layer, head, direct`` (its mean direct logit attribution to ``answers`` (minus
     ``distractors``) on the clean run, ``direct_logit_attribution``) and ``total`` (exact denoising
     patch of its output from the clean into the corrupted run, normalised: 0 = corrupted, 1 = clean;
     ``patch_heads`` / ``patch_mlps``). A component with a large total and a small direct effect acts
-    through later components. ``cache``: the clean run's (``components_cache``), else one is made."""
+    through later components. ``cache``: the clean run's (``components_cache``), else one is made;
+    ``clean_run``: a ``Run`` of the clean prompts, which the patching reads instead of running them again."""
     dla = direct_logit_attribution(model, clean_tokens if cache is None else cache, answers, distractors,
                                    positions=positions)
     direct = dla[dla["kind"].isin(["head", "mlp"])].groupby("component", sort=False).agg(
         kind=("kind", "first"), layer=("layer", "first"), head=("head", "first"), direct=("dla", "mean")).reset_index()
-    options = dict(normalize=True, memory_mb=memory_mb, progress=progress)
+    options = dict(normalize=True, memory_mb=memory_mb, progress=progress, clean_run=clean_run)
     heads = patch_heads(model, clean_tokens, corrupted_tokens, metric, **options)
     has_mlps = (direct["kind"] == "mlp").any()
     mlps = patch_mlps(model, clean_tokens, corrupted_tokens, metric, **options) if has_mlps else None

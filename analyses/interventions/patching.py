@@ -24,7 +24,6 @@ from itertools import product
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import (mlp_out_name, pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name,
                                  z_names)
@@ -56,16 +55,25 @@ def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tu
 
 
 def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise", *,
-            base_run: Run | None = None) -> Contrast:
+            base_run: Run | None = None, clean_run: Run | None = None) -> Contrast:
     """Run clean and corrupted once each, caching ``names`` from the source side -> the ``Contrast``
     whose base is the run that gets patched. ``base_run``: a ``Run`` of the base prompts (the
-    corrupted ones when denoising) that serves instead of a forward of its own."""
+    corrupted ones when denoising) that serves instead of a forward of its own; ``clean_run``: a
+    ``Run`` of the clean prompts, which serves as the source run when denoising and as the base run
+    when noising (its metric value is read from its last block where its metric is another)."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
-    source_run = Run.make(model, source, metric, names, starts=False)
+    if clean_run is not None and direction == "noise":
+        base_run = clean_run
+    if clean_run is not None and direction == "denoise":
+        clean_run.check_tokens(source)
+        source_cache, source_value = clean_run.read(names), clean_run.value(metric)
+    else:
+        source_run = Run.make(model, source, metric, names, starts=False)
+        source_cache, source_value = source_run.cache, source_run.baseline
     if base_run is None:
         base_run = Run.make(model, base, metric)
     base_run.check_tokens(base)
-    return Contrast(base_run, metric, source_run.cache, base_run.value(metric), source_run.baseline, direction)
+    return Contrast(base_run, metric, source_cache, base_run.value(metric), source_value, direction)
 
 
 def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options, desc: str) -> torch.Tensor:
@@ -80,18 +88,20 @@ def patch_heads(
     metric: Metric,
     *,
     by_position: bool = False,
-    direction: str = "denoise",
-    normalize: bool = False,
-    memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
+    options: Options | None = None,
+    clean_run: Run | None = None,
+    **keywords,
 ) -> torch.Tensor:
     """Patch each head's output (``hook_z``) -> [n_layers, n_heads], or with ``by_position``
     [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
-    ``..._by_pos`` (denoising, unnormalised)."""
+    ``..._by_pos`` (denoising, unnormalised). ``options`` (``Options``: direction, normalize,
+    memory_mb, progress), or the same as keywords (``direction="noise"``); ``clean_run``: a ``Run``
+    of the clean prompts made already (see ``prepare``), so they are not run again."""
     require_edit(model, "hook_z", "patch_heads")
-    options = Options(direction, normalize, memory_mb, progress)
-    return head_patches(prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction), options,
-                        by_position=by_position)
+    options = Options.of(options, keywords)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), options.direction,
+                       clean_run=clean_run)
+    return head_patches(contrast, options, by_position=by_position)
 
 
 def head_patches(contrast: Contrast, options: Options, *, by_position: bool = False) -> torch.Tensor:
@@ -114,19 +124,18 @@ def patch_residual(
     corrupted_tokens,
     metric: Metric,
     *,
-    direction: str = "denoise",
-    normalize: bool = False,
-    memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
+    options: Options | None = None,
+    **keywords,
 ) -> torch.Tensor:
     """Patch the residual stream entering each block at each position -> [n_layers, pos].
-    Equals TransformerLens's ``get_act_patch_resid_pre``."""
+    Equals TransformerLens's ``get_act_patch_resid_pre``. ``options``: see ``patch_heads``."""
+    options = Options.of(options, keywords)
     n_layers = model.cfg.n_layers
     names = resid_pre_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, options.direction)
     n_pos = contrast.tokens.shape[1]
     variants = [[Edit(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
-    return _sweep(contrast, variants, (n_layers, n_pos), Options(direction, normalize, memory_mb, progress), "patch resid")
+    return _sweep(contrast, variants, (n_layers, n_pos), options, "patch resid")
 
 
 def mlp_out_names(model) -> list[str]:
@@ -144,15 +153,16 @@ def patch_mlps(
     metric: Metric,
     *,
     by_position: bool = False,
-    direction: str = "denoise",
-    normalize: bool = False,
-    memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
+    options: Options | None = None,
+    clean_run: Run | None = None,
+    **keywords,
 ) -> torch.Tensor:
     """Patch each MLP's output (``hook_mlp_out``) -> [n_layers], or with ``by_position``
-    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``)."""
+    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``). ``options``, ``clean_run``: see
+    ``patch_heads``."""
+    options = Options.of(options, keywords)
     names = mlp_out_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, options.direction, clean_run=clean_run)
     n_layers, n_pos = model.cfg.n_layers, contrast.tokens.shape[1]
     if by_position:
         variants = [[Edit(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
@@ -160,7 +170,7 @@ def patch_mlps(
     else:
         variants = [[Edit(mlp_out_name(layer), (slice(None),))] for layer in range(n_layers)]
         shape = (n_layers,)
-    return _sweep(contrast, variants, shape, Options(direction, normalize, memory_mb, progress), "patch MLPs")
+    return _sweep(contrast, variants, shape, options, "patch MLPs")
 
 
 def patch_patterns(
@@ -169,20 +179,18 @@ def patch_patterns(
     corrupted_tokens,
     metric: Metric,
     *,
-    direction: str = "denoise",
-    normalize: bool = False,
-    memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
+    options: Options | None = None,
+    **keywords,
 ) -> torch.Tensor:
     """Patch each head's whole attention pattern (``hook_pattern``) -> [n_layers, n_heads].
-    Equals TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``."""
+    Equals TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``. ``options``: see ``patch_heads``."""
     require_edit(model, "hook_pattern", "patch_patterns")
+    options = Options.of(options, keywords)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     names = pattern_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, direction)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, options.direction)
     variants = [[Edit(pattern_name(layer), (head,))] for layer, head in product(range(n_layers), range(n_heads))]
-    return _sweep(contrast, variants, (n_layers, n_heads), Options(direction, normalize, memory_mb, progress),
-                  "patch patterns")
+    return _sweep(contrast, variants, (n_layers, n_heads), options, "patch patterns")
 
 
 def patch_specific_heads(contrast: Contrast, heads, options: Options = Options()) -> torch.Tensor:

@@ -49,8 +49,14 @@ class Options:
     progress: bool | None = None
 
     def but(self, **changes) -> "Options":
-        """A copy with ``changes``."""
+        """A copy with ``changes`` (a name that is not an option: a TypeError naming it)."""
         return replace(self, **changes)
+
+    @classmethod
+    def of(cls, options: "Options | None", keywords: Mapping) -> "Options":
+        """``options`` (default ``Options()``) with the keyword arguments ``keywords`` (``direction=``,
+        ``normalize=``, ``memory_mb=``, ``progress=``) on top: how a public function takes both."""
+        return (options or cls()).but(**keywords)
 
 
 @dataclass
@@ -152,6 +158,14 @@ class Run:
         except _Collected:
             pass
         return kept
+
+    def first(self, n: int) -> "Run":
+        """This run restricted to its first ``n`` prompts, nothing run again: the tokens, cache and
+        starts sliced; no metric, so ``value`` computes any from the last block."""
+        if not 0 < n <= len(self.tokens):
+            raise UserError(f"a run of {len(self.tokens)} prompts has no first {n}")
+        return Run(self.model, self.tokens[:n], cache={name: value[:n] for name, value in self.cache.items()},
+                   starts=None if self.starts is None else {name: value[:n] for name, value in self.starts.items()})
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         """Refuse, in one line, ``tokens`` (batch, pos) other than this run's."""

@@ -177,7 +177,8 @@ def components_report_section(model, probes: RepeatedProbes, *, progress: bool |
     lens = logit_lens(model, cache, answers, positions=positions)
     lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
     effects = attention_vs_mlp(model, tokens, corrupt_first_copy(probes), loss_metric(tokens, probes.predictable),
-                               answers, positions=positions, cache=cache, progress=progress)
+                               answers, positions=positions, cache=cache, progress=progress,
+                               clean_run=None if run is None else run.first(len(tokens)))
     del cache
     roles = meaning_roles(model, progress=progress)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)

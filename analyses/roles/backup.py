@@ -30,7 +30,7 @@ from analyses.interventions.ablation import Ablation, ablation_reads, prepare_ab
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.core.hook_names import z_name, z_names
-from analyses.interventions.engine import check_heads, evaluate_variants, head_cells
+from analyses.interventions.engine import Edit, check_heads, evaluate_variants, head_cells
 from analyses.core.metrics import Metric
 from analyses.interventions.run import Run
 from interp.errors import UserError
@@ -189,7 +189,7 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, layer: int, heads: Se
     later = [z_name(l) for l in range(layer + 1, ablation.model.cfg.n_layers)]
     frozen = [name for name in mlps if int(name.split(".")[1]) >= layer] + later
     sources = {z_name(layer): ablation.sources[z_name(layer)]} | {name: clean[name] for name in frozen}
-    variants = [head_cells([(layer, h)]) + [(name, ()) for name in frozen] for h in heads]
+    variants = [head_cells([(layer, h)]) + [Edit(name) for name in frozen] for h in heads]
     values = evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
                                starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
     return values.double()
