@@ -66,7 +66,8 @@ class Run:
     tokens: (batch, pos); metric: logits -> scalar, or None; baseline: the metric on this run (None
     without one); cache: hook name -> activation (batch, ...); starts: ``start_names`` hook ->
     residual (batch, pos, d_model) on a model that can start there, None elsewhere; reduced: what
-    streaming consumers left, by the key they were given."""
+    streaming consumers left, by the key they were given; silent: asked-for hooks the model never
+    fired, left out of ``read`` as ``run_with_cache`` leaves them out of its cache."""
 
     model: object
     tokens: torch.Tensor
@@ -75,6 +76,7 @@ class Run:
     cache: dict = field(default_factory=dict)
     starts: dict | None = None
     reduced: dict = field(default_factory=dict)
+    silent: frozenset = frozenset()
 
     @classmethod
     def make(cls, model, tokens: torch.Tensor, metric: Metric | None = None, names: Sequence[str] = (), *,
@@ -120,22 +122,27 @@ class Run:
                     logits.append(model(tokens[rows]))
             except _Collected:
                 pass
-        cache = {name: _joined(parts) for name, parts in kept.items()}
+        # a hook the model never fires (a bridge's hook_pos_embed on a rotary model) is left out, as
+        # run_with_cache's names_filter leaves it out, and remembered as silent
+        silent = frozenset(name for name, parts in kept.items() if not parts)
+        cache = {name: _joined(parts) for name, parts in kept.items() if parts}
         baseline = evaluate_metric(metric, _joined(logits)).item() if metric is not None else None
         run_starts = {name: cache.pop(name) for name in resid_names if name not in names} if resid_names else None
         if run_starts is not None:
             run_starts |= {name: cache[name] for name in resid_names if name in names}
         return cls(model, tokens, metric, baseline, cache, run_starts,
-                   {key: reducer.result() for key, reducer in reducers.items()})
+                   {key: reducer.result() for key, reducer in reducers.items()}, silent)
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """{name: activation (batch, ...)} for ``names``: from the cache, and what is missing from one
         forward of only the blocks it needs, starting at the latest cached start at or before the
         earliest missing hook (the whole model where there is none), kept in the cache after."""
-        missing = [name for name in dict.fromkeys(names) if name not in self.cache and name not in (self.starts or {})]
+        missing = [name for name in dict.fromkeys(names)
+                   if name not in self.cache and name not in (self.starts or {}) and name not in self.silent]
         if missing:
             self.cache |= self._suffix_cache(missing)
-        return {name: self.cache[name] if name in self.cache else self.starts[name] for name in names}
+        return {name: self.cache[name] if name in self.cache else self.starts[name]
+                for name in names if name not in self.silent}
 
     def _suffix_cache(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         start = resid_pre_name(min(layer_of(name) for name in names))
@@ -165,7 +172,8 @@ class Run:
         if not 0 < n <= len(self.tokens):
             raise UserError(f"a run of {len(self.tokens)} prompts has no first {n}")
         return Run(self.model, self.tokens[:n], cache={name: value[:n] for name, value in self.cache.items()},
-                   starts=None if self.starts is None else {name: value[:n] for name, value in self.starts.items()})
+                   starts=None if self.starts is None else {name: value[:n] for name, value in self.starts.items()},
+                   silent=self.silent)
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         """Refuse, in one line, ``tokens`` (batch, pos) other than this run's."""
