@@ -174,9 +174,11 @@ def test_our_checkpoint_without_its_weights_is_refused(tmp_path, toy_checkpoint,
 
 
 def test_broken_checkpoints_of_ours_are_refused(tmp_path, toy_checkpoint, capsys):
+    weights = (toy_checkpoint / "model.safetensors").read_bytes()
     (toy_checkpoint / "model.safetensors").write_bytes(b"not safetensors")
     line = refused(["ablate", "--model", str(toy_checkpoint), "--out", str(tmp_path / "o")], capsys)
     assert "model.safetensors is not a readable safetensors file" in line
+    (toy_checkpoint / "model.safetensors").write_bytes(weights)  # one fault at a time: now the config
     config = json.loads((toy_checkpoint / "config.json").read_text())
     del config["config"]["n_layers"]
     (toy_checkpoint / "config.json").write_text(json.dumps(config))
