@@ -8,7 +8,7 @@ Where things live (DESIGN 3.2, 3.4):
   ``interp.attention.GroupedQueryAttention`` (one per block, built by ``_attention``);
 - ``RMSNorm`` and ``MLP`` (plain, SwiGLU or GeGLU) below; ``TransformerBlock`` (sequential or
   parallel attention + MLP); ``GPTModel`` (embeddings, blocks, final norm, unembedding).
-- the Hugging Face converters, one per family, that set the knobs: ``interp.convert.CONVERTERS``.
+- the table of Hugging Face families whose rows set the knobs: ``interp.convert.CONVERTERS``.
 
 GPT-2 (the defaults): token + learned position embeddings, pre-LayerNorm blocks of attention then
 a GELU-tanh MLP (unless ``attn_only``), a final LayerNorm and an unembedding tied to the token

@@ -1,13 +1,13 @@
-"""From a Hugging Face model to our from-scratch ``GPTModel``: one converter per family (DESIGN 3.4).
+"""From a Hugging Face model to our from-scratch ``GPTModel`` (DESIGN 3.4): one table of families.
 
-The converters (``interp.convert.gpt2``, ``interp.convert.llama`` for Llama / Mistral / Qwen2 / Gemma,
-``interp.convert.neox``, ``interp.convert.phi``, ``interp.convert.bloom``; their shared parts in ``interp.convert.common``) are
-the only code that asks which family a model is: each reads its family's config into
-``GPTConfig`` knobs and maps its state dict onto ``GPTModel``. ``load_model`` reads directories and
-hub ids and calls ``from_hf``; ``impl=None`` picks the from-scratch model for the families listed
-here and the TransformerLens bridge for every other one. Every config field of each family is
-implemented (logits equal Hugging Face's), has no effect there either, or is refused in one line;
-every Hugging Face weight is read (docs/guides/families.md; tests/test_converter_options.py).
+``CONVERTERS`` (``interp.convert.families``) holds a row per Hugging Face ``model_type``: where its
+weights are and how its config reads into ``GPTConfig`` knobs; ``interp.convert.common.convert``
+reads any row. That table is the only code that asks which family a model is. ``load_model`` reads
+directories (a safetensors directory tensor by tensor, ``interp.convert.stream``) and hub ids;
+``impl=None`` picks the from-scratch model for the families listed here and the TransformerLens
+bridge for every other one. Every config field of each family is implemented (logits equal Hugging
+Face's), has no effect there either, or is refused in one line; every Hugging Face weight is read
+(docs/guides/families.md; tests/test_converter_options.py).
 """
 
 from __future__ import annotations
@@ -16,27 +16,10 @@ import copy
 
 import torch
 
-from interp.convert.bloom import bloom_to_scratch
+from interp.convert.common import HFWeights, convert
+from interp.convert.families import CONVERTERS
 from interp.errors import UserError
-from interp.convert.gpt2 import gpt2_to_scratch
-from interp.convert.llama import gemma_to_scratch, llama_to_scratch, mistral_to_scratch, qwen2_to_scratch
 from interp.model import GPTModel
-from interp.convert.neox import gpt_neox_to_scratch
-from interp.convert.phi import phi_to_scratch
-
-# Hugging Face model_type -> its converter. A family listed here loads from scratch by default
-# (``load_model(impl=None)``); each passes tests/test_scratch_families.py (logits vs Hugging Face,
-# every hook vs the TransformerLens bridge) and tests/test_converter_options.py (every config field).
-CONVERTERS = {
-    "gpt2": gpt2_to_scratch,
-    "llama": llama_to_scratch,
-    "mistral": mistral_to_scratch,
-    "qwen2": qwen2_to_scratch,
-    "gemma": gemma_to_scratch,
-    "gpt_neox": gpt_neox_to_scratch,
-    "phi": phi_to_scratch,
-    "bloom": bloom_to_scratch,
-}
 
 
 def scratch_families() -> tuple[str, ...]:
@@ -61,7 +44,7 @@ def from_hf(hf_model, tokenizer=None, release: bool = False) -> GPTModel:
     ``hf_model`` stays independent of the result."""
     family = hf_model.config.model_type
     check_scratch_family(family)
-    model = CONVERTERS[family](hf_model, tokenizer)
+    model = convert(CONVERTERS[family], hf_model.config, HFWeights(hf_model.state_dict()), tokenizer)
     if not release:
         with torch.no_grad():
             for param in model.parameters():

@@ -1,19 +1,22 @@
-"""What the Hugging Face converters (``interp.convert.gpt2``, ``interp.convert.llama``, ``interp.convert.neox``,
-``interp.convert.phi``, ``interp.convert.bloom``) share: reading a family's config into ``GPTConfig`` knobs,
-refusing the options the from-scratch model does not implement (one line each, never a silent
-difference), copying weights by module name, and building the model.
+"""The one conversion every Hugging Face family goes through (DESIGN 3.4): a ``Family`` is a row
+of the table in ``interp.convert.families`` (where the family's weights are and how its config
+reads into ``GPTConfig`` knobs); ``convert`` reads any row. Beside it, what the rows share:
+reading activation names and RoPE settings, refusing the options the from-scratch model does not
+implement (one line each, never a silent difference), and building the model on meta.
 
 Two rules keep a conversion from silently differing (docs/guides/families.md lists each family's
-options): a converter reads a config field only where the family's Hugging Face code reads it
-(a stray ``attention_bias`` in a Mistral config changes nothing there, so nothing here), and every
-tensor of the Hugging Face state dict must be read (``HFWeights``), as every one of ours must be
-filled (a strict ``load_state_dict``): a weight no converter reads belongs to a part of the model
-the from-scratch one does not have.
+options): a family reads a config field only where its Hugging Face code reads it (a stray
+``attention_bias`` in a Mistral config changes nothing there, so nothing here), and every tensor of
+the Hugging Face state dict must be read (``HFWeights``), as every one of ours must be filled (a
+strict ``load_state_dict``): a weight no row reads belongs to a part of the model the from-scratch
+one does not have.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import torch
 from einops import rearrange
@@ -30,7 +33,7 @@ _ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh", "gelu"
 
 class HFWeights(dict):
     """A Hugging Face state dict ``{name: tensor}`` that records which names were read with ``[]``
-    (``in`` is not a read), so ``scratch_model`` can refuse weights a converter left out."""
+    (``in`` is not a read), so ``scratch_model`` can refuse weights the table left out."""
 
     def __init__(self, state: dict[str, torch.Tensor]):
         super().__init__(state)
@@ -61,18 +64,19 @@ def refuse_options(hf_cfg, family: str, supported: dict) -> None:
                             f"(only {value!r}); use impl='transformer_lens'")
 
 
-def activation(name: str, family: str, field: str = "hidden_act") -> str:
-    """Our ``act_fn`` for a Hugging Face activation name (the config's ``field``)."""
+def activation(hf_cfg, key: str = "hidden_act") -> str:
+    """Our ``act_fn`` for the Hugging Face activation the config names under ``key``."""
+    name = getattr(hf_cfg, key)
     if name not in _ACTIVATIONS:
-        raise UserError(f"{family} {field}={name!r} is not implemented from scratch; allowed: "
+        raise UserError(f"{hf_cfg.model_type} {key}={name!r} is not implemented from scratch; allowed: "
                         f"{', '.join(_ACTIVATIONS)}")
     return _ACTIVATIONS[name]
 
 
-def shape(hf_cfg, family: str) -> dict:
+def shape(hf_cfg) -> dict:
     """The ``GPTConfig`` fields most families spell the same way (through transformers' attribute
-    map): vocabulary, context, widths, query and key/value heads, layers, whether the unembedding
-    is tied, and the model's name."""
+    map): vocabulary, context, widths, query and key/value heads, layers, and whether the
+    unembedding is tied."""
     return dict(
         d_vocab=hf_cfg.vocab_size,
         n_ctx=hf_cfg.max_position_embeddings,
@@ -83,74 +87,125 @@ def shape(hf_cfg, family: str) -> dict:
         d_head=getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads,
         n_key_value_heads=getattr(hf_cfg, "num_key_value_heads", None),
         tie_word_embeddings=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
-        model_name=getattr(hf_cfg, "name_or_path", "") or family,
     )
 
 
-def rotary(hf_cfg, family: str, d_head: int, partial: bool = False) -> dict:
+def rotary(hf_cfg, d_head: int, partial: bool = False) -> dict:
     """The rotary knobs from ``rope_parameters``: the base and the rotated dims: all of a head's
     ``d_head``, or with ``partial`` (GPT-NeoX, Phi: the families whose code reads it)
     ``partial_rotary_factor`` of them; Llama's layout ignores that key, and so do we. Only the
     original RoPE is implemented: a scaled one (linear, dynamic, yarn, llama3, ...) is refused."""
     rope = hf_cfg.rope_parameters
     if rope.get("rope_type", "default") != "default":
-        raise UserError(f"{family} rope_type={rope['rope_type']!r} is not implemented from scratch (only the "
-                        "default RoPE); use impl='transformer_lens'")
+        raise UserError(f"{hf_cfg.model_type} rope_type={rope['rope_type']!r} is not implemented from scratch (only "
+                        "the default RoPE); use impl='transformer_lens'")
     factor = rope.get("partial_rotary_factor", 1.0) if partial else 1.0
     return dict(positional_embedding_type="rotary", rotary_base=rope["rope_theta"], rotary_dim=int(d_head * factor))
 
 
-def copy_params(hf: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """``{our module: its Hugging Face module}`` -> our state-dict entries: each module's
-    ``weight`` and, where the Hugging Face module has one, its ``bias``."""
-    ours = {}
-    for ours_name, hf_name in names.items():
-        ours[f"{ours_name}.weight"] = hf[f"{hf_name}.weight"]
-        if f"{hf_name}.bias" in hf:
-            ours[f"{ours_name}.bias"] = hf[f"{hf_name}.bias"]
-    return ours
+@dataclass(frozen=True)
+class Family:
+    """One Hugging Face ``model_type`` as the from-scratch model reads it: a row of
+    ``interp.convert.families.FAMILIES``. Module names are Hugging Face's, without ``.weight``.
+
+    Attributes:
+        config: the Hugging Face config -> ``GPTConfig`` fields (the family's knobs; it refuses, in
+            one line, a value it cannot honour).
+        embed, final_norm: the token embedding and the final norm.
+        layers: the prefix of layer ``l``'s modules, ``f"{layers}{l}."``.
+        layer_names: ``{our module in a block: theirs in a layer}`` (``"attn.out_proj": "self_attn.o_proj"``).
+        top_names: ``{our module: theirs}`` for the other top-level modules (learned positions, a
+            norm on the embeddings).
+        refused: ``{config option: the only value implemented}``.
+        packed_qkv: the layer module that packs query, key and value on its output axis, or None.
+        qkv_layout: how that axis is packed, as einops axes: ``"h three d"`` (per head, GPT-NeoX,
+            BLOOM) or ``"three h d"`` (side by side, GPT-2).
+        conv1d: the layer modules' weights are stored (in, out) (GPT-2's ``Conv1D``): transposed
+            into ``nn.Linear``'s (out, in).
+        norm_offset: added to every norm weight (Gemma's RMSNorm multiplies by ``1 + weight``).
+    """
+
+    config: Callable[[object], dict]
+    embed: str
+    final_norm: str
+    layers: str
+    layer_names: Mapping[str, str]
+    top_names: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[str, object] = field(default_factory=dict)
+    packed_qkv: str | None = None
+    qkv_layout: str = "h three d"
+    conv1d: bool = False
+    norm_offset: float = 0.0
+
+    def module_names(self, cfg: GPTConfig) -> dict[str, str]:
+        """``{our module: its Hugging Face module}`` for a whole model: the token embedding, the
+        other top-level modules, each block's modules, the final norm and, where the unembedding
+        is not tied, ``lm_head``."""
+        names = {"embed": self.embed, **self.top_names, "ln_final": self.final_norm}
+        names |= {f"blocks.{layer}.{ours}": f"{self.layers}{layer}.{theirs}"
+                  for layer in range(cfg.n_layers) for ours, theirs in self.layer_names.items()}
+        if not cfg.tie_word_embeddings:
+            names["lm_head"] = "lm_head"
+        return names
+
+    def state(self, hf: "HFWeights", cfg: GPTConfig) -> dict[str, torch.Tensor]:
+        """Our state dict from the Hugging Face weights ``hf``: each module's ``weight`` and, where
+        the Hugging Face module has one, its ``bias``; the packed projections split; the norm
+        offset added. Each tensor is made contiguous as it is read (a copy only where it is
+        transposed or split), so a source tensor read from a file is freed before the next."""
+        ours = {}
+        in_layers = {hf_name for hf_name in self.module_names(cfg).values() if hf_name.startswith(self.layers)}
+        for our_name, hf_name in self.module_names(cfg).items():
+            for kind in ("weight", "bias"):
+                if kind == "weight" or f"{hf_name}.{kind}" in hf:
+                    tensor = hf[f"{hf_name}.{kind}"]
+                    ours[f"{our_name}.{kind}"] = (tensor.t() if self.conv1d and hf_name in in_layers else tensor).contiguous()
+        if self.packed_qkv is not None:
+            ours |= self._unpack_qkv(hf, cfg)
+        if self.norm_offset:
+            for name in [n for n in ours if n.split(".")[-2].startswith("ln") and n.endswith(".weight")]:
+                ours[name] = ours[name] + self.norm_offset
+        return ours
+
+    def _unpack_qkv(self, hf: "HFWeights", cfg: GPTConfig) -> dict[str, torch.Tensor]:
+        """Every layer's packed query/key/value projection (its output axis laid out as
+        ``qkv_layout``) -> our ``blocks.{layer}.attn.W_query`` / ``W_key`` / ``W_value`` weights and biases."""
+        split = {}
+        for layer in range(cfg.n_layers):
+            for kind in ("weight", "bias"):
+                name = f"{self.layers}{layer}.{self.packed_qkv}.{kind}"
+                if name in hf:
+                    packed = hf[name].t() if self.conv1d else hf[name]
+                    parts = rearrange(packed, f"({self.qkv_layout}) ... -> three (h d) ...", h=cfg.n_heads, three=3)
+                    split |= {f"blocks.{layer}.attn.{ours}.{kind}": part.contiguous()
+                              for ours, part in zip(("W_query", "W_key", "W_value"), parts)}
+        return split
 
 
-def module_names(cfg: GPTConfig, embed: str, final_norm: str, layers: str,
-                 layer_names: dict[str, str]) -> dict[str, str]:
-    """``{our module: its Hugging Face module}`` for a whole model: the token embedding, each block's
-    modules (``blocks.{l}.{ours}`` <- ``{layers}{l}.{theirs}`` for ``layer_names``' pairs), the final
-    norm and, where the unembedding is not tied, ``lm_head``."""
-    names = {"embed": embed, "ln_final": final_norm}
-    names |= {f"blocks.{layer}.{ours}": f"{layers}{layer}.{theirs}"
-              for layer in range(cfg.n_layers) for ours, theirs in layer_names.items()}
-    if not cfg.tie_word_embeddings:
-        names["lm_head"] = "lm_head"
-    return names
-
-
-def unpack_qkv(hf: dict[str, torch.Tensor], cfg: GPTConfig, packed: str) -> dict[str, torch.Tensor]:
-    """Every layer's query/key/value projection packed per head, as GPT-NeoX and BLOOM pack it (the
-    output axis is (head, [query, key, value], d_head); ``packed`` names the module, with
-    ``{layer}``) -> our ``blocks.{layer}.attn.W_query`` / ``W_key`` / ``W_value`` weights and biases."""
-    split = {}
-    for layer in range(cfg.n_layers):
-        for kind in ("weight", "bias"):
-            name = f"{packed.format(layer=layer)}.{kind}"
-            if name in hf:
-                parts = rearrange(hf[name], "(h three d) ... -> three (h d) ...", h=cfg.n_heads, three=3)
-                split |= {f"blocks.{layer}.attn.{ours}.{kind}": part
-                          for ours, part in zip(("W_query", "W_key", "W_value"), parts)}
-    return split
+def convert(family: Family, hf_cfg, hf, tokenizer=None) -> GPTModel:
+    """A ``GPTModel`` of ``family`` (a row of the table) from its Hugging Face config ``hf_cfg`` and
+    weights ``hf``: an ``HFWeights`` (a state dict in memory), or an
+    ``interp.convert.stream.SafetensorsWeights`` (a directory, read tensor by tensor);
+    ``tokenizer``: the HF tokenizer (the byte tokenizer when None). Refused in one line: an option
+    ``family.refused`` names, a config value its ``config`` cannot honour, a weight the table does
+    not read."""
+    name = hf_cfg.model_type
+    refuse_options(hf_cfg, name, family.refused)
+    cfg = GPTConfig(**{"model_name": getattr(hf_cfg, "name_or_path", "") or name, **family.config(hf_cfg)})
+    return scratch_model(cfg, family.state(hf, cfg), tokenizer, name, hf)
 
 
 def scratch_model(cfg: GPTConfig, state: dict[str, torch.Tensor], tokenizer, family: str,
-                  source: HFWeights) -> GPTModel:
+                  source) -> GPTModel:
     """``GPTModel(cfg)`` holding exactly ``state`` (every tensor, no other: strict), in eval mode,
     with ``family`` recorded and the Hugging Face ``tokenizer`` (the byte tokenizer when None).
-    ``source``: the Hugging Face weights ``state`` was made from; one the converter did not read
-    is refused (a part of the model ours lacks)."""
+    ``source``: the Hugging Face weights ``state`` was made from (``HFWeights`` or
+    ``SafetensorsWeights``); one the table did not read is refused (a part of the model ours lacks)."""
     unread = source.unread()
     if unread:
         shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
         raise UserError(f"{family} weights {shown} have no place in the from-scratch model (it would run without "
                         "them); use impl='transformer_lens'")
-    state = {name: tensor.detach().contiguous() for name, tensor in state.items()}  # a copy only where strided
     model = model_from_state(cfg, state, as_tokenizer(tokenizer) if tokenizer is not None else None, family)
     model.family = family
     return model
