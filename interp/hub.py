@@ -19,10 +19,11 @@ from urllib.parse import urlparse
 import torch
 
 from interp.errors import UserError
+from interp.tokenizer import ByteTokenizer
 
 # a hub id: "name" or "org/name", letters, digits, "_", "-", "."
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json", "tokenizer.model")
 # constant buffers older GPT-2 checkpoints saved beside the weights (the causal mask and the -1e4 fill
 # value), which the model recomputes: an unexpected tensor of exactly these names is no weight
 CONSTANT_BUFFERS = ("attn.bias", "attn.masked_bias")
@@ -116,7 +117,7 @@ def load_hf(located: Located, device_map: str | dict | None = None, dtype: torch
     """``(causal LM in eval mode, in ``dtype``, eager attention; its tokenizer or None)`` of a located
     model, on the CPU or placed by an accelerate ``device_map`` (checked by the caller). Every
     checkpoint tensor must match the model the config describes."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     spec, source, local_only = located
     placement = {} if device_map is None else {"device_map": device_map}
@@ -133,9 +134,31 @@ def load_hf(located: Located, device_map: str | dict | None = None, dtype: torch
     unexpected = [name for name in info.get("unexpected_keys") or () if not _is_constant_buffer(name)]
     refuse_mismatched_tensors(spec, info.get("missing_keys") or (), unexpected, info.get("mismatched_keys") or (),
                               errors=info.get("error_msgs") or ())
-    has_tokenizer = not Path(source).is_dir() or any((Path(source) / f).is_file() for f in _TOKENIZER_FILES)
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if has_tokenizer else None
-    return model.eval(), tokenizer
+    return model.eval(), load_tokenizer(located)
+
+
+def has_tokenizer(located: Located) -> bool:
+    """Whether a located model comes with a tokenizer: a hub id always; a directory where it holds
+    one of ``TOKENIZER_FILES``."""
+    return not Path(located.source).is_dir() or any((Path(located.source) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(located: Located):
+    """The Hugging Face tokenizer of a located model, or None where it has none (``has_tokenizer``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(located.source, local_files_only=located.local_only) \
+        if has_tokenizer(located) else None
+
+
+def refuse_missing_tokenizer(located: Located, vocab_size: int) -> None:
+    """Refuse, in one line, a directory without tokenizer files whose vocabulary is not the byte
+    tokenizer's (257 tokens: bytes 0..255 and the start token 256): read with the byte tokenizer
+    instead, its text and start token would silently be other tokens."""
+    if not has_tokenizer(located) and vocab_size != ByteTokenizer.vocab_size:
+        raise UserError(f"{located.spec!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}) and its "
+                        f"{vocab_size}-token vocabulary is not the byte tokenizer's ({ByteTokenizer.vocab_size}); "
+                        "save the model's tokenizer there (tokenizer.save_pretrained)")
 
 
 def _is_constant_buffer(name: str) -> bool:

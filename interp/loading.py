@@ -23,7 +23,7 @@ from interp.convert import check_scratch_family, from_hf, scratch_families
 from interp.errors import UserError
 from interp.files import write_atomic
 from interp.convert.common import model_from_state
-from interp.hub import hf_config, load_hf, locate, read_config_json
+from interp.hub import hf_config, load_hf, locate, read_config_json, refuse_missing_tokenizer
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import ByteTokenizer, VocabTokenizer
 
@@ -147,11 +147,13 @@ def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = 
     """A Hugging Face directory or hub id as the chosen (or the family's default) implementation,
     in ``dtype``; a bridge with a ``device_map``."""
     located = locate(spec)
-    family = hf_config(located).model_type
+    config = hf_config(located)
+    family = config.model_type
     if impl is None:
         impl = "scratch" if family in scratch_families() and device_map is None else "transformer_lens"
-    if impl == "scratch":
-        check_scratch_family(family)  # before reading any weight
+    if impl == "scratch":  # before reading any weight
+        check_scratch_family(family)
+        refuse_missing_tokenizer(located, config.vocab_size)
     hf_model, tokenizer = load_hf(located, device_map=device_map, dtype=dtype)
     if impl == "scratch":
         return from_hf(hf_model, tokenizer, release=True)  # its tensors become ours, the rest is freed

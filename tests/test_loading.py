@@ -13,7 +13,7 @@ import interp.hub
 from interp import GPTConfig, GPTModel, load_model, provenance
 from interp.errors import UserError
 from interp.loading import load_checkpoint, save_checkpoint
-from interp.random_models import FAMILIES
+from interp.random_models import FAMILIES, random_hf_model
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +41,19 @@ def test_a_gpt2_directory_without_tokenizer_still_loads_as_scratch(tmp_path, hf_
         torch.testing.assert_close(model(tokens), hf_gpt2[0](tokens).logits, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         load_model(tmp_path, impl="transformer_lens")
+
+
+@pytest.mark.parametrize("impl", [None, "scratch"])
+def test_a_directory_without_tokenizer_whose_vocabulary_is_not_bytes_is_refused(tmp_path, impl):
+    """Read with the byte tokenizer, a 320-token Llama's text and start token (``<s>`` at 1, not
+    256) would silently be other tokens: refused in one line before any weight is read."""
+    random_hf_model("llama", d_vocab=320)[0].save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=rf"^'{tmp_path}' has no tokenizer files \(none of tokenizer.json, .*\) and "
+                                        r"its 320-token vocabulary is not the byte tokenizer's \(257\)") as error:
+        load_model(tmp_path, impl=impl)
+    assert "\n" not in str(error.value)
+    random_hf_model("llama", d_vocab=320)[1].save_pretrained(tmp_path)  # with its tokenizer it loads
+    assert load_model(tmp_path, impl=impl).tokenizer.bos_token_id == 1
 
 
 def test_checkpoint_round_trip(tmp_path):
