@@ -109,3 +109,60 @@ def test_embedded_previous_token_head_acts_through_later_heads(toy_probes):
     assert abs(effects.loc[(0, 3), "direct"]) < 0.05 and effects.loc[(0, 3), "total"] > 1
     last = effects.loc[1]
     assert (last["direct"] - last["total"]).abs().max() < 1e-5
+
+
+def frozen_downstream_metric(model, tokens, metric, layer: int, head: int, source: torch.Tensor) -> float:
+    """The naive direct effect (the computation before the final-residual shortcut): rerun the whole
+    model with head (layer, head)'s z replaced by ``source`` (batch, pos, d_head) and every later
+    hook_z and every hook_mlp_out from ``layer`` on held at its clean value, by hand-written hooks."""
+    n_layers = model.cfg.n_layers
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+
+    def ablate(z, hook):
+        z = z.clone()
+        z[:, :, head] = source
+        return z
+
+    def frozen(name):
+        return lambda activation, hook: cache[name]
+
+    hooks = [(f"blocks.{layer}.attn.hook_z", ablate)]
+    hooks += [(f"blocks.{l}.attn.hook_z", frozen(f"blocks.{l}.attn.hook_z")) for l in range(layer + 1, n_layers)]
+    hooks += [(f"blocks.{l}.hook_mlp_out", frozen(f"blocks.{l}.hook_mlp_out")) for l in range(layer, n_layers)
+              if f"blocks.{l}.hook_mlp_out" in model.hook_dict]
+    with torch.no_grad():
+        return metric(model.run_with_hooks(tokens, fwd_hooks=hooks)).item()
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(),  # GPT-2: LayerNorm, learned positions, sequential blocks with MLPs, tied
+    dict(parallel_attn_mlp=True, positional_embedding_type="rotary", rotary_dim=4, tie_word_embeddings=False,
+         unembed_bias=True),  # GPT-NeoX / Phi: parallel attention + MLP, an unembedding bias
+    dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
+         n_key_value_heads=2, qkv_bias=False, attn_out_bias=False, mlp_bias=False,
+         tie_word_embeddings=False),  # Llama: RMS norm, SwiGLU, grouped-query
+])
+def test_direct_effects_from_the_final_residual_equal_rerunning_the_blocks(knobs):
+    """The direct effect read off the final residual (clean final residual + the head's changed write,
+    through the recomputed final norm and the unembedding) equals rerunning every block after the head
+    with all later head outputs and MLP outputs frozen, to float error, on a loss that reads only some
+    positions (so only those are unembedded) and with position-aligned mean ablation."""
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(3)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=3, **knobs)).eval()
+    probes = probes_for(model, 6, 24, seed=2)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    effects = direct_and_total_effects(model, probes, None, "mean", metric, progress=False, memory_mb=0.05)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(probes.tokens)
+    baseline = metric(model(probes.tokens)).item()
+    for row in effects.itertuples():
+        z = cache[f"blocks.{row.layer}.attn.hook_z"][:, :, row.head]  # (batch, pos, d_head)
+        others = (z.sum(0, keepdim=True) - z) / (z.shape[0] - 1)  # leave-one-out mean, as "mean" ablation
+        naive = frozen_downstream_metric(model, probes.tokens, metric, row.layer, row.head, others) - baseline
+        assert row.direct == pytest.approx(naive, abs=2e-5), (row.layer, row.head)
+    assert effects["direct"].abs().max() > 1e-3  # the heads move the loss: the comparison is not of zeros
+    # the MLPs react in the total effect (even the last layer's), not in the direct one
+    assert (effects["direct"] - effects["total"]).abs().max() > 1e-3

@@ -11,7 +11,12 @@
   the same ablation with everything downstream frozen at its unablated value (every later
   layer's head outputs, and every MLP output from the head's own layer on), so the change
   reaches the logits only through the residual stream and the unembedding. The residual stream
-  being a sum, the final residual then moves by exactly the head's own change of output.
+  being a sum, the final residual then moves by exactly the head's own change of output,
+  ``(z_ablated - z_clean)[head] @ W_O[layer, head]`` (the output bias is unchanged), so on a model
+  that can start at the final norm (``GPTModel``) the direct effect is computed from that alone:
+  the metric of ``unembed(final_resid_clean + delta)`` (the final norm recomputed, as a rerun
+  would), no block rerun; elsewhere (a ``TransformerBridge``, whose ``start_at_layer`` reruns the
+  earlier blocks) by rerunning the blocks after the head with every later output frozen.
   ``self_repair = direct - total``: how much of the direct effect later components undo.
 
 Every set of ablations is one ``evaluate_variants`` call (one forward per chunk of variants;
@@ -29,9 +34,11 @@ import torch
 from analyses.interventions.ablation import Ablation, ablation_reads, prepare_ablation, prompts_run
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
-from analyses.core.hook_names import z_name, z_names
-from analyses.interventions.engine import Edit, check_heads, evaluate_variants, head_cells
-from analyses.core.metrics import Metric
+from analyses.core.hook_names import final_resid_name, z_name, z_names
+from analyses.core.progress import progress_bar
+from analyses.interventions.engine import (Edit, check_heads, evaluate_variants, head_cells, partial_logits,
+                                           rows_per_chunk, runs_suffix_only)
+from analyses.core.metrics import Metric, evaluate_metric, read_positions
 from analyses.interventions.run import Run
 from interp.errors import UserError
 
@@ -126,8 +133,10 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
 
 def direct_effect_reads(model, method: str) -> list[str]:
     """What ``direct_and_total_effects`` reads from a ``Run`` of its prompts: the ablation's hooks,
-    every ``hook_z`` and every ``hook_mlp_out``."""
-    return list(dict.fromkeys([*ablation_reads(model, method), *z_names(model), *mlp_out_names(model)]))
+    every ``hook_z``, and the final residual (a model that starts at the final norm) or every
+    ``hook_mlp_out`` (one that reruns the blocks with them frozen)."""
+    frozen = [final_resid_name(model)] if runs_suffix_only(model) else mlp_out_names(model)
+    return list(dict.fromkeys([*ablation_reads(model, method), *z_names(model), *frozen]))
 
 
 def mlp_out_name(layer: int) -> str:
@@ -161,21 +170,25 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     of the prompts reading at least ``direct_effect_reads``, made here where None).
 
     heads: default every head. Returns one row per head: ``layer, head, total, direct,
-    self_repair`` (direct - total), ``baseline``. One batched call for the totals and one per
-    layer for the direct effects (each layer freezes a different set of downstream outputs).
+    self_repair`` (direct - total), ``baseline``. One batched call for the totals; the direct
+    effects from the final residual (``final_residual_effects``) where the model starts at the
+    final norm, else one rerun per layer (each freezes a different set of downstream outputs).
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     ablation = prepare_ablation(model, prompts, method, metric, run=run)
-    mlps = mlp_out_names(model)
-    require_mlp_freeze(model, mlps)
     total = ablation.run([[h] for h in heads], memory_mb=memory_mb, progress=progress, desc="total effects")
-    clean = ablation.base.read([*z_names(model), *mlps])
-    direct = torch.empty(len(heads), dtype=torch.float64)  # as the totals
-    for layer in sorted({l for l, _ in heads}):
-        members = [i for i, (l, _) in enumerate(heads) if l == layer]
-        direct[members] = frozen_downstream_run(ablation, clean, layer, [heads[i][1] for i in members],
-                                                mlps, memory_mb, progress)
+    if runs_suffix_only(model):
+        direct = final_residual_effects(ablation, heads, memory_mb, progress).double()  # float64 as the totals
+    else:
+        mlps = mlp_out_names(model)
+        require_mlp_freeze(model, mlps)
+        clean = ablation.base.read([*z_names(model), *mlps])
+        direct = torch.empty(len(heads), dtype=torch.float64)
+        for layer in sorted({l for l, _ in heads}):
+            members = [i for i, (l, _) in enumerate(heads) if l == layer]
+            direct[members] = frozen_downstream_run(ablation, clean, layer, [heads[i][1] for i in members],
+                                                    mlps, memory_mb, progress)
     return pd.DataFrame({
         "layer": [l for l, _ in heads], "head": [h for _, h in heads],
         "total": (total - ablation.baseline).numpy(), "direct": (direct - ablation.baseline).numpy(),
@@ -193,3 +206,39 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, layer: int, heads: Se
     values = evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
                                starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
     return values.double()
+
+
+def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]], memory_mb: float,
+                           progress: bool | None) -> torch.Tensor:
+    """The metric with each of ``heads`` ablated alone and everything downstream frozen, from the
+    final residual: ``unembed(final_clean + (z_source - z_clean)[:, :, h] @ W_O[l, h])`` (the
+    deltas in float32, (batch, pos, d_model) each), unembedded at the metric's read positions only,
+    for as many heads at a time as fit ``memory_mb`` -> (len(heads),) float32. Needs a model whose
+    ``unembed`` is the final norm and the unembedding (``GPTModel``: ``runs_suffix_only``)."""
+    model, tokens = ablation.model, ablation.tokens
+    layers = sorted({layer for layer, _ in heads})
+    clean = ablation.base.read([final_resid_name(model), *(z_name(layer) for layer in layers)])
+    final = clean[final_resid_name(model)]  # (batch, pos, d_model)
+    positions = read_positions(ablation.metric, tokens.shape[1])
+    chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb)
+    values = torch.empty(len(heads))
+    with torch.no_grad(), progress_bar(total=len(heads), progress=progress, desc="direct effects", leave=False) as bar:
+        W_O = model.W_O.detach()  # (n_layers, n_heads, d_head, d_model)
+        for start in range(0, len(heads), chunk):
+            members = heads[start:start + chunk]
+            moved = torch.stack([final.float() + head_write_change(ablation, clean, W_O, layer, head)
+                                 for layer, head in members]).to(final.dtype)  # (k, batch, pos, d_model)
+            rows = moved.flatten(0, 1)
+            logits = model.unembed(rows) if positions is None else partial_logits(model, rows, positions)
+            for i, variant_logits in enumerate(logits.unflatten(0, (len(members), -1))):
+                values[start + i] = evaluate_metric(ablation.metric, variant_logits)
+            bar.update(len(members))
+    return values
+
+
+def head_write_change(ablation: Ablation, clean: dict, W_O: torch.Tensor, layer: int, head: int) -> torch.Tensor:
+    """How the head's write to the residual stream changes under the ablation, in float32:
+    (z_source - z_clean)[:, :, head] @ W_O[layer, head] -> (batch, pos, d_model)."""
+    name = z_name(layer)
+    change = ablation.sources[name][:, :, head].float() - clean[name][:, :, head].float()  # (batch or 1, pos, d_head)
+    return (change @ W_O[layer, head].float()).expand(*clean[name].shape[:2], -1)
