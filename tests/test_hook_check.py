@@ -85,3 +85,54 @@ def test_interp_check_prints_the_verdicts(family_dir, capsys):
     assert "edit hook_z: changes the output" in out
     assert main(["check", "--model", "toy"]) == 0
     assert "hook shapes: all as documented" in capsys.readouterr().out
+
+
+def cold_toy(factor: float):
+    """The toy model with its queries scaled by ``factor``: a saturated softmax (one-hot patterns),
+    as in Tracr's compiled heads."""
+    model = load_model("toy")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_query.weight.mul_(factor)
+            if block.attn.W_query.bias is not None:
+                block.attn.W_query.bias.mul_(factor)
+    return model
+
+
+def test_query_and_key_edits_are_seen_on_saturated_attention():
+    """A bounded added pattern is lost on queries of 1e4 (every pattern stays one-hot): the probe
+    scales with the activation, so the verdicts are those of the unscaled model."""
+    model = cold_toy(1e4)
+    _, cache = model.run_with_cache(hook_check.probe_tokens(model))
+    assert cache["blocks.1.attn.hook_pattern"].amax(-1).min() > 0.999  # saturated
+    check = check_hooks(model)
+    assert check.ok and all(check.reaches_output.values())
+
+
+def test_dead_query_and_key_hooks_are_refused_on_saturated_attention_too(monkeypatch):
+    """Hooks that fire but whose edits the attention never reads (as a bridge's can be): the edit
+    is measured where the model computes, so scaling the probe cannot make a dead hook pass."""
+    attention = type(load_model("toy").blocks[0].attn)
+    heads = attention._heads
+
+    def discard_query_key_edits(self, x, hook):
+        hooked = heads(self, x, hook)
+        return heads(self, x, lambda value: value) if hook in (self.hook_q, self.hook_k) else hooked
+    monkeypatch.setattr(attention, "_heads", discard_query_key_edits)
+    for factor in (1.0, 1e4):
+        check = check_hooks(cold_toy(factor))
+        assert check.reaches_output == {"hook_q": False, "hook_k": False, "hook_v": True, "hook_z": True,
+                                        "hook_pattern": True}, factor
+        assert max(check.effects["hook_q"], check.effects["hook_k"]) <= hook_check.EDIT_TOLERANCE
+    with pytest.raises(UserError, match="^path patching needs edits of hook_q"):
+        require_edit(cold_toy(1.0), "hook_q", "path patching")
+
+
+def test_tracr_heads_pass_where_one_probe_leaves_the_output_unchanged():
+    """count_less_freq on the probe "abcab": every count is the largest, so a key edit at the
+    last layer moves its attention but not the output; the edit is seen at the layer's output."""
+    pytest.importorskip("tracr", reason="needs the [tracr] extra")
+    from interp.tracr import compile_program, from_tracr
+    for name, vocab in (("count_less_freq", "abc"), ("shuffle_dyck2", "(){}")):
+        check = check_hooks(from_tracr(compile_program(name, list(vocab), 5)))
+        assert check.ok, (name, check.effects)

@@ -6,12 +6,21 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
 
 - every hook the analyses read fires with its documented shape (``hook_k``/``hook_v`` carry the
   key/value heads of grouped- and multi-query attention);
-- an edit of ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` and ``hook_pattern`` changes the logits
-  (path patching edits the first three). Every probe *adds* a large fixed pattern
-  (``added_pattern``), never zeros or scales: an edit that zeroes an activation which is already
-  zero (an MLP with zero weights, a pruned or hand-set model) changes nothing while the hook works,
-  and would refuse the model falsely. The last layer is tried first, then the earlier ones, so a
-  layer whose weights ignore the edit (a head with zero value weights) does not decide alone;
+- an edit of ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` and ``hook_pattern`` changes the
+  model's computation (path patching edits the first three): the layer's own attention output
+  ``hook_attn_out``, where an edit of ``hook_attn_out`` itself reaches the logits (then its value
+  is what every later layer reads), else the logits. The layer's output, not the logits: one
+  probe prompt can leave a program's output where it was while the attention moved (a Tracr
+  ``SelectorWidth`` whose width is already the largest, measured on ``count_less_freq``). Every probe *adds* a fixed pattern (``added_pattern``),
+  never zeros or scales: an edit that zeroes an activation which is already zero (an MLP with zero
+  weights, a pruned or hand-set model) changes nothing while the hook works, and would refuse the
+  model falsely. The pattern is as large as the activation itself (its largest entry, at least
+  1): a bounded pattern is lost on saturated attention, where queries and keys are huge (Tracr's
+  compiled heads: entries of 100, so an added 1..3 left every argmax-like pattern where it was and
+  refused path patching on models whose q/k hooks work); scaled, an edit of q or k moves the
+  attention scores by as much as they are, however cold the softmax. The last layer is tried
+  first, then the earlier ones, so a layer whose weights ignore the edit (a head with zero value
+  weights) does not decide alone;
 - where the output projection is reachable (``blocks.{l}.attn.W_O`` / ``b_O``), the heads' outputs
   plus its bias add up to ``hook_attn_out``.
 
@@ -48,7 +57,8 @@ class HookCheck:
     """What the self-test measured.
 
     shapes: one row per (hook, layer): the shape that fired (None: it did not fire) and the one
-        documented. reaches_output: hook name -> whether an edit of it changed the logits, with
+        documented. reaches_output: hook name -> whether an edit of it changed the computation
+        (the layer's ``hook_attn_out`` where that is on the path, else the logits), with
         ``effects`` the largest relative change. sum_error: the largest |sum of head outputs +
         b_O - hook_attn_out| over layers (summed in float32), None where the projection is not
         reachable; sum_tolerance: what it may be (``SUM_TOLERANCE`` in float32; in a narrower
@@ -128,37 +138,50 @@ def measure_shapes(model, tokens: torch.Tensor) -> tuple[pd.DataFrame, torch.Ten
 
 
 @torch.no_grad()
-def edit_effect(model, tokens: torch.Tensor, logits: torch.Tensor, name: str, edit) -> float:
-    """Largest change of the logits when ``edit(activation)`` replaces the activation at ``name``,
-    relative to the logits' scale."""
+def edit_effect(model, tokens: torch.Tensor, reference: torch.Tensor, name: str, edit,
+                observed: str | None = None) -> float:
+    """Largest change of the logits (``observed`` None) or of the activation at hook ``observed``
+    when ``edit(activation)`` replaces the activation at ``name``, relative to ``reference``'s
+    scale (the unedited logits or activation, same shape)."""
+    seen = {}
+    hooks = [(name, lambda activation, hook: edit(activation))]
+    if observed is not None:
+        hooks.append((observed, lambda activation, hook: seen.setdefault("value", activation.detach().clone())))
     with warnings.catch_warnings():  # the bridge warns where it discards the edit: that is what is measured
         warnings.simplefilter("ignore", UserWarning)
-        edited = model.run_with_hooks(tokens, fwd_hooks=[(name, lambda activation, hook: edit(activation))])
-    return float((edited - logits).abs().max() / logits.abs().max().clamp(min=1e-12))
+        edited = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    edited = edited if observed is None else seen["value"]
+    return float((edited - reference).abs().max() / reference.abs().max().clamp(min=1e-12))
 
 
-PROBE_LOW, PROBE_HIGH = 1.0, 3.0  # the range of the pattern a probe adds
+PROBE_LOW, PROBE_HIGH = 1.0, 3.0  # the range of the pattern a probe adds, in units of the activation's size
 _GOLDEN = (5 ** 0.5 - 1) / 2
 
 
 def added_pattern(activation: torch.Tensor) -> torch.Tensor:
-    """``activation`` plus a large fixed pattern of its shape: entries in [1, 3), different at every
-    position, head and dimension (a golden-ratio sequence over the flattened tensor), so the edit
-    changes the activation whatever its value, moves a softmax's input by different amounts at
-    different keys, and moves an attention pattern's weights by a positive total."""
+    """``activation`` plus a large fixed pattern of its shape: entries in [1, 3) times the
+    activation's size (its largest |entry|, at least 1), different at every position, head and
+    dimension (a golden-ratio sequence over the flattened tensor), so the edit changes the
+    activation whatever its value, moves a softmax's input by different amounts at different keys
+    by as much as the input itself (a saturated softmax too), and moves an attention pattern's
+    weights by a positive total."""
     index = torch.arange(activation.numel(), device=activation.device, dtype=torch.float64)
     pattern = PROBE_LOW + (PROBE_HIGH - PROBE_LOW) * torch.frac(index * _GOLDEN)
-    return activation + pattern.reshape(activation.shape).to(activation.dtype)
+    size = max(1.0, float(activation.detach().abs().max())) if activation.numel() else 1.0
+    return activation + (size * pattern).reshape(activation.shape).to(activation.dtype)
 
 
 @torch.no_grad()
-def probe_effect(model, tokens: torch.Tensor, logits: torch.Tensor, names: Sequence[str]) -> float:
-    """The relative change of the logits (``edit_effect``) when ``added_pattern`` edits the hook
-    at each of ``names`` in turn, stopping at the first whose edit exceeds ``EDIT_TOLERANCE``; the
-    largest change seen (0.0 for no names)."""
+def probe_effect(model, tokens: torch.Tensor, logits: torch.Tensor, names: Sequence[str],
+                 observed: dict[str, tuple[str, torch.Tensor]] | None = None) -> float:
+    """The relative change (``edit_effect``) when ``added_pattern`` edits the hook at each of
+    ``names`` in turn, stopping at the first whose edit exceeds ``EDIT_TOLERANCE``; the largest
+    change seen (0.0 for no names). The change of the logits, or for a name in ``observed``
+    (name -> (hook, its unedited activation)) of that hook's activation."""
     effect = 0.0
     for name in names:
-        effect = max(effect, edit_effect(model, tokens, logits, name, added_pattern))
+        hook, reference = (observed or {}).get(name, (None, logits))
+        effect = max(effect, edit_effect(model, tokens, reference, name, added_pattern, hook))
         if effect > EDIT_TOLERANCE:
             break
     return effect
@@ -192,13 +215,29 @@ def head_sum_error(model, cache: dict) -> tuple[float | None, float]:
 
 
 @torch.no_grad()
+def layer_outputs(model, tokens: torch.Tensor, logits: torch.Tensor,
+                  cache: dict) -> dict[str, tuple[str, torch.Tensor]] | None:
+    """Where edits of ``hook_attn_out`` reach the logits (its value is then what the later layers
+    read): ``blocks.{l}.attn.{hook}`` -> (``blocks.{l}.hook_attn_out``, its cached activation) for
+    every hook of ``EDITABLE``, for ``probe_effect`` to observe; None (observe the logits) where
+    they do not, or where the layer outputs were not cached."""
+    outputs = layers_last_first(model, "hook_attn_out")
+    if not all(name in cache for name in outputs) or probe_effect(model, tokens, logits, outputs) <= EDIT_TOLERANCE:
+        return None
+    return {f"blocks.{layer}.attn.{hook}": (f"blocks.{layer}.hook_attn_out", cache[f"blocks.{layer}.hook_attn_out"])
+            for layer in range(model.cfg.n_layers) for hook in EDITABLE}
+
+
+@torch.no_grad()
 def check_hooks(model) -> HookCheck:
     """Run the self-test on ``model`` (once per model object; later calls return the result)."""
     if model in _checked:
         return _checked[model]
     tokens = probe_tokens(model)
     shapes, logits, cache = measure_shapes(model, tokens)
-    effects = {hook: probe_effect(model, tokens, logits, layers_last_first(model, f"attn.{hook}")) for hook in EDITABLE}
+    observed = layer_outputs(model, tokens, logits, cache)
+    effects = {hook: probe_effect(model, tokens, logits, layers_last_first(model, f"attn.{hook}"), observed)
+               for hook in EDITABLE}
     sum_error, sum_tolerance = head_sum_error(model, cache)
     result = HookCheck(model_family(model), model_impl(model), shapes,
                        {hook: effect > EDIT_TOLERANCE for hook, effect in effects.items()}, effects,
