@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS, ablation_sweep, pruning_curve
-from analyses.interventions.attribution import attribution_agreement, attribution_patch_heads, shortlist_patch_heads, unpatched_value
+from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS, TARGET_KINDS, ablation_sweep, as_component, pruning_curve
+from analyses.interventions.attribution import (attribution_agreement, attribution_patch_heads, attribution_patch_mlps,
+                                                shortlist_patch_heads, unpatched_value)
 from analyses.report.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.cli.args import add_model_args, load_cli_model
 from analyses.report.meta import model_meta, write_meta
-from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
 from analyses.core.probes import check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
 from analyses.core.tokens import as_tokens, single_token_id
 from interp.errors import UserError
@@ -24,7 +25,11 @@ PATCH_TARGETS = {
     "heads_by_position": (patch_heads, ("layer", "pos", "head"), {"by_position": True}),
     "residual": (patch_residual, ("layer", "pos"), {}),
     "patterns": (patch_patterns, ("layer", "head"), {}),
+    "mlps": (patch_mlps, ("layer",), {}),
+    "mlps_by_position": (patch_mlps, ("layer", "pos"), {"by_position": True}),
 }
+ATTRIBUTION = {"heads": attribution_patch_heads, "heads_by_position": attribution_patch_heads,
+               "mlps": attribution_patch_mlps, "mlps_by_position": attribution_patch_mlps}
 
 
 def _model_and_prompt_args(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +42,16 @@ def _model_and_prompt_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
-    ablate = subparsers.add_parser("ablate", help="ablate heads (zero/mean/resample) and measure the loss")
+    ablate = subparsers.add_parser("ablate", help="ablate heads or MLPs (zero/mean/resample) and measure the loss")
     _model_and_prompt_args(ablate)
     ablate.add_argument("--text", action="append",
                         help="a prompt (repeat for several, of any lengths; default: repeated probes)")
     ablate.add_argument("--method", default="mean", choices=METHODS)
-    ablate.add_argument("--targets", default="each_head", choices=["each_head", "each_layer", "cumulative"])
-    ablate.add_argument("--heads", help="ablate this group instead, e.g. 1.4,1.10 (layer.head, comma-separated)")
+    ablate.add_argument("--targets", default="each_head", choices=[*TARGET_KINDS, "cumulative"],
+                        help="each head, each layer's heads, each MLP (all positions, or each position), or "
+                             "the cumulative pruning curve of the heads")
+    ablate.add_argument("--heads", help="ablate this group instead, e.g. 1.4,1.10,mlp2 (layer.head or mlpL, "
+                                        "mlpL@P for one position; comma-separated)")
     ablate.add_argument("--preserve-patterns", action="store_true", help="freeze other heads' attention patterns")
     ablate.set_defaults(func=run_ablate)
 
@@ -62,11 +70,14 @@ def register(subparsers) -> None:
     patch.set_defaults(func=run_patch)
 
 
-def parse_heads(text: str) -> list[tuple[int, int]]:
+def parse_heads(text: str) -> list:
+    """``--heads`` -> components: (layer, head) pairs and MLPs (``analyses.interventions.ablation.as_component``)."""
     try:
-        return [tuple(int(v) for v in item.split(".")) for item in text.split(",")]
-    except ValueError:
-        raise UserError(f"--heads {text!r}: expected layer.head pairs separated by commas, e.g. 1.4,1.10") from None
+        return [as_component(item) if item.strip().startswith("mlp") else tuple(int(v) for v in item.split("."))
+                for item in text.split(",")]
+    except ValueError:  # a UserError too
+        raise UserError(f"--heads {text!r}: expected layer.head pairs or mlpL (mlpL@P) separated by commas, "
+                        "e.g. 1.4,1.10,mlp2") from None
 
 
 def _progress(args) -> bool | None:
@@ -151,9 +162,9 @@ def run_patch(args) -> int:
                        **options)
         frame = patching_frame(result, dims, value)
         if args.attribution:
-            if args.what not in ("heads", "heads_by_position"):
-                raise UserError(f"--attribution covers heads and heads_by_position, not --what {args.what}")
-            attributed = attribution_patch_heads(model, clean, corrupted, metric, by_position="pos" in dims, **options)
+            if args.what not in ATTRIBUTION:
+                raise UserError(f"--attribution covers {', '.join(ATTRIBUTION)}, not --what {args.what}")
+            attributed = ATTRIBUTION[args.what](model, clean, corrupted, metric, by_position="pos" in dims, **options)
             frame["attribution"] = attributed.flatten().cpu().numpy()
             agreement = attribution_agreement(
                 attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, **options))

@@ -50,13 +50,12 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
-from analyses.interventions.ablation import leave_one_out_mean
+from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
-from analyses.interventions.engine import base_run, check_choice, evaluate_variants
-from analyses.core.metrics import evaluate_metric, loss_metric
-from analyses.interventions.patching import mlp_out_names, patch_heads, patch_mlps
+from analyses.interventions.engine import check_choice
+from analyses.interventions.patching import patch_heads, patch_mlps
 from analyses.core.plots import new_figure
 from interp.errors import UserError
 
@@ -406,30 +405,19 @@ def logit_lens_figure(lens: pd.DataFrame) -> Figure:
 MLP_METHODS = ("zero", "mean")
 
 
-@torch.no_grad()
 def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zero", by_position: bool = False,
                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Ablate each MLP's output (``hook_mlp_out``) alone, at every position or (``by_position``) at one
     -> one row per layer (and position): ``layer, [position,] value, baseline, effect`` (value -
     baseline). ``method``: ``zero``, or ``mean`` (its mean at the same position over the other prompts,
-    as head ablation's leave-one-out mean). ``metric`` defaults to the mean next-token loss. One
-    forward caches the outputs; the ablations run batched (``evaluate_variants``)."""
+    as head ablation's leave-one-out mean). ``metric`` defaults to the mean next-token loss. The
+    ``each_mlp`` / ``each_mlp_by_position`` sweep of ``analyses.interventions.ablation.ablation_sweep``
+    (which also takes ``mean_aligned`` and ``resample``, and MLPs grouped with heads)."""
     check_choice("MLP ablation method", method, MLP_METHODS)
-    names = mlp_out_names(model)
-    metric = loss_metric(tokens) if metric is None else metric
-    logits, cache, starts = base_run(model, tokens, names)
-    baseline = evaluate_metric(metric, logits).item()
-    real = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
-    sources = {name: torch.zeros_like(cache[name][:1]) if method == "zero" else leave_one_out_mean(cache[name], real)
-               for name in names}
-    n_pos = tokens.shape[1]
-    cells = [(layer, pos) for layer in range(len(names)) for pos in (range(n_pos) if by_position else [None])]
-    variants = [[(names[layer], (slice(None),) if pos is None else (pos,))] for layer, pos in cells]
-    values = evaluate_variants(model, tokens, variants, sources, metric, starts=starts, memory_mb=memory_mb,
-                               progress=progress, desc="ablate MLPs")
-    frame = pd.DataFrame(cells, columns=["layer", "position"])
-    frame = frame.drop(columns="position") if not by_position else frame
-    return frame.assign(value=values.numpy(), baseline=baseline, effect=values.numpy() - baseline)
+    frame = ablation_sweep(model, tokens, "each_mlp_by_position" if by_position else "each_mlp", method, metric,
+                           memory_mb=memory_mb, progress=progress)
+    where = frame[["layer", "position"] if by_position else ["layer"]].astype("int64")
+    return where.assign(value=frame["metric"], baseline=frame["baseline"], effect=frame["effect"])
 
 
 def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.Tensor, metric, answers,

@@ -1,6 +1,8 @@
-"""Head ablation at ``hook_z`` (DESIGN 4.2): zero, mean and resample, optionally pattern-preserving.
+"""Head and MLP ablation at ``hook_z`` and ``hook_mlp_out`` (DESIGN 4.2): zero, mean and resample,
+optionally pattern-preserving.
 
-A head's output (its slice of ``hook_z``, (batch, pos, d_head)) is replaced by
+A head's output (its slice of ``hook_z``, (batch, pos, d_head)), or an MLP's (``hook_mlp_out``,
+(batch, pos, d_model), at every position or at one: ``MLP(layer, position)``), is replaced by
 - ``zero``: zeros;
 - ``mean``: its mean at the same position over the *other* prompts (leave-one-out: a prompt's own
   output never leaks into its replacement), or over a separate ``reference`` batch as given;
@@ -16,8 +18,9 @@ With ``preserve_patterns`` every attention pattern is frozen at its value in the
 what they read (values) changes, which isolates the ablated head's direct role.
 
 Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
-suffix-only on ``GPTModel``): every single head, every layer, named groups, and the cumulative
-pruning curve of Michel et al. (2019), heads removed in increasing order of importance.
+suffix-only on ``GPTModel``): every single head, every layer, every MLP (at all positions, or at
+each position), named groups of heads and MLPs, and the cumulative pruning curve of Michel et al.
+(2019), heads removed in increasing order of importance.
 
 Prompts are token ids (batch, pos), texts, or ``RepeatedProbes``; texts of unequal lengths are
 right-padded, and the padding is kept out of the metric (``analyses.core.metrics.metric_for_batch``: a
@@ -28,17 +31,19 @@ resample needs equal lengths).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import product
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence, Union
 
 import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
-from analyses.core.hook_names import pattern_name, pattern_names, z_name, z_names
+from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_name, z_names
 from analyses.interventions.engine import (
+    Edit,
     Variant,
     cache_run,
     check_choice,
@@ -49,6 +54,7 @@ from analyses.interventions.engine import (
 )
 from analyses.core.metrics import Metric, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
+from analyses.interventions.patching import mlp_out_names
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.tokens import as_batch
 from interp.errors import UserError
@@ -64,30 +70,104 @@ FROM_OTHER_PROMPTS = {
 }
 
 
+class MLP(NamedTuple):
+    """An MLP as an ablation target: layer ``layer``'s ``hook_mlp_out`` at every position, or at
+    ``position`` only. Written ``mlp3`` (``mlp3@5`` at position 5) in target lists and specs."""
+
+    layer: int
+    position: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"L{self.layer} MLP" + ("" if self.position is None else f"@{self.position}")
+
+
+Component = Union[tuple[int, int], MLP]  # a head (layer, head), or an MLP
+MLP_TEXT = re.compile(r"mlp(\d+)(?:@(\d+))?")
+
+
+def as_component(item) -> Component:
+    """A target's component: an ``MLP``, ``"mlp3"`` / ``"mlp3@5"`` (an MLP, at a position), or a
+    (layer, head) pair (not yet range-checked: see ``check_components``)."""
+    if isinstance(item, MLP):
+        return item
+    if isinstance(item, str):
+        match = MLP_TEXT.fullmatch(item.strip())
+        if match is None:
+            raise UserError(f"a component is a (layer, head) pair or mlpL (mlpL@P at position P), got {item!r}")
+        return MLP(int(match[1]), None if match[2] is None else int(match[2]))
+    return item  # a head, which check_heads reads
+
+
+def check_components(model, items, n_pos: int | None = None) -> list[Component]:
+    """Heads and MLPs (anything ``as_component`` reads) validated against the model's shape (and
+    positions against ``n_pos``, the prompts' length, where given)."""
+    components = [as_component(item) for item in items]
+    heads = check_heads(model, [c for c in components if not isinstance(c, MLP)])
+    mlps = [c for c in components if isinstance(c, MLP)]
+    if mlps:
+        mlp_out_names(model)  # a one-line refusal for an attention-only model
+    for mlp in mlps:
+        if not 0 <= mlp.layer < model.cfg.n_layers:
+            raise UserError(f"MLP {mlp.layer} out of range: layer must be in [0, {model.cfg.n_layers})")
+        if mlp.position is not None and not (mlp.position >= 0 and (n_pos is None or mlp.position < n_pos)):
+            raise UserError(f"MLP {mlp.layer} at position {mlp.position}: the position must be in "
+                            f"[0, {n_pos if n_pos is not None else 'the prompt length'})")
+    checked = iter(heads)
+    return [c if isinstance(c, MLP) else next(checked) for c in components]
+
+
+def component_label(component: Component) -> str:
+    """``L{l}H{h}`` for a head, ``L{l} MLP`` (``L{l} MLP@{p}``) for an MLP."""
+    return component.label if isinstance(component, MLP) else f"L{component[0]}H{component[1]}"
+
+
+def component_cells(components: Sequence[Component]) -> list[Edit]:
+    """The edits that ablate each component: a head's ``hook_z`` slice at every position, an
+    MLP's ``hook_mlp_out`` at every position or at its one."""
+    heads = [c for c in components if not isinstance(c, MLP)]
+    mlps = [Edit(mlp_out_name(c.layer), (slice(None),) if c.position is None else (c.position,))
+            for c in components if isinstance(c, MLP)]
+    return head_cells(heads) + mlps
+
+
+def target_location(components: Sequence[Component]) -> tuple[int | None, int | None]:
+    """(the layer of every component, if one; the head, if the target is one head)."""
+    layers = {c.layer if isinstance(c, MLP) else c[0] for c in components}
+    single_head = len(components) == 1 and not isinstance(components[0], MLP)
+    return (next(iter(layers)) if len(layers) == 1 else None), (components[0][1] if single_head else None)
+
+
 @dataclass
 class Ablation(Contrast):
     """Everything an ablation sweep needs, computed once: a ``Contrast`` whose base is the
     unablated ``Run`` of the prompts and whose sources replace ``hook_z`` (batch or 1, pos, head,
-    d_head), with ``preserve_patterns`` also each ``hook_pattern`` of the unablated run.
+    d_head), prepared with ``mlps`` also ``hook_mlp_out`` (batch or 1, pos, d_model), with
+    ``preserve_patterns`` also each ``hook_pattern`` of the unablated run.
     baseline: the metric unablated.
     """
 
     preserve_patterns: bool = False
 
-    def variant(self, heads: Sequence[tuple[int, int]]) -> Variant:
-        """Cells ablating ``heads``; patterns are frozen from the first ablated layer on (earlier
-        ones see unchanged inputs), so a suffix run still starts there."""
-        cells = head_cells(heads)
+    def variant(self, components: Sequence[Component]) -> Variant:
+        """Cells ablating ``components`` (heads and ``MLP``s); patterns are frozen from the first
+        ablated layer on (earlier ones see unchanged inputs), so a suffix run still starts there."""
+        cells = component_cells(components)
+        missing = {cell.hook for cell in cells} - set(self.sources)
+        if missing:
+            raise UserError(f"this ablation was prepared without {sorted(missing)[0]}; MLP targets need "
+                            "prepare_ablation(..., mlps=True)")
         if self.preserve_patterns:
-            first = min(layer for layer, _ in heads)
+            first = min(layer_of(cell.hook) for cell in cells)
             cells += [(pattern_name(layer), ()) for layer in range(first, self.model.cfg.n_layers)]
         return cells
 
-    def run(self, head_sets: Sequence[Sequence[tuple[int, int]]], *, memory_mb=DEFAULT_MEMORY_MB,
+    def run(self, head_sets: Sequence[Sequence[Component]], *, memory_mb=DEFAULT_MEMORY_MB,
             progress: bool | None = None, desc="ablations") -> torch.Tensor:
-        """The metric with each set of heads ablated together -> (len(head_sets),) float64, as the
-        baseline is kept: a table's metric and baseline columns then print alike, and an empty set
-        (which gives the baseline) has an effect of exactly 0, also once read back from a CSV."""
+        """The metric with each set of components (heads, and ``MLP``s where prepared with
+        ``mlps``) ablated together -> (len(head_sets),) float64, as the baseline is kept: a table's
+        metric and baseline columns then print alike, and an empty set (which gives the baseline)
+        has an effect of exactly 0, also once read back from a CSV."""
         values = torch.full((len(head_sets),), self.baseline, dtype=torch.float64)
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
@@ -114,18 +194,19 @@ def _constant(pattern: torch.Tensor, hook) -> torch.Tensor:
     return pattern.detach()
 
 
-def replacement_z(model, batch: TokenBatch, method: str, reference=None, seed: int = 0,
-                  places: torch.Tensor | None = None, run: Run | None = None) -> dict[str, torch.Tensor]:
-    """{hook_z name: what replaces the heads' outputs}, (batch or 1, pos, head, d_head).
+def replacements(model, batch: TokenBatch, method: str, names: Sequence[str], reference=None, seed: int = 0,
+                 places: torch.Tensor | None = None, run: Run | None = None) -> dict[str, torch.Tensor]:
+    """{name: what replaces that activation}, (batch or 1, pos, ...), for ``names`` among every
+    ``hook_z`` ((..., head, d_head): the heads' outputs) and ``hook_mlp_out`` ((..., d_model)).
 
     ``places`` (batch, pos): the probes' structure, for ``mean_aligned`` (see the module docstring);
-    ``run``: a ``Run`` of ``batch`` whose ``hook_z`` serve when the replacement comes from the prompts
-    themselves (no forward of its own then)."""
+    ``run``: a ``Run`` of ``batch`` whose activations serve when the replacement comes from the
+    prompts themselves (no forward of its own then)."""
     check_choice("ablation method", method, METHODS)
-    names = z_names(model)
     if method == "zero":
-        shape = (1, batch.tokens.shape[1], model.cfg.n_heads, model.cfg.d_head)
-        return {name: torch.zeros(shape, device=batch.tokens.device) for name in names}
+        heads, mlp = (model.cfg.n_heads, model.cfg.d_head), (model.cfg.d_model,)
+        return {name: torch.zeros((1, batch.tokens.shape[1], *(heads if name.endswith("hook_z") else mlp)),
+                                  device=batch.tokens.device) for name in names}
     if method == "mean_aligned" and (places is None or reference is not None):
         raise UserError("mean_aligned ablation needs the prompts as RepeatedProbes (their structure says which "
                         "positions align) and no reference batch; use mean for other prompts")
@@ -194,12 +275,18 @@ def resample_index(n_prompts: int, n_reference: int, same_batch: bool, seed: int
     return index
 
 
-def ablation_reads(model, method: str, *, reference=None, preserve_patterns: bool = False) -> list[str]:
+def ablated_names(model, mlps: bool = False) -> list[str]:
+    """The activations an ablation replaces: every ``hook_z``, with ``mlps`` every ``hook_mlp_out``."""
+    return [*z_names(model), *(mlp_out_names(model) if mlps else [])]
+
+
+def ablation_reads(model, method: str, *, reference=None, preserve_patterns: bool = False,
+                   mlps: bool = False) -> list[str]:
     """The hooks an ablation reads from a ``Run`` of its prompts (``prepare_ablation(run=...)``):
-    every ``hook_z`` where the replacement comes from the prompts themselves, every
-    ``hook_pattern`` with ``preserve_patterns``."""
+    every ``hook_z`` (with ``mlps`` every ``hook_mlp_out``) where the replacement comes from the
+    prompts themselves, every ``hook_pattern`` with ``preserve_patterns``."""
     own = method != "zero" and reference is None
-    return [*(z_names(model) if own else []), *(pattern_names(model) if preserve_patterns else [])]
+    return [*(ablated_names(model, mlps) if own else []), *(pattern_names(model) if preserve_patterns else [])]
 
 
 def prompts_run(model, prompts, names, metric: Metric | None = None) -> Run:
@@ -210,11 +297,13 @@ def prompts_run(model, prompts, names, metric: Metric | None = None) -> Run:
 
 
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
-                     preserve_patterns: bool = False, seed: int = 0, run: Run | None = None) -> Ablation:
+                     preserve_patterns: bool = False, seed: int = 0, run: Run | None = None,
+                     mlps: bool = False) -> Ablation:
     """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
     reference). ``metric`` defaults to the mean next-token loss over all real positions (the run's
     metric where ``run`` has one). ``run``: a ``Run`` of these tokens (``Run.make``, reading at least
-    ``ablation_reads``) that serves instead of a forward of its own."""
+    ``ablation_reads``) that serves instead of a forward of its own. ``mlps``: also replace every
+    ``hook_mlp_out`` (by the same method), so ``MLP`` targets can be ablated."""
     require_edit(model, "hook_z", "head ablation")
     if preserve_patterns:
         require_edit(model, "hook_pattern", "preserve_patterns=True")
@@ -227,8 +316,8 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
     metric = metric_for_batch(metric, batch.lengths, batch.tokens.shape[1])  # never reads the padding
     if run is None:
         run = Run.make(model, batch.tokens, metric, ablation_reads(model, method, reference=reference,
-                                                                   preserve_patterns=preserve_patterns))
-    sources = replacement_z(model, batch, method, reference, seed, places, run)
+                                                                   preserve_patterns=preserve_patterns, mlps=mlps))
+    sources = replacements(model, batch, method, ablated_names(model, mlps), reference, seed, places, run)
     pattern_cache = run.read(pattern_names(model)) if preserve_patterns else {}
     return Ablation(run, metric, sources | pattern_cache, run.value(metric), preserve_patterns=preserve_patterns)
 
@@ -242,48 +331,64 @@ def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | No
     return ablation.run([heads], progress=False).item()
 
 
-def sweep_targets(model, targets) -> list[tuple[str, list[tuple[int, int]]]]:
-    """``"each_head"`` | ``"each_layer"`` | {name: heads} | [heads, ...] -> [(name, heads), ...]."""
+TARGET_KINDS = ("each_head", "each_layer", "each_mlp", "each_mlp_by_position")
+
+
+def sweep_targets(model, targets, n_pos: int | None = None) -> list[tuple[str, list[Component]]]:
+    """``"each_head"`` | ``"each_layer"`` | ``"each_mlp"`` | ``"each_mlp_by_position"`` (needs
+    ``n_pos``, the prompts' length) | {name: components} | [components, ...] -> [(name, components),
+    ...]; a component is a (layer, head) pair or an MLP (``MLP``, or ``"mlp3"``, ``"mlp3@5"``)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if targets == "each_head":
         return [(f"L{l}H{h}", [(l, h)]) for l, h in product(range(n_layers), range(n_heads))]
     if targets == "each_layer":
         return [(f"L{l}", [(l, h) for h in range(n_heads)]) for l in range(n_layers)]
+    if targets in ("each_mlp", "each_mlp_by_position"):
+        mlp_out_names(model)  # a one-line refusal for an attention-only model
+        if targets == "each_mlp":
+            return [(MLP(l).label, [MLP(l)]) for l in range(n_layers)]
+        if n_pos is None:
+            raise UserError("each_mlp_by_position needs the prompts' length (n_pos)")
+        return [(MLP(l, p).label, [MLP(l, p)]) for l, p in product(range(n_layers), range(n_pos))]
     if isinstance(targets, str):
-        raise UserError(f"unknown targets {targets!r}; allowed: each_head, each_layer, a mapping name -> heads, "
-                         "or a list of head lists")
-    items = targets.items() if isinstance(targets, Mapping) else ((None, heads) for heads in targets)
+        raise UserError(f"unknown targets {targets!r}; allowed: {', '.join(TARGET_KINDS)}, a mapping name -> "
+                        "components, or a list of component lists")
+    items = targets.items() if isinstance(targets, Mapping) else ((None, group) for group in targets)
     named = []
-    for name, heads in items:
-        heads = check_heads(model, heads)
-        named.append((name or "+".join(f"L{l}H{h}" for l, h in heads), heads))
+    for name, group in items:
+        group = check_components(model, group, n_pos)
+        named.append((name or "+".join(map(component_label, group)), group))
     return named
 
 
 def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", metric: Metric | None = None, *,
                    reference=None, preserve_patterns: bool = False, seed: int = 0,
                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
-    """Ablate each target separately -> one row per target: ``target`` (name), ``layer`` and
-    ``head`` (for a single head; ``layer`` also for a whole layer; else missing), ``n_heads``,
-    ``metric`` (ablated), ``baseline`` (unablated), ``effect`` (metric - baseline)."""
-    named = sweep_targets(model, targets)
+    """Ablate each target (see ``sweep_targets``: heads, layers, MLPs, groups) separately -> one
+    row per target: ``target`` (name), ``layer`` (where every component is of one layer), ``head``
+    (for a single head), ``position`` (for a single MLP at one position), ``n_heads`` and
+    ``n_mlps`` (how many of each it ablates), ``metric`` (ablated), ``baseline`` (unablated),
+    ``effect`` (metric - baseline)."""
+    n_pos = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens).tokens.shape[1]
+    named = sweep_targets(model, targets, n_pos)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed)
-    values = ablation.run([heads for _, heads in named], memory_mb=memory_mb, progress=progress, desc="ablate")
+                                preserve_patterns=preserve_patterns, seed=seed,
+                                mlps=any(isinstance(c, MLP) for _, group in named for c in group))
+    values = ablation.run([group for _, group in named], memory_mb=memory_mb, progress=progress, desc="ablate")
     return target_frame(named, values, ablation.baseline)
 
 
 def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: float) -> pd.DataFrame:
-    def where(heads):
-        layers = {l for l, _ in heads}
-        return (heads[0][0] if len(layers) == 1 else None), (heads[0][1] if len(heads) == 1 else None)
-
-    located = [where(heads) for _, heads in named]
+    located = [target_location(group) for _, group in named]
+    mlps = [[c for c in group if isinstance(c, MLP)] for _, group in named]
     frame = pd.DataFrame({
         "target": [name for name, _ in named],
         "layer": pd.array([layer for layer, _ in located], dtype="Int64"),
         "head": pd.array([head for _, head in located], dtype="Int64"),
-        "n_heads": [len(heads) for _, heads in named],
+        "position": pd.array([ms[0].position if len(group) == 1 and ms else None
+                              for (_, group), ms in zip(named, mlps)], dtype="Int64"),
+        "n_heads": [len(group) - len(ms) for (_, group), ms in zip(named, mlps)],
+        "n_mlps": [len(ms) for ms in mlps],
         "metric": values.numpy(),
     })
     frame["baseline"] = baseline

@@ -61,17 +61,22 @@ def bars(frame: pd.DataFrame, label: str, value: str, title: str):
 
 def ablation_figure(frame: pd.DataFrame, title: str):
     """The natural picture of an ablation table: a layer x head heatmap of the effect for single
-    heads, a curve for a pruning curve, bars otherwise."""
+    heads, a layer x position one for MLPs at single positions, a curve for a pruning curve, bars
+    otherwise."""
     if "fraction" in frame:
         return curve(frame, "fraction", "metric", title, baseline=float(frame["baseline"].iloc[0]))
     if (frame["n_heads"] == 1).all() and frame["head"].notna().all():
         return heatmap(frame.astype({"layer": int, "head": int}), "layer", "head", "effect", title, center=0.0)
+    if "position" in frame and frame["position"].notna().all():
+        return heatmap(frame.astype({"layer": int, "position": int}), "layer", "position", "effect", title, center=0.0)
     return bars(frame, "target", "effect", title)
 
 
 def patching_figure(frame: pd.DataFrame, value: str, title: str):
     """A ``patching_frame`` as a heatmap: layer x head, layer x pos, or (layer, head) x pos
-    (cells annotated when normalised: raw metrics differ in late digits only)."""
+    (cells annotated when normalised: raw metrics differ in late digits only); bars per layer (MLPs)."""
+    if "pos" not in frame and "head" not in frame:
+        return bars(frame, "layer", value, title)
     if "pos" in frame and "head" in frame:
         frame = frame.assign(layer_head=[f"L{l:02d}H{h:02d}" for l, h in zip(frame["layer"], frame["head"])])
         return heatmap(frame, "layer_head", "pos", value, title, annotate=value == "normalized")

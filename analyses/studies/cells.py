@@ -10,7 +10,8 @@ from typing import Iterator, NamedTuple
 
 import torch
 
-from analyses.interventions.ablation import FROM_OTHER_PROMPTS, Ablation, prepare_ablation, pruning_order, sweep_targets
+from analyses.interventions.ablation import (FROM_OTHER_PROMPTS, Ablation, Component, prepare_ablation, pruning_order,
+                                            sweep_targets)
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.interventions.engine import rows_per_chunk
 from analyses.core.metrics import Metric, logit_diff_metric, loss_metric
@@ -20,7 +21,7 @@ from analyses.core.tokens import encode, read_text_lines, single_token_id
 from interp import load_model, provenance
 from interp.errors import UserError
 
-Targets = list[tuple[str, list[tuple[int, int]]]]
+Targets = list[tuple[str, list[Component]]]
 
 
 def study_prompts(model, spec: StudySpec) -> tuple[object, torch.Tensor, torch.Tensor]:
@@ -61,21 +62,29 @@ def study_metric(model, spec: StudySpec, tokens: torch.Tensor, counted: torch.Te
 
 
 def study_targets(model, spec: StudySpec, ablation: Ablation) -> Targets:
-    """The rows of the study, in order: (target name, heads ablated together). A cumulative study
+    """The rows of the study, in order: (target name, components ablated together). A cumulative study
     prunes in ``pruning_curve``'s order, the importance taken from the study's own prepared
     ``ablation`` (its method, seed and ``preserve_patterns``), as ``interp ablate --targets
     cumulative`` does."""
     if spec.targets == "cumulative":
         order = pruning_order(ablation.importance())
         return [("none", [])] + [(f"prune:L{l}H{h}", order[: i + 1]) for i, (l, h) in enumerate(order)]
+    n_pos = ablation.tokens.shape[1]
     if isinstance(spec.targets, tuple):
         try:
-            singles = sweep_targets(model, [[head] for head in spec.targets])
+            singles = sweep_targets(model, [[component] for component in spec.targets], n_pos)
         except UserError as error:
             raise UserError(f"study spec: [ablation].targets: {error}") from None
-        group = [("group", [head for _, heads in singles for head in heads])] if len(singles) > 1 else []
+        group = [("group", [c for _, components in singles for c in components])] if len(singles) > 1 else []
         return singles + group
-    return sweep_targets(model, spec.targets)
+    return sweep_targets(model, spec.targets, n_pos)
+
+
+def ablates_mlps(spec: StudySpec) -> bool:
+    """Whether the study's targets include MLP outputs (its ablation then prepares their replacements)."""
+    if isinstance(spec.targets, tuple):
+        return any(isinstance(component, str) for component in spec.targets)
+    return spec.targets in ("each_mlp", "each_mlp_by_position")
 
 
 class CellPlan(NamedTuple):
@@ -132,6 +141,6 @@ def prepare_study(model, spec: StudySpec) -> tuple[Targets, Ablation]:
     need: the targets in row order and the prepared ablation."""
     prompts, tokens, counted = study_prompts(model, spec)
     metric = study_metric(model, spec, tokens, counted)
-    ablation = prepare_ablation(model, prompts, spec.method, metric,
-                                preserve_patterns=spec.preserve_patterns, seed=spec.ablation_seed)
+    ablation = prepare_ablation(model, prompts, spec.method, metric, preserve_patterns=spec.preserve_patterns,
+                                seed=spec.ablation_seed, mlps=ablates_mlps(spec))
     return study_targets(model, spec, ablation), ablation

@@ -40,6 +40,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from analyses.interventions.ablation import MLP, target_location
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
 from analyses.core.progress import progress_bar
 from analyses.studies.spec import EXECUTORS, Study, load_spec
@@ -52,11 +53,13 @@ COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "e
 RESULTS, LOCK, SPEC_RECORD, MODEL_RECORD = "results.csv", ".lock", "spec.json", "provenance.json"
 
 
-def format_row(index: int, name: str, heads: list, value: float, baseline: float) -> list[str]:
-    layers = {l for l, _ in heads}
-    layer = str(heads[0][0]) if len(layers) == 1 else ""
-    head = str(heads[0][1]) if len(heads) == 1 else ""
-    return [str(index), name, layer, head, str(len(heads)), repr(value), repr(baseline), repr(value - baseline)]
+def format_row(index: int, name: str, components: list, value: float, baseline: float) -> list[str]:
+    """A results row; ``layer`` and ``head`` as ``target_location`` gives them (empty where none),
+    ``n_heads`` counts the heads among ``components`` (an MLP target has 0)."""
+    layer, head = target_location(components) if components else (None, None)
+    n_heads = sum(not isinstance(c, MLP) for c in components)
+    return [str(index), name, "" if layer is None else str(layer), "" if head is None else str(head), str(n_heads),
+            repr(value), repr(baseline), repr(value - baseline)]
 
 
 def _csv_line(fields: list[str]) -> str:

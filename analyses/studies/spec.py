@@ -16,14 +16,18 @@ seed = 0
 seq_len = 64                # repeated only; default min(n_ctx, 128)
 [ablation]
 method = "mean"             # zero | mean (leave-one-out) | mean_aligned | resample
-targets = "each_head"       # each_head | each_layer | cumulative | [[1, 4], [1, 10]]
+targets = "each_head"       # each_head | each_layer | each_mlp | each_mlp_by_position | cumulative
+                            # | [[1, 4], [1, 10], "mlp2"]  (heads as [layer, head], MLPs as "mlpL", "mlpL@P")
 preserve_patterns = false
 seed = 0                    # resample draws
 [metric]
 kind = "repeat_loss"        # loss | repeat_loss | logit_diff (with correct = "...", incorrect = "...")
 ```
 
-A list of heads as ``targets`` ablates each listed head alone, then (for two or more) all of them together.
+A list of components as ``targets`` (heads as ``[layer, head]``, MLP outputs as ``"mlp2"``, or
+``"mlp2@5"`` at position 5 only) ablates each alone, then (for two or more) all of them together.
+``each_mlp`` ablates each layer's MLP output at every position, ``each_mlp_by_position`` at each
+position in turn (rows ``L{l} MLP`` and ``L{l} MLP@{p}``; their ``n_heads`` is 0).
 
 **Grids.** A list in place of any other value (``spec = ["toy", "runs/ckpt"]``, ``seed = [0, 1]``,
 ``method = ["zero", "mean"]``; for ``targets``, a list of kinds or of head lists) makes a grid: one
@@ -49,13 +53,13 @@ from itertools import product
 from pathlib import Path
 from typing import NamedTuple
 
-from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS
+from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS, MLP_TEXT, TARGET_KINDS as SWEEP_KINDS
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.probes import MIN_SEQ_LEN
 from interp.errors import UserError
 from interp.loading import DTYPES
 
-TARGET_KINDS = ("each_head", "each_layer", "cumulative")
+TARGET_KINDS = (*SWEEP_KINDS, "cumulative")
 PROMPT_KINDS = ("repeated", "text")
 METRIC_KINDS = ("loss", "repeat_loss", "logit_diff")
 IMPLS = ("auto", "scratch", "transformer_lens")
@@ -84,7 +88,7 @@ class StudySpec:
     seq_len: int | None
     text_file: str | None
     method: str
-    targets: str | tuple[tuple[int, int], ...]
+    targets: str | tuple[tuple[int, int] | str, ...]  # a kind, or heads (layer, head) and MLPs "mlpL[@P]"
     preserve_patterns: bool
     ablation_seed: int
     metric: str
@@ -146,20 +150,26 @@ def _get(table: dict, section: str, key: str, kind, default=..., choices=None):
     return value
 
 
-def _targets(value) -> str | tuple[tuple[int, int], ...]:
+def _targets(value) -> str | tuple[tuple[int, int] | str, ...]:
     name = "[ablation].targets"
     if isinstance(value, str):
         if value not in TARGET_KINDS:
-            _fail(name, f"is {value!r}; allowed: {', '.join(TARGET_KINDS)}, or a list of [layer, head] pairs")
+            _fail(name, f"is {value!r}; allowed: {', '.join(TARGET_KINDS)}, or a list of [layer, head] pairs "
+                        "and \"mlpL\" MLPs")
         return value
     if not isinstance(value, list) or not value:
-        _fail(name, f"must be one of {', '.join(TARGET_KINDS)} or a non-empty list of [layer, head] pairs, got {value!r}")
-    heads = []
+        _fail(name, f"must be one of {', '.join(TARGET_KINDS)} or a non-empty list of [layer, head] pairs and "
+                    f"\"mlpL\" MLPs, got {value!r}")
+    components = []
     for item in value:
+        if isinstance(item, str) and MLP_TEXT.fullmatch(item):
+            components.append(item)
+            continue
         if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and v >= 0 for v in item)):
-            _fail(name, f"has {item!r}; each entry must be a [layer, head] pair of non-negative integers")
-        heads.append((item[0], item[1]))
-    return tuple(heads)
+            _fail(name, f"has {item!r}; each entry must be a [layer, head] pair of non-negative integers or an "
+                        "MLP \"mlpL\" (\"mlpL@P\" at position P)")
+        components.append((item[0], item[1]))
+    return tuple(components)
 
 
 def _check_layout(data: dict) -> dict[str, dict]:
@@ -223,10 +233,10 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
 
 
 def _is_head_list(value: list) -> bool:
-    """Whether a ``targets`` list is one value (a list of [layer, head] pairs) rather than a grid
-    (a list of kinds or of head lists)."""
-    return not any(isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], list))
-                   for item in value)
+    """Whether a ``targets`` list is one value (a list of [layer, head] pairs and "mlpL" MLPs)
+    rather than a grid (a list of kinds or of component lists)."""
+    return not any((isinstance(item, str) and not MLP_TEXT.fullmatch(item))
+                   or (isinstance(item, list) and item and isinstance(item[0], (list, str))) for item in value)
 
 
 def _axis_name(section: str, key: str) -> str:
