@@ -7,13 +7,15 @@ from analyses.roles.tl_compat import detect_heads
 from analyses.report.build import build_report, write_report
 from analyses.report.attention_map import attention_map
 from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
-from analyses.interventions.attribution import attribution_agreement, attribution_patch_heads, attribution_patch_mlps, shortlist_patch_heads
+from analyses.interventions.attribution import (attribution_agreement, attribution_patch_heads, attribution_patch_mlps,
+                                                shortlist_patch_heads)
 from analyses.core.metrics import logit_diff_metric, loss_metric
-from analyses.interventions.patching import patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
+from analyses.interventions.patching import (patch_components, patch_heads, patch_mlps, patch_patterns, patch_residual,
+                                             patching_frame)
 from analyses.report.intervention_figures import ablation_figure, patching_figure
 from analyses.studies.runner import run_study
 from analyses.interventions.attribution import unpatched_value
-from analyses.roles.nulls import benjamini_hochberg, calibrate_roles
+from analyses.roles.nulls import benjamini_hochberg, calibrate_roles, joint_fdr
 from analyses.roles.backup import backup_report, direct_and_total_effects, pairwise_ablation
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
 from analyses.report.calibration_figures import calibration_frames, calibration_section
@@ -30,7 +32,7 @@ from analyses.components.decompose import (accumulated_residual, attention_vs_ml
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
                                  logit_lens_figure, mlp_ablation)
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
-from analyses.components.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
+from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
 from analyses.tasks.tracing import Trace, causal_trace, trace_figure
 from analyses.components.probing import bracket_depth, bracket_prompts, linear_probe, repeat_offset, seen_before

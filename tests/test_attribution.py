@@ -13,8 +13,9 @@ from analyses.interventions.attribution import (
     unpatched_value,
 )
 from analyses.core.metrics import loss_metric
-from analyses.interventions.patching import patch_heads
-from analyses.core.probes import corrupt_first_copy, repeated_probes
+from interp import load_model
+from analyses.interventions.patching import patch_components, patch_heads
+from analyses.core.probes import corrupt_first_copy, probes_for, repeated_probes
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +141,33 @@ def test_normalized_attribution(scratch_gpt2, pair):
     clean_value, corrupted_value = metric(scratch_gpt2(clean)).item(), metric(scratch_gpt2(corrupted)).item()
     normalized = attribution_patch_heads(scratch_gpt2, clean, corrupted, metric, normalize=True)
     torch.testing.assert_close(normalized, (raw - corrupted_value) / (clean_value - corrupted_value))
+
+
+def test_residual_attribution_by_position_is_the_directional_derivative():
+    """patch_components(method="attribution") on the residual stream: value + dM/dr . (r_clean -
+    r_corrupted) at one (layer, position), against a central finite difference of that move, on the
+    trained toy model (whose residual matters to its induction loss)."""
+    toy = load_model("toy")
+    probes = probes_for(toy, 3, 24, seed=7)
+    clean, corrupted = probes.tokens, corrupt_first_copy(probes, seed=8)
+    metric = loss_metric(clean, probes.predictable)
+    attributed = patch_components(toy, clean, corrupted, metric, "residual", by_position=True, method="attribution")
+    assert attributed.shape == (toy.cfg.n_layers, 24)
+    _, cache = toy.run_with_cache(clean)
+    base = metric(toy(corrupted)).item()
+    eps = 1e-2
+    for layer in range(toy.cfg.n_layers):
+        name = f"blocks.{layer}.hook_resid_pre"
+        pos = int((attributed[layer] - base).abs().argmax())  # the largest estimate, checked independently below
+
+        def moved(step):
+            def hook(resid, hook):
+                resid = resid.clone()
+                resid[:, pos] += step * (cache[name][:, pos] - resid[:, pos])
+                return resid
+            with torch.no_grad():
+                return metric(toy.run_with_hooks(corrupted, fwd_hooks=[(name, hook)]).double()).item()
+
+        derivative = (moved(eps) - moved(-eps)) / (2 * eps)
+        assert abs(derivative) > 1e-2  # the position matters, so the comparison is not vacuous
+        assert attributed[layer, pos].item() == pytest.approx(base + derivative, abs=1e-3 * abs(derivative) + 1e-4)

@@ -10,7 +10,7 @@ from transformer_lens import patching as tl_patching
 
 from analyses.interventions.ablation import ablate_heads
 from analyses.core.metrics import logit_diff_metric, loss_metric
-from analyses.interventions.patching import patch_heads, patch_patterns, patch_residual, patching_frame
+from analyses.interventions.patching import patch_components, patch_heads, patch_patterns, patch_residual, patching_frame
 from analyses.core.probes import corrupt_first_copy, probes_for, repeated_probes
 from interp import load_model
 from interp.errors import UserError
@@ -43,6 +43,7 @@ def tl_reference(bridge_gpt2, pair, metric):
         "by_pos": tl_patching.get_act_patch_attn_head_out_by_pos(*args),
         "resid": tl_patching.get_act_patch_resid_pre(*args),
         "pattern": tl_patching.get_act_patch_attn_head_pattern_all_pos(*args),
+        "pattern_by_pos": tl_patching.get_act_patch_attn_head_pattern_by_pos(*args),
     }
 
 
@@ -77,6 +78,29 @@ def test_patterns_equal_transformer_lens(model, pair, metric, tl_reference):
     clean, corrupted, _ = pair
     ours = patch_patterns(model, clean, corrupted, metric, progress=False)
     torch.testing.assert_close(ours, tl_reference["pattern"].cpu().float(), atol=1e-4, rtol=0)
+
+
+def test_patterns_by_query_position_equal_transformer_lens(model, pair, metric, tl_reference):
+    clean, corrupted, _ = pair
+    ours = patch_components(model, clean, corrupted, metric, "patterns", by_position=True, progress=False)
+    assert ours.shape == (2, 4, N_POS)  # TransformerLens's [n_layers, n_heads, dest_pos]
+    theirs = tl_reference["pattern_by_pos"].cpu().float()
+    unpatched = metric(model(corrupted)).item()
+    # a random model's query rows matter little (effects up to ~1e-4), so the effects are compared, finely
+    assert (ours - unpatched).abs().max() > 5e-5
+    torch.testing.assert_close(ours - unpatched, theirs - unpatched, atol=1e-6, rtol=1e-2)
+
+
+@pytest.mark.parametrize("component, kwargs, message", [
+    ("neurons", {}, "unknown component 'neurons'; allowed: heads, mlps, residual, patterns"),
+    ("heads", {"method": "guess"}, "unknown method 'guess'; allowed: exact, attribution"),
+    ("residual", {}, r"patching residual is by position only \(by_position=True\)"),
+    ("patterns", {"method": "attribution"}, "attribution patching takes heads, MLPs or the residual, not patterns"),
+])
+def test_bad_components_and_methods_are_refused_in_one_line(scratch_gpt2, pair, metric, component, kwargs, message):
+    clean, corrupted, _ = pair
+    with pytest.raises(ValueError, match=message):
+        patch_components(scratch_gpt2, clean, corrupted, metric, component, progress=False, **kwargs)
 
 
 def test_transformer_lens_sweep_on_gptmodel_agrees(scratch_gpt2, pair, metric):
@@ -174,7 +198,7 @@ def test_edits_that_reach_nothing_are_refused(family, family_dir):
     model = load_model(family_dir(family))
     probes = probes_for(model, 2, 16, seed=0)
     clean, corrupted, metric = probes.tokens, corrupt_first_copy(probes, seed=1), loss_metric(probes.tokens)
-    with pytest.raises(UserError, match=f"patch_patterns needs edits of hook_pattern.*{family}"):
+    with pytest.raises(UserError, match=f"patching patterns needs edits of hook_pattern.*{family}"):
         patch_patterns(model, clean, corrupted, metric, progress=False)
     with pytest.raises(UserError, match="preserve_patterns=True needs edits of hook_pattern"):
         ablate_heads(model, clean, [(0, 0)], preserve_patterns=True)

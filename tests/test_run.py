@@ -14,7 +14,7 @@ from analyses.core.hook_names import qkv_name, z_name, z_names
 from analyses.interventions.engine import Edit, cache_run, evaluate_variants
 from analyses.core.metrics import loss_metric
 from analyses.circuits.path_patching import path_patch, path_reads, edges_of
-from analyses.interventions.patching import head_patches, mlp_out_names, patch_heads, patch_mlps, prepare
+from analyses.interventions.patching import component_patches, mlp_out_names, patch_heads, patch_mlps, prepare
 from analyses.core.probes import corrupt_first_copy, probes_for
 from analyses.report.build import build_report
 from analyses.interventions.run import FirstRows, Options, Run
@@ -101,12 +101,12 @@ def test_scores_from_a_run_equal_their_own_forward(toy, probes):
 
 def test_patch_heads_keywords_equal_the_run_api(toy, probes):
     """patch_heads(model, clean, corrupted, metric, by_position=..., direction=...) builds the Contrast
-    and Options it then runs on: the same numbers as calling head_patches on them directly."""
+    and Options it then runs on: the same numbers as calling component_patches on them directly."""
     clean, corrupted = probes.tokens, corrupt_first_copy(probes, seed=4)
     metric = loss_metric(clean, probes.predictable)
     keywords = patch_heads(toy, clean, corrupted, metric, by_position=True, direction="noise", progress=False)
     contrast = prepare(toy, clean, corrupted, metric, z_names(toy), "noise")
-    direct = head_patches(contrast, Options(direction="noise", progress=False), by_position=True)
+    direct = component_patches(contrast, "heads", Options(direction="noise", progress=False), by_position=True)
     assert torch.equal(keywords, direct)
     as_object = patch_heads(toy, clean, corrupted, metric, by_position=True,
                             options=Options(direction="noise", progress=False))

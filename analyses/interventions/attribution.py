@@ -1,11 +1,8 @@
-"""Attribution patching (Nanda 2023; Syed et al. 2023): exact patching linearised.
-
-Patching head h moves its output from ``z`` (the run being patched) to ``z'`` (the other run);
-to first order the metric becomes ``M + sum(dM/dz * (z' - z))`` over prompts, positions and
-d_head. One forward caching the other run, one forward and one backward (gradients wrt the
-activations only) on the patched run give every head: about three forward-equivalents, instead
-of one (suffix) forward per head. Values use exact patching's convention (the patched metric),
-so the two compare cell for cell; how well they agree is measured, never assumed.
+"""Attribution patching, judged (Nanda 2023; Syed et al. 2023): the estimate itself is
+``patch_components(method="attribution")`` (exact patching linearised, about three
+forward-equivalents for every cell); here are its shortcuts, how well it agrees with exact
+patching (measured, never assumed), and the shortlist that ranks every head by attribution and
+confirms the top ones exactly.
 """
 
 from __future__ import annotations
@@ -16,63 +13,21 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
-from analyses.interventions.engine import activation_gradients, cache_run, linear_effects, metric_gradients
+from analyses.interventions.engine import cache_run, linear_effects, metric_gradients
 from analyses.core.metrics import Metric, evaluate_metric
-from analyses.interventions.patching import base_and_source, mlp_out_names, patch_specific_heads, prepare
-from analyses.interventions.run import Options, normalize_values
+from analyses.interventions.patching import base_and_source, patch_components, patch_specific_heads, prepare
+from analyses.interventions.run import Options
 from interp.errors import UserError
 
 
-def attribution_patch_heads(
-    model,
-    clean_tokens,
-    corrupted_tokens,
-    metric: Metric,
-    *,
-    by_position: bool = False,
-    direction: str = "denoise",
-    normalize: bool = False,
-) -> torch.Tensor:
-    """Estimated ``patch_heads``: [n_layers, n_heads] or with ``by_position`` [n_layers, pos, n_heads].
-    ``normalize`` rescales to 0 = corrupted, 1 = clean as in ``patch_heads(normalize=True)``."""
-    require_edit(model, "hook_z", "attribution_patch_heads")
-    return _attribution(model, clean_tokens, corrupted_tokens, metric, z_names(model), lambda act: act,
-                        by_position=by_position, direction=direction, normalize=normalize)
+def attribution_patch_heads(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
+    """The estimated ``patch_heads``: ``patch_components(..., "heads", method="attribution")``."""
+    return patch_components(model, clean_tokens, corrupted_tokens, metric, "heads", method="attribution", **keywords)
 
 
-def attribution_patch_mlps(
-    model,
-    clean_tokens,
-    corrupted_tokens,
-    metric: Metric,
-    *,
-    by_position: bool = False,
-    direction: str = "denoise",
-    normalize: bool = False,
-) -> torch.Tensor:
-    """Estimated ``patch_mlps``: [n_layers] or with ``by_position`` [n_layers, pos] (each MLP's
-    ``hook_mlp_out`` linearised as a head's ``hook_z`` is)."""
-    estimate = _attribution(model, clean_tokens, corrupted_tokens, metric, mlp_out_names(model),
-                            lambda act: act[:, :, None], by_position=by_position, direction=direction,
-                            normalize=normalize)
-    return estimate[..., 0]  # the one "head" each MLP layer was given
-
-
-def _attribution(model, clean_tokens, corrupted_tokens, metric: Metric, names, as_heads, *, by_position: bool,
-                 direction: str, normalize: bool) -> torch.Tensor:
-    """The attribution estimate of patching each of ``names`` (one per layer) -> [n_layers, (pos,) head];
-    ``as_heads`` views an activation as (batch, pos, head, d)."""
-    base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
-    source_logits, source_cache = cache_run(model, source, names, logits=normalize)  # logits: normalising only
-    value, acts, grads = activation_gradients(model, base, metric, names)
-    effects = linear_effects([as_heads(grads[name]) for name in names], [as_heads(acts[name]) for name in names],
-                             [as_heads(source_cache[name]) for name in names])
-    estimate = value + (effects if by_position else effects.sum(dim=1))
-    if not normalize:
-        return estimate
-    source_value = evaluate_metric(metric, source_logits).item()
-    clean_value, corrupted_value = (source_value, value) if direction == "denoise" else (value, source_value)
-    return normalize_values(estimate, clean_value, corrupted_value)
+def attribution_patch_mlps(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
+    """The estimated ``patch_mlps``: ``patch_components(..., "mlps", method="attribution")``."""
+    return patch_components(model, clean_tokens, corrupted_tokens, metric, "mlps", method="attribution", **keywords)
 
 
 def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: int = 10, *,

@@ -1,39 +1,39 @@
-"""Exact activation patching (DESIGN 4.3), in TransformerLens's convention and result shapes.
+"""Activation patching (DESIGN 4.3), in TransformerLens's convention and result shapes.
 
 Denoising (the default) runs the corrupted prompts and patches in activations from the clean run
 (is this component sufficient to restore the clean behaviour?); noising runs the clean prompts
 and patches in the corrupted activations (is it necessary?). Each cell is the metric of the
-patched run, as in ``transformer_lens.patching.get_act_patch_*``:
-
-    patch_heads                    [n_layers, n_heads]        hook_z of one head, all positions
-    patch_heads(by_position=True)  [n_layers, pos, n_heads]   hook_z of one head at one position
-    patch_residual                 [n_layers, pos]            hook_resid_pre at one position
-    patch_mlps                     [n_layers]                 hook_mlp_out of one MLP, all positions
-    patch_mlps(by_position=True)   [n_layers, pos]            hook_mlp_out at one position
-    patch_patterns                 [n_layers, n_heads]        hook_pattern of one head
+patched run, as in ``transformer_lens.patching.get_act_patch_*``. One function,
+``patch_components``, patches every kind of component (``COMPONENTS``: heads, MLPs, the residual
+stream, attention patterns), exactly or by its first-order estimate (attribution patching);
+``patch_heads``, ``patch_mlps``, ``patch_residual`` and ``patch_patterns`` are its shortcuts.
 
 ``normalize=True`` rescales to (value - corrupted) / (clean - corrupted): 0 = the corrupted
-run's metric, 1 = the clean run's. All patches go through ``evaluate_variants`` (batched,
+run's metric, 1 = the clean run's. Exact patches go through ``evaluate_variants`` (batched,
 chunked to ``memory_mb``; on ``GPTModel`` only the layers from the patched one on are rerun).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import product
+from typing import Callable
 
 import pandas as pd
 import torch
 
+from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
-from analyses.core.hook_names import (mlp_out_name, pattern_name, pattern_names, resid_pre_name, resid_pre_names, z_name,
-                                 z_names)
-from analyses.interventions.engine import Edit, Variant, check_choice, head_cells
-from analyses.core.metrics import Metric
-from analyses.interventions.run import Contrast, Options, Run
+from analyses.core.hook_names import mlp_out_name, pattern_names, resid_pre_names, z_names
+from analyses.interventions.engine import (Edit, Variant, activation_gradients, cache_run, check_choice, head_cells,
+                                          linear_effects)
+from analyses.core.metrics import Metric, evaluate_metric
+from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.tokens import as_tokens
 from interp.errors import UserError
 
 DIRECTIONS = ("denoise", "noise")
+METHODS = ("exact", "attribution")
 
 
 def check_pair(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
@@ -55,12 +55,14 @@ def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tu
 
 
 def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise", *,
-            base_run: Run | None = None, clean_run: Run | None = None) -> Contrast:
+            base_run: Run | None = None, clean_run: Run | None = None,
+            memory_mb: float = DEFAULT_MEMORY_MB) -> Contrast:
     """Run clean and corrupted once each, caching ``names`` from the source side -> the ``Contrast``
     whose base is the run that gets patched. ``base_run``: a ``Run`` of the base prompts (the
     corrupted ones when denoising) that serves instead of a forward of its own; ``clean_run``: a
     ``Run`` of the clean prompts, which serves as the source run when denoising and as the base run
-    when noising (its metric value is read from its last block where its metric is another)."""
+    when noising (its metric value is read from its last block where its metric is another).
+    ``memory_mb``: the budget of those forwards (``Run.make``)."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     if clean_run is not None and direction == "noise":
         base_run = clean_run
@@ -68,10 +70,10 @@ def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direct
         clean_run.check_tokens(source)
         source_cache, source_value = clean_run.read(names), clean_run.value(metric)
     else:
-        source_run = Run.make(model, source, metric, names, starts=False)
+        source_run = Run.make(model, source, metric, names, starts=False, memory_mb=memory_mb)
         source_cache, source_value = source_run.cache, source_run.baseline
     if base_run is None:
-        base_run = Run.make(model, base, metric)
+        base_run = Run.make(model, base, metric, memory_mb=memory_mb)
     base_run.check_tokens(base)
     return Contrast(base_run, metric, source_cache, base_run.value(metric), source_value, direction)
 
@@ -81,61 +83,44 @@ def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options,
     return contrast.normalize(values) if options.normalize else values
 
 
-def patch_heads(
-    model,
-    clean_tokens,
-    corrupted_tokens,
-    metric: Metric,
-    *,
-    by_position: bool = False,
-    options: Options | None = None,
-    clean_run: Run | None = None,
-    **keywords,
-) -> torch.Tensor:
-    """Patch each head's output (``hook_z``) -> [n_layers, n_heads], or with ``by_position``
-    [n_layers, pos, n_heads]. Equals TransformerLens's ``get_act_patch_attn_head_out_all_pos`` /
-    ``..._by_pos`` (denoising, unnormalised). ``options`` (``Options``: direction, normalize,
-    memory_mb, progress), or the same as keywords (``direction="noise"``); ``clean_run``: a ``Run``
-    of the clean prompts made already (see ``prepare``), so they are not run again."""
-    require_edit(model, "hook_z", "patch_heads")
-    options = Options.of(options, keywords)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), options.direction,
-                       clean_run=clean_run)
-    return head_patches(contrast, options, by_position=by_position)
+@dataclass(frozen=True)
+class Component:
+    """A kind of component patching edits: one hook per layer (``names``), split into ``units``
+    per layer (the heads of ``hook_z``), or edited whole where ``units`` is None (an MLP's output).
+    ``heads_first``: the hook holds (head, query, key) (``hook_pattern``), so a unit is indexed
+    before a position and results are [n_layers, n_heads, pos] as TransformerLens's; elsewhere
+    (batch, pos, [unit,] ...) and [n_layers, pos, n_heads]. ``by_position_only``: a whole-layer
+    patch would replace everything downstream (the residual stream)."""
 
+    kind: str
+    names: Callable  # model -> [hook name per layer]
+    units: Callable | None = None  # model -> how many units each layer's hook holds
+    heads_first: bool = False
+    by_position_only: bool = False
 
-def head_patches(contrast: Contrast, options: Options, *, by_position: bool = False) -> torch.Tensor:
-    """``patch_heads`` on a ``Contrast`` made already (its sources hold every ``hook_z``)."""
-    n_layers, n_heads = contrast.model.cfg.n_layers, contrast.model.cfg.n_heads
-    if by_position:
-        n_pos = contrast.tokens.shape[1]
-        cells = product(range(n_layers), range(n_pos), range(n_heads))
-        variants = [[Edit(z_name(layer), (pos, head))] for layer, pos, head in cells]
-        shape = (n_layers, n_pos, n_heads)
-    else:
-        variants = [head_cells([cell]) for cell in product(range(n_layers), range(n_heads))]
-        shape = (n_layers, n_heads)
-    return _sweep(contrast, variants, shape, options, "patch heads")
+    def check(self, by_position: bool) -> None:
+        if self.by_position_only and not by_position:
+            raise UserError(f"patching {self.kind} is by position only (by_position=True)")
 
+    def variants(self, model, n_pos: int, by_position: bool) -> tuple[list[Variant], tuple[int, ...]]:
+        """One single-edit variant per (layer, position, unit) cell, positions left out unless
+        ``by_position`` -> (variants, shape)."""
+        self.check(by_position)
+        axes = {"pos": range(n_pos) if by_position else [slice(None)],
+                "unit": range(self.units(model)) if self.units else [None]}
+        order = ("unit", "pos") if self.heads_first else ("pos", "unit")
+        names = self.names(model)
+        variants = [[Edit(name, tuple(i for i in cell if i is not None))]
+                    for name, *cell in product(names, *(axes[axis] for axis in order))]
+        sizes = {"pos": n_pos if by_position else None, "unit": len(axes["unit"]) if self.units else None}
+        return variants, (len(names), *(sizes[axis] for axis in order if sizes[axis] is not None))
 
-def patch_residual(
-    model,
-    clean_tokens,
-    corrupted_tokens,
-    metric: Metric,
-    *,
-    options: Options | None = None,
-    **keywords,
-) -> torch.Tensor:
-    """Patch the residual stream entering each block at each position -> [n_layers, pos].
-    Equals TransformerLens's ``get_act_patch_resid_pre``. ``options``: see ``patch_heads``."""
-    options = Options.of(options, keywords)
-    n_layers = model.cfg.n_layers
-    names = resid_pre_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, options.direction)
-    n_pos = contrast.tokens.shape[1]
-    variants = [[Edit(resid_pre_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
-    return _sweep(contrast, variants, (n_layers, n_pos), options, "patch resid")
+    def as_units(self, activation: torch.Tensor) -> torch.Tensor:
+        """An activation of this component's hook viewed as (batch, pos, unit, d): a whole MLP output
+        as one unit (a pattern's layout has no such view: refused)."""
+        if self.heads_first:
+            raise UserError(f"attribution patching takes heads, MLPs or the residual, not {self.kind}")
+        return activation if self.units else activation[:, :, None]
 
 
 def mlp_out_names(model) -> list[str]:
@@ -146,51 +131,110 @@ def mlp_out_names(model) -> list[str]:
     return names
 
 
-def patch_mlps(
+def _edited(names_of: Callable, hook: str, kind: str) -> Callable:
+    """``names_of`` after the self-test's check that edits of ``hook`` reach the model's output."""
+    def names(model) -> list[str]:
+        require_edit(model, hook, f"patching {kind}")
+        return names_of(model)
+    return names
+
+
+COMPONENTS = {
+    "heads": Component("heads", _edited(z_names, "hook_z", "heads"), lambda model: model.cfg.n_heads),
+    "mlps": Component("mlps", mlp_out_names),
+    "residual": Component("residual", resid_pre_names, by_position_only=True),
+    "patterns": Component("patterns", _edited(pattern_names, "hook_pattern", "patterns"), lambda model: model.cfg.n_heads,
+                          heads_first=True),
+}
+
+
+def patch_components(
     model,
     clean_tokens,
     corrupted_tokens,
     metric: Metric,
+    component: str = "heads",
     *,
     by_position: bool = False,
+    method: str = "exact",
     options: Options | None = None,
     clean_run: Run | None = None,
     **keywords,
 ) -> torch.Tensor:
-    """Patch each MLP's output (``hook_mlp_out``) -> [n_layers], or with ``by_position``
-    [n_layers, pos] (TransformerLens's ``get_act_patch_mlp_out``). ``options``, ``clean_run``: see
-    ``patch_heads``."""
-    options = Options.of(options, keywords)
-    names = mlp_out_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, options.direction, clean_run=clean_run)
-    n_layers, n_pos = model.cfg.n_layers, contrast.tokens.shape[1]
-    if by_position:
-        variants = [[Edit(mlp_out_name(layer), (pos,))] for layer, pos in product(range(n_layers), range(n_pos))]
-        shape = (n_layers, n_pos)
-    else:
-        variants = [[Edit(mlp_out_name(layer), (slice(None),))] for layer in range(n_layers)]
-        shape = (n_layers,)
-    return _sweep(contrast, variants, shape, options, "patch MLPs")
+    """Patch each ``component`` at every position at once or, with ``by_position``, at one position
+    at a time; equal to TransformerLens's ``get_act_patch_*`` (denoising, unnormalised):
+
+        heads     hook_z          [n_layers, n_heads]   by position [n_layers, pos, n_heads]
+        mlps      hook_mlp_out    [n_layers]            by position [n_layers, pos]
+        residual  hook_resid_pre                        by position [n_layers, pos]
+        patterns  hook_pattern    [n_layers, n_heads]   by position [n_layers, n_heads, query pos]
+
+    ``method``: "exact" (one suffix run per cell) or "attribution" (the first-order estimate of
+    every cell from one forward and one backward: ``linearised_patches``). ``options``
+    (``Options``: direction, normalize, memory_mb, progress), or the same as keywords
+    (``direction="noise"``); ``clean_run``: a ``Run`` of the clean prompts made already (see
+    ``prepare``), so exact patching does not run them again."""
+    check_choice("component", component, COMPONENTS)
+    check_choice("method", method, METHODS)
+    options, kind = Options.of(options, keywords), COMPONENTS[component]
+    if method == "attribution":
+        return linearised_patches(model, clean_tokens, corrupted_tokens, metric, kind, by_position, options)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, kind.names(model), options.direction,
+                       clean_run=clean_run,
+                       memory_mb=options.memory_mb)
+    return component_patches(contrast, component, options, by_position=by_position)
 
 
-def patch_patterns(
-    model,
-    clean_tokens,
-    corrupted_tokens,
-    metric: Metric,
-    *,
-    options: Options | None = None,
-    **keywords,
-) -> torch.Tensor:
-    """Patch each head's whole attention pattern (``hook_pattern``) -> [n_layers, n_heads].
-    Equals TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``. ``options``: see ``patch_heads``."""
-    require_edit(model, "hook_pattern", "patch_patterns")
-    options = Options.of(options, keywords)
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    names = pattern_names(model)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, names, options.direction)
-    variants = [[Edit(pattern_name(layer), (head,))] for layer, head in product(range(n_layers), range(n_heads))]
-    return _sweep(contrast, variants, (n_layers, n_heads), options, "patch patterns")
+def component_patches(contrast: Contrast, component: str, options: Options, *, by_position: bool = False) -> torch.Tensor:
+    """Exact ``patch_components`` on a ``Contrast`` made already (its sources hold the component's hooks)."""
+    variants, shape = COMPONENTS[component].variants(contrast.model, contrast.tokens.shape[1], by_position)
+    return _sweep(contrast, variants, shape, options, f"patch {component}")
+
+
+def linearised_patches(model, clean_tokens, corrupted_tokens, metric: Metric, kind: Component, by_position: bool,
+                       options: Options) -> torch.Tensor:
+    """Attribution patching (Nanda 2023; Syed et al. 2023): patching a unit moves its activation
+    from ``a`` (the run being patched) to ``a'`` (the other run); to first order the metric becomes
+    ``M + sum(dM/da * (a' - a))`` over prompts, positions and the unit's width. One forward caching
+    the other run and one forward and backward of the patched run (gradients wrt the activations
+    only) give every cell: about three forward-equivalents. Same shapes and convention as exact
+    patching (the patched metric), so the two compare cell for cell."""
+    kind.check(by_position)
+    names = kind.names(model)
+    base, source = base_and_source(model, clean_tokens, corrupted_tokens, options.direction)
+    source_logits, source_cache = cache_run(model, source, names, logits=options.normalize)  # logits: normalising only
+    value, acts, grads = activation_gradients(model, base, metric, names)
+    effects = linear_effects(*([kind.as_units(values[name]) for name in names] for values in (grads, acts, source_cache)))
+    estimate = value + (effects if by_position else effects.sum(dim=1))
+    estimate = estimate if kind.units else estimate[..., 0]  # the one unit each whole-layer component was given
+    if not options.normalize:
+        return estimate
+    source_value = evaluate_metric(metric, source_logits).item()
+    clean_value, corrupted_value = (source_value, value) if options.direction == "denoise" else (value, source_value)
+    return normalize_values(estimate, clean_value, corrupted_value)
+
+
+def patch_heads(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
+    """``patch_components(..., "heads")``: [n_layers, n_heads], or with ``by_position=True``
+    [n_layers, pos, n_heads]."""
+    return patch_components(model, clean_tokens, corrupted_tokens, metric, "heads", **keywords)
+
+
+def patch_mlps(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
+    """``patch_components(..., "mlps")``: [n_layers], or with ``by_position=True`` [n_layers, pos]."""
+    return patch_components(model, clean_tokens, corrupted_tokens, metric, "mlps", **keywords)
+
+
+def patch_residual(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
+    """``patch_components(..., "residual", by_position=True)``: the residual stream entering each
+    block, at each position -> [n_layers, pos] (TransformerLens's ``get_act_patch_resid_pre``)."""
+    return patch_components(model, clean_tokens, corrupted_tokens, metric, "residual", by_position=True, **keywords)
+
+
+def patch_patterns(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
+    """``patch_components(..., "patterns")``: each head's whole attention pattern -> [n_layers, n_heads]
+    (TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``)."""
+    return patch_components(model, clean_tokens, corrupted_tokens, metric, "patterns", **keywords)
 
 
 def patch_specific_heads(contrast: Contrast, heads, options: Options = Options()) -> torch.Tensor:
