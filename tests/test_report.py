@@ -244,3 +244,14 @@ def test_the_head_table_shows_intervals_and_null_bands():
     banded = head_table_html(table.assign(induction_null_low=[0.01, 0.02], induction_null_high=[0.2, 0.25]),
                              ["induction"], ["induction"], "t")
     assert "null [0.02, 0.25]" in banded and 'data-roles="induction"' in banded
+
+
+def test_report_bar_names_each_step(gpt2_dir, capsys):
+    """The report's step-level bar says which step it is on, each in turn, and ends full."""
+    from analyses.report.build import ReportSteps
+
+    build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=True)
+    err = capsys.readouterr().err
+    at = [err.find(f"report: {step}") for step in ReportSteps.STEPS]
+    assert all(i >= 0 for i in at) and at == sorted(at), at
+    assert f"{len(ReportSteps.STEPS)}/{len(ReportSteps.STEPS)}" in err
