@@ -1,0 +1,348 @@
+"""``interp report``: the head-role report (DESIGN 4.4), one directory per model:
+
+    head_roles.csv   one row per head: layer, head, each measure with _ci_low/_ci_high,
+                     ablation_effect, role (the assigned roles joined by ';')
+    report.md        the roles found, their ablation effects, the figures (figures/*.png)
+    index.html       the same and more, interactive and self-contained (``analyses.report.page``):
+                     click a head in the layer x head grid to see its pattern on a probe prompt
+                     and on the report's text; the head table sorts and filters by role
+    meta.json        model spec, family, impl, weights hash, prompts, seq_len, seed, thresholds,
+                     fdr, null seeds, package versions
+
+Beside the roles, the page has a calibration section (each score against its nulls, backup
+groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``)
+and a circuit section (the edges among the role heads: ``analyses.circuits.circuit``).
+
+Same model, prompts and seed -> the same bytes. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from analyses.components.rollout import all_patterns
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.report.calibration_figures import CalibrationSection, calibration_section, probe_run
+from analyses.circuits.circuit import CircuitSection, circuit_section, edge_lines
+from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, component_hooks, components_cache,
+                                 direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
+                                 next_token_answers)
+from analyses.components.meaning import meaning_roles
+from analyses.core.metrics import loss_metric
+from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD, MEASURES, ROLES, check_fdr, classify_heads, head_table
+from analyses.roles.nulls import DEFAULT_NULL_SEEDS
+from analyses.report.meta import model_meta
+from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
+from analyses.core.probes import RepeatedProbes, check_prompt_count, corrupt_first_copy, probes_for
+from analyses.core.progress import progress_bar
+from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
+                                  head_table_html, write_report_files)
+from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
+from analyses.interventions.run import Run
+from analyses.core.tokens import leading_tokens
+
+# why a report needs at least 2 prompts (``check_prompt_count``)
+PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
+                     "each prompt with the other prompts' mean")
+
+DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
+DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
+FIGURE_CAPTIONS = {
+    "role_scores": "Role scores and ablation effect per head (layer x head)",
+    "top_heads": "The top-scoring head of each role on one probe prompt",
+    "layer_map": "Every head of one layer on the report's text",
+    "rollout": "Attention rollout on the report's text (Abnar & Zuidema 2020)",
+    "circuit": "The strongest edges among the role heads (path patching, noising)",
+}
+
+
+@dataclass
+class HeadReport:
+    """table: one row per head (see ``head_table``); sections: the page, in order (``Section``:
+    title, Markdown, page-only HTML, figures, table; append one to add it); meta: JSON-able."""
+
+    table: pd.DataFrame
+    sections: list[Section]
+    meta: dict
+
+    @property
+    def figures(self) -> dict[str, bytes]:
+        """Every section's figures: name -> PNG bytes."""
+        return {f.name: f.png for section in self.sections for f in section.figures}
+
+
+def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
+                 texts: Sequence[str] | None = None,
+                 thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> HeadReport:
+    """Classify every head (on probes, or on ``texts``), calibrate the scores and run the causal
+    checks on the probes, find the edges among the role heads, store every head's pattern on a
+    probe and on a text, draw the figures. The probes are drawn once and serve all of it.
+
+    Roles (``analyses.roles.classify.assign_roles``): with ``fdr`` (and probe scores), a role is a
+    (head, role) whose score beats its nulls at that false-discovery rate and, with
+    ``thresholds``, also reaches the threshold; ``fdr=None`` (or ``texts``, which the probe nulls
+    do not describe) is the fixed rule: the threshold and an interval above chance.
+    ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: each step's budget."""
+    check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
+    if fdr is not None:
+        check_fdr(fdr)
+    steps = ReportSteps(progress)
+    probes = probes_for(model, n_prompts, seq_len, seed=seed)
+    steps.begin("probe run")  # the probes' one forward, which every step below reads
+    run = probe_run(model, probes, names=component_hooks(model, lens=True), memory_mb=memory_mb, progress=progress)
+    steps.begin("classification")
+    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, memory_mb=memory_mb,
+                            progress=progress, run=None if texts else run)
+    steps.begin("calibration")
+    calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
+                                      progress=progress, run=run)
+    calibrated = fdr is not None and not texts
+    table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
+                       calibration=calibration.frames["calibration"] if calibrated else None)
+    steps.begin("circuit")
+    circuit = circuit_section(model, table, probes, seed=seed, memory_mb=memory_mb, progress=progress, run=run)
+    steps.begin("pattern views")
+    views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
+    meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
+                                            "texts": len(texts) if texts else None, "thresholds": thresholds,
+                                            "fdr": fdr if calibrated else None,
+                                            "null_seeds": list(DEFAULT_NULL_SEEDS)}
+    steps.begin("figures")
+    sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
+    calibration_page, circuit_page = calibration_report_section(calibration), circuit_report_section(circuit)
+    steps.begin("components")
+    sections[2:2] = [calibration_page, circuit_page, components_report_section(model, probes, progress=progress, run=run)]
+    steps.close()
+    return HeadReport(table, sections, meta)
+
+
+class ReportSteps:
+    """The report's step-level bar, e.g. ``report: calibration  3/7``: which of ``STEPS`` it is on
+    (shown per ``progress``, as every bar: ``analyses.core.progress``)."""
+
+    STEPS = ("probe run", "classification", "calibration", "circuit", "pattern views", "figures", "components")
+
+    def __init__(self, progress: bool | None):
+        self.bar = progress_bar(total=len(self.STEPS), progress=progress, desc="report", unit="step")
+        self.started = False
+
+    def begin(self, step: str) -> None:
+        """Mark the step before as done and ``step`` (one of ``STEPS``, in order) as running."""
+        if self.started:
+            self.bar.update()
+        self.started = True
+        self.bar.set_description_str(f"report: {step}")
+
+    def close(self) -> None:
+        self.bar.update()
+        self.bar.close()
+
+
+def total_effects(calibration: CalibrationSection) -> pd.DataFrame:
+    """``layer, head, ablation_effect``: each head's total ablation effect, measured once by the
+    calibration (position-aligned mean ablation, loss on the probes' predictable tokens)."""
+    return calibration.frames["effects"].rename(columns={"total": "ablation_effect"})[["layer", "head", "ablation_effect"]]
+
+
+def role_rule(thresholds, fdr: float | None) -> str:
+    """How this report assigned roles, in one paragraph."""
+    strong = ("" if thresholds is None else
+              f" and its score is at least the threshold ({thresholds})")
+    if fdr is not None:
+        return (f"A head has a role when its score beats both nulls (random initialisation of the same architecture; "
+                f"for content roles also the model on control probes whose second copy is shuffled) at a "
+                f"Benjamini-Hochberg false-discovery rate of {fdr} over all heads and roles{strong}.")
+    limit = DEFAULT_THRESHOLD if thresholds is None else thresholds
+    return (f"A head has a role when its score is at least the threshold ({limit}) and its 95% bootstrap "
+            "interval lies above chance (a uniform head's score).")
+
+
+def calibration_report_section(calibration: CalibrationSection) -> Section:
+    """The calibration section: null bands, backup groups, self-repair, dormant heads, similarity."""
+    frames = calibration.frames
+    groups = [f"- backup group {int(g.group)}: {g.heads.replace(';', ', ')} (single effects sum to "
+              f"{g.sum_single:.2f} nats, together {g.joint:.2f})" for g in frames["groups"].itertuples()]
+    dormant = frames["dormant"][frames["dormant"]["dormant"]]
+    dormant_line = ", ".join(f"L{int(r.layer)}H{int(r.head)}" for r in dormant.itertuples()) or "none"
+    text = ("Each score against its nulls; heads that back each other up (ablated together they cost more than "
+            "the sum of their single effects); each head's direct effect (downstream frozen) against its total "
+            "effect, whose gap is self-repair; dormant heads (tiny output, ablation a no-op).\n\n"
+            + "\n".join(groups or ["- backup groups: none"]) + f"\n- dormant heads: {dormant_line}")
+    figures = [ReportFigure(name, calibration.captions[name], png_bytes(figure))
+               for name, figure in calibration.figures.items()]
+    return Section("Calibration", text, figures=figures)
+
+
+COMPONENT_PROMPTS = 16  # the probes the components section reads (its patching sweeps every head and MLP)
+
+
+def components_report_section(model, probes: RepeatedProbes, *, progress: bool | None = None,
+                              run: Run | None = None) -> Section:
+    """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
+    attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
+    effect (attention vs MLP), and the copying / copy-suppression roles of the OV circuits, on the
+    first ``COMPONENT_PROMPTS`` probes. ``run``: a ``Run`` of the probes whose ``component_hooks``
+    (with the lens) serve instead of a forward."""
+    first = slice(0, COMPONENT_PROMPTS)
+    probes = RepeatedProbes(probes.tokens[first], probes.period[first], probes.segment_start[first], probes.vocab)
+    tokens = probes.tokens
+    answers, positions = next_token_answers(tokens)
+    predictable = probes.predictable[:, 1:].reshape(-1).cpu()
+    cache = (components_cache(model, tokens, lens=True) if run is None else
+             {name: value[first] for name, value in run.read(component_hooks(model, lens=True)).items()})
+    dla = direct_logit_attribution(model, cache, answers, positions=positions)
+    dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
+    lens = logit_lens(model, cache, answers, positions=positions)
+    lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
+    effects = attention_vs_mlp(model, tokens, corrupt_first_copy(probes), loss_metric(tokens, probes.predictable),
+                               answers, positions=positions, cache=cache, progress=progress,
+                               clean_run=None if run is None else run.first(len(tokens)))
+    del cache
+    roles = meaning_roles(model, progress=progress)
+    top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
+    per_kind = effects.groupby("kind")["direct"].sum()
+    text = ("Which components write the answer. **Direct logit attribution**: each head's, MLP's and embedding's "
+            "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
+            "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
+            "logit). The largest:\n\n" + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items())
+            + "\n\n**Attention vs MLP**: the direct effect (mean over all positions) summed over the heads is "
+            + f"{per_kind.get('head', 0.0):+.2f}, over the MLPs "
+            + (f"{per_kind['mlp']:+.2f}" if "mlp" in per_kind else "nothing (the model has none)")
+            + "; the figure sets each component's direct effect against its total effect (exact patching from the "
+            "probes into probes whose first copy was replaced; 0 = corrupted, 1 = clean). **Logit lens**: the "
+            "residual entering each block decoded as if it were the last. **Meaning roles** (table): copying and "
+            "copy suppression read from each head's OV circuit on the tokens (eigenvalues of W_E W_V W_O W_U), "
+            "against the random-initialisation nulls at FDR 5% and the 0.4 threshold.")
+    figures = [ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; MLPs "
+                            "right)", png_bytes(dla_heatmap(dla))),
+               ReportFigure("logit_lens", "The logit lens on the predictable tokens", png_bytes(logit_lens_figure(lens))),
+               ReportFigure("attention_vs_mlp", "Direct against total effect of every head and MLP",
+                            png_bytes(attention_vs_mlp_figure(effects)))]
+    columns = ["layer", "head", "copying", "copying_topk", "suppression_topk", "meaning_role"]
+    return Section("Components", text, figures=figures, table=roles[columns].round(3))
+
+
+def circuit_report_section(circuit: CircuitSection) -> Section:
+    """The circuit section: the strongest edges among the role heads, as lines and a graph."""
+    how = ("Edges among the role heads: the composition score of the weights (Elhage et al. 2021) and exact path "
+           "patching (noising one edge: the rise in loss on the predictable tokens).")
+    if circuit.figure is None:
+        return Section("Circuit", how + "\n\nNo head has a role, so there is no edge to show.")
+    return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)),
+                   figures=[ReportFigure("circuit", FIGURE_CAPTIONS["circuit"], png_bytes(circuit.figure))])
+
+
+def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]:
+    """Every head's pattern on the display probe and on the start of ``text``, each at most
+    ``DISPLAY_TOKENS`` tokens (and the context): the page stores n^2 weights per head of each."""
+    probe = display_probe(probes)[:DISPLAY_TOKENS]
+    tokens = leading_tokens(model, text, DISPLAY_TOKENS)
+    return [PatternView("probe prompt (a repeated random segment)", display_tokens(model.to_str_tokens(probe)),
+                        all_patterns(model, probe)),
+            PatternView("the report's text", display_tokens(model.to_str_tokens(tokens)), all_patterns(model, tokens))]
+
+
+def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) -> list[Section]:
+    """The head-role report's sections: the explorer, the roles, the head table, the figures, rollout.
+    views: the display probe's and the text's (``pattern_views``); rule: how roles were assigned."""
+    measures = [m for m in MEASURES if m in table.columns]
+    grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
+    explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), start_measure(table))
+    probe_view, text_view = views
+    figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"], png_bytes(role_heatmaps(table, heatmap_columns(table)))),
+               ReportFigure("top_heads", FIGURE_CAPTIONS["top_heads"], png_bytes(top_heads_figure(table, probe_view))),
+               ReportFigure("layer_map", FIGURE_CAPTIONS["layer_map"], png_bytes(layer_map_figure(table, text_view)))]
+    rolled = rollout_figure(attention_rollout(text_view.patterns), text_view.tokens)
+    how = (rule + " Ablation effect: the rise in loss on the predictable second-copy tokens when the head's "
+           "output is replaced by its mean over the other probes at the same place in their structure; "
+           "'no causal effect' marks a role head whose ablation changes the loss by less than 0.01 nats.")
+    return [
+        Section("Heads", "Click a head in the grid to see its attention on a probe prompt and on the report's "
+                "text.", explorer_html(explorer, "click a head; the colour is the score chosen above")),
+        Section("Roles", how + "\n\n" + "\n".join(role_summary(table))),
+        Section("All heads", "Each score with its 95% bootstrap interval over prompts.",
+                head_table_html(table, measures, present_roles(table), "head-table"), table=markdown_frame(table)),
+        Section("Figures", figures=figures),
+        Section("Attention rollout", ROLLOUT_NOTE,
+                figures=[ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], png_bytes(rolled))]),
+    ]
+
+
+def start_measure(table: pd.DataFrame) -> str:
+    """The measure the page opens on: induction, else (texts score no induction) previous-token."""
+    return "induction" if "induction" in table.columns else "previous_token"
+
+
+def start_head(table: pd.DataFrame) -> tuple[int, int]:
+    """The head the page shows first: the best head of ``start_measure``."""
+    row = table.loc[table[start_measure(table)].idxmax()]
+    return int(row["layer"]), int(row["head"])
+
+
+def heatmap_columns(table: pd.DataFrame) -> list[str]:
+    return [m for m in (*ROLES, "entropy") if m in table.columns] + ["ablation_effect"]
+
+
+def present_roles(table: pd.DataFrame) -> list[str]:
+    return [role for role in ROLES if role in table.columns]
+
+
+def display_probe(probes: RepeatedProbes) -> torch.Tensor:
+    """The probe whose second copy ends first, cut right after it -> tokens (pos,): the shortest
+    prompt that shows a whole repeat."""
+    ends = probes.segment_start + 2 * probes.period  # (batch,) first position after the second copy
+    row = int(ends.argmin())
+    return probes.tokens[row, : int(ends[row])]
+
+
+def top_heads_figure(table: pd.DataFrame, probe: PatternView):
+    """Each role's best head on the display probe."""
+    picks = [(role, table.loc[table[role].idxmax()]) for role in present_roles(table)]
+    chosen = probe.patterns[[int(row["layer"]) for _, row in picks], [int(row["head"]) for _, row in picks]]
+    titles = [f"{role}: L{int(row['layer'])}H{int(row['head'])} ({row[role]:.2f})" for role, row in picks]
+    return attention_grid(chosen, probe.tokens, titles, suptitle="top head per role")
+
+
+def layer_map_figure(table: pd.DataFrame, text: PatternView):
+    """Every head of the layer holding the best induction (else previous-token) head, on the text."""
+    layer = start_head(table)[0]
+    titles = [f"L{layer}H{head}" for head in range(text.patterns.shape[1])]
+    return attention_grid(text.patterns[layer], text.tokens, titles, suptitle=f"layer {layer}")
+
+
+def role_summary(table: pd.DataFrame) -> list[str]:
+    """Markdown lines: for each role, its heads (best first) with score and ablation effect."""
+    lines = []
+    for role in present_roles(table):
+        heads = table[table["role"].str.split(";").apply(lambda roles: role in roles)]
+        heads = heads.sort_values(role, ascending=False)
+        found = ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
+                          f"ablation {r.ablation_effect:+.3f} nats)" for r in heads.itertuples())
+        lines.append(f"- **{role}**: {found or 'none'}")
+    return lines
+
+
+def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """The head table as report.md shows it: layer, head, role, the measures, the ablation effect."""
+    return table[["layer", "head", "role", *[m for m in MEASURES if m in table.columns], "ablation_effect"]]
+
+
+def report_title(report: HeadReport) -> tuple[str, str]:
+    """(title, the provenance line under it)."""
+    meta = report.meta
+    subtitle = (f"family `{meta['family']}`, impl `{meta['impl']}`, weights `{meta['weights_hash']}`, "
+                f"{meta['prompts']} probe prompts of {meta['seq_len']} tokens, seed {meta['seed']}"
+                + (f", {meta['texts']} texts" if meta["texts"] else "") + ".")
+    return f"Head roles: {meta['model']}", subtitle
+
+
+def write_report(report: HeadReport, out: str | Path) -> Path:
+    """Write the report directory (each file atomically)."""
+    title, subtitle = report_title(report)
+    return write_report_files(out, title, subtitle, report.sections, report.meta, {"head_roles.csv": report.table})
