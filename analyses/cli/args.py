@@ -30,6 +30,14 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                         help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
 
 
+def add_probe_args(parser: argparse.ArgumentParser, prompts: int) -> None:
+    """``--prompts`` (default ``prompts``), ``--seq-len`` and ``--seed``: the repeated-segment probes
+    a command runs the model on."""
+    parser.add_argument("--prompts", type=int, default=prompts, help=f"number of probe prompts (default {prompts})")
+    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the probes (default 0)")
+
+
 def _positive_float(text: str) -> float:
     """An argparse type: a number above 0."""
     try:

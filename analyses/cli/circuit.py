@@ -21,7 +21,7 @@ from analyses.circuits.circuit import check_role, circuit_section
 from analyses.roles.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, classify_heads
 from analyses.roles.nulls import calibrate_roles
 from analyses.report.intervention_figures import save_csv, save_figure
-from analyses.cli.args import add_model_args, load_cli_model
+from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.report.meta import model_meta, write_meta
 from analyses.circuits.path_patching import VIAS, check_vias
 from analyses.interventions.patching import DIRECTIONS
@@ -39,10 +39,8 @@ def register(subparsers) -> None:
                         help=f"inputs to patch, comma-separated from {', '.join(VIAS)} (default: all)")
     parser.add_argument("--direction", default="noise", choices=DIRECTIONS,
                         help="noise (default: the clean run with one edge corrupted) or denoise")
-    parser.add_argument("--prompts", type=int, default=16, help="number of repeated-segment probe prompts (default 16)")
-    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
+    add_probe_args(parser, prompts=16)
     parser.add_argument("--top", type=int, default=12, help="edges drawn in circuit.png (default 12)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
     parser.set_defaults(func=run_circuit)

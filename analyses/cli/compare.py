@@ -6,7 +6,7 @@ import argparse
 
 from analyses.roles.classify import DEFAULT_THRESHOLD
 from analyses.report.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
-from analyses.cli.args import add_impl_arg, add_run_args, load_cli_model
+from analyses.cli.args import add_impl_arg, add_probe_args, add_run_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 
 
@@ -28,9 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument("b", help="model B (compared with A): same kinds, same shape as A")
     add_impl_arg(parser)
     add_run_args(parser)
-    parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
-    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_args(parser, prompts=64)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="role score threshold (default 0.4)")
     parser.add_argument("--out", default="reports/compare", help="output directory (default reports/compare)")
     parser.set_defaults(func=run)

@@ -13,7 +13,7 @@ from analyses.interventions.attribution import (attribution_agreement, attributi
                                                 shortlist_patch_heads, unpatched_value)
 from analyses.report.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.core.metrics import logit_diff_metric, loss_metric
-from analyses.cli.args import add_model_args, load_cli_model
+from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.report.meta import model_meta, write_meta
 from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
 from analyses.core.probes import check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
@@ -34,9 +34,7 @@ ATTRIBUTION = {"heads": attribution_patch_heads, "heads_by_position": attributio
 
 def _model_and_prompt_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument("--prompts", type=int, default=32, help="number of repeated-segment probe prompts")
-    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_args(parser, prompts=32)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from analyses.cli.args import add_model_args, load_cli_model
+from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 from analyses.core.tokens import read_text_lines
 from analyses.report.build import PROMPTS_NEEDED_BY, build_report, write_report
@@ -41,9 +41,7 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
     add_model_args(parser)
-    parser.add_argument("--prompts", type=int, default=64, help="number of probe prompts (default 64)")
-    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_args(parser, prompts=64)
     parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
     parser.add_argument("--threshold", type=optional_float, default=DEFAULT_THRESHOLD,
                         help="a role's minimum score (default 0.4); 'none': significance alone decides")
