@@ -1,5 +1,6 @@
 """interp: hook-instrumented attention and GPT models, for looking inside attention heads."""
 
+from interp import teaching
 from interp.teaching import (CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper, SelfAttentionV1,
                              SelfAttentionV2)
 from interp.attention import GroupedQueryAttention
@@ -12,11 +13,7 @@ from interp.provenance import provenance, weights_hash
 from interp.tracr import from_tracr
 
 __all__ = [
-    "SelfAttentionV1",
-    "SelfAttentionV2",
-    "CausalAttention",
-    "MultiHeadAttentionWrapper",
-    "MultiHeadAttention",
+    *teaching.__all__,  # the attention chapter's modules
     "GroupedQueryAttention",
     "GPTConfig",
     "GPTModel",
