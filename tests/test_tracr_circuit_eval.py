@@ -1,5 +1,5 @@
 """Circuit discovery scored against Tracr's ground truth (``analyses.circuits.circuit_eval``), and EAP-IG
-(``analyses.circuits.eap_ig``) against a naive one-edge-at-a-time integrated gradient."""
+(``analyses.circuits.edge_attribution.eap_ig``) against a naive one-edge-at-a-time integrated gradient."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytest.importorskip("tracr", reason="needs the [tracr] extra")
 from analyses.circuits.circuit_eval import (  # noqa: E402
     component_scores, evaluate_discovery, faithfulness, output_metric, roc_auc, task_pairs,
 )
-from analyses.circuits.eap_ig import eap_ig  # noqa: E402
+from analyses.circuits.edge_attribution import eap_ig  # noqa: E402
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth  # noqa: E402
 from interp import UserError, from_tracr  # noqa: E402
 from interp.tracr import encode_inputs  # noqa: E402

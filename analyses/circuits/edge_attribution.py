@@ -14,6 +14,13 @@ which ``GPTModel`` and the bridge both offer, ``GPTModel`` for only the inputs t
 receiver's input gradient is then one slice of ``blocks.{l}.hook_{q,k,v}_input``). "logits" edges
 need only the gradient at the residual leaving the last block. How far the linearisation holds is measured, not assumed: ``edge_agreement`` and
 ``shortlist_path_patch`` (attribution ranks, exact path patching confirms the top k).
+
+EAP-IG (Hanna et al. 2024; ``edge_attribution(steps=k)``, ``eap_ig``) averages the gradient over
+``k`` runs whose input embeddings lie on the straight line from the base run's to the source run's
+(the residual entering block 0 at ``alpha = k / steps``, k = 1..steps), so an edge whose effect
+only appears part of the way from corrupted to clean -- a saturated softmax, a ReLU that opens
+late, both everywhere in Tracr's compiled models -- is not scored 0 by a gradient taken where it
+is flat.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import torch
 from einops import rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.hook_names import final_resid_name, qkv_input_name, z_names
+from analyses.core.hook_names import final_resid_name, qkv_input_name, resid_pre_name, z_names
 from analyses.interventions.engine import activation_gradients, cache_run
 from analyses.core.metrics import Metric
 from analyses.circuits.path_patching import (
@@ -137,6 +144,37 @@ def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torc
     return values
 
 
+@contextmanager
+def interpolated_inputs(model, base_resid: torch.Tensor, source_resid: torch.Tensor, alpha: float):
+    """While open, the residual entering block 0 is ``base + alpha * (source - base)`` (batch, pos,
+    d_model), a leaf that carries gradients; the hook stays through the analyses' own
+    ``run_with_hooks`` (which removes only temporary hooks) and is removed on exit."""
+    point = model.mod_dict[resid_pre_name(0)]
+
+    def interpolate(resid, hook):
+        return torch.lerp(base_resid, source_resid, alpha).requires_grad_(True)
+
+    point.add_hook(interpolate, is_permanent=True)
+    try:
+        yield
+    finally:
+        point.remove_hooks("fwd", including_permanent=True)
+
+
+def integrated_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str], base_resid: torch.Tensor,
+                         source_resid: torch.Tensor, steps: int) -> dict:
+    """The metric's gradient at each of ``inputs`` averaged over ``steps`` runs of ``base`` whose
+    residual entering block 0 lies on the line from ``base_resid`` to ``source_resid`` (batch, pos,
+    d_model; alpha = k / steps, k = 1..steps) -> {input name: (batch, pos, [head,] d_model)}."""
+    mean = {}
+    for k in range(1, steps + 1):
+        with interpolated_inputs(model, base_resid, source_resid, k / steps):
+            grads, _ = receiver_gradients(model, base, metric, inputs)
+        for name, grad in grads.items():
+            mean[name] = mean.get(name, 0) + grad / steps
+    return mean
+
+
 def edge_attribution(
     model,
     clean,
@@ -147,19 +185,42 @@ def edge_attribution(
     receivers=None,
     via: str | Sequence[str] = VIAS,
     direction: str = "denoise",
+    steps: int | None = None,
 ) -> pd.DataFrame:
     """EAP score of every edge (see the module docstring) -> one row per edge, sorted by sender,
     receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via, attribution``
     (the predicted ``effect`` of ``path_patch`` with the same arguments). Three passes: the source
-    forward, the base forward and its backward."""
+    forward, the base forward and its backward. ``steps``: EAP-IG (Hanna et al. 2024) instead, the
+    gradient averaged over ``steps`` runs with input embeddings from the base run's to the source
+    run's (``integrated_gradients``; they use 5-50), ``steps + 2`` passes (the source and base
+    forwards, then a forward and a backward per step): an edge whose effect
+    appears only part of the way (a saturated softmax, a ReLU that opens late) is then not scored 0
+    by a gradient taken where it is flat."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UserError(f"steps={steps!r} must be a positive integer")
+    if steps is not None and not getattr(model, "suffix_only_start", False):
+        raise UserError(f"EAP-IG interpolates the residual entering block 0, which needs a GPTModel; got {type(model).__name__}")
     edges = edges_of(model, senders, receivers, via)
     base, source = base_and_source(model, clean, corrupted, direction)
     senders_z = z_names(model)[:int(edges.table[:, 0].max()) + 1]  # the source run stops after these
-    _, source_z = cache_run(model, source, senders_z, logits=False)
+    first = [resid_pre_name(0)] if steps else []  # where EAP-IG interpolates
+    _, source_cache = cache_run(model, source, [*senders_z, *first], logits=False)
     inputs = receiver_inputs(model, edges)
-    grads, base_z = receiver_gradients(model, base, metric, list(inputs))
-    moved = [source_z[name] - z for name, z in zip(senders_z, base_z)]
+    if steps is None:
+        grads, base_z = receiver_gradients(model, base, metric, list(inputs))
+    else:
+        _, base_cache = cache_run(model, base, [*senders_z, *first], logits=False)
+        base_z = [base_cache[name] for name in senders_z]
+        grads = integrated_gradients(model, base, metric, list(inputs), base_cache[first[0]], source_cache[first[0]],
+                                     steps)
+    moved = [source_cache[name] - z for name, z in zip(senders_z, base_z)]
     return edges.frame(attribution=attributions(edges, moved, output_weights(model, len(senders_z)), grads, inputs))
+
+
+def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **selection) -> pd.DataFrame:
+    """EAP-IG: ``edge_attribution(..., steps=steps)`` (default 5 points on the path); ``selection``:
+    ``senders``, ``receivers``, ``via``, ``direction`` as there."""
+    return edge_attribution(model, clean, corrupted, metric, steps=steps, **selection)
 
 
 def shortlist_path_patch(

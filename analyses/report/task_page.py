@@ -14,8 +14,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, direct_logit_attribution, dla_heatmap
-from analyses.circuits.eap_ig import eap_ig
-from analyses.circuits.edge_attribution import edge_agreement, edge_attribution
+from analyses.circuits.edge_attribution import eap_ig, edge_agreement, edge_attribution
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.metrics import evaluate_metric
 from analyses.circuits.path_patching import path_patch
