@@ -122,3 +122,30 @@ def test_attended_token_effect_equals_dla_on_the_attended_tokens():
         dla = direct_logit_attribution(model, tokens, answers, positions=list(range(1, 12)))
         expected = dla[dla["component"] == f"L{layer}H{head}"]["dla"].mean()
         assert effects.loc[(layer, head), "attended_effect"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_top_k_shares_in_small_chunks_equal_the_full_rows():
+    """ov_top_k through the d_head-wide factors, a few heads and tokens at a time (a budget of a few
+    kB), against each head's full rows W_E[t] W_V W_O W_U made at once in float64: the shares agree
+    to one sampled token (a float tie at the k-th entry may round either way), on a grouped-query
+    model, and the ov_eigenvalues of the chunked vocabulary sum equal the naive full matrix."""
+    from analyses.components.meaning import ov_top_k
+
+    torch.manual_seed(1)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=16, d_model=32, n_heads=4, n_key_value_heads=2, n_layers=2,
+                               normalization_type="RMS", positional_embedding_type="rotary",
+                               tie_word_embeddings=False)).eval()
+    n_tokens, k = 120, 5
+    top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=3, memory_mb=0.02)
+    tokens = torch.randperm(300, generator=torch.Generator().manual_seed(3))[:n_tokens].sort().values
+    W_V = expand_kv_heads(model.W_V.detach(), 4).double()
+    W_E, W_O, W_U = model.W_E.detach().double(), model.W_O.detach().double(), model.W_U.detach().double()
+    for layer in range(2):
+        for head in range(4):
+            rows = W_E[tokens] @ W_V[layer, head] @ W_O[layer, head] @ W_U
+            own = rows.gather(1, tokens[:, None])
+            assert abs(top[layer, head] - ((rows > own).sum(1) < k).float().mean()) <= 1 / n_tokens
+            assert abs(bottom[layer, head] - ((rows < own).sum(1) < k).float().mean()) <= 1 / n_tokens
+    assert top.std() > 0  # heads differ: a mix-up of heads would show
+    chunked = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=0.01)).float()
+    assert torch.allclose(chunked, _naive_copying(model), atol=1e-4)

@@ -42,6 +42,7 @@ from analyses.components.decompose import final_norm
 from analyses.roles.dormant import head_outputs
 from analyses.core.hook_names import final_resid_name, pattern_name, z_name
 from analyses.roles.nulls import (DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_upper_tail, z_score)
+from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 from interp.random_models import random_like
@@ -52,25 +53,28 @@ DEFAULT_TOP_K = 5
 DEFAULT_N_TOKENS = 2048
 
 
-def _ov_factors(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(W_E (vocab, d_model), W_V (layer, head, d_model, d_head), W_O (layer, head, d_head, d_model),
-    W_U (d_model, vocab)), float32, key/value heads expanded to the query heads."""
-    W_U = model.W_U.detach().float()
-    W_E = model.W_E.detach().float()
+def ov_eigenvalues(model, *, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
+    """The nonzero eigenvalues of every head's ``W_E W_V W_O W_U`` -> (layer, head, d_head) complex128,
+    from the (d_head x d_head) ``W_O W_U W_E W_V``. ``W_U W_E`` (d_model, d_model) is summed in
+    float64 over slices of the vocabulary that fit ``memory_mb`` (no float64 copy of either matrix)."""
+    W_E, W_U = _embed_unembed(model)
+    W_V = expand_kv_heads(model.W_V.detach(), model.cfg.n_heads).double()
+    d_model, n_vocab = W_U.shape
+    step = max(1, int(memory_mb * 2**20 // (2 * 8 * d_model)))
+    unembed_embed = sum(W_U[:, start:start + step].double() @ W_E[start:start + step].double()
+                        for start in range(0, n_vocab, step))  # (d_model, d_model)
+    small = model.W_O.detach().double() @ unembed_embed @ W_V  # (layer, head, d_head, d_head)
+    return torch.linalg.eigvals(small)
+
+
+def _embed_unembed(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_E (vocab, d_model), W_U (d_model, vocab)) as stored (the model's dtype), refused where the
+    unembedding's outputs are not the input vocabulary."""
+    W_E, W_U = model.W_E.detach(), model.W_U.detach()
     if W_U.shape[1] != W_E.shape[0]:
         raise UserError(f"copying scores need the unembedding over the input vocabulary; this model maps "
                         f"{W_E.shape[0]} input tokens to {W_U.shape[1]} outputs")
-    W_V = expand_kv_heads(model.W_V.detach(), model.cfg.n_heads).float()
-    return W_E, W_V, model.W_O.detach().float(), W_U
-
-
-def ov_eigenvalues(model) -> torch.Tensor:
-    """The nonzero eigenvalues of every head's ``W_E W_V W_O W_U`` -> (layer, head, d_head) complex128,
-    from the (d_head x d_head) ``W_O W_U W_E W_V``."""
-    W_E, W_V, W_O, W_U = _ov_factors(model)
-    unembed_embed = (W_U.double() @ W_E.double())  # (d_model, d_model)
-    small = W_O.double() @ unembed_embed @ W_V.double()  # (layer, head, d_head, d_head)
-    return torch.linalg.eigvals(small)
+    return W_E, W_U
 
 
 def copying_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
@@ -88,21 +92,41 @@ def _token_sample(n_vocab: int, n_tokens: int, seed: int) -> torch.Tensor:
 
 
 def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
-             progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             progress: bool | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
     """(copying_topk, suppression_topk), each (layer, head): the share of the sampled tokens whose own
-    entry of their row of ``W_E W_V W_O W_U`` is among the row's ``k`` largest / ``k`` smallest."""
-    W_E, W_V, W_O, W_U = _ov_factors(model)
-    if not 1 <= k <= W_U.shape[1]:
-        raise UserError(f"k={k} must be in [1, {W_U.shape[1]}]")
+    entry of their row of ``W_E W_V W_O W_U`` is among the row's ``k`` largest / ``k`` smallest.
+
+    Each row is ``(W_E[t] W_V) (W_O W_U)``, the product of two d_head-wide factors (float32), so a head
+    costs n_tokens x d_head x vocab, not x d_model; ``W_O W_U`` (d_head, vocab) is made for a group of
+    heads at a time and the rows for a chunk of tokens at a time, each within half of ``memory_mb``."""
+    W_E, W_U = _embed_unembed(model)
+    d_model, n_vocab = W_U.shape
+    if not 1 <= k <= n_vocab:
+        raise UserError(f"k={k} must be in [1, {n_vocab}]")
     tokens = _token_sample(W_E.shape[0], n_tokens, seed)
-    n_layers, n_heads = W_O.shape[:2]
+    W_O = model.W_O.detach()  # (layer, head, d_head, d_model)
+    n_layers, n_heads, d_head = W_O.shape[:3]
+    W_V = expand_kv_heads(model.W_V.detach(), n_heads)
+    left = einops.einsum(W_E[tokens].float(), W_V.float(), "t m, l h m d -> l h t d")  # (layer, head, n_tokens, d_head)
+    half = memory_mb * 2**20 / 2
+    group = max(1, int(half // (4 * d_head * n_vocab)))  # heads whose W_O W_U are held at once
+    step = max(1, int(half // (4 * d_model)))  # vocabulary columns of W_U made float32 at once
+    chunk = max(1, int(half // (6 * n_vocab)))  # tokens whose rows (and their comparisons) are held at once
+    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     top, bottom = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
-    for layer in progress_bar(range(n_layers), progress=progress, desc="OV circuits", unit="layer"):
-        for head in range(n_heads):
-            rows = (W_E[tokens] @ W_V[layer, head] @ W_O[layer, head]) @ W_U  # (n_tokens, vocab)
-            own = rows.gather(1, tokens[:, None])
-            top[layer, head] = ((rows > own).sum(1) < k).float().mean()
-            bottom[layer, head] = ((rows < own).sum(1) < k).float().mean()
+    for first in progress_bar(range(0, len(heads), group), progress=progress, desc="OV circuits", unit="head group"):
+        members = heads[first:first + group]
+        out = torch.stack([W_O[layer, head] for layer, head in members]).float()  # (group, d_head, d_model)
+        right = torch.cat([out @ W_U[:, start:start + step].float() for start in range(0, n_vocab, step)], -1)
+        for (layer, head), readout in zip(members, right):  # readout: (d_head, vocab)
+            above, below = [], []
+            for start in range(0, len(tokens), chunk):
+                rows = left[layer, head, start:start + chunk] @ readout  # (chunk, vocab)
+                own = rows.gather(1, tokens[start:start + chunk, None])
+                above.append((rows > own).sum(1))
+                below.append((rows < own).sum(1))
+            top[layer, head] = (torch.cat(above) < k).float().mean()
+            bottom[layer, head] = (torch.cat(below) < k).float().mean()
     return top, bottom
 
 
