@@ -84,6 +84,17 @@ def locate(spec: str) -> Located:
     )
 
 
+def local_directory(located: Located) -> Path | None:
+    """The directory holding a located model's files: the directory given, or a cached hub id's
+    snapshot in the Hugging Face cache (the files downloaded so far); None for a hub id not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if Path(located.source).is_dir():
+        return Path(located.source)
+    cached = try_to_load_from_cache(located.source, "config.json") if located.local_only else None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
 def read_config_json(directory: Path) -> dict:
     """``directory/config.json`` as a JSON object; a one-line error where it is not one."""
     path = Path(directory) / "config.json"
@@ -131,7 +142,7 @@ def load_hf(located: Located, device_map: str | dict | None = None, dtype: torch
         raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {_first_line(error)}") from None
     except OSError as error:  # no weights file, or one that cannot be read
         raise UserError(f"could not read the weights of {spec!r}: {_first_line(error)}") from None
-    unexpected = [name for name in info.get("unexpected_keys") or () if not _is_constant_buffer(name)]
+    unexpected = [name for name in info.get("unexpected_keys") or () if not is_constant_buffer(name)]
     refuse_mismatched_tensors(spec, info.get("missing_keys") or (), unexpected, info.get("mismatched_keys") or (),
                               errors=info.get("error_msgs") or ())
     return model.eval(), load_tokenizer(located)
@@ -161,7 +172,7 @@ def refuse_missing_tokenizer(located: Located, vocab_size: int) -> None:
                         "save the model's tokenizer there (tokenizer.save_pretrained)")
 
 
-def _is_constant_buffer(name: str) -> bool:
+def is_constant_buffer(name: str) -> bool:
     """Whether a checkpoint tensor's name ends in one of ``CONSTANT_BUFFERS`` (``transformer.h.3.attn.bias``)."""
     return any(name == buffer or name.endswith("." + buffer) for buffer in CONSTANT_BUFFERS)
 

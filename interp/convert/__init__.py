@@ -18,6 +18,7 @@ import torch
 
 from interp.convert.common import HFWeights, convert
 from interp.convert.families import CONVERTERS
+from interp.convert.stream import SafetensorsWeights
 from interp.errors import UserError
 from interp.model import GPTModel
 
@@ -50,4 +51,18 @@ def from_hf(hf_model, tokenizer=None, release: bool = False) -> GPTModel:
             for param in model.parameters():
                 param.data = param.data.clone()
     model.hf_config = copy.deepcopy(hf_model.config)
+    return model
+
+
+def from_safetensors(files, hf_cfg, tokenizer, dtype: torch.dtype, source: str) -> GPTModel:
+    """A ``GPTModel`` of the Hugging Face config ``hf_cfg`` with the weights of safetensors
+    ``files`` (``interp.convert.stream.safetensors_files`` of a directory ``source``), in ``dtype``:
+    each tensor is read, cast and placed before the next (peak memory: the model's own size and a
+    tensor or two), without building the Hugging Face model; logits equal its eager forward as
+    ``from_hf``'s do. Keeps ``hf_cfg`` as ``hf_config``, its ``dtype`` set as ``from_pretrained`` sets it."""
+    family = hf_cfg.model_type
+    check_scratch_family(family)
+    model = convert(CONVERTERS[family], hf_cfg, SafetensorsWeights(files, hf_cfg, dtype, source), tokenizer)
+    model.hf_config = copy.deepcopy(hf_cfg)
+    model.hf_config.dtype = dtype
     return model
