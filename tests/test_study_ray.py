@@ -21,7 +21,9 @@ from interp import UserError
 
 ray = pytest.importorskip("ray")
 
-from analyses.studies.on_ray import check_reachable  # noqa: E402  (needs ray)
+from analyses.studies.on_ray import (  # noqa: E402  (needs ray)
+    MB, RUNTIME_MB, RayCells, actor_plan, check_reachable, loaded_bytes, worker_need)
+from analyses.studies.spec import load_spec  # noqa: E402
 from test_study import kill_at_rows  # noqa: E402  (pytest puts tests/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,3 +169,64 @@ def test_without_ray_a_local_run_works_and_ray_is_one_line(tmp_path):
     assert (tmp_path / "local" / "results.csv").read_bytes().count(b"\n") == 3
     assert done.stderr.strip() == ("interp study: error: --ray needs Ray, an optional extra that is not installed: "
                                    "pip install 'interp[ray]'")
+
+
+# ------------------------------------------------------------------ how many actors (made-up clusters)
+GiB = 2**30
+
+
+def test_on_cpus_as_many_actors_as_memory_holds_each_asking_for_its_memory():
+    """8 CPUs and room for 3 models -> 3 actors, each asking Ray for one CPU and its memory."""
+    plan = actor_plan([{"CPU": 8.0, "memory": 3.5 * GiB}], need_bytes=GiB)
+    assert plan.count == 3 and plan.options == {"num_cpus": 1, "memory": GiB}
+    assert actor_plan([{"CPU": 2.0, "memory": 100 * GiB}], GiB).count == 2  # then the CPUs bound it
+    assert actor_plan([{"CPU": 8.0, "memory": 3.5 * GiB}], GiB, workers=2).count == 2  # --workers caps it
+    # per node: an actor cannot span nodes (4 CPUs and no room + no CPU and room: none on either)
+    two_nodes = [{"CPU": 4.0, "memory": 0.5 * GiB}, {"CPU": 1.0, "memory": 5 * GiB}]
+    assert actor_plan(two_nodes, GiB).count == 1
+
+
+def test_on_gpus_one_actor_per_gpu():
+    plan = actor_plan([{"CPU": 16.0, "GPU": 2.0, "memory": 0.1 * GiB}], need_bytes=40 * GiB)
+    assert plan == (2, {"num_gpus": 1})
+    assert actor_plan([{"CPU": 4.0, "GPU": 1.0, "memory": GiB}, {"CPU": 4.0, "GPU": 3.0}], GiB).count == 4
+
+
+def test_too_little_memory_for_one_actor_is_one_line_naming_the_sizes():
+    with pytest.raises(UserError) as error:
+        actor_plan([{"CPU": 8.0, "memory": 1.5 * GiB}, {"CPU": 2.0, "memory": 0.5 * GiB}], 3 * GiB,
+                   what="a study worker: model 'big' in float32 (1.00 GiB) + ...")
+    assert str(error.value) == ("Ray: no node has room for a study worker: model 'big' in float32 (1.00 GiB) + ... "
+                                "(3.00 GiB); the most memory a node gives Ray is 1.50 GiB (CPUs on a node: at most 8)")
+    with pytest.raises(UserError, match="--workers 0: must be >= 1"):
+        actor_plan([{"CPU": 8.0, "memory": 8 * GiB}], GiB, workers=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_model_is_sized_from_its_files_as_loading_it_would_take(dtype, gpt2_dir):
+    from interp import load_model
+
+    toy = load_model("toy", dtype=dtype)
+    assert loaded_bytes("toy", dtype) == sum(t.numel() * t.element_size() for t in toy.state_dict().values())
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(gpt2_dir, dtype=dtype)  # its parameters (tied ones once) and buffers
+    stored = {name: t for name, t in hf.state_dict().items() if name != "lm_head.weight"}  # tied: not saved
+    assert loaded_bytes(str(gpt2_dir), dtype) == sum(t.numel() * t.element_size() for t in stored.values())
+    with pytest.raises(UserError, match="cannot size model 'nobody/no-such-model'.*local Hugging Face cache"):
+        loaded_bytes("nobody/no-such-model", dtype)
+    with pytest.raises(UserError, match="cannot size model '/no/such/dir'"):
+        loaded_bytes("/no/such/dir", dtype)
+
+
+def test_each_actor_asks_ray_for_the_model_the_budget_and_the_runtime(tmp_path, cluster):
+    """On the local instance (2 CPUs, room for both): 2 actors, and Ray's available memory falls by
+    what they asked for while they live."""
+    study = load_spec(write_spec(tmp_path / "spec.toml"))
+    need, _ = worker_need(study.cells, 256)
+    assert need == loaded_bytes("toy", "float32") + (256 + RUNTIME_MB) * MB
+    before = ray.available_resources()["memory"]
+    with RayCells(study.cells, memory_mb=256) as cells:
+        cells.plan(0)  # every actor has started and loaded the model
+        assert len(cells.actors) == 2
+        assert before - ray.available_resources()["memory"] == pytest.approx(2 * need, rel=1e-6)

@@ -19,7 +19,8 @@ def register(subparsers) -> None:
     run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                      help="compute rows on Ray actors (pip install 'interp[ray]'): a cluster's HOST:PORT, "
                           "or none for the spec's [run].address, else a local instance")
-    run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, else per CPU)")
+    run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, "
+                                                    "else as many as each node's CPUs and memory hold)")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=run_study_command)
 

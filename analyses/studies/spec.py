@@ -36,8 +36,8 @@ study named ``"spec=toy method=zero"`` (``section.key`` where the key alone is a
 ``prompts.seed``, ``ablation.seed``, ``prompts.kind``, ``metric.kind``).
 
 **[run]** says how, never what: ``executor = "local" | "ray"``, ``address`` (a Ray cluster,
-``HOST:PORT`` or ``ray://HOST:PORT``; default a local one), ``workers`` (default one per GPU, else per
-CPU), ``memory_mb`` (each analysis's budget beyond the weights). Neither it nor ``[model].device`` is
+``HOST:PORT`` or ``ray://HOST:PORT``; default a local one), ``workers`` (default one per GPU, else as
+many as each node's CPUs and memory hold), ``memory_mb`` (each analysis's budget beyond the weights). Neither it nor ``[model].device`` is
 part of the study's identity: a run may be resumed by another executor, on another device. The
 ``[model].dtype`` is: results in bfloat16 are not those in float32.
 
