@@ -9,9 +9,10 @@ import torch
 
 from analyses.components.decompose import direct_logit_attribution
 from analyses.components.meaning import (
-    attended_token_effect, copying_from_eigenvalues, joint_fdr, meaning_nulls, meaning_roles, ov_eigenvalues,
+    attended_token_effect, copying_from_eigenvalues, meaning_nulls, meaning_roles, ov_eigenvalues,
     ov_scores, qk_positional_scores,
 )
+from analyses.roles.nulls import joint_fdr
 from interp import GPTConfig, GPTModel, UserError, from_hf
 from interp.bridge import boot_bridge
 from interp.random_models import gpt2_initialise, random_hf_model
@@ -122,6 +123,44 @@ def test_attended_token_effect_equals_dla_on_the_attended_tokens():
         dla = direct_logit_attribution(model, tokens, answers, positions=list(range(1, 12)))
         expected = dla[dla["component"] == f"L{layer}H{head}"]["dla"].mean()
         assert effects.loc[(layer, head), "attended_effect"] == pytest.approx(expected, abs=1e-5)
+
+
+def naive_benjamini_hochberg(p: list[float]) -> list[float]:
+    """Benjamini-Hochberg by its definition: q_i = min(1, min over p_j >= p_i of p_j m / rank_j)."""
+    m, order = len(p), sorted(range(len(p)), key=lambda i: p[i])
+    rank = {index: r + 1 for r, index in enumerate(order)}
+    return [min(1.0, min(p[j] * m / rank[j] for j in range(m) if p[j] >= p[i])) for i in range(m)]
+
+
+def test_copying_roles_are_in_one_fdr_family_with_the_attention_roles():
+    """The planted copying (suppressing) head is named in the head table, beside the attention roles,
+    with q < 0.05 from ONE Benjamini-Hochberg over every (head, role) test; no other head gets a
+    meaning role."""
+    from analyses.core.probes import repeated_probes
+    from analyses.roles.classify import ALL_ROLES, classify_heads, head_table
+    from analyses.roles.nulls import calibrate_roles
+
+    model = _planted_model()
+    probes = repeated_probes(8, 16, range(1, 64), 0, seed=3)
+    seeds = tuple(range(1001, 1007))  # enough null models for both planted heads to pass a family of 56 tests
+    joint = joint_fdr(calibrate_roles(model, probes, null_seeds=seeds, progress=False),
+                      meaning_nulls(model, seeds), fdr=0.05)
+    assert sorted(joint["role"].unique()) == sorted(ALL_ROLES) and len(joint) == 8 * len(ALL_ROLES)
+    assert joint["q"].tolist() == pytest.approx(naive_benjamini_hochberg(joint["p"].tolist()), abs=1e-12, rel=1e-9)
+    alone = meaning_roles(model, null_seeds=seeds, progress=False).set_index(["layer", "head"])
+    in_joint = joint[joint["role"] == "copying"].set_index(["layer", "head"])["q"]
+    assert not in_joint.equals(alone["copying_q"])  # a larger family: not the meaning roles' own q
+    table = head_table(classify_heads(model, probes=probes, progress=False), calibration=joint,
+                       thresholds=0.4).set_index(["layer", "head"])
+    assert {"induction_q", "previous_token_q", "copying", "copying_q", "copy_suppression_q"} <= set(table.columns)
+    assert "copying" in table.loc[COPIER, "role"].split(";") and table.loc[COPIER, "copying_q"] < 0.05
+    assert "copy_suppression" in table.loc[SUPPRESSOR, "role"].split(";")
+    assert table.loc[SUPPRESSOR, "copy_suppression_q"] < 0.05
+    assert table.loc[COPIER, "copying"] == pytest.approx(alone.loc[COPIER, "copying"], abs=1e-6)
+    others = table.drop(index=[COPIER, SUPPRESSOR])
+    assert not others["role"].str.contains("cop").any()
+    with pytest.raises(UserError, match="more than one calibration table"):
+        joint_fdr(joint, meaning_nulls(model, seeds))
 
 
 def test_top_k_shares_in_small_chunks_equal_the_full_rows():

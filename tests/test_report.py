@@ -255,3 +255,23 @@ def test_report_bar_names_each_step(gpt2_dir, capsys):
     at = [err.find(f"report: {step}") for step in ReportSteps.STEPS]
     assert all(i >= 0 for i in at) and at == sorted(at), at
     assert f"{len(ReportSteps.STEPS)}/{len(ReportSteps.STEPS)}" in err
+
+
+def test_report_roles_are_one_fdr_family_with_the_copying_roles(scratch_report):
+    """head_roles.csv shows copying and copy suppression beside the attention roles, and every
+    role's q-value is one Benjamini-Hochberg over all (head, role) p-values of the report, the
+    meaning roles' included (checked against BH written out here); the role column follows them."""
+    table = pd.read_csv(scratch_report / "head_roles.csv", keep_default_na=False)
+    roles = [c.removesuffix("_q") for c in table.columns if c.endswith("_q")]
+    assert {"induction", "previous_token", "duplicate_token", "copying", "copy_suppression"} <= set(roles)
+    p = table[[f"{r}_p" for r in roles]].to_numpy().flatten()
+    q = table[[f"{r}_q" for r in roles]].to_numpy().flatten()
+    order = p.argsort(kind="stable")
+    ranked = p[order] * len(p) / range(1, len(p) + 1)
+    expected = [min(1.0, ranked[k:].min()) for k in range(len(p))]  # step-up: the smallest from each rank on
+    assert q[order] == pytest.approx(expected, rel=1e-5, abs=1e-9)  # the CSV keeps 6 significant digits
+    for role in ("copying", "copy_suppression"):
+        named = table["role"].str.split(";").apply(lambda listed: role in listed)
+        assert (named == ((table[f"{role}_q"] <= 0.05) & (table[role] >= 0.4))).all()
+    markdown = (scratch_report / "report.md").read_text()
+    assert "- **copying**:" in markdown and "- **copy_suppression**:" in markdown

@@ -23,32 +23,33 @@ averaged over queries q >= 1: its mass on q - 1 (``qk_previous``), on q (``qk_se
 
 Roles: ``copying`` and ``copy_suppression`` against the random-initialisation null of the other
 roles (``analyses.roles.nulls``: the same architecture at a few random initialisations, a per-layer
-two-level null, Student's t), Benjamini-Hochberg over all heads x these roles (``meaning_roles``;
-``joint_fdr`` recomputes q over these together with ``calibrate_roles``' attention roles), and a
-threshold on the score. From behaviour: ``attended_token_effect`` is a head's direct effect on the
+two-level null, Student's t), and a threshold on the score. ``meaning_roles`` alone controls the
+false discovery rate over all heads x these two roles; the report puts them in ONE family with the
+attention roles (``analyses.roles.nulls.joint_fdr`` over ``calibrate_roles`` and ``meaning_nulls``,
+read by ``analyses.roles.classify.assign_roles``), so its head table names them beside induction. From behaviour: ``attended_token_effect`` is a head's direct effect on the
 logit of the token it attends to most, from one clean cache.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import einops
 import pandas as pd
 import torch
 
-from analyses.roles.classify import DEFAULT_THRESHOLD, check_fdr
+from analyses.roles.classify import DEFAULT_THRESHOLD, MEANING_ROLES, check_fdr
 from analyses.components.decompose import final_norm
 from analyses.roles.dormant import head_outputs
 from analyses.core.hook_names import final_resid_name, pattern_name, z_name
-from analyses.roles.nulls import (DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_upper_tail, z_score)
+from analyses.roles.nulls import BAND_Z, DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_log_upper_tail, t_upper_tail, z_score
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 from interp.random_models import random_like
 from interp.weights import expand_kv_heads
 
-MEANING_ROLES = ("copying", "copy_suppression")
 DEFAULT_TOP_K = 5
 DEFAULT_N_TOKENS = 2048
 
@@ -167,7 +168,7 @@ def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS
 def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None) -> pd.DataFrame:
     """``copying`` and ``copy_suppression`` against the random-initialisation null: one row per
     (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
-    null_center, null_spread, null_low, null_high, z, p``)."""
+    null_center, null_spread, null_low, null_high, z, p, log10_p``)."""
     if len(null_seeds) < 2:
         raise UserError(f"null_seeds={tuple(null_seeds)}: a null spread needs at least 2 random initialisations")
     with torch.no_grad():
@@ -182,16 +183,10 @@ def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progres
         z = z_score(score - center, spread)
         frames.append(head_frame(score, {
             "role": role, "score": score, "null": "random_init", "null_center": center, "null_spread": spread,
-            "null_low": center - 1.96 * spread, "null_high": center + 1.96 * spread, "z": z, "p": t_upper_tail(z, dof),
+            "null_low": center - BAND_Z * spread, "null_high": center + BAND_Z * spread, "z": z, "p": t_upper_tail(z, dof),
+            "log10_p": t_log_upper_tail(z, dof) / math.log(10),
         }))
     return pd.concat(frames, ignore_index=True)
-
-
-def joint_fdr(*calibrations: pd.DataFrame, fdr: float = 0.05) -> pd.DataFrame:
-    """Calibration tables (``calibrate_roles``, ``meaning_nulls``) as one, with ``q`` and
-    ``significant`` recomputed by Benjamini-Hochberg over all their rows."""
-    return add_fdr(pd.concat([c.drop(columns=["q", "significant"], errors="ignore") for c in calibrations],
-                             ignore_index=True), fdr)
 
 
 def meaning_roles(model, *, k: int = DEFAULT_TOP_K, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,

@@ -32,9 +32,10 @@ from analyses.circuits.circuit import CircuitSection, circuit_section, edge_line
 from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, component_hooks, components_cache,
                                  direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
                                  next_token_answers)
-from analyses.components.meaning import meaning_roles
+from analyses.components.meaning import ov_scores
 from analyses.core.metrics import loss_metric
-from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD, MEASURES, ROLES, check_fdr, classify_heads, head_table
+from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
+                                     classify_heads, head_table)
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
@@ -157,7 +158,9 @@ def role_rule(thresholds, fdr: float | None) -> str:
     if fdr is not None:
         return (f"A head has a role when its score beats both nulls (random initialisation of the same architecture; "
                 f"for content roles also the model on control probes whose second copy is shuffled) at a "
-                f"Benjamini-Hochberg false-discovery rate of {fdr} over all heads and roles{strong}.")
+                f"Benjamini-Hochberg false-discovery rate of {fdr} over all heads and roles{strong}; the roles "
+                "are the attention roles and, read from each head's OV circuit, copying and copy suppression, "
+                "all in that one false-discovery family.")
     limit = DEFAULT_THRESHOLD if thresholds is None else thresholds
     return (f"A head has a role when its score is at least the threshold ({limit}) and its 95% bootstrap "
             "interval lies above chance (a uniform head's score).")
@@ -204,7 +207,7 @@ def components_report_section(model, probes: RepeatedProbes, *, progress: bool |
                                answers, positions=positions, cache=cache, progress=progress,
                                clean_run=None if run is None else run.first(len(tokens)))
     del cache
-    roles = meaning_roles(model, progress=progress)
+    roles = ov_scores(model, progress=progress)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
     per_kind = effects.groupby("kind")["direct"].sum()
     text = ("Which components write the answer. **Direct logit attribution**: each head's, MLP's and embedding's "
@@ -216,15 +219,17 @@ def components_report_section(model, probes: RepeatedProbes, *, progress: bool |
             + (f"{per_kind['mlp']:+.2f}" if "mlp" in per_kind else "nothing (the model has none)")
             + "; the figure sets each component's direct effect against its total effect (exact patching from the "
             "probes into probes whose first copy was replaced; 0 = corrupted, 1 = clean). **Logit lens**: the "
-            "residual entering each block decoded as if it were the last. **Meaning roles** (table): copying and "
-            "copy suppression read from each head's OV circuit on the tokens (eigenvalues of W_E W_V W_O W_U), "
-            "against the random-initialisation nulls at FDR 5% and the 0.4 threshold.")
+            "residual entering each block decoded as if it were the last. **What heads move** (table): copying "
+            "read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V W_O W_U; copy suppression "
+            "is its negative) and the share of tokens whose own logit tops (bottoms) their row. The roles "
+            "copying and copy_suppression are in the head table, decided against their random-initialisation "
+            "nulls in the same false-discovery family as the attention roles.")
     figures = [ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; MLPs "
                             "right)", png_bytes(dla_heatmap(dla))),
                ReportFigure("logit_lens", "The logit lens on the predictable tokens", png_bytes(logit_lens_figure(lens))),
                ReportFigure("attention_vs_mlp", "Direct against total effect of every head and MLP",
                             png_bytes(attention_vs_mlp_figure(effects)))]
-    columns = ["layer", "head", "copying", "copying_topk", "suppression_topk", "meaning_role"]
+    columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
     return Section("Components", text, figures=figures, table=roles[columns].round(3))
 
 
@@ -251,7 +256,7 @@ def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]
 def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) -> list[Section]:
     """The head-role report's sections: the explorer, the roles, the head table, the figures, rollout.
     views: the display probe's and the text's (``pattern_views``); rule: how roles were assigned."""
-    measures = [m for m in MEASURES if m in table.columns]
+    measures = [m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
     explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), start_measure(table))
     probe_view, text_view = views
@@ -290,7 +295,8 @@ def heatmap_columns(table: pd.DataFrame) -> list[str]:
 
 
 def present_roles(table: pd.DataFrame) -> list[str]:
-    return [role for role in ROLES if role in table.columns]
+    """The roles the table scores: the attention roles, and the copying roles where it is calibrated."""
+    return [role for role in ALL_ROLES if role in table.columns]
 
 
 def display_probe(probes: RepeatedProbes) -> torch.Tensor:
@@ -302,8 +308,8 @@ def display_probe(probes: RepeatedProbes) -> torch.Tensor:
 
 
 def top_heads_figure(table: pd.DataFrame, probe: PatternView):
-    """Each role's best head on the display probe."""
-    picks = [(role, table.loc[table[role].idxmax()]) for role in present_roles(table)]
+    """Each attention role's best head on the display probe."""
+    picks = [(role, table.loc[table[role].idxmax()]) for role in present_roles(table) if role in ROLES]
     chosen = probe.patterns[[int(row["layer"]) for _, row in picks], [int(row["head"]) for _, row in picks]]
     titles = [f"{role}: L{int(row['layer'])}H{int(row['head'])} ({row[role]:.2f})" for role, row in picks]
     return attention_grid(chosen, probe.tokens, titles, suptitle="top head per role")
@@ -329,8 +335,10 @@ def role_summary(table: pd.DataFrame) -> list[str]:
 
 
 def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """The head table as report.md shows it: layer, head, role, the measures, the ablation effect."""
-    return table[["layer", "head", "role", *[m for m in MEASURES if m in table.columns], "ablation_effect"]]
+    """The head table as report.md shows it: layer, head, role, the measures (and the copying scores),
+    the ablation effect."""
+    return table[["layer", "head", "role", *[m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns],
+                  "ablation_effect"]]
 
 
 def report_title(report: HeadReport) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """The calibration section of the head-role report (DESIGN 4.7): its tables and seaborn figures.
 
 ``calibration_section(model, probes)`` computes everything the section shows, from probes made
-once: the role nulls with Benjamini-Hochberg roles (``analyses.roles.nulls``), backup groups from
+once: the role nulls with Benjamini-Hochberg roles (``analyses.roles.nulls``; the attention roles and
+the copying roles of ``analyses.components.meaning`` in one false-discovery family), backup groups from
 pairwise ablation of the role heads and each head's direct vs total effect (``analyses.roles.backup``),
 dormant heads and the clustered similarity of head outputs and patterns (``analyses.roles.dormant``).
 Each figure is a matplotlib ``Figure`` (``analyses.core.plots.png_bytes`` makes PNG bytes of it).
@@ -19,11 +20,12 @@ from matplotlib.patches import Rectangle
 
 from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.roles.classify import DEFAULT_FDR, MEASURES, ROLES, PromptSums, probe_targets
+from analyses.components.meaning import meaning_nulls
+from analyses.roles.classify import ALL_ROLES, DEFAULT_FDR, MEANING_ROLES, MEASURES, PromptSums, probe_targets
 from analyses.roles.dormant import DORMANT_BELOW, Similarity, dormant_frame, head_similarities
 from analyses.core.hook_names import pattern_names, z_names
 from analyses.core.metrics import Metric, loss_metric
-from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles
+from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
 from analyses.core.probes import RepeatedProbes
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import FirstRows, Run
@@ -101,13 +103,17 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     one); method: the ablation method of every ablation here; pair_heads: pairwise ablation covers
     the heads with a role at ``fdr`` that have the largest |total effect|, at most this many (pairs
     grow as its square); seed: the control probes' shuffle; run: the probes' ``probe_run`` (made
-    here where None), which every step reads instead of running the probes again.
+    here where None), which every step reads instead of running the probes again. The
+    ``calibration`` table holds every (head, role) test, the attention roles (``calibrate_roles``)
+    and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
+    (``joint_fdr``).
     """
     run = run if run is not None else probe_run(model, probes, metric, memory_mb=memory_mb)
     metric = metric if metric is not None else run.metric
     steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
-    calibration = calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
-                                  progress=progress, run=run)
+    calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
+                                            memory_mb=memory_mb, progress=progress, run=run),
+                            meaning_nulls(model, null_seeds, progress), fdr=fdr)
     steps.update()
     effects = direct_and_total_effects(model, probes, None, method, metric, memory_mb=memory_mb, progress=progress,
                                        run=run)
@@ -167,7 +173,7 @@ BEATS_NULL, WITHIN_NULL = "beats its nulls (FDR)", "does not"
 def null_band_figure(calibration: pd.DataFrame) -> Figure:
     """One panel per role: every head's score, and its null band as a grey bar; red where the
     score beats its nulls at the false-discovery rate (a role also needs the threshold, if any)."""
-    roles = [role for role in ROLES if role in calibration["role"].unique()]
+    roles = [role for role in ALL_ROLES if role in calibration["role"].unique()]
     frame = calibration.assign(head_label="L" + calibration["layer"].astype(str) + "H" + calibration["head"].astype(str))
     n_heads = frame["head_label"].nunique()
     width, labelled = head_extent(n_heads, 0.22, 2)
@@ -180,7 +186,7 @@ def null_band_figure(calibration: pd.DataFrame) -> Figure:
         sns.scatterplot(x=rows.index, y=rows["score"], hue=beats, hue_order=[BEATS_NULL, WITHIN_NULL],
                         palette={BEATS_NULL: "C3", WITHIN_NULL: "C0"}, ax=ax, s=18, legend=ax is axes[0])
         ax.set_ylabel(role.replace("_", " "))
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-1.02 if role in MEANING_ROLES else -0.02, 1.02)  # copying scores lie in [-1, 1]
     _head_ticks(axes[-1], frame["head_label"].unique(), labelled)
     axes[0].set_title("role scores against their nulls")
     figure.tight_layout()

@@ -42,6 +42,10 @@ from interp.model import require_causal
 
 ROLES = ("previous_token", "duplicate_token", "induction", "self", "bos")
 MEASURES = (*ROLES, "entropy", "distance")
+# the roles read from the weights (analyses.components.meaning: each head's OV circuit), decided in the
+# same false-discovery family as the attention roles where a calibration holds them
+MEANING_ROLES = ("copying", "copy_suppression")
+ALL_ROLES = (*ROLES, *MEANING_ROLES)
 TEXT_MEASURES = ("previous_token", "duplicate_token", "self", "bos", "entropy", "distance")
 DEFAULT_THRESHOLD = 0.4
 DEFAULT_FDR = 0.05  # Benjamini-Hochberg false discovery rate of calibrated roles (analyses.roles.nulls)
@@ -301,28 +305,33 @@ def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Te
 
 def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] | None = None, *,
                  calibration: pd.DataFrame | None = None, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
-    """One row per head with ``role``: its roles in ``ROLES`` order joined by ';' ('' for none).
+    """One row per head with ``role``: its roles in ``ALL_ROLES`` order joined by ';' ('' for none).
 
     Two rules (DESIGN 4.7):
-    - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``): the roles whose Benjamini-Hochberg
-      q-value over all heads x roles is at most ``fdr`` (the head beats its nulls); ``thresholds``,
-      when given, also asks for a score of at least the threshold (a strong role, not only a
-      non-random one);
+    - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``, or that joined with
+      ``analyses.components.meaning.meaning_nulls`` by ``analyses.roles.nulls.joint_fdr``): the roles
+      whose Benjamini-Hochberg q-value over all heads x roles is at most ``fdr`` (the head beats its
+      nulls); the calibration's ``MEANING_ROLES`` rows (copying, copy suppression: scored from the
+      weights, so not in ``scores``) take part with their own scores; ``thresholds``, when given,
+      also asks for a score of at least the threshold (a strong role, not only a non-random one);
     - without: the fixed rule, a score of at least ``thresholds`` (default ``DEFAULT_THRESHOLD``)
       and a bootstrap interval above chance.
     """
-    limits = _limits(DEFAULT_THRESHOLD if thresholds is None and calibration is None else thresholds)
+    limits = _limits(DEFAULT_THRESHOLD if thresholds is None and calibration is None else thresholds,
+                     ROLES if calibration is None else ALL_ROLES)
     roles = scores[scores["measure"].isin(ROLES)].rename(columns={"measure": "role"})
     if calibration is not None:
         check_fdr(fdr)
         roles = roles.merge(calibration[["layer", "head", "role", "q"]], on=["layer", "head", "role"])
+        meaning = calibration[calibration["role"].isin(MEANING_ROLES)][["layer", "head", "role", "score", "q"]]
+        roles = pd.concat([roles, meaning], ignore_index=True)
         keep = roles["q"] <= fdr
     else:
         keep = roles["ci_low"] > roles["chance"]
     if limits is not None:
         keep &= roles["score"] >= roles["role"].map(limits).fillna(-float("inf"))
     roles = roles[keep]
-    order = {role: rank for rank, role in enumerate(ROLES)}
+    order = {role: rank for rank, role in enumerate(ALL_ROLES)}
     roles = roles.assign(rank=roles["role"].map(order)).sort_values(["layer", "head", "rank"])
     joined = roles.groupby(["layer", "head"])["role"].agg(";".join)
     heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
@@ -335,14 +344,15 @@ def check_fdr(fdr: float) -> None:
         raise UserError(f"fdr={fdr} must be in (0, 1)")
 
 
-def _limits(thresholds: float | Mapping[str, float] | None) -> dict[str, float] | None:
-    """thresholds -> {role: threshold} (a number applies to every role), checked; None stays None."""
+def _limits(thresholds: float | Mapping[str, float] | None, roles: Sequence[str] = ROLES) -> dict[str, float] | None:
+    """thresholds -> {role: threshold} (a number applies to every role in ``roles``: the attention
+    roles, with a calibration also the meaning roles), checked; None stays None."""
     if thresholds is None:
         return None
-    limits = dict(thresholds) if isinstance(thresholds, Mapping) else dict.fromkeys(ROLES, thresholds)
-    unknown = sorted(set(limits) - set(ROLES))
+    limits = dict(thresholds) if isinstance(thresholds, Mapping) else dict.fromkeys(roles, thresholds)
+    unknown = sorted(set(limits) - set(roles))
     if unknown:
-        raise UserError(f"unknown role(s) {unknown}; allowed: {', '.join(ROLES)}")
+        raise UserError(f"unknown role(s) {unknown}; allowed: {', '.join(roles)}")
     return limits
 
 
@@ -351,7 +361,8 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
                fdr: float = DEFAULT_FDR, no_effect_below: float = NO_EFFECT_BELOW) -> pd.DataFrame:
     """The report's wide table, one row per head: ``layer, head``, per measure ``m, m_ci_low,
     m_ci_high``; with ``calibration`` per role ``{role}_null_low, {role}_null_high`` (the null
-    band), ``{role}_z, {role}_p, {role}_q``; with ``effects`` ``ablation_effect`` and ``causal``
+    band), ``{role}_z, {role}_p, {role}_q`` (and for its ``MEANING_ROLES`` their scores, ``copying``,
+    ``copy_suppression``); with ``effects`` ``ablation_effect`` and ``causal``
     ("no causal effect" where |ablation_effect| < ``no_effect_below`` nats, else ""); and ``role``
     (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``)."""
     wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
@@ -376,9 +387,11 @@ def no_effect_labels(effects: pd.Series, no_effect_below: float = NO_EFFECT_BELO
 
 def null_columns(calibration: pd.DataFrame) -> pd.DataFrame:
     """The head table's null columns from a calibration table (``analyses.roles.nulls``), one row per
-    head: ``layer, head`` and per role ``{role}_null_low, {role}_null_high, {role}_z, {role}_p, {role}_q``."""
+    head: ``layer, head``, each meaning role's score (``copying``: the patterns do not give it), and
+    per role ``{role}_null_low, {role}_null_high, {role}_z, {role}_p, {role}_q``."""
     values = ("null_low", "null_high", "z", "p", "q")
-    wide = calibration.pivot(index=["layer", "head"], columns="role", values=list(values))
-    present = [role for role in ROLES if role in calibration["role"].unique()]
-    columns = {f"{role}_{value}": wide[(value, role)] for role in present for value in values}
+    wide = calibration.pivot(index=["layer", "head"], columns="role", values=["score", *values])
+    present = [role for role in ALL_ROLES if role in calibration["role"].unique()]
+    columns = {role: wide[("score", role)] for role in present if role in MEANING_ROLES}
+    columns |= {f"{role}_{value}": wide[(value, role)] for role in present for value in values}
     return pd.DataFrame(columns).reset_index()

@@ -275,6 +275,21 @@ def add_fdr(nulls: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
     return nulls.assign(q=q.numpy(), significant=q.numpy() <= fdr)
 
 
+def joint_fdr(*calibrations: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
+    """Calibration tables of the same heads (``calibrate_roles``'s attention roles,
+    ``analyses.components.meaning.meaning_nulls``' copying roles) as one, with ``q`` and
+    ``significant`` recomputed by one Benjamini-Hochberg over all their rows: every (head, role)
+    test in one false-discovery family, as the report decides roles. A role twice is refused."""
+    joined = pd.concat([c.drop(columns=["q", "significant"], errors="ignore") for c in calibrations],
+                       ignore_index=True)
+    twice = joined.duplicated(["layer", "head", "role"])
+    if twice.any():
+        first = joined[twice].iloc[0]
+        raise UserError(f"role {first['role']!r} of head L{first['layer']}H{first['head']} is in more than one "
+                        "calibration table; join tables of different roles")
+    return add_fdr(joined, fdr)
+
+
 def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: int = 64, seq_len: int | None = None,
                     seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
