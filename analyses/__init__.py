@@ -15,7 +15,7 @@ from analyses.interventions.patching import (patch_components, patch_heads, patc
 from analyses.report.intervention_figures import ablation_figure, patching_figure
 from analyses.studies.runner import run_study
 from analyses.interventions.attribution import unpatched_value
-from analyses.roles.nulls import benjamini_hochberg, calibrate_roles
+from analyses.roles.nulls import benjamini_hochberg, calibrate_roles, joint_fdr
 from analyses.roles.backup import backup_report, direct_and_total_effects, pairwise_ablation
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
 from analyses.report.calibration_figures import calibration_frames, calibration_section
@@ -31,7 +31,7 @@ from analyses.components.decompose import (accumulated_residual, attention_vs_ml
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
                                  logit_lens_figure, mlp_ablation)
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
-from analyses.components.meaning import (attended_token_effect, joint_fdr, meaning_nulls, meaning_roles, ov_scores,
+from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
 from analyses.tasks.tracing import Trace, causal_trace, trace_figure
 from analyses.components.probing import bracket_depth, bracket_prompts, linear_probe, repeat_offset, seen_before
