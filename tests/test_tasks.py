@@ -253,7 +253,7 @@ def test_the_other_built_in_tasks_run_as_commands(toy, tmp_path, name, capsys):
     task = make_task(toy, name, n=3)
     assert f"{name}: {len(task)} prompts ({task.dropped} dropped)" in capsys.readouterr().out
     assert (out / "dla.csv").exists() == (task.metric == "logit_diff")  # no DLA of a probability difference
-    assert main(["task", "nope", "--out", str(out)]) == 2
+    assert main(["task", "nope", "--out", str(tmp_path / "nope")]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
 
 

@@ -4,7 +4,9 @@
 ``interp task NAME|FILE``: a task (``analyses.tasks.task``) on a model -- the metric on the clean and
 corrupted runs, head and MLP patching (all positions and by position), direct logit attribution,
 path patching from the top senders with edge attribution beside it -- as one offline page
-(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs."""
+(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs. Each step's result is
+kept in ``DIR/steps/`` as it finishes (``analyses.core.steps``), so ``--resume`` after an
+interruption computes only the steps not yet done; the run holds ``DIR/.lock`` while it runs."""
 
 from __future__ import annotations
 
@@ -12,16 +14,18 @@ from pathlib import Path
 
 from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import add_model_args, load_cli_model
+from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.tasks.task import BUILT_IN, make_task
-from analyses.report.task_page import analyse_task, write_task_page
+from analyses.report.task_page import analyse_task, task_inputs, write_task_page
 from analyses.tasks.tracing import STATES, causal_trace, trace_figure
 
 
 def _arguments(args) -> dict:
-    """The command's arguments for meta.json (paths as strings)."""
+    """The command's arguments for meta.json (paths as strings; not ``--resume``, which says how the
+    run went, not what it is: a resumed run writes the same files as one run through)."""
     return {key: str(value) if isinstance(value, Path) else value
-            for key, value in vars(args).items() if key not in ("func", "command")}
+            for key, value in vars(args).items() if key not in ("func", "command", "resume")}
 
 
 def register(subparsers) -> None:
@@ -76,19 +80,26 @@ def register_task(subparsers) -> None:
     task.add_argument("--top", type=int, default=3, help="path-patch from this many top heads (default 3)")
     task.add_argument("--seed", type=int, default=0)
     task.add_argument("--out", type=Path, required=True, help="output directory")
+    task.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT: reuse its finished "
+                                                            "steps (same model, task and options), compute the rest")
     task.add_argument("--quiet", action="store_true", help="no progress bars")
     task.set_defaults(func=run_task)
 
 
 def run_task(args) -> int:
-    model = load_cli_model(args)
-    task = make_task(model, args.name, args.n, args.seed)
-    analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
-                            progress=False if args.quiet else None)
-    meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
-                                             "prompts": len(task), "dropped": task.dropped, "note": task.note}
-    out = write_task_page(analysis, args.out, meta)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with directory_lock(args.out, "task run"):
+        check_steps_dir(args.out, args.resume)  # before any model loads
+        model = load_cli_model(args)
+        task = make_task(model, args.name, args.n, args.seed)
+        meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
+                                                 "prompts": len(task), "dropped": task.dropped, "note": task.note}
+        steps = Steps(args.out, task_inputs(task, meta, args.top), resume=args.resume)
+        analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
+                                progress=False if args.quiet else None, steps=steps)
+        out = write_task_page(analysis, args.out, meta)
     values = analysis.values
+    reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
     print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric} clean {values['clean']:.4f}, "
-          f"corrupted {values['corrupted']:.4f}; wrote {out / 'index.html'}")
+          f"corrupted {values['corrupted']:.4f}{reused}; wrote {out / 'index.html'}")
     return 0

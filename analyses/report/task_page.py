@@ -1,12 +1,20 @@
 """A task's analysis and its page (``interp task`` writes it): the metric on the clean and corrupted
 runs, head and MLP patching (all positions and by position), direct logit attribution, path
 patching from the top senders with edge attribution (EAP, EAP-IG) beside it, as one offline page
-built with the report's machinery (``analyses/report/page.py``)."""
+built with the report's machinery (``analyses/report/page.py``).
+
+Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps``, keyed by
+``task_inputs``: the model's weights hash, the task's contents, the options), ``analyse_task``
+reads the steps already finished from it and writes each other step to it as soon as it is done,
+so an interrupted ``interp task --resume`` computes only the rest."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import torch
@@ -53,6 +61,26 @@ class TaskAnalysis:
 # edge attribution methods beside path patching: frame column -> method (same edges, same frame)
 ATTRIBUTIONS = {"attribution": edge_attribution, "attribution_ig": eap_ig}
 ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": "EAP-IG"}
+# the steps of a task's analysis, in the order they run (the MLP steps only where the model has
+# MLPs, DLA only for the logit difference)
+STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "path_patching", *ATTRIBUTIONS)
+Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
+
+
+def task_inputs(task: Task, record: dict[str, str], top: int) -> dict:
+    """What a task's analysis depends on, for a step store (``analyses.core.steps.Steps``): the
+    model's ``record`` (``interp.provenance``: family, impl, weights hash), the task's contents
+    (its name, size, metric, and the SHA-256 of its prompts, answers and distractors) and ``top``.
+    The memory budget and the device say how, not what, and are left out, as a study's are."""
+    contents = json.dumps([task.clean, task.corrupted, task.answers, task.distractors, task.metric])
+    return {"model": {key: record[key] for key in ("family", "impl", "weights_hash")},
+            "task": {"name": task.name, "prompts": len(task), "metric": task.metric,
+                     "sha256": hashlib.sha256(contents.encode()).hexdigest()},
+            "options": {"top": top}}
+
+
+def _compute(name: str, compute: Callable[[], object]) -> object:
+    return compute()
 
 
 def task_dla(model, task: Task, batch: TaskBatch) -> pd.DataFrame:
@@ -77,36 +105,54 @@ def task_dla(model, task: Task, batch: TaskBatch) -> pd.DataFrame:
 
 
 def analyse_task(model, task: Task, *, top: int = 3, memory_mb: float = DEFAULT_MEMORY_MB,
-                 progress: bool | None = None) -> TaskAnalysis:
-    """The ``TaskAnalysis`` of ``task`` on ``model``."""
+                 progress: bool | None = None, steps: Step | None = None) -> TaskAnalysis:
+    """The ``TaskAnalysis`` of ``task`` on ``model``. ``steps``: a store of finished steps
+    (``analyses.core.steps.Steps`` made for ``task_inputs``), called ``steps(name, compute)`` for each
+    of ``STEPS``: it gives the finished value or computes it and keeps it; None computes every step."""
+    step = steps or _compute
     batch = task_batch(model, task)
     metric = task_metric(task, batch.last)
     pair = (model, batch.clean, batch.corrupted, metric)
     options = dict(memory_mb=memory_mb, progress=progress)
-    with torch.no_grad():
-        values = {"clean": evaluate_metric(metric, model(batch.clean)).item(),
-                  "corrupted": evaluate_metric(metric, model(batch.corrupted)).item()}
-    heads = patching_frame(patch_heads(*pair, **options), ("layer", "head"))
-    heads_by_pos = patching_frame(patch_heads(*pair, by_position=True, **options), ("layer", "pos", "head"))
+
+    def unpatched() -> dict:
+        with torch.no_grad():
+            return {"clean": evaluate_metric(metric, model(batch.clean)).item(),
+                    "corrupted": evaluate_metric(metric, model(batch.corrupted)).item()}
+
+    values = step("metric", unpatched)
+    heads = step("heads", lambda: patching_frame(patch_heads(*pair, **options), ("layer", "head")))
+    heads_by_pos = step("heads_by_pos", lambda: patching_frame(patch_heads(*pair, by_position=True, **options),
+                                                               ("layer", "pos", "head")))
     has_mlps = all(name in model.hook_dict for name in (f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers)))
-    mlps = patching_frame(patch_mlps(*pair, **options), ("layer",)) if has_mlps else None
-    mlps_by_pos = patching_frame(patch_mlps(*pair, by_position=True, **options), ("layer", "pos")) if has_mlps else None
-    dla = task_dla(model, task, batch) if task.metric == "logit_diff" else None
+    mlps = step("mlps", lambda: patching_frame(patch_mlps(*pair, **options), ("layer",))) if has_mlps else None
+    mlps_by_pos = step("mlps_by_pos", lambda: patching_frame(patch_mlps(*pair, by_position=True, **options),
+                                                             ("layer", "pos"))) if has_mlps else None
+    dla = step("dla", lambda: task_dla(model, task, batch)) if task.metric == "logit_diff" else None
     ranked = heads.assign(size=(heads["metric"] - values["corrupted"]).abs()).sort_values("size", ascending=False,
                                                                                           kind="stable")
     senders = [tuple(map(int, cell)) for cell in ranked[["layer", "head"]].head(top).to_numpy()]
-    edges = path_patch(*pair, senders=senders, **options)
+    edges = step("path_patching", lambda: path_patch(*pair, senders=senders, **options))
     agreement = {}
     for column, method in ATTRIBUTIONS.items():
-        try:
-            edges[column] = method(*pair, senders=senders)["attribution"].to_numpy()
-        except UserError as refusal:  # e.g. a bridge that cannot split q/k/v per head: said on the page
-            agreement[column] = {"refused": str(refusal)}
+        found = step(column, lambda method=method: _attribution(method, pair, senders))
+        if isinstance(found, dict):  # e.g. a bridge that cannot split q/k/v per head: said on the page
+            agreement[column] = found
             continue
+        edges[column] = found["attribution"].to_numpy()
         if len(edges) >= 2:
             scored = edges[["effect", column]].rename(columns={column: "attribution"})
             agreement[column] = edge_agreement(scored, top_k=min(5, len(edges)))
     return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement)
+
+
+def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.DataFrame | dict:
+    """``method``'s attribution of the path-patched edges, as a one-column frame (``attribution``),
+    or ``{"refused": why}`` where the model cannot take its edits."""
+    try:
+        return method(*pair, senders=senders)[["attribution"]]
+    except UserError as refusal:
+        return {"refused": str(refusal)}
 
 
 def _figure(name: str, caption: str, figure) -> ReportFigure:

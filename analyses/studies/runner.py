@@ -28,7 +28,6 @@ the file.
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import os
@@ -43,6 +42,7 @@ from matplotlib.figure import Figure
 from analyses.interventions.ablation import MLP, target_location
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
 from analyses.core.progress import progress_bar
+from analyses.core.steps import directory_lock, record_text
 from analyses.studies.spec import EXECUTORS, Study, load_spec
 from analyses.core.plots import new_figure
 from interp.files import write_atomic
@@ -50,7 +50,7 @@ from interp.errors import UserError
 from analyses.studies.cells import CellPlan, StudyCells
 
 COLUMNS = ["row", "target", "layer", "head", "n_heads", "metric", "baseline", "effect"]
-RESULTS, LOCK, SPEC_RECORD, MODEL_RECORD = "results.csv", ".lock", "spec.json", "provenance.json"
+RESULTS, SPEC_RECORD, MODEL_RECORD = "results.csv", "spec.json", "provenance.json"
 
 
 def format_row(index: int, name: str, components: list, value: float, baseline: float) -> list[str]:
@@ -88,7 +88,7 @@ def open_executor(study: Study, executor: str | None, address: str | None, worke
         if error.name != "ray" and not str(error.name).startswith("ray."):
             raise
         raise UserError("--ray needs Ray, an optional extra that is not installed: pip install 'interp[ray]'") from None
-    with RayCells(study.cells, address or study.address, workers or study.workers) as cells:
+    with RayCells(study.cells, address or study.address, workers or study.workers, study.memory_mb) as cells:
         yield cells
 
 
@@ -153,30 +153,12 @@ def open_results(on_disk: RowsOnDisk, header: list[str]) -> Iterator[io.TextIOBa
         yield handle
 
 
-@contextmanager
-def directory_lock(out: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the directory ``out`` (``flock`` of ``out/.lock``) for the block, or
-    refuse if another run holds it. The kernel drops the lock when the file is closed, also when the
-    process is killed."""
-    with open(out / LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{out} is in use by another study run (it holds {out / LOCK}); "
-                            "wait for it to end, or choose another --out") from None
-        yield
-
-
-def _record_text(record: dict) -> str:
-    return json.dumps(record, indent=2, sort_keys=True) + "\n"
-
-
 def check_out_dir(out: Path, study: Study, resume: bool) -> None:
     """Before loading any model: refuse to overwrite results, or to resume results of another spec."""
     results, recorded = out / RESULTS, out / SPEC_RECORD
     if results.exists() and not resume:
         raise UserError(f"{results} already exists; pass --resume to finish it, or choose another --out")
-    if resume and recorded.exists() and recorded.read_text() != _record_text(study.record()):
+    if resume and recorded.exists() and recorded.read_text() != record_text(study.record()):
         raise UserError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
 
 
@@ -207,11 +189,11 @@ def check_model(out: Path, cell: str | None, model_record: dict[str, str]) -> No
 
 def write_records(out: Path, study: Study, cell: str | None, model_record: dict[str, str]) -> None:
     """``spec.json``, and ``model_record`` as the model of ``cell`` in ``provenance.json``."""
-    write_atomic(out / SPEC_RECORD, _record_text(study.record()))
+    write_atomic(out / SPEC_RECORD, record_text(study.record()))
     if cell is not None:
         records = _model_records(out) or {"cells": {}}
         model_record = {"cells": records["cells"] | {cell: model_record}}
-    write_atomic(out / MODEL_RECORD, _record_text(model_record))
+    write_atomic(out / MODEL_RECORD, record_text(model_record))
 
 
 def write_cells(out: Path, study: Study, on_disk: RowsOnDisk, cells, *, progress: bool | None,
@@ -256,7 +238,8 @@ def run_study(spec_path, out, resume: bool = False, *, progress: bool | None = N
     ``on_row(i)`` is called after the file's i-th row (from 0, across a grid's cells) is on disk.
     ``executor``: "local" or "ray" (default: the spec's ``[run].executor``, else local); with Ray,
     ``address`` (a cluster's ``HOST:PORT``; default the spec's, else a local instance, or the one
-    this process already runs) and ``workers`` (default: one per GPU, else one per CPU).
+    this process already runs) and ``workers`` (default: one per GPU, else as many as each node's CPUs
+    and memory hold: ``analyses.studies.on_ray.actor_plan``).
     ``[model].impl = "auto"`` leaves the choice to ``load_model``."""
     study, out = load_spec(spec_path), Path(out)
     out.mkdir(parents=True, exist_ok=True)

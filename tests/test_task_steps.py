@@ -1,0 +1,137 @@
+"""``interp task`` resumable like a study: each step's result kept on disk with the fingerprint of
+its inputs (``analyses.core.steps``), an interrupted run finished by ``--resume`` without redoing the
+finished steps and with the very bytes of a run that was not interrupted; other inputs refused in
+one line naming what changed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import analyses.report.task_page as task_page
+from analyses.cli import main
+from analyses.core.steps import Steps, decode_value, directory_lock, encode_value
+from interp import UserError
+
+
+def task_args(model: Path, out: Path, *more: str) -> list[str]:
+    return ["task", "ioi", "--model", str(model), "--n", "4", "--top", "2", "--out", str(out), "--quiet", *more]
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (its path in meta.json's arguments put as OUT)."""
+    found = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    found["meta.json"] = found["meta.json"].replace(json.dumps(str(directory)).encode(), b'"OUT"')
+    return found
+
+
+@pytest.fixture(scope="module")
+def whole(gpt2_dir, tmp_path_factory):
+    """A task page made in one uninterrupted run (a GPT-2 model: it has MLPs, so every step runs)."""
+    out = tmp_path_factory.mktemp("whole")
+    assert main(task_args(gpt2_dir, out)) == 0
+    return out
+
+
+def counting(monkeypatch, calls: Counter) -> None:
+    """Count the calls of each step's library function (each ``attribution`` method by its column)."""
+    for name in ("patch_heads", "patch_mlps", "task_dla", "path_patch"):
+        function = getattr(task_page, name)
+        monkeypatch.setattr(task_page, name, lambda *a, _f=function, _n=name, **k: calls.update([_n]) or _f(*a, **k))
+    for column, method in task_page.ATTRIBUTIONS.items():
+        monkeypatch.setitem(task_page.ATTRIBUTIONS, column,
+                            lambda *a, _f=method, _n=column, **k: calls.update([_n]) or _f(*a, **k))
+
+
+@pytest.mark.parametrize("stop", ["mlps_by_pos", "attribution_ig"])
+def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same_bytes(
+        stop, gpt2_dir, whole, tmp_path, monkeypatch):
+    out = tmp_path / "page"
+    # the step's function, and how many of its calls finish before it is interrupted
+    interrupted = {"mlps_by_pos": ("patch_mlps", 1), "attribution_ig": ("attribution_ig", 0)}[stop]
+    calls = Counter()
+    with monkeypatch.context() as patched:
+        counting(patched, calls)
+        target, finished = interrupted
+        host, key = (task_page.ATTRIBUTIONS, target) if target in task_page.ATTRIBUTIONS else (task_page, target)
+        before = host[key] if isinstance(host, dict) else getattr(host, key)
+
+        def interrupt(*args, **kwargs):
+            if calls[target] == finished:
+                raise KeyboardInterrupt  # as ctrl-C in the middle of the step
+            return before(*args, **kwargs)
+
+        (patched.setitem if isinstance(host, dict) else patched.setattr)(host, key, interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            main(task_args(gpt2_dir, out))
+    done = task_page.STEPS[: task_page.STEPS.index(stop)]
+    assert sorted(p.stem for p in (out / "steps").glob("*.json")) == sorted(done)
+    assert not (out / "index.html").exists() and not list(out.rglob(".*.tmp-*"))  # nothing half-written
+
+    assert main(task_args(gpt2_dir, out)) == 2  # without --resume: refused, as a study's results are
+    calls.clear()
+    with monkeypatch.context() as patched:
+        counting(patched, calls)
+        assert main(task_args(gpt2_dir, out, "--resume")) == 0
+    step_calls = {"heads": "patch_heads", "heads_by_pos": "patch_heads", "mlps": "patch_mlps",
+                  "mlps_by_pos": "patch_mlps", "dla": "task_dla", "path_patching": "path_patch",
+                  "attribution": "attribution", "attribution_ig": "attribution_ig"}
+    expected = Counter(step_calls[s] for s in task_page.STEPS[task_page.STEPS.index(stop):])
+    assert calls == expected  # the finished steps were read, not computed
+    assert files(out) == files(whole)  # the page, its tables, figures, meta and steps: the same bytes
+
+
+def test_a_resumed_run_with_other_inputs_is_refused_naming_what_changed(gpt2_dir, whole, tmp_path, capsys):
+    out = tmp_path / "page"
+    out.mkdir()
+    for name, data in files(whole).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    capsys.readouterr()
+    args = task_args(gpt2_dir, out, "--resume")
+    assert main([a if a != "2" else "1" for a in args]) == 2
+    assert "holds the steps of other inputs (options.top was 2, now 1" in capsys.readouterr().err
+    assert main([a if a != "4" else "3" for a in args]) == 2
+    error = capsys.readouterr().err
+    assert "(task.prompts was 4, now 3" in error and error.count("\n") == 1
+    assert main(task_args("toy", out, "--resume")) == 2  # another model
+    assert "(model.family was 'gpt2', now 'interp-gpt'" in capsys.readouterr().err
+    calls = Counter()
+    with pytest.MonkeyPatch.context() as patched:
+        counting(patched, calls)
+        assert main(args) == 0  # the same inputs: everything read back
+    assert calls == Counter() and files(out) == files(whole)
+    assert "reused 9 finished step(s)" in capsys.readouterr().out
+
+
+def test_a_second_run_on_the_directory_is_refused_while_the_first_holds_it(tmp_path, capsys):
+    with directory_lock(tmp_path, "task run"):
+        assert main(["task", "ioi", "--n", "2", "--out", str(tmp_path), "--quiet"]) == 2
+    assert f"{tmp_path} is in use by another task run" in capsys.readouterr().err
+
+
+def test_a_step_is_stored_exactly_and_only_read_back_for_its_own_inputs(tmp_path):
+    frame = pd.DataFrame({"layer": [0, 1], "head": pd.array([3, None], dtype="Int64"), "via": ["q", "logits"],
+                          "effect": np.array([0.1 + 0.2, np.nan]), "score": np.array([1 / 3, 2.5], dtype=np.float32)},
+                         index=[5, 7])
+    value = {"frame": frame, "clean": 0.1 + 0.2, "refused": None, "heads": [(0, 1)]}
+    back = decode_value(json.loads(json.dumps(encode_value(value))))
+    pd.testing.assert_frame_equal(back["frame"], frame, check_exact=True)
+    assert back["clean"] == 0.30000000000000004 and back["refused"] is None and back["heads"] == [[0, 1]]
+
+    computed = []
+    steps = Steps(tmp_path, {"model": {"weights_hash": "sha256:a"}})
+    assert steps("x", lambda: computed.append(1) or 1.5) == 1.5
+    again = Steps(tmp_path, {"model": {"weights_hash": "sha256:a"}}, resume=True)
+    assert again("x", lambda: computed.append(2) or 9.0) == 1.5 and computed == [1] and again.reused == ["x"]
+    with pytest.raises(UserError, match=r"other inputs \(model.weights_hash was 'sha256:a', now 'sha256:b'"):
+        Steps(tmp_path, {"model": {"weights_hash": "sha256:b"}}, resume=True)
+    with pytest.raises(UserError, match="pass --resume"):
+        Steps(tmp_path, {"model": {"weights_hash": "sha256:a"}})
+    with pytest.raises(TypeError, match="JSON data or a DataFrame"):
+        steps("y", lambda: object())
