@@ -40,6 +40,7 @@ from analyses.core.metrics import Metric
 from analyses.circuits.path_patching import KEY_COLUMNS, path_patch
 from analyses.core.plots import new_figure
 from interp.errors import UserError
+from interp.tracr import encode_inputs
 
 Component = tuple[str, int, int]  # (kind, layer, head); an MLP's head is -1
 NODE_METHODS = ("patch", "mean_ablate", "zero_ablate")
@@ -47,6 +48,8 @@ QKV = ("q", "k", "v")
 GRAPH_EDGE_COLUMNS = ["sender_kind", "sender_layer", "sender_head", "receiver_kind", "receiver_layer", "receiver_head", "via"]
 GRAPH_METHODS = {"patch": "edge patching (all)", "eap": "EAP (all)", "eap_ig": "EAP-IG (all)"}
 EDGE_METHODS = {"path patching": path_patch, "EAP": edge_attribution, "EAP-IG": eap_ig}
+PAIRINGS = ("every", "one")  # task_pairs(every=True) or one seeded derangement
+METRIC_NAME = "minus the mean squared distance of the outputs from the clean run's (output_metric)"
 
 
 def output_metric(clean_logits: torch.Tensor) -> Metric:
@@ -83,16 +86,52 @@ def curve_figure(curves: pd.DataFrame, title: str = ""):
     return figure
 
 
-def task_pairs(tokens: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens (batch, pos) -> (clean, corrupted): the corrupted row i is clean row perm[i] of a
-    seeded permutation with no fixed point (every prompt gets another one)."""
+def task_pairs(tokens: torch.Tensor, seed: int = 0, every: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens (batch, pos) -> (clean, corrupted). One pair per prompt (``every`` False): the
+    corrupted row i is clean row perm[i] of a seeded permutation with no fixed point (every
+    prompt gets another one). Every ordered pair of two different prompts (``every``: batch *
+    (batch - 1) rows, clean-major): the strongest corruption the prompts allow, since a component
+    whose output differs between any two prompts differs in some pair."""
     if len(tokens) < 2:
         raise UserError("a patching task needs at least two prompts")
+    if every:
+        first, second = torch.cartesian_prod(torch.arange(len(tokens)), torch.arange(len(tokens))).T
+        keep = first != second
+        return tokens[first[keep]], tokens[second[keep]]
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(tokens), generator=generator)
     partner = torch.empty_like(order)
     partner[order] = order.roll(1)  # a cycle through the shuffled rows: nobody is their own partner
     return tokens, tokens[partner]
+
+
+CONSTANT_TOLERANCE = 1e-5  # the converted model's own agreement with Tracr
+
+
+def invisible_components(model, tokens: torch.Tensor, nodes: pd.DataFrame) -> pd.DataFrame:
+    """The true components (``ground_truth``'s ``nodes``) whose output is the same on every prompt
+    of ``tokens`` (batch, pos) -> frame ``kind, layer, head, component, op, constant, zero``: one row
+    per true component, ``constant`` where its output (batch, pos, ...) equals the first prompt's
+    on every prompt to ``CONSTANT_TOLERANCE`` (patching from another prompt and mean ablation
+    cannot see it: the value put in is the value already there), ``zero`` where it is also zero
+    (zero ablation cannot see it either). In Tracr: ``length`` and what is computed from it alone,
+    on inputs of one length."""
+    activations, rows = _activations(model, tokens), []
+    for row in nodes[nodes.true].itertuples(index=False):
+        act = activations[_hook((row.kind, row.layer, row.head))]
+        act = act[:, :, row.head] if row.kind == "head" else act
+        constant = bool((act - act[:1]).abs().max() <= CONSTANT_TOLERANCE)
+        zero = constant and bool(act.abs().max() <= CONSTANT_TOLERANCE)
+        rows.append((row.kind, row.layer, row.head, row.component, row.op, constant, zero))
+    return pd.DataFrame(rows, columns=["kind", "layer", "head", "component", "op", "constant", "zero"])
+
+
+def auc_bound(labels: Sequence[bool], invisible: Sequence[bool]) -> float:
+    """The largest ROC AUC a method scoring |effect| can reach when the ``invisible`` true items
+    score exactly 0 (their effect is nil): each ties at best with a false item scoring 0, so the
+    bound is the AUC of the score 1 on the visible true items and 0 elsewhere."""
+    labels, invisible = np.asarray(labels, dtype=bool), np.asarray(invisible, dtype=bool)
+    return roc_auc((labels & ~invisible).astype(float), labels)
 
 
 def components(model) -> list[Component]:
@@ -287,19 +326,27 @@ def size_curve(model, clean: torch.Tensor, metric: Metric, scores: pd.DataFrame)
 def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: torch.Tensor,
                        corrupted: torch.Tensor, *, steps: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every method against the truth (``ground_truth``'s ``nodes`` and ``edges``) -> (scores:
-    ``method, level, auc, n_true, n_items, seconds, faithfulness, note``: a row per method, a
-    method that refuses the model (``note`` "refused: ...", AUC NaN), then rows "true circuit"
-    and "complement" with their ``faithfulness``; curves: ``method, size, faithfulness``)."""
+    ``method, level, auc, bound, n_true, n_items, seconds, faithfulness, note``: a row per
+    method, a method that refuses the model (``note`` "refused: ...", AUC NaN), then rows "true
+    circuit" and "complement" with their ``faithfulness``; curves: ``method, size,
+    faithfulness``). ``bound`` is the AUC no method of that row can beat on these prompts
+    (``auc_bound``): the true components that ``invisible_components`` finds constant over the
+    distinct clean prompts (for zero ablation: zero), and the true edges they send, score 0."""
     with torch.no_grad():
         metric = output_metric(model(clean))
     truth_nodes = {(k, l, h) for k, l, h, t in zip(nodes.kind, nodes.layer, nodes["head"], nodes.true) if t}
+    hidden = invisible_components(model, torch.unique(clean, dim=0), nodes)
+    constant = set(zip(hidden.kind[hidden.constant], hidden.layer[hidden.constant], hidden["head"][hidden.constant]))
+    zero = set(zip(hidden.kind[hidden.zero], hidden.layer[hidden.zero], hidden["head"][hidden.zero]))
     rows, curves = [], []
     for method in NODE_METHODS:
         start = time.perf_counter()
         scores = component_scores(model, clean, corrupted, metric, method)
         seconds = time.perf_counter() - start
-        labels = [c in truth_nodes for c in zip(scores.kind, scores.layer, scores["head"])]
-        rows.append((method, "node", roc_auc(scores.score, labels), sum(labels), len(labels), seconds, np.nan, ""))
+        keys = list(zip(scores.kind, scores.layer, scores["head"]))
+        labels = [c in truth_nodes for c in keys]
+        bound = auc_bound(labels, [c in (zero if method == "zero_ablate" else constant) for c in keys])
+        rows.append((method, "node", roc_auc(scores.score, labels), bound, sum(labels), len(labels), seconds, np.nan, ""))
         curves.append(size_curve(model, clean, metric, scores).assign(method=method))
     head_edges = edges[(edges.sender_kind == "head") & edges.receiver_kind.isin(["head", "logits"])]
     true_edges = set(map(tuple, head_edges[KEY_COLUMNS].itertuples(index=False)))
@@ -309,23 +356,46 @@ def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: t
         try:
             frame = method(model, clean, corrupted, metric, **options)
         except UserError as refusal:  # e.g. the hook self-test finds a q/k edit that reaches no output
-            rows.append((name, "edge", np.nan, len(true_edges), np.nan, np.nan, np.nan, f"refused: {refusal}"))
+            rows.append((name, "edge", np.nan, np.nan, len(true_edges), np.nan, np.nan, np.nan, f"refused: {refusal}"))
             continue
         seconds = time.perf_counter() - start
         score = frame["effect"] if "effect" in frame else frame["attribution"]
         labels = [key in true_edges for key in map(tuple, frame[KEY_COLUMNS].itertuples(index=False))]
-        rows.append((name, "edge", roc_auc(score.abs(), labels), sum(labels), len(labels), seconds, np.nan, ""))
+        bound = auc_bound(labels, [("head", *sender) in constant for sender in zip(frame.sender_layer, frame.sender_head)])
+        rows.append((name, "edge", roc_auc(score.abs(), labels), bound, sum(labels), len(labels), seconds, np.nan, ""))
     truth_all = set(map(tuple, edges[GRAPH_EDGE_COLUMNS].itertuples(index=False)))
     for method, name in GRAPH_METHODS.items():
         start = time.perf_counter()
         frame = graph_edge_scores(model, clean, corrupted, metric, method, steps)
         seconds = time.perf_counter() - start
         labels = [key in truth_all for key in map(tuple, frame[GRAPH_EDGE_COLUMNS].itertuples(index=False))]
-        rows.append((name, "edge (all)", roc_auc(frame.score.abs(), labels), sum(labels), len(labels), seconds, np.nan, ""))
+        bound = auc_bound(labels, [s in constant for s in zip(frame.sender_kind, frame.sender_layer, frame.sender_head)])
+        rows.append((name, "edge (all)", roc_auc(frame.score.abs(), labels), bound, sum(labels), len(labels), seconds,
+                     np.nan, ""))
     every = set(components(model))
     for name, circuit in (("true circuit", truth_nodes), ("complement", every - truth_nodes)):
         value = faithfulness(model, clean, metric, circuit)
         note = "undefined: the output is the same on every prompt" if np.isnan(value) else ""
-        rows.append((name, "circuit", np.nan, len(circuit), len(every), np.nan, value, note))
-    columns = ["method", "level", "auc", "n_true", "n_items", "seconds", "faithfulness", "note"]
+        rows.append((name, "circuit", np.nan, np.nan, len(circuit), len(every), np.nan, value, note))
+    columns = ["method", "level", "auc", "bound", "n_true", "n_items", "seconds", "faithfulness", "note"]
     return pd.DataFrame(rows, columns=columns), pd.concat(curves, ignore_index=True)[["method", "size", "faithfulness"]]
+
+
+def known_task(model, truth) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (clean, corrupted) prompts (batch, pos) of a stored truth's task
+    (``analyses.circuits.ground_truth.KnownTruth``): its inputs, paired as ``task["pairs"]`` says."""
+    task = truth.task
+    if task["pairs"] not in PAIRINGS:
+        raise UserError(f"the stored task pairs its inputs as {task['pairs']!r}; allowed: {', '.join(PAIRINGS)}")
+    grid = {(k, l, h) for k, l, h in zip(truth.nodes.kind, truth.nodes.layer, truth.nodes["head"])}
+    if grid != set(components(model)):
+        raise UserError(f"the stored truth names {len(grid)} components, not the {len(components(model))} heads and "
+                        f"MLPs of this {model.cfg.n_layers}-layer, {model.cfg.n_heads}-head model")
+    return task_pairs(encode_inputs(model, task["inputs"]), task["seed"], every=task["pairs"] == "every")
+
+
+def evaluate_known(model, truth) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``evaluate_discovery`` of ``model`` against a stored truth, on its stored task (``known_task``,
+    EAP-IG with ``task["ig_steps"]``) -> (scores, curves) as ``evaluate_discovery`` returns them."""
+    clean, corrupted = known_task(model, truth)
+    return evaluate_discovery(model, truth.nodes, truth.edges, clean, corrupted, steps=truth.task["ig_steps"])

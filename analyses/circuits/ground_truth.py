@@ -22,15 +22,24 @@ kind ("head" | "mlp"), component ("L1H0" | "MLP1"), op, true`` for every compone
 ``sender_layer, sender_head, receiver_layer, receiver_head, via`` plus ``sender_kind,
 receiver_kind, op`` for the true edges only (via "q" | "k" | "v" for a head, "mlp" for an MLP,
 "logits" with receiver (n_layers, -1) for the unembedding).
+
+A checkpoint that ``interp tracr`` writes keeps its truth beside the weights, in
+``ground_truth/`` (``write_truth``): ``nodes.csv``, ``edges.csv`` and ``task.json`` (the program,
+its inputs, the output space, how the pairs are drawn and the metric), so that ``interp circuit``
+and ``interp report`` score discovery against it (``read_truth``) without Tracr installed.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
+from interp.errors import UserError
+from interp.files import write_atomic
 from interp.tracr import BOS, library_program, require_tracr
 
 NODE_COLUMNS = ["layer", "head", "kind", "component", "op", "true"]
@@ -171,3 +180,50 @@ def _edge(sender: Component, receiver: Component, via: str, op: str) -> tuple:
 def _name(component: Component) -> str:
     kind, layer, head = component
     return f"L{layer}H{head}" if kind == "head" else f"MLP{layer}"
+
+
+TRUTH_DIR = "ground_truth"
+TASK_KEYS = ("program", "vocab", "max_seq_len", "causal", "inputs", "outputs", "pairs", "seed", "ig_steps", "metric")
+
+
+@dataclass
+class KnownTruth:
+    """A model's true circuit and its task: ``nodes``/``edges`` as ``ground_truth`` returns them;
+    ``task`` (``TASK_KEYS``): ``inputs`` (lists of vocabulary values, one length, without the
+    start token), ``outputs`` (the output space, None for a numerical program), ``pairs``
+    ("every": every ordered pair of two inputs, or "one": a seeded derangement; see
+    ``analyses.circuits.circuit_eval.task_pairs``), ``seed``, ``ig_steps`` and ``metric`` (its name)."""
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    task: dict
+
+
+def write_truth(directory: str | Path, truth: KnownTruth) -> Path:
+    """Write ``truth`` into ``directory/ground_truth/`` (each file atomically) -> that folder."""
+    missing = [key for key in TASK_KEYS if key not in truth.task]
+    if missing:
+        raise UserError(f"the task lacks {', '.join(missing)}; it needs {', '.join(TASK_KEYS)}")
+    folder = Path(directory) / TRUTH_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / "nodes.csv", truth.nodes.to_csv(index=False).encode())
+    write_atomic(folder / "edges.csv", truth.edges.to_csv(index=False).encode())
+    write_atomic(folder / "task.json", json.dumps(truth.task, indent=1).encode())
+    return folder
+
+
+def read_truth(model_spec: str | Path) -> KnownTruth | None:
+    """The truth stored beside a checkpoint (``write_truth``), or None where ``model_spec`` is no
+    directory holding one (a model without a known circuit)."""
+    folder = Path(model_spec) / TRUTH_DIR
+    if not folder.is_dir():
+        return None
+    try:
+        task = json.loads((folder / "task.json").read_text())
+        nodes = pd.read_csv(folder / "nodes.csv", keep_default_na=False)
+        edges = pd.read_csv(folder / "edges.csv", keep_default_na=False)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{folder}: a broken ground truth ({error}); write it again with `interp tracr`") from None
+    if set(NODE_COLUMNS) - set(nodes.columns) or set(EDGE_COLUMNS) - set(edges.columns) or set(TASK_KEYS) - set(task):
+        raise UserError(f"{folder}: the ground truth lacks columns or task keys; write it again with `interp tracr`")
+    return KnownTruth(nodes.astype({"true": bool}), edges, task)

@@ -10,6 +10,11 @@ report gives them (against their nulls, ``analyses.roles.nulls``, and the thresh
 receivers are the heads with the roles asked for (every role head by default); path patching
 runs on the same probes against their first-copy-corrupted twins, with the loss on the
 predictable tokens as the metric.
+
+On a model whose true circuit is stored beside it (``interp tracr`` writes ``ground_truth/``),
+the command scores every discovery method against that truth instead, on the stored task
+(``analyses.circuits.circuit_eval.evaluate_known``), and writes discovery.csv,
+discovery_curves.csv and faithfulness_vs_size.png.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import argparse
 from pathlib import Path
 
 from analyses.circuits.circuit import check_role, circuit_section
+from analyses.circuits.circuit_eval import evaluate_known
+from analyses.circuits.ground_truth import TRUTH_DIR, read_truth
+from analyses.cli.tracr import write_discovery
 from analyses.roles.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, classify_heads
 from analyses.roles.nulls import calibrate_roles
 from analyses.report.intervention_figures import save_csv, save_figure
@@ -56,6 +64,11 @@ def run_circuit(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError(f"--top {args.top} must be >= 1")
     model = load_cli_model(args)
+    truth = read_truth(args.model)
+    if truth is not None:  # a model whose circuit is known (``interp tracr``): score discovery against it
+        write_discovery(args.out, *evaluate_known(model, truth), f"{truth.task['program']} (ground truth)")
+        print(f"scored against the true circuit in {args.model}/{TRUTH_DIR}; wrote {args.out}/discovery.csv")
+        return 0
     progress = False if args.quiet else None
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
     scores = classify_heads(model, probes=probes, seed=args.seed, memory_mb=args.memory_mb, progress=progress)

@@ -1,6 +1,8 @@
 """``interp tracr PROGRAM --vocab a,b,c --max-seq-len N --out DIR``: compile a program of
 ``tracr.compiler.lib`` with Tracr and write it as a checkpoint of ours (``interp.tracr``), which
-``load_model(DIR)`` and every command (``interp report --model DIR``) load."""
+``load_model(DIR)`` and every command load, with its true circuit and task in ``DIR/ground_truth/``
+(``analyses.circuits.ground_truth.write_truth``), which ``interp circuit`` and ``interp report``
+score discovery against."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ import argparse
 
 from pathlib import Path
 
+from analyses.circuits.circuit_eval import METRIC_NAME, PAIRINGS, curve_figure, evaluate_known, program_inputs
+from analyses.circuits.ground_truth import KnownTruth, compile_with_graph, ground_truth, write_truth
 from interp.errors import UserError
+from interp.files import write_atomic
 from interp.loading import save_checkpoint
-from interp.tracr import PROGRAMS, compile_program, encode_inputs, from_tracr
+from interp.tracr import PROGRAMS, from_tracr
 
 
 def parse_vocab(text: str) -> list:
@@ -24,21 +29,14 @@ def parse_vocab(text: str) -> list:
         return items
 
 
-def evaluate(args: argparse.Namespace, vocab: list, compilation, model) -> None:
-    """Score every circuit-discovery method against the program's true circuit; write the truth,
-    the scores, the faithfulness-vs-size curves and their figure next to the checkpoint."""
-    from analyses.circuits.circuit_eval import curve_figure, evaluate_discovery, program_inputs, task_pairs
-    from analyses.circuits.ground_truth import ground_truth
-    nodes, edges = ground_truth(compilation, model)
-    length = max(1, args.max_seq_len - 1)  # one shorter than allowed: see docs/guides/tracr.md
-    clean, corrupted = task_pairs(encode_inputs(model, program_inputs(vocab, length, args.prompts, args.seed)), args.seed)
-    scores, curves = evaluate_discovery(model, nodes, edges, clean, corrupted, steps=args.ig_steps)
-    out = Path(args.out)
-    nodes.to_csv(out / "true_nodes.csv", index=False)
-    edges.to_csv(out / "true_edges.csv", index=False)
-    scores.to_csv(out / "discovery.csv", index=False)
-    curves.to_csv(out / "discovery_curves.csv", index=False)
-    curve_figure(curves, args.program).savefig(out / "faithfulness_vs_size.png", dpi=120)
+def write_discovery(out: Path, scores, curves, title: str) -> None:
+    """Write ``evaluate_discovery``'s scores and curves (discovery.csv, discovery_curves.csv,
+    faithfulness_vs_size.png) into ``out`` and print the scores."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "discovery.csv", scores.to_csv(index=False))
+    write_atomic(out / "discovery_curves.csv", curves.to_csv(index=False))
+    figure = curve_figure(curves, title)
+    write_atomic(out / "faithfulness_vs_size.png", lambda path: figure.savefig(path, dpi=120, format="png"))
     print(scores.drop(columns="note").round(3).to_string(index=False))
 
 
@@ -46,20 +44,23 @@ def run(args: argparse.Namespace) -> int:
     vocab = parse_vocab(args.vocab)
     if args.prompts < 2:
         raise UserError(f"--prompts {args.prompts}: a patching task needs at least 2")
-    if args.evaluate:  # the same compiler passes, with the graph kept for the truth
-        from analyses.circuits.ground_truth import compile_with_graph
-        compilation = compile_with_graph(args.program, vocab, args.max_seq_len, causal=args.causal)
-        assembled = compilation.assembled
-    else:
-        assembled = compile_program(args.program, vocab, args.max_seq_len, causal=args.causal)
-    model = from_tracr(assembled)
-    save_checkpoint(model, args.out, training={"tracr": {"program": args.program, "vocab": vocab,
-                                                         "max_seq_len": args.max_seq_len, "causal": args.causal}})
+    # the passes of Tracr's compile_rasp_to_model, with the graph kept for the truth
+    compilation = compile_with_graph(args.program, vocab, args.max_seq_len, causal=args.causal)
+    model = from_tracr(compilation.assembled)
+    program = {"program": args.program, "vocab": vocab, "max_seq_len": args.max_seq_len, "causal": args.causal}
+    save_checkpoint(model, args.out, training={"tracr": program})
+    length = max(1, args.max_seq_len - 1)  # one shorter than allowed: see docs/guides/tracr.md
+    inputs = program_inputs(vocab, length, args.prompts, args.seed)
+    task = program | {"inputs": inputs, "outputs": getattr(model.tokenizer, "outputs", None), "pairs": args.pairs,
+                      "seed": args.seed, "ig_steps": args.ig_steps, "metric": METRIC_NAME}
+    truth = KnownTruth(*ground_truth(compilation, model), task)
+    write_truth(args.out, truth)
     cfg = model.cfg
     print(f"{args.program}: {cfg.n_layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model}, "
-          f"{'causal' if cfg.causal else 'bidirectional'} -> {args.out}")
+          f"{'causal' if cfg.causal else 'bidirectional'} -> {args.out} (true circuit: "
+          f"{int(truth.nodes.true.sum())} components, {len(truth.edges)} edges)")
     if args.evaluate:
-        evaluate(args, vocab, compilation, model)
+        write_discovery(Path(args.out), *evaluate_known(model, truth), args.program)
     return 0
 
 
@@ -74,9 +75,14 @@ def register(subparsers) -> None:
     parser.add_argument("--causal", action="store_true", help="compile with causal attention (default: bidirectional)")
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--evaluate", action="store_true",
-                        help="also score circuit discovery against the true circuit (discovery.csv, true_nodes.csv, "
-                             "true_edges.csv, discovery_curves.csv, faithfulness_vs_size.png in --out)")
-    parser.add_argument("--prompts", type=int, default=128, help="with --evaluate: at most this many inputs (default 128)")
-    parser.add_argument("--ig-steps", type=int, default=5, help="with --evaluate: EAP-IG's steps (default 5)")
+                        help="also score circuit discovery against the true circuit now (discovery.csv, "
+                             "discovery_curves.csv, faithfulness_vs_size.png in --out; `interp circuit --model OUT` "
+                             "does the same later)")
+    parser.add_argument("--prompts", type=int, default=128,
+                        help="the task's inputs, stored with the truth: at most this many (default 128)")
+    parser.add_argument("--pairs", choices=PAIRINGS, default="every",
+                        help="the task's (clean, corrupted) pairs: every ordered pair of two inputs (default; the "
+                             "strongest corruption) or one seeded derangement")
+    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps in the stored task (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
