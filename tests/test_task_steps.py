@@ -6,6 +6,11 @@ one line naming what changed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +22,8 @@ import analyses.report.task_page as task_page
 from analyses.cli import main
 from analyses.core.steps import Steps, decode_value, directory_lock, encode_value
 from interp import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def task_args(model: Path, out: Path, *more: str) -> list[str]:
@@ -84,6 +91,31 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
     expected = Counter(step_calls[s] for s in task_page.STEPS[task_page.STEPS.index(stop):])
     assert calls == expected  # the finished steps were read, not computed
     assert files(out) == files(whole)  # the page, its tables, figures, meta and steps: the same bytes
+
+
+def test_a_killed_task_run_resumes_with_the_same_bytes(gpt2_dir, whole, tmp_path, monkeypatch):
+    """SIGKILL of the process (no chance to clean up) once DLA is on disk and path patching has begun."""
+    out = tmp_path / "page"
+    code = ("import sys, time; import analyses.report.task_page as page; from analyses.cli import main\n"
+            "slow = page.path_patch\n"
+            "page.path_patch = lambda *a, **k: time.sleep(60) or slow(*a, **k)\n"
+            "main(sys.argv[1:])")
+    process = subprocess.Popen([sys.executable, "-c", code, *task_args(gpt2_dir, out)], cwd=ROOT,
+                               env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "steps" / "dla.json").exists():
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert sorted(p.stem for p in (out / "steps").glob("*.json")) == sorted(task_page.STEPS[:6])
+    calls = Counter()
+    counting(monkeypatch, calls)
+    assert main(task_args(gpt2_dir, out, "--resume")) == 0  # the kernel dropped the dead run's lock
+    assert calls == Counter(["path_patch", "attribution", "attribution_ig"])
+    assert files(out) == files(whole)
 
 
 def test_a_resumed_run_with_other_inputs_is_refused_naming_what_changed(gpt2_dir, whole, tmp_path, capsys):
