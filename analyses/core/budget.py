@@ -6,19 +6,25 @@ from __future__ import annotations
 DEFAULT_MEMORY_MB = 1024
 
 
-def row_bytes(model, n_pos: int, *, logits: bool, kept_patterns: int = 0) -> int:
-    """Float32 bytes one row of ``n_pos`` tokens needs in a forward: a few residual-sized
-    activations, the MLP hidden layer and the attention patterns in flight, plus ``kept_patterns``
-    layers of cached patterns; with ``logits``, the logits and the metric's log-softmax copy of
-    them (with a 150k vocabulary, these dominate). Forwards that stop before the unembedding
-    (classification) pass ``logits=False``."""
+def row_bytes(model, n_pos: int, *, logits: bool, kept_patterns: int = 0, read: int | None = None,
+              layers: int = 1, per_position: int = 0) -> int:
+    """Float32 bytes one row of ``n_pos`` tokens needs in a forward: the residual-sized
+    activations of a block (its norms, q, k, v, z, outputs and the edits' copies: 16), the MLP's
+    hidden layers (a gated one's gate, input, activation and product: 4) and the attention patterns
+    in flight, plus ``kept_patterns``
+    layers of cached patterns; with ``logits``, the logits of the ``read`` positions unembedded
+    (None: all ``n_pos``) and the metric's two copies of them (the rows it selects, their
+    log-softmax; with a 150k vocabulary, these dominate). Forwards that stop before the
+    unembedding (classification) pass ``logits=False``. A backward keeps the activations of
+    ``layers`` layers, and ``per_position`` more floats per position (per-head inputs)."""
     cfg = model.cfg
     d_mlp = getattr(cfg, "d_mlp", None) or 4 * cfg.d_model
-    logit_floats = 2 * cfg.d_vocab if logits else 0
+    logit_floats = 3 * cfg.d_vocab * (n_pos if read is None else read) if logits else 0
     pattern = cfg.n_heads * n_pos * n_pos
-    return 4 * (n_pos * (logit_floats + 8 * cfg.d_model + d_mlp) + (2 + kept_patterns) * pattern)
+    activations = layers * (n_pos * (16 * cfg.d_model + 4 * d_mlp) + 2 * pattern) + n_pos * per_position
+    return 4 * (logit_floats + activations + kept_patterns * pattern)
 
 
-def rows_within(model, n_pos: int, memory_mb: float, *, logits: bool, kept_patterns: int = 0) -> int:
-    """How many rows fit in ``memory_mb`` (at least one)."""
-    return max(1, int(memory_mb * 2**20 // row_bytes(model, n_pos, logits=logits, kept_patterns=kept_patterns)))
+def rows_within(model, n_pos: int, memory_mb: float, *, logits: bool, **sizes) -> int:
+    """How many rows fit in ``memory_mb`` (at least one); ``sizes``: ``row_bytes``'s keywords."""
+    return max(1, int(memory_mb * 2**20 // row_bytes(model, n_pos, logits=logits, **sizes)))

@@ -44,22 +44,41 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         _check_logits(logits, tuple(tokens.shape), "the loss metric's tokens")
-        if int(targets.max()) >= logits.shape[-1]:  # e.g. a Tracr model's own output space
-            raise UserError(f"the loss metric needs logits over the input vocabulary, but these have {logits.shape[-1]} "
-                            f"outputs and the tokens reach id {int(targets.max())}; use a metric on the model's outputs")
-        if mask is None:
-            log_probs = logits[:, :-1].log_softmax(dim=-1, dtype=torch.float32)  # float32 whatever the model's
-            return -log_probs.gather(-1, targets[..., None]).mean()
-        log_probs = logits[:, :-1][mask].log_softmax(dim=-1, dtype=torch.float32)  # only the rows that count: (n, d_vocab)
-        return -log_probs.gather(-1, targets[mask][:, None]).mean()
+        return _mean_loss(logits[:, :-1], targets, mask)
 
     def for_lengths(lengths: torch.Tensor) -> Metric:
         real = TokenBatch(tokens, lengths.to(tokens.device)).real
         return loss_metric(tokens, real if positions is None else real & positions.to(tokens.device))
 
+    def part(rows: slice, read: torch.Tensor | None) -> tuple[Metric, float]:
+        kept = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask
+        at = slice(None) if read is None else read.to(tokens.device)
+        part_targets, part_mask = targets[rows][:, at], kept[rows][:, at]
+
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:  # (rows, len(read) or pos, d_vocab)
+            _check_logits(logits, (len(part_targets), tokens.shape[1] if read is None else len(read)),
+                          "the loss metric's part")
+            return _mean_loss(logits if read is not None else logits[:, :-1], part_targets, part_mask)
+
+        return part_metric, float(part_mask.sum())
+
     metric.read_positions = None if mask is None else torch.nonzero(mask.any(dim=0))[:, 0].cpu()
     metric.for_lengths = for_lengths
+    metric.part = part
     return metric
+
+
+def _mean_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean -log p(target) over the ``mask``ed places (all where None): ``logits`` (batch, n,
+    d_vocab) each predicting ``targets`` (batch, n) at the same place."""
+    if int(targets.max()) >= logits.shape[-1]:  # e.g. a Tracr model's own output space
+        raise UserError(f"the loss metric needs logits over the input vocabulary, but these have {logits.shape[-1]} "
+                        f"outputs and the tokens reach id {int(targets.max())}; use a metric on the model's outputs")
+    if mask is None:
+        log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)  # float32 whatever the model's
+        return -log_probs.gather(-1, targets[..., None]).mean()
+    log_probs = logits[mask].log_softmax(dim=-1, dtype=torch.float32)  # only the rows that count: (n, d_vocab)
+    return -log_probs.gather(-1, targets[mask][:, None]).mean()
 
 
 def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int, position: int = -1, *,
@@ -85,18 +104,33 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
         batch, n_pos, d_vocab = logits.shape
         if at is None:
             _check_position(position, n_pos)
-            rows_at = torch.full((batch,), position % n_pos, device=logits.device)
+            rows_at = torch.full((batch,), position % n_pos)
         else:
             _check_logits(logits, (len(at), None), "the lengths logit_diff_metric was given")
             if int(at.max()) >= n_pos:  # ``at`` stays on the CPU: no device sync
                 raise UserError(f"logit_diff_metric: its prompts have up to {int(at.max()) + 1} real tokens "
                                 f"but the logits only {n_pos} positions")
-            rows_at = at.to(logits.device)
-        rows = torch.arange(batch, device=logits.device)
-        good_ids, bad_ids = (_ids_per_prompt(ids, name, batch, d_vocab).to(logits.device)
-                             for name, ids in (("correct", correct), ("incorrect", incorrect)))
-        last = logits[rows, rows_at]  # (batch, d_vocab)
-        return (last[rows, good_ids].float() - last[rows, bad_ids].float()).mean()  # float32 whatever the model's
+            rows_at = at
+        return _mean_diff(logits, rows_at, correct, incorrect)
+
+    def part(rows: slice, read: torch.Tensor | None) -> tuple[Metric, float]:
+        part_ids = [ids[rows] if ids.ndim else ids for ids in (correct, incorrect)]
+
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:  # (rows, len(read) or pos, d_vocab)
+            n_rows, n_pos = rows.stop - rows.start, logits.shape[1]
+            _check_logits(logits, (n_rows, None if read is None else len(read)), "the metric's part")
+            if at is None and read is None:
+                _check_position(position, n_pos)
+            fixed = position % n_pos if read is None else int(read[0])  # a fixed position is the one read
+            rows_at = torch.full((n_rows,), fixed) if at is None else at[rows]
+            if read is None and int(rows_at.max()) >= n_pos:
+                raise UserError(f"logit_diff_metric: its prompts have up to {int(rows_at.max()) + 1} real tokens "
+                                f"but the logits only {n_pos} positions")
+            return _mean_diff(logits, rows_at if read is None else torch.searchsorted(read, rows_at), *part_ids)
+
+        return part_metric, float(rows.stop - rows.start)
+
+    metric.part = part
 
     def for_lengths(new_lengths: torch.Tensor) -> Metric:
         if lengths is not None and not torch.equal(torch.as_tensor(lengths).cpu(), new_lengths.cpu()):
@@ -107,6 +141,30 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
     metric.read_positions = position if at is None else torch.unique(at)
     metric.for_lengths = for_lengths
     return metric
+
+
+def _mean_diff(logits: torch.Tensor, rows_at: torch.Tensor, correct: torch.Tensor, incorrect: torch.Tensor) -> torch.Tensor:
+    """Mean over rows b of ``logits[b, rows_at[b], correct[b]] - logits[b, rows_at[b], incorrect[b]]``
+    (logits (batch, n, d_vocab); rows_at (batch,) on the CPU; ids one or one per row), in float32."""
+    batch, _, d_vocab = logits.shape
+    rows = torch.arange(batch, device=logits.device)
+    good_ids, bad_ids = (_ids_per_prompt(ids, name, batch, d_vocab).to(logits.device)
+                         for name, ids in (("correct", correct), ("incorrect", incorrect)))
+    last = logits[rows, rows_at.to(logits.device)]  # (batch, d_vocab)
+    return (last[rows, good_ids].float() - last[rows, bad_ids].float()).mean()  # float32 whatever the model's
+
+
+def metric_part(metric: Metric, rows: slice, read: torch.Tensor | None) -> tuple[Metric, float] | None:
+    """``metric`` on the prompts ``rows`` (a slice start:stop of the batch) alone, for an
+    intervention that runs a batch in chunks of prompts -> (the part's metric, its weight), or None
+    for a metric that does not say how to split (any callable not built here: it gets every prompt
+    at once). The metrics built here are means (a logit difference over prompts, a loss over
+    predicted tokens), so the batch's value is the weight-averaged mean of its parts' values,
+    exactly (up to float rounding). With ``read`` (n,), the positions ``read_positions`` gave, the
+    part's metric takes logits (rows, n, d_vocab) of only those positions; otherwise (rows, pos,
+    d_vocab). The weight: the part's prompts (logit difference) or counted tokens (loss)."""
+    part = getattr(metric, "part", None)
+    return None if part is None else part(rows, read)
 
 
 def metric_for_batch(metric: Metric, lengths: torch.Tensor, n_pos: int) -> Metric:

@@ -32,7 +32,7 @@ from einops import einsum, repeat
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import layer_of, resid_mid_name, resid_pre_name, z_name, z_names
-from analyses.core.metrics import Metric, evaluate_metric, read_positions
+from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 
@@ -190,10 +190,11 @@ def start_of(variant: Variant) -> tuple[int, bool]:
 
 
 def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None,
-                     positions: torch.Tensor | None = None):
+                     positions: torch.Tensor | None = None, *, compact: bool = False):
     """One forward of ``tokens`` repeated once per variant (variant-major) under ``hooks``; with
     ``starts`` it begins at the variants' earliest edit (``start_of``) and, given ``positions``,
-    unembeds only those (``partial_logits``)."""
+    unembeds only those: logits (rows, len(positions), d_vocab) with ``compact``, else
+    ``partial_logits``."""
     k = len(variants)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         if starts is None:
@@ -204,13 +205,14 @@ def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, s
         if positions is None:
             return model(resid, start_at_layer=layer, start_at_resid_mid=mid)
         final = model(resid, start_at_layer=layer, start_at_resid_mid=mid, stop_at_layer=model.cfg.n_layers)
-        return partial_logits(model, final, positions)
+        return model.unembed(final[:, positions]) if compact else partial_logits(model, final, positions)
 
 
 def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The residual leaving the last block (rows, pos, d_model) -> logits (rows, pos, d_vocab) at
     ``positions`` only, NaN at every other position (so a metric that reads one of those shows it;
-    ``evaluate_variants`` refuses a NaN value)."""
+    ``evaluate_variants`` refuses a NaN value). Only for a metric that cannot take the read
+    positions alone (``analyses.core.metrics.metric_part``): it allocates every position."""
     read = model.unembed(final[:, positions])  # its width is the output space's (d_vocab_out where it differs)
     logits = final.new_full((*final.shape[:2], read.shape[-1]), torch.nan)
     logits[:, positions] = read
@@ -219,15 +221,17 @@ def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch
 
 def run_variants(
     model, tokens, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None = None,
-    positions: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None, *, compact: bool = False,
 ) -> torch.Tensor:
     """Logits (variants, batch, pos, d_vocab) of ``tokens`` under each variant, in one forward.
 
     ``sources`` maps every edited hook name to its source (batch, ...). With ``starts`` (from
     ``base_run``) the forward begins at the chunk's earliest edited layer, and ``positions`` (n,),
-    if given, are the only ones unembedded (NaN elsewhere).
+    if given, are the only ones unembedded: (variants, batch, n, d_vocab) with ``compact``, NaN
+    elsewhere without.
     """
-    logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts, positions)
+    logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts, positions,
+                               compact=compact)
     return logits.unflatten(0, (len(variants), -1))
 
 
@@ -236,17 +240,49 @@ def rows_per_chunk(model, batch: int, n_pos: int, memory_mb: float, *, logits: b
     return max(1, rows_within(model, n_pos, memory_mb, logits=logits) // batch)
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """One forward of a sweep: the variants ``members`` (their indices) over the prompts ``rows``
+    (a slice start:stop of the batch)."""
+
+    members: list
+    rows: slice
+
+
 def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], memory_mb: float,
-                   *, logits: bool = True) -> list[list[int]]:
-    """The variants' indices grouped by where their runs may start (``start_of``, so a suffix run
-    starts as late as it can), each group cut into chunks that fit ``memory_mb``."""
+                   *, logits: bool = True, read: int | None = None, split_rows: bool = True) -> list[Chunk]:
+    """The forwards of a sweep within ``memory_mb``: the variants grouped by where their runs may
+    start (``start_of``, so a suffix run starts as late as it can), each group cut into chunks of
+    variants over every prompt; where even one variant over every prompt exceeds the budget (and
+    ``split_rows``), one variant over as many prompts as fit. ``read``: positions unembedded per
+    row (None: all, see ``analyses.core.budget.row_bytes``)."""
     if any(len(variant) == 0 for variant in variants):
         raise UserError("every intervention needs at least one cell to edit")
     by_start = defaultdict(list)
     for v, variant in enumerate(variants):
         by_start[start_of(variant)].append(v)
-    chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb, logits=logits)
-    return [members[i:i + chunk] for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)]
+    batch = tokens.shape[0]
+    fit = rows_within(model, tokens.shape[1], memory_mb, logits=logits, read=read)
+    if fit < batch and split_rows:
+        return [Chunk([v], slice(start, min(start + fit, batch)))
+                for _, members in sorted(by_start.items()) for v in members for start in range(0, batch, fit)]
+    chunk = max(1, fit // batch)
+    return [Chunk(members[i:i + chunk], slice(0, batch))
+            for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)]
+
+
+def rows_of(tensor: torch.Tensor, rows: slice, batch: int) -> torch.Tensor:
+    """The prompts ``rows`` of a tensor (batch, ...); one of batch 1 (broadcast to every prompt) as it is."""
+    return tensor[rows] if tensor.shape[0] == batch else tensor
+
+
+def chunk_edits(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None,
+                rows: slice, batch: int) -> tuple[list[list[Edit]], dict, dict | None]:
+    """The variants, sources and starts of a sweep restricted to the prompts ``rows``."""
+    edits = [[Edit(edit.hook, edit.index, None if edit.value is None else rows_of(edit.value, rows, batch))
+              for edit in map(as_edit, variant)] for variant in variants]
+    return (edits, {name: rows_of(source, rows, batch) for name, source in sources.items()},
+            None if starts is None else {name: start[rows] for name, start in starts.items()})
 
 
 def evaluate_variants(
@@ -263,18 +299,33 @@ def evaluate_variants(
 ) -> torch.Tensor:
     """``metric`` under each variant -> (n_variants,) float tensor, in the order given.
 
-    Variants run in the chunks of ``variant_chunks``. ``starts``: see ``run_variants``; with them, only
-    the positions the metric reads (``analyses.core.metrics.read_positions``) are unembedded.
-    ``progress``: see ``analyses.core.progress``. Deterministic in its inputs.
+    Variants run in the chunks of ``variant_chunks``: several variants over every prompt per
+    forward, or where one variant over every prompt exceeds ``memory_mb``, one variant over a chunk
+    of prompts, the parts' values combined as ``analyses.core.metrics.metric_part`` says (a metric
+    that cannot be split gets every prompt at once). ``starts``: see ``run_variants``; with them,
+    only the positions the metric reads (``analyses.core.metrics.read_positions``) are unembedded,
+    and only those positions' logits are made (for a metric that cannot take them alone, the
+    others are NaN). ``progress``: see ``analyses.core.progress``. Deterministic in its inputs.
     """
-    values = torch.empty(len(variants))
-    positions = read_positions(metric, tokens.shape[1]) if starts is not None else None
+    batch, n_pos = tokens.shape
+    positions = read_positions(metric, n_pos) if starts is not None else None
+    split = metric_part(metric, slice(0, batch), positions) is not None
+    sums, weights = torch.zeros(len(variants), dtype=torch.float64), torch.zeros(len(variants), dtype=torch.float64)
+    chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
+                            else len(positions), split_rows=split)
     with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
-        for members in variant_chunks(model, tokens, variants, memory_mb):
-            logits = run_variants(model, tokens, [variants[v] for v in members], sources, starts, positions)
-            for v, variant_logits in zip(members, logits):
-                values[v] = evaluate_metric(metric, variant_logits)
-            bar.update(len(members))
+        for chunk in chunks:
+            part, weight = metric_part(metric, chunk.rows, positions) if split else (metric, 1.0)
+            if weight > 0:  # a part with no token the metric counts adds nothing
+                edits, part_sources, part_starts = chunk_edits([variants[v] for v in chunk.members], sources, starts,
+                                                               chunk.rows, batch)
+                logits = run_variants(model, tokens[chunk.rows], edits, part_sources, part_starts, positions,
+                                      compact=split)
+                for v, variant_logits in zip(chunk.members, logits):
+                    sums[v] += weight * evaluate_metric(part, variant_logits).double()
+                    weights[v] += weight
+            bar.update(len(chunk.members) if chunk.rows.stop == batch else 0)  # a variant is done at its last rows
+    values = (sums / weights).float()
     if positions is not None and values.isnan().any():
         raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
                         f"({positions.tolist()}; give it the right read_positions, or none), or the model's "
@@ -294,36 +345,72 @@ def collect_variants(
 ) -> dict[str, torch.Tensor]:
     """The activations ``names`` under each variant -> {name: (n_variants, batch, ...)}, in the order
     given. Each forward stops once they are stored, so a chunk runs only up to the last of them
-    (from its earliest edited layer where ``starts`` allows). ``names`` must come at or after
-    every variant's edits."""
-    wanted, collected = list(dict.fromkeys(names)), defaultdict(dict)
-    for members in variant_chunks(model, tokens, variants, memory_mb, logits=False):
-        chunk = [variants[v] for v in members]
+    (from its earliest edited layer where ``starts`` allows); a chunk is several variants over
+    every prompt, or one variant over as many prompts as fit (``variant_chunks``). ``names`` must
+    come at or after every variant's edits."""
+    wanted, collected = list(dict.fromkeys(names)), defaultdict(lambda: defaultdict(list))
+    batch = tokens.shape[0]
+    for chunk in variant_chunks(model, tokens, variants, memory_mb, logits=False):
+        edits, part_sources, part_starts = chunk_edits([variants[v] for v in chunk.members], sources, starts,
+                                                       chunk.rows, batch)
         kept = {}
 
         def keeper(name):
             def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
-                kept[name] = activation.detach().unflatten(0, (len(chunk), -1))
+                kept[name] = activation.detach().unflatten(0, (len(edits), -1))
                 if len(kept) == len(wanted):
                     raise _Collected
 
             return keep
 
         try:
-            hooks = [*edit_hooks(chunk, sources), *((name, keeper(name)) for name in wanted)]
-            _forward_variants(model, tokens, chunk, hooks, starts)
+            hooks = [*edit_hooks(edits, part_sources), *((name, keeper(name)) for name in wanted)]
+            _forward_variants(model, tokens[chunk.rows], edits, hooks, part_starts)
         except _Collected:
             pass
         for name in wanted:
-            collected[name].update(zip(members, kept[name]))
-    return {name: torch.stack([collected[name][v] for v in range(len(variants))]) for name in wanted}
+            for v, activation in zip(chunk.members, kept[name]):
+                collected[name][v].append(activation)  # the chunks of one variant come in row order
+    return {name: torch.stack([torch.cat(collected[name][v]) for v in range(len(variants))]) for name in wanted}
+
+
+@dataclass(frozen=True)
+class GradientPart:
+    """One chunk of prompts of a linearised analysis: the prompts ``rows`` (a slice start:stop),
+    the metric on them alone (``analyses.core.metrics.metric_part``) and its ``share`` of the
+    batch's metric (weight / the batch's weight), so the batch's gradient is the sum over parts of
+    share x the part's gradient."""
+
+    rows: slice
+    metric: Metric
+    share: float
+
+
+def gradient_parts(model, tokens: torch.Tensor, metric: Metric, memory_mb: float,
+                   per_position: int = 0) -> tuple[list[GradientPart], torch.Tensor | None]:
+    """The chunks of prompts whose forward and backward (every layer's activations kept for it,
+    and ``per_position`` more floats per position) fit ``memory_mb`` -> (parts, the positions to
+    unembed: those the metric reads on a model that can stop before its unembedding, else None).
+    A metric that cannot be split is one part of every prompt."""
+    batch, n_pos = tokens.shape
+    positions = read_positions(metric, n_pos) if runs_suffix_only(model) else None
+    if metric_part(metric, slice(0, batch), positions) is None:
+        return [GradientPart(slice(0, batch), metric, 1.0)], None
+    fit = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
+                      layers=model.cfg.n_layers, per_position=per_position)
+    parts = [(rows, *metric_part(metric, rows, positions))
+             for rows in (slice(start, min(start + fit, batch)) for start in range(0, batch, fit))]
+    total = sum(weight for *_, weight in parts)
+    return [GradientPart(rows, part, weight / total) for rows, part, weight in parts if weight > 0], positions
 
 
 def activation_gradients(model, tokens: torch.Tensor, metric: Metric, names: Sequence[str],
-                         also_keep: Sequence[str] = ()) -> tuple[float, dict, dict]:
+                         also_keep: Sequence[str] = (), positions: torch.Tensor | None = None) -> tuple[float, dict, dict]:
     """One forward and backward -> (metric value, {name: activation} for ``names`` and
     ``also_keep``, {name: dmetric/dactivation} for ``names``). Only the gradients asked for are
-    computed (no weight grads; the backward stops at the earliest of ``names``)."""
+    computed (no weight grads; the backward stops at the earliest of ``names``). ``positions``
+    (n,): on a model that can stop before its unembedding, only those are unembedded and the
+    metric takes logits (batch, n, d_vocab) (``gradient_parts``)."""
     kept = {}
 
     def start_graph(embed, hook):  # a graph even when the weights do not require grad
@@ -339,7 +426,11 @@ def activation_gradients(model, tokens: torch.Tensor, metric: Metric, names: Seq
     kept_names = list(dict.fromkeys([*names, *also_keep]))
     hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in kept_names]
     with torch.enable_grad():
-        value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))
+        if positions is None:
+            value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))
+        else:
+            final = model.run_with_hooks(tokens, fwd_hooks=hooks, stop_at_layer=model.cfg.n_layers)
+            value = evaluate_metric(metric, model.unembed(final[:, positions]))
         silent = [name for name in kept_names if name not in kept]
         if silent:
             raise UserError(f"{type(model).__name__} never fired {', '.join(silent)}, which this analysis needs")

@@ -27,8 +27,8 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
-from analyses.interventions.engine import _Collected, evaluate_variants, start_names
-from analyses.core.metrics import Metric, evaluate_metric
+from analyses.interventions.engine import _Collected, evaluate_variants, runs_suffix_only, start_names
+from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 
@@ -77,6 +77,7 @@ class Run:
     starts: dict | None = None
     reduced: dict = field(default_factory=dict)
     silent: frozenset = frozenset()
+    memory_mb: float = DEFAULT_MEMORY_MB
 
     @classmethod
     def make(cls, model, tokens: torch.Tensor, metric: Metric | None = None, names: Sequence[str] = (), *,
@@ -98,11 +99,12 @@ class Run:
             by_name.setdefault(name, []).append(consumer)
         wanted = set(kept_names) | set(by_name)
         n_patterns = sum(1 for name in by_name if name.endswith("hook_pattern"))
-        size = rows_within(model, tokens.shape[1], memory_mb, logits=metric is not None, kept_patterns=n_patterns)
+        scored = MetricParts(model, metric, tokens, wanted)
+        size = rows_within(model, tokens.shape[1], memory_mb, logits=metric is not None, kept_patterns=n_patterns,
+                           read=scored.read)
         kept: dict[str, list[torch.Tensor]] = {name: [] for name in kept_names}
-        logits = []
         for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
-            rows = slice(start, start + size)
+            rows = slice(start, min(start + size, len(tokens)))
             fired = set()
 
             def hook_for(name):
@@ -119,19 +121,19 @@ class Run:
 
             try:
                 with torch.no_grad(), model.hooks(fwd_hooks=[(name, hook_for(name)) for name in wanted]):
-                    logits.append(model(tokens[rows]))
+                    scored.add(rows)
             except _Collected:
                 pass
         # a hook the model never fires (a bridge's hook_pos_embed on a rotary model) is left out, as
         # run_with_cache's names_filter leaves it out, and remembered as silent
         silent = frozenset(name for name, parts in kept.items() if not parts)
         cache = {name: _joined(parts) for name, parts in kept.items() if parts}
-        baseline = evaluate_metric(metric, _joined(logits)).item() if metric is not None else None
+        baseline = scored.value() if metric is not None else None
         run_starts = {name: cache.pop(name) for name in resid_names if name not in names} if resid_names else None
         if run_starts is not None:
             run_starts |= {name: cache[name] for name in resid_names if name in names}
         return cls(model, tokens, metric, baseline, cache, run_starts,
-                   {key: reducer.result() for key, reducer in reducers.items()}, silent)
+                   {key: reducer.result() for key, reducer in reducers.items()}, silent, memory_mb)
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """{name: activation (batch, ...)} for ``names``: from the cache, and what is missing from one
@@ -173,7 +175,7 @@ class Run:
             raise UserError(f"a run of {len(self.tokens)} prompts has no first {n}")
         return Run(self.model, self.tokens[:n], cache={name: value[:n] for name, value in self.cache.items()},
                    starts=None if self.starts is None else {name: value[:n] for name, value in self.starts.items()},
-                   silent=self.silent)
+                   silent=self.silent, memory_mb=self.memory_mb)
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         """Refuse, in one line, ``tokens`` (batch, pos) other than this run's."""
@@ -187,12 +189,62 @@ class Run:
         if metric is self.metric:
             return self.baseline
         last = resid_pre_name(self.model.cfg.n_layers - 1)
+        from_last = self.starts is not None and last in self.starts
+        scored = MetricParts(self.model, metric, self.tokens)
+        size = rows_within(self.model, self.tokens.shape[1], self.memory_mb, logits=True, read=scored.read)
         with torch.no_grad():
-            if self.starts is not None and last in self.starts:
-                logits = self.model(self.starts[last], start_at_layer=self.model.cfg.n_layers - 1)
-            else:
-                logits = self.model(self.tokens)
-        return evaluate_metric(metric, logits).item()
+            for start in range(0, len(self.tokens), size):
+                rows = slice(start, min(start + size, len(self.tokens)))
+                scored.add(rows, self.starts[last][rows] if from_last else None, self.model.cfg.n_layers - 1)
+        return scored.value()
+
+
+class MetricParts:
+    """A metric over a batch scored one chunk of prompts at a time (``analyses.core.metrics.metric_part``),
+    so no more than a chunk's logits ever exist; on a model that can stop before its unembedding
+    (GPTModel), only the positions the metric reads are unembedded. A metric that cannot be split
+    keeps every chunk's logits and is scored on all of them at once.
+
+    tokens: the batch (batch, pos); hooked: the hooks the forwards carry (one of the final norm's
+    needs every position unembedded); read: how many positions a row unembeds (None: all)."""
+
+    def __init__(self, model, metric: Metric | None, tokens: torch.Tensor, hooked: Sequence[str] = ()):
+        self.model, self.metric, self.tokens = model, metric, tokens
+        unembeds = not runs_suffix_only(model) or any(name.startswith("ln_final") for name in hooked)
+        positions = read_positions(metric, tokens.shape[1]) if metric is not None and not unembeds else None
+        self.split = metric is not None and metric_part(metric, slice(0, len(tokens)), positions) is not None
+        self.positions = positions if self.split else None
+        self.read = None if self.positions is None else len(self.positions)
+        self.stop = {} if unembeds else {"stop_at_layer": model.cfg.n_layers}  # without a metric: no logits
+        self.total, self.weight, self.logits = 0.0, 0.0, []
+
+    def add(self, rows: slice, resid: torch.Tensor | None = None, layer: int = 0) -> None:
+        """Run the prompts ``rows`` (a slice start:stop of the batch), from their tokens or from
+        ``resid`` (rows, pos, d_model) entering block ``layer``, and score them."""
+        def run(**stop):
+            return self.model(self.tokens[rows], **stop) if resid is None else self.model(resid, start_at_layer=layer,
+                                                                                              **stop)
+
+        if self.metric is None:
+            run(**self.stop)
+            return
+        if self.positions is None:
+            logits = run()
+        else:
+            logits = self.model.unembed(run(stop_at_layer=self.model.cfg.n_layers)[:, self.positions])
+        if not self.split:
+            self.logits.append(logits)
+            return
+        part, weight = metric_part(self.metric, rows, self.positions)
+        if weight > 0:  # a part with no token the metric counts adds nothing
+            self.total += weight * evaluate_metric(part, logits).item()
+            self.weight += weight
+
+    def value(self) -> float:
+        """The metric over every prompt added."""
+        if not self.split:
+            return evaluate_metric(self.metric, _joined(self.logits)).item()
+        return self.total / self.weight
 
 
 class FirstRows:
