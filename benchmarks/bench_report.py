@@ -10,7 +10,9 @@ MLP share. The unembedding is not counted. Counted apart:
   whose floor is one;
 - the main model and the other models the report builds (the random-initialisation nulls);
 - ``peak MB``: the largest resident memory seen while the step ran (a sampling thread reads it every
-  0.1 s with the main thread's stack), so the step that grew the process shows it.
+  0.1 s with the main thread's stack), so the step that grew the process shows it;
+- ``s``: the seconds the main thread spent in the step (the same sampler: the time since its last
+  sample goes to the step it finds now, so steps shorter than 0.1 s are blurred).
 
 Each count is charged to the report step whose call it happened in (the function ``build_report``
 called, then the one that called below it), read from the Python stack. Runs on ``GPTModel`` (the
@@ -18,6 +20,7 @@ blocks are ours to count). Prints one table per model and writes nothing.
 
     python benchmarks/bench_report.py                       # the embedded model, 16 prompts
     python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
+    python benchmarks/bench_report.py --shape llama-1b-width --prompts 8 --seq-len 64 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ from analyses.report.build import build_report
 from interp import GPTConfig, GPTModel, load_model
 from interp.model import TransformerBlock
 
-SHAPES = {"gpt2-small": dict(n_layers=12, d_model=768, n_heads=12, n_ctx=1024)}
+SHAPES = {
+    "gpt2-small": dict(n_layers=12, d_model=768, n_heads=12, n_ctx=1024),
+    # Llama-3.2-1B's width (its vocabulary is the --vocab default of this shape) at 2 layers
+    "llama-1b-width": dict(n_layers=2, d_model=2048, n_heads=32, n_key_value_heads=8, n_ctx=1024, d_mlp=8192,
+                           normalization_type="RMS", act_fn="silu", gated_mlp=True, positional_embedding_type="rotary",
+                           rotary_base=500_000.0, qkv_bias=False, attn_out_bias=False, mlp_bias=False),
+}
+SHAPE_VOCAB = {"gpt2-small": 50257, "llama-1b-width": 128256}
 
 
 class ForwardCounter:
@@ -49,6 +59,7 @@ class ForwardCounter:
         self.block_rows: dict[tuple, float] = defaultdict(float)
         self.passes: dict[tuple, float] = defaultdict(float)
         self.peak_mb: dict[tuple, float] = {}
+        self.seconds: dict[tuple, float] = defaultdict(float)
         self.reported_peak = 0.0
         self._main_thread = threading.main_thread().ident
         self._sampling = True
@@ -58,21 +69,31 @@ class ForwardCounter:
         self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
         self._sampler.start()
         self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook)
-        self._from_mid = TransformerBlock.forward_from_mid
+        self._from_mid, self._forward = TransformerBlock.forward_from_mid, TransformerBlock.forward
+        self._in_forward: set[int] = set()  # blocks inside their own forward, which calls forward_from_mid itself
         counter = self
 
         def counted_from_mid(block, resid_mid):
-            counter._charge(block, resid_mid, counter._mlp_fraction(block))
+            if id(block) not in counter._in_forward:  # a run that starts after this block's attention
+                counter._charge(block, resid_mid, counter._mlp_fraction(block))
             return counter._from_mid(block, resid_mid)
 
+        def marked_forward(block, *args, **kwargs):
+            counter._in_forward.add(id(block))
+            try:
+                return counter._forward(block, *args, **kwargs)
+            finally:
+                counter._in_forward.discard(id(block))
+
         TransformerBlock.forward_from_mid = counted_from_mid
+        TransformerBlock.forward = marked_forward
         return self
 
     def __exit__(self, *exc):
         self._sampling = False
         self._sampler.join()
         self._handle.remove()
-        TransformerBlock.forward_from_mid = self._from_mid
+        TransformerBlock.forward_from_mid, TransformerBlock.forward = self._from_mid, self._forward
 
     def _pre_hook(self, module, args):
         if isinstance(module, TransformerBlock):
@@ -97,9 +118,13 @@ class ForwardCounter:
     def _sample_memory(self) -> None:
         """Every 0.1 s: the resident memory, charged to the step the main thread is in; printed as it
         grows (a run that runs out of memory prints nothing else)."""
+        last = time.perf_counter()
         while self._sampling:
             frame = sys._current_frames().get(self._main_thread)
             step = self._step(frame)
+            now = time.perf_counter()
+            self.seconds[step] += now - last
+            last = now
             with open("/proc/self/status") as status:
                 rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
             self.peak_mb[step] = max(self.peak_mb.get(step, 0), rss)
@@ -146,15 +171,18 @@ def subject(args) -> GPTModel:
     if args.shape == "toy":
         return load_model("toy").eval()
     torch.manual_seed(0)
-    config = GPTConfig(d_vocab=args.vocab, **SHAPES[args.shape])
-    return GPTModel(config).eval()
+    config = GPTConfig(d_vocab=args.vocab or SHAPE_VOCAB[args.shape], **SHAPES[args.shape])
+    return GPTModel(config).to(getattr(torch, args.dtype)).eval()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="toy", choices=["toy", *SHAPES])
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=50257, help="vocabulary of a --shape model")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary of a --shape model (default the shape's: 50,257; 128,256)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the --shape model's weights")
     parser.add_argument("--seq-len", type=int, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -168,12 +196,13 @@ def main() -> None:
                      progress=False)
     seconds = time.perf_counter() - start
     print(f"{args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
-          f"vocabulary {model.cfg.d_vocab}; report {seconds:.1f} s (one thread)")
+          f"vocabulary {model.cfg.d_vocab}, {args.dtype}; report {seconds:.1f} s (one thread)")
     steps = list(dict.fromkeys([*counter.peak_mb, *counter.passes, *(key[1:] for key in counter.block_rows)]))
-    print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9} {'peak MB':>8}")
+    print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9} {'peak MB':>8} {'s':>7}")
     for step in steps:
         print(f"{step[0]:<28} {step[1]:<44} {counter.passes.get(step, 0):>12.2f} "
-              f"{counter.block_rows.get(('main', *step), 0):>9.2f} {counter.block_rows.get(('other models', *step), 0):>9.2f} {counter.peak_mb.get(step, 0):>8.0f}")
+              f"{counter.block_rows.get(('main', *step), 0):>9.2f} {counter.block_rows.get(('other models', *step), 0):>9.2f} "
+              f"{counter.peak_mb.get(step, 0):>8.0f} {counter.seconds.get(step, 0):>7.1f}")
     total = lambda owner: sum(v for k, v in counter.block_rows.items() if k[0] == owner)
     print(f"{'total':<73} {sum(counter.passes.values()):>12.2f} {total('main'):>9.2f} {total('other models'):>9.2f}")
 
