@@ -106,7 +106,7 @@ def rotary(hf_cfg, d_head: int, partial: bool = False) -> dict:
 @dataclass(frozen=True)
 class Family:
     """One Hugging Face ``model_type`` as the from-scratch model reads it: a row of
-    ``interp.convert.families.FAMILIES``. Module names are Hugging Face's, without ``.weight``.
+    ``interp.convert.CONVERTERS``. Module names are Hugging Face's, without ``.weight``.
 
     Attributes:
         config: the Hugging Face config -> ``GPTConfig`` fields (the family's knobs; it refuses, in
@@ -154,15 +154,15 @@ class Family:
         offset added. Each tensor is made contiguous as it is read (a copy only where it is
         transposed or split), so a source tensor read from a file is freed before the next."""
         ours = {}
-        in_layers = {hf_name for hf_name in self.module_names(cfg).values() if hf_name.startswith(self.layers)}
         for our_name, hf_name in self.module_names(cfg).items():
+            transposed = self.conv1d and our_name.startswith("blocks.")  # a layer module's (in, out) weight
             for kind in ("weight", "bias"):
                 if kind == "weight" or f"{hf_name}.{kind}" in hf:
                     tensor = hf[f"{hf_name}.{kind}"]
-                    ours[f"{our_name}.{kind}"] = (tensor.t() if self.conv1d and hf_name in in_layers else tensor).contiguous()
+                    ours[f"{our_name}.{kind}"] = (tensor.t() if transposed else tensor).contiguous()
         if self.packed_qkv is not None:
             ours |= self._unpack_qkv(hf, cfg)
-        if self.norm_offset:
+        if self.norm_offset:  # our norms are the modules named ln*: ln1, ln2, ln_final
             for name in [n for n in ours if n.split(".")[-2].startswith("ln") and n.endswith(".weight")]:
                 ours[name] = ours[name] + self.norm_offset
         return ours
