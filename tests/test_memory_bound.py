@@ -156,7 +156,21 @@ def test_a_run_scored_in_prompt_chunks_has_the_batch_baseline():
         assert Run.make(model, clean, metric, memory_mb=1e-6).baseline == pytest.approx(expected, abs=1e-5)
 
 
-@pytest.mark.parametrize("analysis,metric", [("patch_heads", "loss"), ("patch_heads", "logit_diff")])
+@pytest.mark.parametrize("analysis,metric", [("patch_heads", "loss"), ("patch_heads", "logit_diff"), ("eap", "loss")])
 def test_growth_stays_within_the_budget(analysis, metric):
     growth = measure(analysis, metric=metric)
     assert growth <= BUDGET_MB * SLACK, f"{analysis} grew {growth:.0f} MB at a {BUDGET_MB} MB budget"
+
+
+@pytest.mark.parametrize("steps", [None, 2])
+@pytest.mark.parametrize("metric", ["loss", "logit_diff"])
+def test_edge_attribution_in_prompt_chunks_gives_the_batch_scores(metric, steps):
+    """EAP (and EAP-IG) over chunks of one prompt, each weighted by its share of the metric, scores
+    every edge as one pass over the whole batch does (the scores are sums over prompts)."""
+    from analyses.circuits.edge_attribution import edge_attribution
+
+    model, clean, corrupted, metrics = small_case()
+    whole, chunked = (edge_attribution(model, clean, corrupted, metrics[metric], steps=steps, memory_mb=budget)
+                      ["attribution"].to_numpy() for budget in (4096, 1e-6))
+    assert abs(whole).max() > 1e-3
+    assert abs(chunked - whole).max() < 1e-5 * max(1.0, abs(whole).max())

@@ -35,7 +35,7 @@ from einops import rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import final_resid_name, qkv_input_name, resid_pre_name, z_names
-from analyses.interventions.engine import activation_gradients, cache_run
+from analyses.interventions.engine import activation_gradients, cache_run, gradient_parts
 from analyses.core.metrics import Metric
 from analyses.circuits.path_patching import (
     QKV, VIAS, Edges, edges_of, output_weights, path_frame, path_values, prepare_paths, require_path_edits,
@@ -81,14 +81,22 @@ def _input_name(model, layer: int, rank: int) -> str:
     return final_resid_name(model) if VIAS[rank] == "logits" else qkv_input_name(layer, VIAS[rank])
 
 
-def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str]) -> tuple[dict, list]:
+def split_kinds(inputs: Sequence[str]) -> list[str]:
+    """The q/k/v inputs among ``inputs`` ("q", "k", "v"), which the forward splits per head."""
+    return [which for which in QKV if any(name.endswith(f"hook_{which}_input") for name in inputs)]
+
+
+def receiver_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str],
+                       positions: torch.Tensor | None = None) -> tuple[dict, list]:
     """One forward and backward of ``base`` -> ({input hook name: d metric / d input}, z per layer
     (batch, pos, head, d_head)). ``inputs``: ``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head,
-    d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits."""
+    d_model) of the receivers' layers, and the final residual (batch, pos, d_model) for logits.
+    ``positions``: the only ones unembedded (see ``activation_gradients``)."""
     final = final_resid_name(model)
-    split = [which for which in QKV if any(name.endswith(f"hook_{which}_input") for name in inputs)]
+    split = split_kinds(inputs)
     with split_qkv_inputs(model, split) if split else nullcontext():
-        _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model))
+        _, activations, grads = activation_gradients(model, base, metric, inputs, also_keep=z_names(model),
+                                                     positions=positions)
     for name in inputs:
         if name != final and grads[name].shape[2] != model.cfg.n_heads:
             raise UserError(f"{name} carries {grads[name].shape[2]} heads, not one per query head "
@@ -162,14 +170,14 @@ def interpolated_inputs(model, base_resid: torch.Tensor, source_resid: torch.Ten
 
 
 def integrated_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequence[str], base_resid: torch.Tensor,
-                         source_resid: torch.Tensor, steps: int) -> dict:
+                         source_resid: torch.Tensor, steps: int, positions: torch.Tensor | None = None) -> dict:
     """The metric's gradient at each of ``inputs`` averaged over ``steps`` runs of ``base`` whose
     residual entering block 0 lies on the line from ``base_resid`` to ``source_resid`` (batch, pos,
     d_model; alpha = k / steps, k = 1..steps) -> {input name: (batch, pos, [head,] d_model)}."""
     mean = {}
     for k in range(1, steps + 1):
         with interpolated_inputs(model, base_resid, source_resid, k / steps):
-            grads, _ = receiver_gradients(model, base, metric, inputs)
+            grads, _ = receiver_gradients(model, base, metric, inputs, positions)
         for name, grad in grads.items():
             mean[name] = mean.get(name, 0) + grad / steps
     return mean
@@ -186,6 +194,7 @@ def edge_attribution(
     via: str | Sequence[str] = VIAS,
     direction: str = "denoise",
     steps: int | None = None,
+    memory_mb: float = DEFAULT_MEMORY_MB,
 ) -> pd.DataFrame:
     """EAP score of every edge (see the module docstring) -> one row per edge, sorted by sender,
     receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via, attribution``
@@ -195,7 +204,9 @@ def edge_attribution(
     run's (``integrated_gradients``; they use 5-50), ``steps + 2`` passes (the source and base
     forwards, then a forward and a backward per step): an edge whose effect
     appears only part of the way (a saturated softmax, a ReLU that opens late) is then not scored 0
-    by a gradient taken where it is flat."""
+    by a gradient taken where it is flat. ``memory_mb``: the passes run over chunks of prompts
+    whose forward and backward fit it (``gradient_parts``; the scores are sums over prompts, so
+    the chunks' scores, each weighted by its share of the metric, add up to the batch's)."""
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise UserError(f"steps={steps!r} must be a positive integer")
     if steps is not None and not getattr(model, "suffix_only_start", False):
@@ -204,17 +215,24 @@ def edge_attribution(
     base, source = base_and_source(model, clean, corrupted, direction)
     senders_z = z_names(model)[:int(edges.table[:, 0].max()) + 1]  # the source run stops after these
     first = [resid_pre_name(0)] if steps else []  # where EAP-IG interpolates
-    _, source_cache = cache_run(model, source, [*senders_z, *first], logits=False)
     inputs = receiver_inputs(model, edges)
-    if steps is None:
-        grads, base_z = receiver_gradients(model, base, metric, list(inputs))
-    else:
-        _, base_cache = cache_run(model, base, [*senders_z, *first], logits=False)
-        base_z = [base_cache[name] for name in senders_z]
-        grads = integrated_gradients(model, base, metric, list(inputs), base_cache[first[0]], source_cache[first[0]],
-                                     steps)
-    moved = [source_cache[name] - z for name, z in zip(senders_z, base_z)]
-    return edges.frame(attribution=attributions(edges, moved, output_weights(model, len(senders_z)), grads, inputs))
+    w_o = output_weights(model, len(senders_z))
+    per_head_inputs = 2 * model.cfg.n_heads * model.cfg.d_model * model.cfg.n_layers * len(split_kinds(inputs))
+    parts, positions = gradient_parts(model, base, metric, memory_mb, per_position=per_head_inputs)  # with their grads
+    scores = torch.zeros(len(edges), dtype=torch.float64)
+    for part in parts:
+        rows = part.rows
+        _, source_cache = cache_run(model, source[rows], [*senders_z, *first], logits=False)
+        if steps is None:
+            grads, base_z = receiver_gradients(model, base[rows], part.metric, list(inputs), positions)
+        else:
+            _, base_cache = cache_run(model, base[rows], [*senders_z, *first], logits=False)
+            base_z = [base_cache[name] for name in senders_z]
+            grads = integrated_gradients(model, base[rows], part.metric, list(inputs), base_cache[first[0]],
+                                         source_cache[first[0]], steps, positions)
+        moved = [source_cache[name] - z for name, z in zip(senders_z, base_z)]
+        scores += part.share * attributions(edges, moved, w_o, grads, inputs).double()
+    return edges.frame(attribution=scores.float())
 
 
 def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **selection) -> pd.DataFrame:
@@ -245,10 +263,10 @@ def shortlist_path_patch(
     every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
     require_path_edits(model, every_edge, "shortlist_path_patch")
     scored = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
-                              direction=direction)
+                              direction=direction, memory_mb=memory_mb)
     order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
     edges = every_edge.take(order)
-    setup = prepare_paths(model, clean, corrupted, metric, edges, direction)
+    setup = prepare_paths(model, clean, corrupted, metric, edges, direction, memory_mb=memory_mb)
     exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress),
                        normalize=False)
     return exact.assign(attribution=scored["attribution"].to_numpy()[order]).reset_index(drop=True)[

@@ -161,15 +161,15 @@ def writes_into(out: torch.Tensor, moved: Sequence[torch.Tensor], w_o: Sequence[
     return out
 
 
-def head_writes(model, z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor]) -> torch.Tensor:
-    """What moving each head's z from ``z_from`` to ``z_to`` (per layer from layer 0 on, (batch,
-    pos, head, d_head)) adds to the residual stream -> (layer * head, batch, pos, d_model), sender
-    ``layer * n_heads + head`` first. Refused as ``output_weights`` says."""
+def head_writes(model, senders: Sequence[Head], z_to: Sequence[torch.Tensor],
+                z_from: Sequence[torch.Tensor]) -> dict[Head, torch.Tensor]:
+    """What moving each of ``senders``' z from ``z_from`` to ``z_to`` (per layer from layer 0 up to
+    the last sender's, (batch, pos, head, d_head)) adds to the residual stream -> {sender:
+    (batch, pos, d_model)}, only the senders asked for. Refused as ``output_weights`` says."""
     w_o = output_weights(model, len(z_to))
-    batch, n_pos, n_heads = z_to[0].shape[:3]
-    moved = [rearrange(to - start, "b p h e -> h (b p) e") for to, start in zip(z_to, z_from)]
-    out = z_to[0].new_empty(len(z_to) * n_heads, batch * n_pos, w_o[0].shape[-1])
-    return rearrange(writes_into(out, moved, w_o), "s (b p) d -> s b p d", b=batch)
+    return {(layer, head): einsum(z_to[layer][:, :, head] - z_from[layer][:, :, head],
+                                  w_o[layer][head].to(z_to[layer].dtype), "b p e, e d -> b p d")
+            for layer, head in senders}
 
 
 @dataclass
@@ -177,10 +177,10 @@ class PathSetup(Contrast):
     """The two runs of a path-patching experiment: a ``Contrast`` whose base run is the one every
     patched run processes (corrupted when denoising), plus what is path patching's own:
     ``cache``, what the edges' patched runs read of the base run (``path_reads``), and
-    ``writes``, each sender's source-minus-base write, (layer * head, batch, pos, d_model)."""
+    ``writes``, each sender's source-minus-base write, {(layer, head): (batch, pos, d_model)}."""
 
     cache: dict | None = None
-    writes: torch.Tensor | None = None
+    writes: dict | None = None
 
 
 def path_reads(model, edges: Edges) -> list[str]:
@@ -193,24 +193,26 @@ def path_reads(model, edges: Edges) -> list[str]:
 
 
 def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str, *,
-                  base_run: Run | None = None) -> PathSetup:
-    """Run clean and corrupted once each; cache what the edges' patched runs read (``base_run``: a
-    ``Run`` of the base prompts, corrupted when denoising, that serves instead of a forward; what
-    it lacks is read by a forward of only the blocks it needs)."""
+                  base_run: Run | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> PathSetup:
+    """Run clean and corrupted once each (in chunks of prompts within ``memory_mb``); cache what
+    the edges' patched runs read (``base_run``: a ``Run`` of the base prompts, corrupted when
+    denoising, that serves instead of a forward; what it lacks is read by a forward of only the
+    blocks it needs) and the writes of the edges' senders only."""
     base, source = base_and_source(model, clean, corrupted, direction)
     names = path_reads(model, edges)
-    source_run = Run.make(model, source, metric, z_names(model), starts=False)
+    senders = sorted({(layer, head) for layer, head in edges.table[:, :2].tolist()})
+    sender_z = z_names(model)[:max(layer for layer, _ in senders) + 1]
+    source_run = Run.make(model, source, metric, sender_z, starts=False, memory_mb=memory_mb)
     if base_run is None:
-        base_run = Run.make(model, base, metric, names)
+        base_run = Run.make(model, base, metric, names, memory_mb=memory_mb)
     base_run.check_tokens(base)
     cache = base_run.read(names)
-    writes = head_writes(model, [source_run.cache[n] for n in z_names(model)], [cache[n] for n in z_names(model)])
+    writes = head_writes(model, senders, [source_run.cache[n] for n in sender_z], [cache[n] for n in sender_z])
     return PathSetup(base_run, metric, {}, base_run.value(metric), source_run.baseline, direction, cache, writes)
 
 
 def _write(setup: PathSetup, head: Head) -> torch.Tensor:
-    layer, index = head
-    return setup.writes[layer * setup.cache[z_name(0)].shape[2] + index]
+    return setup.writes[head]
 
 
 def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], memory_mb: float) -> dict:
@@ -303,7 +305,8 @@ def path_patch(
     options = Options.of(options, keywords)
     edges = edges_of(model, senders, receivers, via)
     require_path_edits(model, edges, "path_patch")
-    setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run)
+    setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
+                          memory_mb=options.memory_mb)
     values = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
     return path_frame(setup, edges, values, options.normalize)
 
