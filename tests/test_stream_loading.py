@@ -94,3 +94,15 @@ def test_a_truncated_file_is_refused_in_one_line(gpt2_dir, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(data[:-100])
     with pytest.raises(UserError, match=r"model.safetensors is truncated: a tensor's data runs past its end$"):
         load_model(tmp_path, impl="scratch")
+
+
+@pytest.mark.parametrize("family", STREAMED)
+def test_a_bin_directory_goes_through_from_pretrained_to_the_same_model(family_dir, family, tmp_path):
+    """``.bin`` weights are read by ``from_pretrained`` and converted with ``from_hf``: the same
+    model as the safetensors files read tensor by tensor."""
+    for path in family_dir(family).iterdir():
+        if path.name != "model.safetensors":
+            (tmp_path / path.name).write_bytes(path.read_bytes())
+    torch.save(load_file(family_dir(family) / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    assert_same_model(load_model(tmp_path, impl="scratch"), load_model(family_dir(family), impl="scratch"))
+
