@@ -289,21 +289,23 @@ def ablation_reads(model, method: str, *, reference=None, preserve_patterns: boo
     return [*(ablated_names(model, mlps) if own else []), *(pattern_names(model) if preserve_patterns else [])]
 
 
-def prompts_run(model, prompts, names, metric: Metric | None = None) -> Run:
+def prompts_run(model, prompts, names, metric: Metric | None = None, *,
+                memory_mb: float = DEFAULT_MEMORY_MB) -> Run:
     """A ``Run`` of ``prompts`` (ids, texts or ``RepeatedProbes``) keeping ``names``, for the
-    ablations that read it (``prepare_ablation(run=...)``)."""
+    ablations that read it (``prepare_ablation(run=...)``), in chunks of prompts within ``memory_mb``."""
     batch = as_batch(model, prompts.tokens if isinstance(prompts, RepeatedProbes) else prompts)
-    return Run.make(model, batch.tokens, metric, names)
+    return Run.make(model, batch.tokens, metric, names, memory_mb=memory_mb)
 
 
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                      preserve_patterns: bool = False, seed: int = 0, run: Run | None = None,
-                     mlps: bool = False) -> Ablation:
+                     mlps: bool = False, memory_mb: float = DEFAULT_MEMORY_MB) -> Ablation:
     """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
     reference). ``metric`` defaults to the mean next-token loss over all real positions (the run's
     metric where ``run`` has one). ``run``: a ``Run`` of these tokens (``Run.make``, reading at least
     ``ablation_reads``) that serves instead of a forward of its own. ``mlps``: also replace every
-    ``hook_mlp_out`` (by the same method), so ``MLP`` targets can be ablated."""
+    ``hook_mlp_out`` (by the same method), so ``MLP`` targets can be ablated. ``memory_mb``: the
+    budget of that forward (``Run.make``)."""
     require_edit(model, "hook_z", "head ablation")
     if preserve_patterns:
         require_edit(model, "hook_pattern", "preserve_patterns=True")
@@ -316,7 +318,8 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
     metric = metric_for_batch(metric, batch.lengths, batch.tokens.shape[1])  # never reads the padding
     if run is None:
         run = Run.make(model, batch.tokens, metric, ablation_reads(model, method, reference=reference,
-                                                                   preserve_patterns=preserve_patterns, mlps=mlps))
+                                                                   preserve_patterns=preserve_patterns, mlps=mlps),
+                       memory_mb=memory_mb)
     sources = replacements(model, batch, method, ablated_names(model, mlps), reference, seed, places, run)
     pattern_cache = run.read(pattern_names(model)) if preserve_patterns else {}
     return Ablation(run, metric, sources | pattern_cache, run.value(metric), preserve_patterns=preserve_patterns)
@@ -373,7 +376,7 @@ def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", met
     named = sweep_targets(model, targets, n_pos)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
                                 preserve_patterns=preserve_patterns, seed=seed,
-                                mlps=any(isinstance(c, MLP) for _, group in named for c in group))
+                                mlps=any(isinstance(c, MLP) for _, group in named for c in group), memory_mb=memory_mb)
     values = ablation.run([group for _, group in named], memory_mb=memory_mb, progress=progress, desc="ablate")
     return target_frame(named, values, ablation.baseline)
 

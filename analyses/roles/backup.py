@@ -62,7 +62,7 @@ def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: 
     heads = check_heads(model, heads)
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
-    ablation = prepare_ablation(model, prompts, method, metric, run=run)
+    ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
     pairs = list(combinations(heads, 2))
     values = ablation.run([[h] for h in heads] + [list(p) for p in pairs], memory_mb=memory_mb,
                           progress=progress, desc="pairwise ablation") - ablation.baseline
@@ -111,13 +111,14 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     Returns (pairs: see ``pairwise_ablation``, groups: one row per group ``group`` (0..),
     ``heads`` (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single
     effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single))."""
-    run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method))
+    run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
+                                                  memory_mb=memory_mb)
     pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run)
     groups = backup_groups(pairs, min_excess)
     single = dict(zip(pairs["a"], pairs["effect_a"])) | dict(zip(pairs["b"], pairs["effect_b"]))
     joint = torch.empty(0)
     if groups:
-        ablation = prepare_ablation(model, prompts, method, metric, run=run)
+        ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
         members = [[_label_key(label) for label in group] for group in groups]
         joint = ablation.run(members, memory_mb=memory_mb, progress=progress, desc="backup groups") - ablation.baseline
     frame = pd.DataFrame({
@@ -176,7 +177,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
-    ablation = prepare_ablation(model, prompts, method, metric, run=run)
+    ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
     total = ablation.run([[h] for h in heads], memory_mb=memory_mb, progress=progress, desc="total effects")
     if runs_suffix_only(model):
         direct = final_residual_effects(ablation, heads, memory_mb, progress).double()  # float64 as the totals
