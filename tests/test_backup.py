@@ -166,3 +166,28 @@ def test_direct_effects_from_the_final_residual_equal_rerunning_the_blocks(knobs
     assert effects["direct"].abs().max() > 1e-3  # the heads move the loss: the comparison is not of zeros
     # the MLPs react in the total effect (even the last layer's), not in the direct one
     assert (effects["direct"] - effects["total"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["plain", "logit_diff"])
+def test_direct_effects_with_other_metrics_equal_rerunning_the_blocks(kind):
+    """The same agreement for a metric that reads every position and cannot be split over prompts (a
+    plain callable: full logits, every prompt at once) and for a logit difference (one position,
+    split over prompts by the budget)."""
+    from analyses.core.metrics import logit_diff_metric
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(4)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=2)).eval()
+    tokens = torch.randint(0, 300, (5, 16), generator=torch.Generator().manual_seed(1))
+    metric = ((lambda logits: logits[:, :, 7].float().mean() - logits[:, :, 9].float().mean()) if kind == "plain"
+              else logit_diff_metric(tokens[:, 3], tokens[:, 4], position=-2))
+    effects = direct_and_total_effects(model, tokens, None, "mean", metric, progress=False, memory_mb=0.05)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+        baseline = metric(model(tokens)).item()
+    for row in effects.itertuples():
+        z = cache[f"blocks.{row.layer}.attn.hook_z"][:, :, row.head]
+        others = (z.sum(0, keepdim=True) - z) / (z.shape[0] - 1)
+        naive = frozen_downstream_metric(model, tokens, metric, row.layer, row.head, others) - baseline
+        assert row.direct == pytest.approx(naive, abs=2e-5), (row.layer, row.head)
+    assert effects["direct"].abs().max() > 1e-4

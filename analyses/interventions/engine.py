@@ -199,13 +199,30 @@ def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, s
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         if starts is None:
             return model(repeat(tokens, "b p -> (k b) p", k=k))
-        layer, after_attention = min(start_of(variant) for variant in variants)
-        mid = after_attention and resid_mid_name(layer) in starts
-        resid = repeat(starts[resid_mid_name(layer) if mid else resid_pre_name(layer)], "b p d -> (k b) p d", k=k)
+        start = nearest_start(starts, *min(start_of(variant) for variant in variants))
+        if start is None:  # none kept before the edits: from the tokens
+            resid, at = repeat(tokens, "b p -> (k b) p", k=k), {}
+        else:
+            name, layer, mid = start
+            resid, at = repeat(starts[name], "b p d -> (k b) p d", k=k), {"start_at_layer": layer,
+                                                                          "start_at_resid_mid": mid}
         if positions is None:
-            return model(resid, start_at_layer=layer, start_at_resid_mid=mid)
-        final = model(resid, start_at_layer=layer, start_at_resid_mid=mid, stop_at_layer=model.cfg.n_layers)
+            return model(resid, **at)
+        final = model(resid, **at, stop_at_layer=model.cfg.n_layers)
         return model.unembed(final[:, positions]) if compact else partial_logits(model, final, positions)
+
+
+def nearest_start(starts: Mapping, layer: int, after_attention: bool = False) -> tuple[str, int, bool] | None:
+    """The latest of ``starts`` (``start_names`` hooks, some of them) at or before block ``layer``'s
+    ``hook_resid_pre`` (its ``hook_resid_mid`` with ``after_attention``) -> (its name, its layer,
+    whether it is a ``hook_resid_mid``); None where there is none. A run from an earlier start
+    recomputes the blocks in between (a ``Run`` keeps fewer starts where all would not fit its budget)."""
+    for at in range(layer, -1, -1):
+        for mid in (True, False):
+            name = resid_mid_name(at) if mid else resid_pre_name(at)
+            if (at < layer or after_attention or not mid) and name in starts:
+                return name, at, mid
+    return None
 
 
 def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -307,8 +324,26 @@ def evaluate_variants(
     and only those positions' logits are made (for a metric that cannot take them alone, the
     others are NaN). ``progress``: see ``analyses.core.progress``. Deterministic in its inputs.
     """
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+        edits, part_sources, part_starts = chunk_edits([variants[v] for v in members], sources, starts, rows,
+                                                       tokens.shape[0])
+        return run_variants(model, tokens[rows], edits, part_sources, part_starts, positions, compact=compact)
+
+    return evaluate_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None,
+                           memory_mb=memory_mb, progress=progress, desc=desc)
+
+
+def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
+                    read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                    desc: str = "interventions") -> torch.Tensor:
+    """``metric`` under each variant -> (n_variants,) float tensor, however a chunk's logits are
+    made: ``chunk_logits(members, rows, positions, compact)`` gives the logits of the variants
+    ``members`` (indices) on the prompts ``rows`` -> (len(members), rows, n, d_vocab), ``n`` being
+    ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where given).
+    The chunks, metric parts and their weighting are ``evaluate_variants``'s (see there); with
+    ``read_only`` the logits are asked for at the metric's read positions only."""
     batch, n_pos = tokens.shape
-    positions = read_positions(metric, n_pos) if starts is not None else None
+    positions = read_positions(metric, n_pos) if read_only else None
     split = metric_part(metric, slice(0, batch), positions) is not None
     sums, weights = torch.zeros(len(variants), dtype=torch.float64), torch.zeros(len(variants), dtype=torch.float64)
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
@@ -317,10 +352,7 @@ def evaluate_variants(
         for chunk in chunks:
             part, weight = metric_part(metric, chunk.rows, positions) if split else (metric, 1.0)
             if weight > 0:  # a part with no token the metric counts adds nothing
-                edits, part_sources, part_starts = chunk_edits([variants[v] for v in chunk.members], sources, starts,
-                                                               chunk.rows, batch)
-                logits = run_variants(model, tokens[chunk.rows], edits, part_sources, part_starts, positions,
-                                      compact=split)
+                logits = chunk_logits(chunk.members, chunk.rows, positions, split)
                 for v, variant_logits in zip(chunk.members, logits):
                     sums[v] += weight * evaluate_metric(part, variant_logits).double()
                     weights[v] += weight

@@ -35,10 +35,9 @@ from analyses.interventions.ablation import Ablation, ablation_reads, prepare_ab
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.core.hook_names import final_resid_name, z_name, z_names
-from analyses.core.progress import progress_bar
-from analyses.interventions.engine import (Edit, check_heads, evaluate_variants, head_cells, partial_logits,
-                                           rows_per_chunk, runs_suffix_only)
-from analyses.core.metrics import Metric, evaluate_metric, read_positions
+from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, evaluate_variants, head_cells,
+                                           partial_logits, rows_of, runs_suffix_only)
+from analyses.core.metrics import Metric
 from analyses.interventions.run import Run
 from interp.errors import UserError
 
@@ -213,33 +212,33 @@ def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]],
                            progress: bool | None) -> torch.Tensor:
     """The metric with each of ``heads`` ablated alone and everything downstream frozen, from the
     final residual: ``unembed(final_clean + (z_source - z_clean)[:, :, h] @ W_O[l, h])`` (the
-    deltas in float32, (batch, pos, d_model) each), unembedded at the metric's read positions only,
-    for as many heads at a time as fit ``memory_mb`` -> (len(heads),) float32. Needs a model whose
-    ``unembed`` is the final norm and the unembedding (``GPTModel``: ``runs_suffix_only``)."""
-    model, tokens = ablation.model, ablation.tokens
-    layers = sorted({layer for layer, _ in heads})
-    clean = ablation.base.read([final_resid_name(model), *(z_name(layer) for layer in layers)])
-    final = clean[final_resid_name(model)]  # (batch, pos, d_model)
-    positions = read_positions(ablation.metric, tokens.shape[1])
-    chunk = rows_per_chunk(model, tokens.shape[0], tokens.shape[1], memory_mb)
-    values = torch.empty(len(heads))
-    with torch.no_grad(), progress_bar(total=len(heads), progress=progress, desc="direct effects", leave=False) as bar:
-        W_O = model.W_O.detach()  # (n_layers, n_heads, d_head, d_model)
-        for start in range(0, len(heads), chunk):
-            members = heads[start:start + chunk]
-            moved = torch.stack([final.float() + head_write_change(ablation, clean, W_O, layer, head)
-                                 for layer, head in members]).to(final.dtype)  # (k, batch, pos, d_model)
-            rows = moved.flatten(0, 1)
-            logits = model.unembed(rows) if positions is None else partial_logits(model, rows, positions)
-            for i, variant_logits in enumerate(logits.unflatten(0, (len(members), -1))):
-                values[start + i] = evaluate_metric(ablation.metric, variant_logits)
-            bar.update(len(members))
-    return values
+    change in float32, (rows, pos, d_model)), unembedded at the metric's read positions only, in
+    the chunks of heads and prompts that ``evaluate_chunks`` makes within ``memory_mb`` ->
+    (len(heads),) float32. Needs a model whose ``unembed`` is the final norm and the unembedding
+    (``GPTModel``: ``runs_suffix_only``)."""
+    model, batch = ablation.model, ablation.tokens.shape[0]
+    clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(z_name(layer) for layer, _ in heads)])
+    W_O = model.W_O.detach()  # (n_layers, n_heads, d_head, d_model)
+
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+        at = positions if compact else slice(None)
+        final = clean[final_resid_name(model)][rows][:, at]  # (rows, n, d_model)
+        moved = torch.stack([final.float() + head_write_change(ablation, clean, W_O, *heads[v], rows)[:, at]
+                             for v in members]).to(final.dtype).flatten(0, 1)
+        logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
+        return logits.unflatten(0, (len(members), -1))
+
+    with torch.no_grad():
+        return evaluate_chunks(model, ablation.tokens, [head_cells([head]) for head in heads], ablation.metric,
+                               chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
+                               desc="direct effects")
 
 
-def head_write_change(ablation: Ablation, clean: dict, W_O: torch.Tensor, layer: int, head: int) -> torch.Tensor:
-    """How the head's write to the residual stream changes under the ablation, in float32:
-    (z_source - z_clean)[:, :, head] @ W_O[layer, head] -> (batch, pos, d_model)."""
+def head_write_change(ablation: Ablation, clean: dict, W_O: torch.Tensor, layer: int, head: int,
+                      rows: slice) -> torch.Tensor:
+    """How the head's write to the residual stream changes under the ablation on the prompts ``rows``,
+    in float32: (z_source - z_clean)[rows, :, head] @ W_O[layer, head] -> (rows, pos, d_model)."""
     name = z_name(layer)
-    change = ablation.sources[name][:, :, head].float() - clean[name][:, :, head].float()  # (batch or 1, pos, d_head)
-    return (change @ W_O[layer, head].float()).expand(*clean[name].shape[:2], -1)
+    z = clean[name][rows, :, head].float()  # (rows, pos, d_head)
+    source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, :, head].float()  # (rows or 1, pos, d_head)
+    return (source - z) @ W_O[layer, head].float()
