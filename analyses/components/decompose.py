@@ -283,15 +283,15 @@ def direct_logit_attribution(model, source, answers, distractors=None, *,
     n_batch, n_pos = cache[final_name].shape[:2]
     answers, positions = _targets(answers, n_batch, n_pos, positions)
     index = _positions(cache, model, positions)
-    W_U, b_U = model.W_U.detach().float(), model.b_U.detach().float()
+    W_U, b_U = model.W_U.detach(), model.b_U.detach()  # as stored: only the answers' columns are made float32
     _check_tokens(model, answers, "answers")
-    direction, constant = W_U.T[answers], b_U[answers]  # (batch, n, d_model), (batch, n)
+    direction, constant = W_U.T[answers].float(), b_U[answers].float()  # (batch, n, d_model), (batch, n)
     if distractors is not None:
         distractors, _ = _targets(distractors, n_batch, n_pos, positions)
         if distractors.shape != answers.shape:
             raise UserError(f"distractors of shape {tuple(distractors.shape)} must match answers {tuple(answers.shape)}")
         _check_tokens(model, distractors, "distractors")
-        direction, constant = direction - W_U.T[distractors], constant - b_U[distractors]
+        direction, constant = direction - W_U.T[distractors].float(), constant - b_U[distractors].float()
     norm = final_norm(model, cache[final_name][:, index])
     constant = constant + direction @ norm.bias
     reader = direction * norm.weight
@@ -335,13 +335,15 @@ def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None
     _check_tokens(model, answers, "answers")
     stack, stages = accumulated_residual(model, cache, positions=positions)
     index = _positions(cache, model, positions)
-    W_U, b_U = model.W_U.detach().float(), model.b_U.detach().float()
+    W_U, b_U = model.W_U.detach(), model.b_U.detach().float()  # W_U as stored, made float32 a slice at a time
     rows = stack.flatten(0, 2)  # (stage * batch * n, d_model)
     targets = answers.reshape(-1).repeat(len(stages))
     chunk = max(1, int(memory_mb * 2**20 // (8 * W_U.shape[1])))
+    step = max(1, int(memory_mb * 2**20 // (4 * 4 * W_U.shape[0])))  # vocabulary columns of W_U per slice
     logit, log_prob, rank = [], [], []
     for start in range(0, len(rows), chunk):
-        logits = model.ln_final(rows[start:start + chunk][:, None]).float()[:, 0] @ W_U + b_U
+        normed = model.ln_final(rows[start:start + chunk][:, None]).float()[:, 0]
+        logits = torch.cat([normed @ W_U[:, at:at + step].float() for at in range(0, W_U.shape[1], step)], -1) + b_U
         target = targets[start:start + chunk, None]
         picked = logits.gather(-1, target)[:, 0]
         logit.append(picked)
