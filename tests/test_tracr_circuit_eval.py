@@ -252,3 +252,24 @@ def test_report_of_a_known_truth_is_its_ground_truth_section(frac_prevs_dir, tmp
     assert (tmp_path / "figures" / "faithfulness_vs_size.png").stat().st_size > 0
     library = library_scores("frac_prevs", ["a", "b"], 4)[2]
     np.testing.assert_allclose(pd.read_csv(tmp_path / "discovery.csv").auc, library.auc, rtol=0, atol=1e-12)
+
+
+def test_per_prompt_effects_do_not_cancel_over_every_pair():
+    """sort_freq over every pair of inputs: patching an upstream component (hist, the target
+    position) from the clean run helps some pairs exactly as much as it hurts others, so the
+    change of the mean metric is exactly 0; the mean absolute change per prompt sees it, and node
+    patching finds the whole circuit (AUC 1.0)."""
+    compilation = compile_with_graph("sort_freq", ["a", "b"], 5)
+    model = from_tracr(compilation.assembled)
+    nodes, edges = ground_truth(compilation, model)
+    clean, corrupted = task_pairs(encode_inputs(model, [list(r) for r in itertools.product("ab", repeat=4)]), every=True)
+    with torch.no_grad():
+        logits = model(clean)
+    upstream = nodes.true & (nodes.layer < model.cfg.n_layers - 1)
+    mean = component_scores(model, clean, corrupted, output_metric(logits), "patch")
+    per_prompt = component_scores(model, clean, corrupted, output_metric(logits, per_row=True), "patch")
+    assert (mean.score[upstream] == 0).all() and (per_prompt.score[upstream] > 0.1).all()
+    assert (per_prompt.score[~nodes.true] == 0).all()
+    assert output_metric(logits, per_row=True)(logits.flip(0)).mean() == pytest.approx(float(output_metric(logits)(logits.flip(0))))
+    scores = evaluate_discovery(model, nodes, edges, clean, corrupted, steps=2)[0].set_index("method")
+    assert scores.loc["patch", "auc"] == 1.0 and scores.loc["edge patching (all)", "auc"] == 1.0

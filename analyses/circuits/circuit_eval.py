@@ -52,15 +52,17 @@ PAIRINGS = ("every", "one")  # task_pairs(every=True) or one seeded derangement
 METRIC_NAME = "minus the mean squared distance of the outputs from the clean run's (output_metric)"
 
 
-def output_metric(clean_logits: torch.Tensor) -> Metric:
+def output_metric(clean_logits: torch.Tensor, per_row: bool = False) -> Metric:
     """logits (batch, pos, d_vocab_out) -> minus their mean squared distance from ``clean_logits``
-    (same shape) over positions 1.. (position 0 is the start token's)."""
+    (same shape) over positions 1.. (position 0 is the start token's): a scalar, or with
+    ``per_row`` one value per prompt (batch,), whose mean is the scalar."""
     clean = clean_logits.detach()
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         if logits.shape != clean.shape:
             raise UserError(f"output_metric: logits {tuple(logits.shape)} but the clean run's are {tuple(clean.shape)}")
-        return -(logits[:, 1:] - clean[:, 1:]).pow(2).mean()
+        rows = -(logits[:, 1:] - clean[:, 1:]).pow(2).flatten(1).mean(1)
+        return rows if per_row else rows.mean()
 
     return metric
 
@@ -156,10 +158,19 @@ def _replace(component: Component, value: torch.Tensor):
     return hook
 
 
-def _run(model, tokens: torch.Tensor, metric: Metric, replaced: Sequence[tuple[Component, torch.Tensor]]) -> float:
-    with torch.no_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[(_hook(c), _replace(c, v)) for c, v in replaced])
-    return float(metric(logits))
+def _run(model, tokens: torch.Tensor, metric: Metric,
+         replaced: Sequence[tuple[Component, torch.Tensor]]) -> torch.Tensor:
+    """The metric (a scalar, or (batch,)) with each component's output replaced by its value."""
+    return _run_hooks(model, tokens, metric, [(_hook(c), _replace(c, v)) for c, v in replaced])
+
+
+def _effect(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """The change of a scalar metric (signed), or of a per-prompt metric the mean absolute change
+    per prompt: changes of opposite sign in different pairs must not cancel (measured: on
+    ``sort_freq`` over every pair of inputs, patching ``hist`` helps some pairs as much as it hurts
+    others, and the change of the mean is exactly 0)."""
+    change = value - reference
+    return float(change) if change.ndim == 0 else float(change.abs().mean())
 
 
 def _activations(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -173,7 +184,7 @@ def component_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric
     """|metric change| when one component's output is patched from the clean run into the
     corrupted one ("patch"), or replaced on the clean run by its mean over the clean prompts
     ("mean_ablate") or by zeros ("zero_ablate") -> frame ``kind, layer, head, score``, one row
-    per component. Patching and mean ablation cannot see a component whose output is the same on
+    per component; for a per-prompt ``metric`` (batch,), the mean |change| per prompt (``_effect``). Patching and mean ablation cannot see a component whose output is the same on
     every prompt (in Tracr, ``length`` on inputs of one length); zero ablation can."""
     if method not in NODE_METHODS:
         raise UserError(f"unknown node method {method!r}; allowed: {', '.join(NODE_METHODS)}")
@@ -184,7 +195,8 @@ def component_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric
         scale = 0.0 if method == "zero_ablate" else 1.0
         base, values = clean, {name: scale * act.mean(0, keepdim=True) for name, act in clean_acts.items()}
     reference = _run(model, base, metric, [])
-    rows = [(*c, abs(_run(model, base, metric, [(c, values[_hook(c)])]) - reference)) for c in components(model)]
+    rows = [(*c, abs(_effect(_run(model, base, metric, [(c, values[_hook(c)])]), reference)))
+            for c in components(model)]
     return pd.DataFrame(rows, columns=["kind", "layer", "head", "score"])
 
 
@@ -195,10 +207,10 @@ def faithfulness(model, clean: torch.Tensor, metric: Metric, circuit: set[Compon
     inputs of one length: there is nothing to be faithful to)."""
     means = {name: act.mean(0, keepdim=True) for name, act in _activations(model, clean).items()}
     everything = [(c, means[_hook(c)]) for c in components(model)]
-    full, empty = _run(model, clean, metric, []), _run(model, clean, metric, everything)
+    full, empty = float(_run(model, clean, metric, [])), float(_run(model, clean, metric, everything))
     if full == empty:
         return float("nan")
-    kept = _run(model, clean, metric, [(c, v) for c, v in everything if c not in circuit])
+    kept = float(_run(model, clean, metric, [(c, v) for c, v in everything if c not in circuit]))
     return (kept - empty) / (full - empty)
 
 
@@ -252,8 +264,9 @@ def graph_edge_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metri
     ``sender_kind, sender_layer, sender_head, receiver_kind, receiver_layer, receiver_head, via,
     score``. "patch": the metric change when the sender's clean-minus-corrupted write is added
     to that one receiver input (exact; one forward per edge; for head edges it is what
-    ``path_patch`` computes). "eap": that write dotted with the metric's gradient at the input,
-    on the corrupted run (as ``edge_attribution``). "eap_ig": the gradient averaged over
+    ``path_patch`` computes; for a per-prompt ``metric`` (batch,), the mean |change| per prompt,
+    ``_effect``). "eap": that write dotted with the metric's gradient at the input (a per-prompt
+    metric's mean), on the corrupted run (as ``edge_attribution``). "eap_ig": the gradient averaged over
     ``steps`` runs with input embeddings between the corrupted and clean ones (as ``eap_ig``).
     Requires a model without normalisation (a Tracr model): an MLP's input is edited through
     its residual."""
@@ -268,7 +281,7 @@ def graph_edge_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metri
     try:
         if method == "patch":
             reference = _run_hooks(model, corrupted, metric, [])
-            scores = [_run_hooks(model, corrupted, metric, _input_hooks(model, {(r, v): writes[s]})) - reference
+            scores = [_effect(_run_hooks(model, corrupted, metric, _input_hooks(model, {(r, v): writes[s]})), reference)
                       for s, r, v in edges]
         else:
             grads = _input_gradients(model, clean, corrupted, metric, {(r, v) for _, r, v in edges},
@@ -280,9 +293,9 @@ def graph_edge_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metri
     return pd.DataFrame(rows, columns=GRAPH_EDGE_COLUMNS + ["score"])
 
 
-def _run_hooks(model, tokens: torch.Tensor, metric: Metric, hooks: list) -> float:
+def _run_hooks(model, tokens: torch.Tensor, metric: Metric, hooks: list) -> torch.Tensor:
     with torch.no_grad():
-        return float(metric(model.run_with_hooks(tokens, fwd_hooks=hooks)))
+        return metric(model.run_with_hooks(tokens, fwd_hooks=hooks)).detach()
 
 
 def _input_gradients(model, clean, corrupted, metric, inputs, steps: int) -> dict:
@@ -296,7 +309,7 @@ def _input_gradients(model, clean, corrupted, metric, inputs, steps: int) -> dic
         deltas = {key: torch.zeros_like(base_cache[first], requires_grad=True) for key in inputs}
         interpolate = (first, lambda resid, hook: torch.lerp(base_cache[first], clean_cache[first], alpha))
         with torch.enable_grad():
-            value = metric(model.run_with_hooks(corrupted, fwd_hooks=[interpolate, *_input_hooks(model, deltas)]))
+            value = metric(model.run_with_hooks(corrupted, fwd_hooks=[interpolate, *_input_hooks(model, deltas)])).mean()
             grads = torch.autograd.grad(value, list(deltas.values()), allow_unused=True)
         for key, grad in zip(deltas, grads):
             total[key] = total[key] + (0.0 if grad is None else grad) / max(steps, 1)
@@ -333,7 +346,8 @@ def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: t
     (``auc_bound``): the true components that ``invisible_components`` finds constant over the
     distinct clean prompts (for zero ablation: zero), and the true edges they send, score 0."""
     with torch.no_grad():
-        metric = output_metric(model(clean))
+        clean_logits = model(clean)
+    metric, row_metric = output_metric(clean_logits), output_metric(clean_logits, per_row=True)
     truth_nodes = {(k, l, h) for k, l, h, t in zip(nodes.kind, nodes.layer, nodes["head"], nodes.true) if t}
     hidden = invisible_components(model, torch.unique(clean, dim=0), nodes)
     constant = set(zip(hidden.kind[hidden.constant], hidden.layer[hidden.constant], hidden["head"][hidden.constant]))
@@ -341,7 +355,7 @@ def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: t
     rows, curves = [], []
     for method in NODE_METHODS:
         start = time.perf_counter()
-        scores = component_scores(model, clean, corrupted, metric, method)
+        scores = component_scores(model, clean, corrupted, row_metric, method)
         seconds = time.perf_counter() - start
         keys = list(zip(scores.kind, scores.layer, scores["head"]))
         labels = [c in truth_nodes for c in keys]
@@ -366,7 +380,7 @@ def evaluate_discovery(model, nodes: pd.DataFrame, edges: pd.DataFrame, clean: t
     truth_all = set(map(tuple, edges[GRAPH_EDGE_COLUMNS].itertuples(index=False)))
     for method, name in GRAPH_METHODS.items():
         start = time.perf_counter()
-        frame = graph_edge_scores(model, clean, corrupted, metric, method, steps)
+        frame = graph_edge_scores(model, clean, corrupted, row_metric, method, steps)
         seconds = time.perf_counter() - start
         labels = [key in truth_all for key in map(tuple, frame[GRAPH_EDGE_COLUMNS].itertuples(index=False))]
         bound = auc_bound(labels, [s in constant for s in zip(frame.sender_kind, frame.sender_layer, frame.sender_head)])
