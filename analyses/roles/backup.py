@@ -218,12 +218,11 @@ def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]],
     (``GPTModel``: ``runs_suffix_only``)."""
     model, batch = ablation.model, ablation.tokens.shape[0]
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(z_name(layer) for layer, _ in heads)])
-    W_O = model.W_O.detach()  # (n_layers, n_heads, d_head, d_model)
 
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
         at = positions if compact else slice(None)
         final = clean[final_resid_name(model)][rows][:, at]  # (rows, n, d_model)
-        moved = torch.stack([final.float() + head_write_change(ablation, clean, W_O, *heads[v], rows)[:, at]
+        moved = torch.stack([final.float() + head_write_change(ablation, clean, *heads[v], rows)[:, at]
                              for v in members]).to(final.dtype).flatten(0, 1)
         logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
         return logits.unflatten(0, (len(members), -1))
@@ -234,11 +233,12 @@ def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]],
                                desc="direct effects")
 
 
-def head_write_change(ablation: Ablation, clean: dict, W_O: torch.Tensor, layer: int, head: int,
-                      rows: slice) -> torch.Tensor:
+def head_write_change(ablation: Ablation, clean: dict, layer: int, head: int, rows: slice) -> torch.Tensor:
     """How the head's write to the residual stream changes under the ablation on the prompts ``rows``,
-    in float32: (z_source - z_clean)[rows, :, head] @ W_O[layer, head] -> (rows, pos, d_model)."""
+    in float32: (z_source - z_clean)[rows, :, head] @ W_O[layer, head] -> (rows, pos, d_model), the
+    block's own output projection read in place (``GPTModel``), not the stacked ``model.W_O``."""
+    W_O = ablation.model.blocks[layer].attn.W_O.detach()  # (n_heads, d_head, d_model), a view of out_proj
     name = z_name(layer)
     z = clean[name][rows, :, head].float()  # (rows, pos, d_head)
     source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, :, head].float()  # (rows or 1, pos, d_head)
-    return (source - z) @ W_O[layer, head].float()
+    return (source - z) @ W_O[head].float()
