@@ -111,7 +111,7 @@ CHUNK_BYTES = 16 * 2**20
 
 
 def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torch.Tensor], grads: dict,
-                 inputs: dict[str, np.ndarray]) -> torch.Tensor:
+                 inputs: dict[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """Each edge's first-order effect -> (len(edges),): the sender's write dotted with the gradient
     of the receiver's input, summed over batch and positions.
 
@@ -119,7 +119,7 @@ def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torc
     to the last sender's; ``w_o``: those layers' ``W_O`` (head, d_head, d_model); ``grads``: {input
     hook name: d metric / d input}, (batch, pos, head, d_model) for q/k/v inputs, (batch, pos,
     d_model) for the final residual; ``inputs``: {hook name: its edges}, as ``receiver_inputs``
-    gives. The writes are made a chunk of (batch * pos) rows at a time (``CHUNK_BYTES``), never
+    gives. The writes are made a chunk of (batch * pos) rows at a time (``chunk_bytes``), never
     all at once; per chunk, the inputs that read the same senders (one receiver layer's q, k and
     v) share one matrix product with those senders' writes."""
     n_heads = w_o[0].shape[0]
@@ -134,7 +134,7 @@ def attributions(edges: Edges, moved: Sequence[torch.Tensor], w_o: Sequence[torc
     tables = {n: moved[0].new_zeros(sum(flat[name].shape[1] for name in names), n, dtype=torch.float32)
               for n, names in groups.items()}  # accumulated in float32 whatever the model's dtype
     n_rows, d_model = moved[0].shape[1], w_o[0].shape[-1]
-    chunk = max(1, CHUNK_BYTES // (4 * d_model * len(moved) * n_heads))
+    chunk = max(1, chunk_bytes // (4 * d_model * len(moved) * n_heads))
     for start in range(0, n_rows, chunk):
         part = slice(start, start + chunk)
         out = moved[0].new_empty(len(moved) * n_heads, min(chunk, n_rows - start), d_model)
@@ -217,8 +217,11 @@ def edge_attribution(
     first = [resid_pre_name(0)] if steps else []  # where EAP-IG interpolates
     inputs = receiver_inputs(model, edges)
     w_o = output_weights(model, len(senders_z))
-    per_head_inputs = 2 * model.cfg.n_heads * model.cfg.d_model * model.cfg.n_layers * len(split_kinds(inputs))
-    parts, positions = gradient_parts(model, base, metric, memory_mb, per_position=per_head_inputs)  # with their grads
+    copies = 4 if steps is None else 5  # the inputs, their norms, both gradients (EAP-IG: and the running mean)
+    per_head_inputs = copies * model.cfg.n_heads * model.cfg.d_model * model.cfg.n_layers * len(split_kinds(inputs))
+    # a tenth of the budget for the writes of one chunk of rows (and as much for the gradients they meet)
+    chunk_bytes = min(CHUNK_BYTES, int(memory_mb * 2**20 / 10))
+    parts, positions = gradient_parts(model, base, metric, 0.8 * memory_mb, per_position=per_head_inputs)
     scores = torch.zeros(len(edges), dtype=torch.float64)
     for part in parts:
         rows = part.rows
@@ -231,7 +234,7 @@ def edge_attribution(
             grads = integrated_gradients(model, base[rows], part.metric, list(inputs), base_cache[first[0]],
                                          source_cache[first[0]], steps, positions)
         moved = [source_cache[name] - z for name, z in zip(senders_z, base_z)]
-        scores += part.share * attributions(edges, moved, w_o, grads, inputs).double()
+        scores += part.share * attributions(edges, moved, w_o, grads, inputs, chunk_bytes).double()
     return edges.frame(attribution=scores.float())
 
 

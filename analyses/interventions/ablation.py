@@ -214,7 +214,8 @@ def replacements(model, batch: TokenBatch, method: str, names: Sequence[str], re
     if ref.tokens.shape[1] != batch.tokens.shape[1]:
         raise UserError(f"reference prompts are {ref.tokens.shape[1]} tokens long but the prompts are "
                         f"{batch.tokens.shape[1]}; mean and resample ablation need equal lengths")
-    cache = run.read(names) if run is not None and reference is None else cache_run(model, ref.tokens, names)[1]
+    cache = (run.read(names) if run is not None and reference is None
+             else cache_run(model, ref.tokens, names, logits=False)[1])  # activations only: no unembedding
     if method == "mean" and reference is not None:
         weights = ref.real / ref.real.sum(dim=0).clamp(min=1)  # (batch, pos): each position's real rows
         return {name: torch.einsum("bp,bphd->phd", weights.to(cache[name].dtype), cache[name])[None] for name in names}

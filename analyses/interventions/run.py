@@ -27,7 +27,7 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
-from analyses.interventions.engine import _Collected, evaluate_variants, runs_suffix_only, start_names
+from analyses.interventions.engine import _Collected, evaluate_variants, nearest_start, runs_suffix_only, start_names
 from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
@@ -92,7 +92,7 @@ class Run:
         once the last wanted hook has fired (no unembedding)."""
         reducers = dict(reducers or {})
         consumers = [*consumers, *(hook for reducer in reducers.values() for hook in reducer.hooks())]
-        resid_names = start_names(model) if starts else []
+        resid_names = kept_starts(model, tokens, memory_mb) if starts else []
         kept_names = list(dict.fromkeys([*names, *resid_names]))
         by_name: dict[str, list[Consumer]] = {}
         for name, consumer in consumers:
@@ -147,7 +147,7 @@ class Run:
                 for name in names if name not in self.silent}
 
     def _suffix_cache(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        start = resid_pre_name(min(layer_of(name) for name in names))
+        start = None if self.starts is None else nearest_start(self.starts, min(layer_of(name) for name in names))
         kept, wanted = {}, set(names)
 
         def keeper(name):
@@ -160,10 +160,11 @@ class Run:
 
         try:
             with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, keeper(name)) for name in wanted]):
-                if self.starts is None or start not in self.starts:
+                if start is None:
                     self.model(self.tokens)
                 else:
-                    self.model(self.starts[start], start_at_layer=layer_of(start))
+                    name, layer, mid = start
+                    self.model(self.starts[name], start_at_layer=layer, start_at_resid_mid=mid)
         except _Collected:
             pass
         return kept
@@ -197,6 +198,19 @@ class Run:
                 rows = slice(start, min(start + size, len(self.tokens)))
                 scored.add(rows, self.starts[last][rows] if from_last else None, self.model.cfg.n_layers - 1)
         return scored.value()
+
+
+def kept_starts(model, tokens: torch.Tensor, memory_mb: float) -> list[str]:
+    """The ``start_names`` a ``Run`` of ``tokens`` (batch, pos) keeps: all where they fit a quarter of
+    ``memory_mb`` (float32 (batch, pos, d_model) each), else every k-th layer's ``hook_resid_pre``
+    from layer 0 (as many as fit, at least layer 0's), a run from a dropped one starting at the
+    nearest before it (``analyses.interventions.engine.nearest_start``)."""
+    names = start_names(model)
+    fit = int(memory_mb * 2**20 / 4 // (4 * tokens.numel() * model.cfg.d_model))
+    if fit >= len(names):
+        return names
+    stride = -(-model.cfg.n_layers // max(1, fit))
+    return [resid_pre_name(layer) for layer in range(0, model.cfg.n_layers, stride)]
 
 
 class MetricParts:
