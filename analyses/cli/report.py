@@ -9,7 +9,7 @@ from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 from analyses.core.tokens import read_text_lines
 from analyses.report.build import PROMPTS_NEEDED_BY, build_report, write_report
-from analyses.report.truth_page import truth_section, write_truth_report
+from analyses.report.truth_page import write_truth_report
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
 
 
@@ -33,15 +33,13 @@ def run(args: argparse.Namespace) -> int:
     check_seq_len(args.seq_len, "--seq-len ")
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
-    truth = read_truth(args.model)  # a known circuit (``interp tracr``): the page gets a ground-truth section
-    if truth is not None and model.cfg.d_vocab_out != model.cfg.d_vocab:  # no next-token logits to read
+    truth = read_truth(args.model)  # a known circuit (``interp tracr``): its logits are a program's outputs
+    if truth is not None:
         print(write_truth_report(model, truth, str(args.model), args.out))
         return 0
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
                           seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
                           memory_mb=args.memory_mb)
-    if truth is not None:
-        report.sections.append(truth_section(model, truth)[0])
     print(write_report(report, args.out))
     return 0
 

@@ -5,10 +5,11 @@ discovery method scored against the truth on the stored task
 method can beat on that task), the true circuit's and its complement's faithfulness, and the
 faithfulness-vs-size figure.
 
-``interp report`` adds the section to the head-role report where the model predicts next tokens;
-a Tracr model's logits are its program's output space (``d_vocab_out`` differs from
-``d_vocab``), which the head-role sections' next-token measures cannot read, so its report is
-this section alone (``write_truth_report``), and the page says why.
+A model with a stored truth is a Tracr compilation, whose logits are its program's output space,
+not next tokens, even where ``d_vocab_out`` happens to equal ``d_vocab`` (``hist`` compiled with
+max_seq_len 4: 5 counts, 5 input ids). The head-role sections' next-token measures cannot read
+them, so ``interp report`` writes this section alone for it (``write_truth_report``), and the
+page says why. Models without a stored truth get the head-role report as before.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ def truth_section(model, truth: KnownTruth) -> tuple[Section, pd.DataFrame]:
 
 def write_truth_report(model, truth: KnownTruth, model_name: str, out: str | Path) -> Path:
     """A report directory holding the ground-truth section alone (report.md, index.html,
-    figures/, discovery.csv, meta.json), for a model whose logits are not next-token logits."""
+    figures/, discovery.csv, meta.json), for a model with a stored truth (see the module docstring)."""
     section, scores = truth_section(model, truth)
     why = Section("Head roles", f"Not on this page: the head-role sections score next-token predictions, and this "
-                                f"model's {model.cfg.d_vocab_out} logits are its program's output space, not its "
-                                f"{model.cfg.d_vocab} input tokens.")
+                                f"model's {model.cfg.d_vocab_out} logits are its program's output space, not next "
+                                f"tokens.")
     meta = model_meta(model, model_name) | {"ground_truth": {k: v for k, v in truth.task.items() if k != "inputs"},
                                             "inputs": len(truth.task["inputs"])}
     return write_report_files(out, f"Ground truth: {model_name}", f"Tracr program `{truth.task['program']}`.",
