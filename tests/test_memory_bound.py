@@ -199,9 +199,10 @@ def test_a_run_scored_in_prompt_chunks_has_the_batch_baseline():
 
 # Every analysis at the 64 MB budget; calibration also builds random-initialisation null models
 # (one at a time), weights the budget does not cover, so its allowance adds one model's size.
-CASES = [("patch_heads", "loss"), ("patch_heads", "logit_diff"), ("patch_mlps", "loss"), ("patch_residual", "logit_diff"), ("ablation", "loss"), ("path_patch", "loss"),
-         ("eap", "loss"), ("eap_ig", "logit_diff"), ("classify", "loss"), ("dormant", "loss"), ("backup", "loss"),
-         ("calibrate", "loss")]
+CASES = [("patch_heads", "loss"), ("patch_heads", "logit_diff"), ("patch_mlps", "loss"),
+         ("patch_residual", "logit_diff"), ("ablation", "loss"), ("path_patch", "loss"), ("eap", "loss"),
+         ("eap_ig", "logit_diff"), ("classify", "loss"), ("dormant", "loss"), ("backup", "loss"),
+         ("direct_effects", "logit_diff"), ("calibrate", "loss")]
 WEIGHTS_ALSO = {"calibrate"}
 
 
