@@ -143,7 +143,8 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
     return metric
 
 
-def _mean_diff(logits: torch.Tensor, rows_at: torch.Tensor, correct: torch.Tensor, incorrect: torch.Tensor) -> torch.Tensor:
+def _mean_diff(logits: torch.Tensor, rows_at: torch.Tensor, correct: torch.Tensor,
+               incorrect: torch.Tensor) -> torch.Tensor:
     """Mean over rows b of ``logits[b, rows_at[b], correct[b]] - logits[b, rows_at[b], incorrect[b]]``
     (logits (batch, n, d_vocab); rows_at (batch,) on the CPU; ids one or one per row), in float32."""
     batch, _, d_vocab = logits.shape

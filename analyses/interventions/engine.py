@@ -437,7 +437,8 @@ def gradient_parts(model, tokens: torch.Tensor, metric: Metric, memory_mb: float
 
 
 def activation_gradients(model, tokens: torch.Tensor, metric: Metric, names: Sequence[str],
-                         also_keep: Sequence[str] = (), positions: torch.Tensor | None = None) -> tuple[float, dict, dict]:
+                         also_keep: Sequence[str] = (),
+                         positions: torch.Tensor | None = None) -> tuple[float, dict, dict]:
     """One forward and backward -> (metric value, {name: activation} for ``names`` and
     ``also_keep``, {name: dmetric/dactivation} for ``names``). Only the gradients asked for are
     computed (no weight grads; the backward stops at the earliest of ``names``). ``positions``
