@@ -20,8 +20,8 @@ from analyses.roles.backup import backup_report, direct_and_total_effects, pairw
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
 from analyses.report.calibration_figures import calibration_frames, calibration_section
 from analyses.circuits.composition import composition_figure, composition_scores
-from analyses.circuits.path_patching import path_patch
-from analyses.circuits.edge_attribution import eap_ig, edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch, shortlist_path_patch
+from analyses.circuits.edge_attribution import edge_agreement
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores
 from analyses.circuits.circuit import circuit_edges, circuit_figure, circuit_section

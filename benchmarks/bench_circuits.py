@@ -27,8 +27,9 @@ from itertools import product
 import torch
 from transformer_lens import patching as tl_patching
 
-from analyses.circuits.edge_attribution import edge_agreement, edge_attribution
-from analyses.circuits.path_patching import VIAS, path_patch
+from analyses.circuits.edge_attribution import edge_agreement
+from analyses.circuits.edges import VIAS
+from analyses.circuits.path_patching import edge_attribution, path_patch
 from common import forward_seconds, induction_pair, load_note, time_interleaved
 from interp import from_hf
 from interp.bridge import boot_bridge

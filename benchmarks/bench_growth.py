@@ -90,7 +90,7 @@ def run_one(point: Point, analysis: str) -> dict:
     -> {seconds, fe, peak_growth_mb, weights_mb}."""
     import torch
 
-    from analyses.circuits.edge_attribution import edge_attribution
+    from analyses.circuits.path_patching import edge_attribution
     from analyses.roles.classify import classify_heads
     from analyses.core.metrics import loss_metric
     from analyses.interventions.patching import patch_heads

@@ -176,7 +176,7 @@ def test_a_study_spec_takes_dtype_device_and_memory_mb():
 def test_a_bfloat16_model_gives_float32_metrics_patching_and_edge_scores_close_to_float32():
     """Metrics, activation patching, attribution and EAP on the bfloat16 toy: float32 results within
     bfloat16's rounding of the float32 model's (the sums are float32, so they do not drift)."""
-    from analyses.circuits.edge_attribution import edge_attribution
+    from analyses.circuits.path_patching import edge_attribution
     from analyses.interventions.attribution import attribution_patch_heads
     from analyses.core.metrics import logit_diff_metric, loss_metric
     from analyses.interventions.patching import patch_heads

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.circuits.edge_attribution import edge_agreement, edge_attribution, shortlist_path_patch
+from analyses.circuits.edge_attribution import edge_agreement
 from analyses.core.metrics import loss_metric
-from analyses.circuits.path_patching import path_patch
+from analyses.circuits.path_patching import edge_attribution, path_patch, shortlist_path_patch
 from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge

@@ -45,8 +45,7 @@ MEASURE = textwrap.dedent("""
     from analyses.core.probes import corrupt_first_copy, probes_for
     from analyses.interventions.patching import patch_heads, patch_mlps, patch_residual
     from analyses.interventions.ablation import ablation_sweep
-    from analyses.circuits.path_patching import path_patch
-    from analyses.circuits.edge_attribution import edge_attribution
+    from analyses.circuits.path_patching import edge_attribution, path_patch
     from analyses.roles.classify import classify_heads
     from analyses.roles.nulls import calibrate_roles
     from analyses.roles.dormant import dormant_heads
@@ -224,7 +223,7 @@ def test_growth_stays_within_the_budget(growth, analysis, metric):
 def test_edge_attribution_in_prompt_chunks_gives_the_batch_scores(metric, steps):
     """EAP (and EAP-IG) over chunks of one prompt, each weighted by its share of the metric, scores
     every edge as one pass over the whole batch does (the scores are sums over prompts)."""
-    from analyses.circuits.edge_attribution import edge_attribution
+    from analyses.circuits.path_patching import edge_attribution
 
     model, clean, corrupted, metrics = small_case()
     whole, chunked = (edge_attribution(model, clean, corrupted, metrics[metric], steps=steps, memory_mb=budget)

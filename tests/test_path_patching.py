@@ -10,7 +10,8 @@ from transformer_lens import patching as tl_patching
 
 from analyses.roles.classify import classify_heads
 from analyses.core.metrics import loss_metric
-from analyses.circuits.path_patching import VIAS, edges_of, path_patch
+from analyses.circuits.edges import VIAS, edges_of
+from analyses.circuits.path_patching import path_patch
 from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge
@@ -263,7 +264,7 @@ def test_toy_previous_token_head_feeds_induction_heads_through_keys():
 def test_refused_where_head_writes_are_not_z_times_w_o(gpt2_pair, monkeypatch):
     """Where the self-test does not find the heads' z @ W_O adding up to hook_attn_out (e.g. a
     norm between them), a sender's write is unknown: refused in one line, never approximated."""
-    import analyses.circuits.path_patching as module
+    import analyses.circuits.edges as module  # where output_weights reads the self-test
 
     scratch, _ = gpt2_pair
     clean, corrupted, metric = induction_pair(scratch)

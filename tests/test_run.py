@@ -13,7 +13,8 @@ from analyses.roles.classify import MEASURES, PromptSums, per_prompt_scores, pro
 from analyses.core.hook_names import qkv_name, z_name, z_names
 from analyses.interventions.engine import Edit, cache_run, evaluate_variants
 from analyses.core.metrics import loss_metric
-from analyses.circuits.path_patching import path_patch, path_reads, edges_of
+from analyses.circuits.edges import edges_of
+from analyses.circuits.path_patching import path_patch, path_reads
 from analyses.interventions.patching import component_patches, mlp_out_names, patch_heads, patch_mlps, prepare
 from analyses.core.probes import corrupt_first_copy, probes_for
 from analyses.report.build import build_report

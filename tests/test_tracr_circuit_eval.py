@@ -1,5 +1,5 @@
 """Circuit discovery scored against Tracr's ground truth (``analyses.circuits.circuit_eval``), and EAP-IG
-(``analyses.circuits.edge_attribution.eap_ig``) against a naive one-edge-at-a-time integrated gradient."""
+(``analyses.circuits.path_patching.eap_ig``) against a naive one-edge-at-a-time integrated gradient."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from analyses.circuits.circuit_eval import (  # noqa: E402
     auc_bound, component_scores, evaluate_discovery, faithfulness, invisible_components, output_metric, roc_auc,
     task_pairs,
 )
-from analyses.circuits.edge_attribution import eap_ig  # noqa: E402
+from analyses.circuits.path_patching import eap_ig  # noqa: E402
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth  # noqa: E402
 from interp import UserError, from_tracr  # noqa: E402
 from interp.tracr import encode_inputs  # noqa: E402
@@ -166,8 +166,7 @@ def test_full_graph_edge_scores_equal_the_head_edge_tools_on_head_edges(method):
     exact path patching, EAP and EAP-IG of ``analyses`` (a separate implementation: per-head
     hook_z writes through W_O, the intervention engine, suffix runs)."""
     from analyses.circuits.circuit_eval import graph_edge_scores
-    from analyses.circuits.edge_attribution import edge_attribution
-    from analyses.circuits.path_patching import path_patch
+    from analyses.circuits.path_patching import edge_attribution, path_patch
     model, _, _, clean, corrupted = task("sort_unique")
     metric = output_metric(model(clean))
     ours = graph_edge_scores(model, clean, corrupted, metric, method, steps=3)

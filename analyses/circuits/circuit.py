@@ -35,7 +35,8 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.classify import ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
 from analyses.core.metrics import Metric, loss_metric
-from analyses.circuits.path_patching import KEY_COLUMNS, VIAS, check_vias, path_patch
+from analyses.circuits.edges import KEY_COLUMNS, VIAS, check_vias
+from analyses.circuits.path_patching import path_patch
 from analyses.core.probes import RepeatedProbes, corrupt_first_copy
 from analyses.interventions.run import Run
 from analyses.core.plots import new_figure

@@ -16,7 +16,7 @@ component or edge outscores a false one, ties counting half; NaN where either cl
   each scored by the absolute change of the metric;
 - edges between heads (q, k, v) and from heads to the logits, the edges ``analyses.path_patch``
   and ``analyses.circuits.edge_attribution`` define: exact path patching, EAP and EAP-IG
-  (``analyses.circuits.edge_attribution.eap_ig``), scored by absolute effect. Edges into or out of MLPs are not scored by
+  (``analyses.circuits.path_patching.eap_ig``), scored by absolute effect. Edges into or out of MLPs are not scored by
   those tools; their truth is in ``ground_truth``'s frame, and the node scores cover MLPs.
 
 Faithfulness (``faithfulness``): the metric with every component outside a circuit mean-ablated,
@@ -35,9 +35,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.circuits.edge_attribution import eap_ig, edge_attribution
 from analyses.core.metrics import Metric
-from analyses.circuits.path_patching import KEY_COLUMNS, path_patch
+from analyses.circuits.edges import KEY_COLUMNS
+from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch
 from analyses.core.plots import new_figure
 from interp.errors import UserError
 from interp.tracr import encode_inputs

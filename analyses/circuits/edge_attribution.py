@@ -1,4 +1,5 @@
-"""Edge attribution patching (EAP; Syed et al. 2023): every edge of ``path_patch`` scored at once.
+"""Edge attribution patching (EAP; Syed et al. 2023): every edge of ``path_patch`` scored at once
+(``path_patch(method="eap")``, ``edge_attribution``; this module is its engine, ``eap_scores``).
 
 An edge's exact effect (``analyses.path_patch``) moves one receiver input -- a head's query, key
 or value input, or the unembedding's -- by the sender's write (its source-minus-base output
@@ -15,7 +16,7 @@ receiver's input gradient is then one slice of ``blocks.{l}.hook_{q,k,v}_input``
 need only the gradient at the residual leaving the last block. How far the linearisation holds is measured, not assumed: ``edge_agreement`` and
 ``shortlist_path_patch`` (attribution ranks, exact path patching confirms the top k).
 
-EAP-IG (Hanna et al. 2024; ``edge_attribution(steps=k)``, ``eap_ig``) averages the gradient over
+EAP-IG (Hanna et al. 2024; ``path_patch(method="eap_ig", steps=k)``, ``eap_ig``) averages the gradient over
 ``k`` runs whose input embeddings lie on the straight line from the base run's to the source run's
 (the residual entering block 0 at ``alpha = k / steps``, k = 1..steps), so an edge whose effect
 only appears part of the way from corrupted to clean -- a saturated softmax, a ReLU that opens
@@ -33,15 +34,10 @@ import pandas as pd
 import torch
 from einops import rearrange
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import final_resid_name, qkv_input_name, resid_pre_name, z_names
 from analyses.interventions.engine import activation_gradients, cache_run, gradient_parts
 from analyses.core.metrics import Metric
-from analyses.circuits.path_patching import (
-    QKV, VIAS, Edges, edges_of, output_weights, path_frame, path_values, prepare_paths, require_path_edits,
-    writes_into,
-)
-from analyses.interventions.patching import base_and_source
+from analyses.circuits.edges import QKV, VIAS, Edges, output_weights, writes_into
 from interp.errors import UserError
 
 
@@ -183,36 +179,16 @@ def integrated_gradients(model, base: torch.Tensor, metric: Metric, inputs: Sequ
     return mean
 
 
-def edge_attribution(
-    model,
-    clean,
-    corrupted,
-    metric: Metric,
-    *,
-    senders=None,
-    receivers=None,
-    via: str | Sequence[str] = VIAS,
-    direction: str = "denoise",
-    steps: int | None = None,
-    memory_mb: float = DEFAULT_MEMORY_MB,
-) -> pd.DataFrame:
-    """EAP score of every edge (see the module docstring) -> one row per edge, sorted by sender,
-    receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via, attribution``
-    (the predicted ``effect`` of ``path_patch`` with the same arguments). Three passes: the source
-    forward, the base forward and its backward. ``steps``: EAP-IG (Hanna et al. 2024) instead, the
-    gradient averaged over ``steps`` runs with input embeddings from the base run's to the source
-    run's (``integrated_gradients``; they use 5-50), ``steps + 2`` passes (the source and base
-    forwards, then a forward and a backward per step): an edge whose effect
-    appears only part of the way (a saturated softmax, a ReLU that opens late) is then not scored 0
-    by a gradient taken where it is flat. ``memory_mb``: the passes run over chunks of prompts
-    whose forward and backward fit it (``gradient_parts``; the scores are sums over prompts, so
-    the chunks' scores, each weighted by its share of the metric, add up to the batch's)."""
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise UserError(f"steps={steps!r} must be a positive integer")
-    if steps is not None and not getattr(model, "suffix_only_start", False):
-        raise UserError(f"EAP-IG interpolates the residual entering block 0, which needs a GPTModel; got {type(model).__name__}")
-    edges = edges_of(model, senders, receivers, via)
-    base, source = base_and_source(model, clean, corrupted, direction)
+def eap_scores(model, edges: Edges, base: torch.Tensor, source: torch.Tensor, metric: Metric, steps: int | None,
+               memory_mb: float) -> torch.Tensor:
+    """The EAP score of each of ``edges`` -> (len(edges),) float64, ``base`` the run the edges
+    would be patched into and ``source`` the run patched from (batch, pos). Three passes: the
+    source forward, the base forward and its backward. ``steps``: EAP-IG instead, the gradient
+    averaged over ``steps`` runs with input embeddings from the base run's to the source run's
+    (``integrated_gradients``), ``steps + 2`` passes. ``memory_mb``: the passes run over chunks of
+    prompts whose forward and backward fit it (``gradient_parts``; the scores are sums over
+    prompts, so the chunks' scores, each weighted by its share of the metric, add up to the
+    batch's)."""
     senders_z = z_names(model)[:int(edges.table[:, 0].max()) + 1]  # the source run stops after these
     first = [resid_pre_name(0)] if steps else []  # where EAP-IG interpolates
     inputs = receiver_inputs(model, edges)
@@ -235,46 +211,7 @@ def edge_attribution(
                                          source_cache[first[0]], steps, positions)
         moved = [source_cache[name] - z for name, z in zip(senders_z, base_z)]
         scores += part.share * attributions(edges, moved, w_o, grads, inputs, chunk_bytes).double()
-    return edges.frame(attribution=scores.float())
-
-
-def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **selection) -> pd.DataFrame:
-    """EAP-IG: ``edge_attribution(..., steps=steps)`` (default 5 points on the path); ``selection``:
-    ``senders``, ``receivers``, ``via``, ``direction`` as there."""
-    return edge_attribution(model, clean, corrupted, metric, steps=steps, **selection)
-
-
-def shortlist_path_patch(
-    model,
-    clean,
-    corrupted,
-    metric: Metric,
-    *,
-    top_k: int = 20,
-    senders=None,
-    receivers=None,
-    via: str | Sequence[str] = VIAS,
-    direction: str = "denoise",
-    memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
-) -> pd.DataFrame:
-    """Edge attribution ranks every edge; exact path patching confirms the ``top_k`` by
-    |attribution| -> those edges, strongest attribution first: the key columns, ``attribution``,
-    and ``path_patch``'s ``value`` and ``effect`` (unnormalised)."""
-    if not isinstance(top_k, int) or top_k < 1:
-        raise UserError(f"top_k={top_k!r} must be a positive integer")
-    every_edge = edges_of(model, senders, receivers, via)  # the rows of ``scored``, in order
-    require_path_edits(model, every_edge, "shortlist_path_patch")
-    scored = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
-                              direction=direction, memory_mb=memory_mb)
-    order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
-    edges = every_edge.take(order)
-    setup = prepare_paths(model, clean, corrupted, metric, edges, direction, memory_mb=memory_mb)
-    exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=memory_mb, progress=progress),
-                       normalize=False)
-    return exact.assign(attribution=scored["attribution"].to_numpy()[order]).reset_index(drop=True)[
-        [*exact.columns[:5], "attribution", "value", "effect"]
-    ]
+    return scores
 
 
 def edge_agreement(frame: pd.DataFrame, top_k: int = 10) -> dict:

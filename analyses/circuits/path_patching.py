@@ -1,4 +1,5 @@
-"""Exact path patching (DESIGN 4.6; Wang et al. 2022): how much of a metric flows along one edge.
+"""Path patching (DESIGN 4.6; Wang et al. 2022): how much of a metric flows along one edge, exactly
+or estimated for every edge at once (``path_patch(method="eap" | "eap_ig")``: edge attribution).
 
 An edge joins a *sender* head to a *receiver*: a later head's query, key or value input, or the
 unembedding ("logits"). Denoising (the default) runs the corrupted prompts and adds the sender's
@@ -37,8 +38,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import product
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,120 +46,17 @@ import torch
 from einops import einsum, rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.hook_check import check_hooks, require_edit
+from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
-from analyses.interventions.engine import check_heads, collect_variants, evaluate_variants, rows_per_chunk
+from analyses.circuits.edge_attribution import eap_scores
+from analyses.circuits.edges import QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
+from analyses.interventions.engine import (check_choice, collect_variants, evaluate_variants, rows_per_chunk,
+                                          runs_suffix_only)
 from analyses.core.metrics import Metric
 from analyses.interventions.patching import base_and_source
 from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
-
-VIAS = ("q", "k", "v", "logits")
-QKV = ("q", "k", "v")
-KEY_COLUMNS = ["sender_layer", "sender_head", "receiver_layer", "receiver_head", "via"]
-Head = tuple[int, int]
-
-
-class Edge(NamedTuple):
-    """sender (layer, head) -> receiver (layer, head) through ``via``; a "logits" edge's receiver
-    is (n_layers, -1). One row of ``Edges``."""
-
-    sender: Head
-    receiver: Head
-    rank: int  # VIAS.index(via), so edges sort by it
-
-    @property
-    def via(self) -> str:
-        return VIAS[self.rank]
-
-
-@dataclass(frozen=True)
-class Edges:
-    """Edges as one table, so an analysis over thousands of them needs no Python loop: ``table``
-    (edge, 5) int64, the columns ``sender_layer, sender_head, receiver_layer, receiver_head,
-    rank`` (``VIAS.index(via)``; a "logits" edge's receiver is (n_layers, -1)), sorted by sender,
-    receiver, then via in ``VIAS`` order. ``edges[i]`` is row i as an ``Edge``."""
-
-    table: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def __getitem__(self, i: int) -> Edge:
-        sender_layer, sender_head, receiver_layer, receiver_head, rank = self.table[i].tolist()
-        return Edge((sender_layer, sender_head), (receiver_layer, receiver_head), rank)
-
-    def __iter__(self):
-        return (Edge((row[0], row[1]), (row[2], row[3]), row[4]) for row in self.table.tolist())
-
-    def take(self, indices) -> "Edges":
-        """The rows ``indices`` (in that order)."""
-        return Edges(self.table[np.asarray(indices, dtype=np.int64)])
-
-    def frame(self, **columns) -> pd.DataFrame:
-        """One row per edge: ``KEY_COLUMNS`` then ``columns`` (each a sequence in edge order)."""
-        keys = pd.DataFrame(self.table[:, :4], columns=KEY_COLUMNS[:4])
-        keys = keys.assign(via=np.array(VIAS, dtype=object)[self.table[:, 4]])
-        return keys.assign(**{name: torch.as_tensor(values).cpu().numpy() for name, values in columns.items()})
-
-
-def check_vias(via: str | Sequence[str]) -> tuple[str, ...]:
-    """One of ``VIAS`` or a sequence of them -> a tuple in ``VIAS`` order, without repeats."""
-    chosen = [via] if isinstance(via, str) else list(via)
-    for item in chosen:
-        if item not in VIAS:
-            raise UserError(f"unknown via {item!r}; allowed: {', '.join(VIAS)}")
-    if not chosen:
-        raise UserError(f"via is empty; give one or more of {', '.join(VIAS)}")
-    return tuple(v for v in VIAS if v in chosen)
-
-
-def _all_heads(model) -> list[Head]:
-    return list(product(range(model.cfg.n_layers), range(model.cfg.n_heads)))
-
-
-def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIAS) -> Edges:
-    """Every edge between ``senders`` and ``receivers`` (lists of (layer, head); None: all heads)
-    through each of ``via``, sorted: a q/k/v edge where the sender's layer is before the
-    receiver's; a "logits" edge from every sender. None at all is a one-line error."""
-    vias = check_vias(via)
-    senders = _all_heads(model) if senders is None else check_heads(model, senders)
-    receivers = _all_heads(model) if receivers is None else check_heads(model, receivers)
-    ranks = [VIAS.index(v) for v in vias if v in QKV]
-    inputs = [(*r, rank) for r in sorted(set(receivers)) for rank in ranks]  # (receiver, via rank), sorted
-    inputs += [(model.cfg.n_layers, -1, VIAS.index("logits"))] if "logits" in vias else []  # sorts last
-    inputs = np.array(inputs, dtype=np.int64).reshape(-1, 3)
-    sources = np.array(sorted(set(senders)), dtype=np.int64).reshape(-1, 2)
-    pairs = np.concatenate([np.repeat(sources, len(inputs), axis=0), np.tile(inputs, (len(sources), 1))], axis=1)
-    found = pairs[pairs[:, 2] > pairs[:, 0]]  # a logits edge's receiver layer, n_layers, is after every sender
-    if not len(found):
-        raise UserError(f"no edge: every receiver's layer must come after a sender's (senders {senders}, "
-                        f"receivers {receivers}, via {', '.join(vias)})")
-    return Edges(found)
-
-
-def output_weights(model, n_layers: int) -> list[torch.Tensor]:
-    """The first ``n_layers`` layers' ``W_O`` (head, d_head, d_model), detached: a head's write to
-    the residual stream is its z times its slice. Refused in one line where the hook self-test did
-    not find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
-    check = check_hooks(model)
-    if not check.sums_ok:
-        found = "is not reachable" if check.sums_ok is None else "does not give hook_attn_out"
-        raise UserError(f"path patching needs each head's write z @ W_O, and on this {check.family} model "
-                        f"({check.impl}) blocks.{{l}}.attn.W_O {found}; see `interp check`")
-    return [model.blocks[layer].attn.W_O.detach() for layer in range(n_layers)]
-
-
-def writes_into(out: torch.Tensor, moved: Sequence[torch.Tensor], w_o: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Fill ``out`` (layer * head, rows, d_model) with each head's write: its moved z, per layer
-    (head, rows, d_head), through its ``W_O`` slice; one ``bmm`` per layer, into ``out`` directly
-    (no concatenated copy of every layer's ``W_O``)."""
-    n_heads = w_o[0].shape[0]
-    for layer, (z, weight) in enumerate(zip(moved, w_o)):
-        torch.bmm(z, weight.to(z.dtype), out=out[layer * n_heads:(layer + 1) * n_heads])
-    return out
-
 
 def head_writes(model, senders: Sequence[Head], z_to: Sequence[torch.Tensor],
                 z_from: Sequence[torch.Tensor]) -> dict[Head, torch.Tensor]:
@@ -275,6 +172,9 @@ def require_path_edits(model, edges: Edges, needed_by: str) -> None:
         require_edit(model, hook, needed_by)
 
 
+METHODS = ("exact", "eap", "eap_ig")
+
+
 def path_patch(
     model,
     clean,
@@ -284,31 +184,82 @@ def path_patch(
     senders=None,
     receivers=None,
     via: str | Sequence[str] = VIAS,
+    method: str = "exact",
+    steps: int = 5,
     options: Options | None = None,
     base_run: Run | None = None,
     **keywords,
 ) -> pd.DataFrame:
-    """Exact path patching of every edge (see the module docstring) -> one row per edge, sorted
-    by sender, receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via``
-    (a "logits" edge: ``receiver_layer = n_layers``, ``receiver_head = -1``), ``value`` (the metric
-    of the path-patched run; with ``normalize``, (value - corrupted) / (clean - corrupted) as in
-    ``patch_heads``) and ``effect`` (``value`` minus the unpatched base run's, on the same scale).
+    """Path patching of every edge (see the module docstring) -> one row per edge, sorted by
+    sender, receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via`` (a
+    "logits" edge: ``receiver_layer = n_layers``, ``receiver_head = -1``), then
+
+    - ``method="exact"``: ``value`` (the metric of the path-patched run; with ``normalize``,
+      (value - corrupted) / (clean - corrupted) as in ``patch_heads``) and ``effect`` (``value``
+      minus the unpatched base run's, on the same scale). Equals TransformerLens's
+      ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision;
+    - ``method="eap"`` (``edge_attribution``): ``attribution``, every edge's first-order
+      ``effect`` from three passes (``analyses.circuits.edge_attribution``);
+    - ``method="eap_ig"`` (``eap_ig``): the same with the gradient integrated over ``steps``
+      points from the base run's input embeddings to the source run's (Hanna et al. 2024 use 5-50;
+      a ``GPTModel`` only).
 
     ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; ``metric``:
     logits -> scalar (``analyses.core.metrics``); ``senders`` / ``receivers``: [(layer, head), ...] or
     None for all heads; ``via``: "q", "k", "v", "logits" or a sequence of them; ``direction``:
     "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse); it, ``normalize``,
     ``memory_mb`` and ``progress`` come as ``options`` (``analyses.interventions.run.Options``) or as keywords.
-    Equals TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision.
-    ``base_run``: a ``Run`` of the base prompts (see ``prepare_paths``).
+    ``base_run``: a ``Run`` of the base prompts (see ``prepare_paths``), exact only.
     """
+    check_choice("method", method, METHODS)
+    if method == "eap_ig" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UserError(f"steps={steps!r} must be a positive integer")
+    if method == "eap_ig" and not runs_suffix_only(model):
+        raise UserError(f"EAP-IG interpolates the residual entering block 0, which needs a GPTModel; got {type(model).__name__}")
     options = Options.of(options, keywords)
     edges = edges_of(model, senders, receivers, via)
+    if method != "exact":
+        base, source = base_and_source(model, clean, corrupted, options.direction)
+        scores = eap_scores(model, edges, base, source, metric, steps if method == "eap_ig" else None, options.memory_mb)
+        return edges.frame(attribution=scores.float())
     require_path_edits(model, edges, "path_patch")
     setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
                           memory_mb=options.memory_mb)
     values = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
     return path_frame(setup, edges, values, options.normalize)
+
+
+def edge_attribution(model, clean, corrupted, metric: Metric, **keywords) -> pd.DataFrame:
+    """EAP: ``path_patch(..., method="eap")``, the ``attribution`` of every edge (the predicted
+    ``effect`` of exact path patching with the same arguments)."""
+    return path_patch(model, clean, corrupted, metric, method="eap", **keywords)
+
+
+def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **keywords) -> pd.DataFrame:
+    """EAP-IG: ``path_patch(..., method="eap_ig", steps=steps)`` (default 5 points on the path)."""
+    return path_patch(model, clean, corrupted, metric, method="eap_ig", steps=steps, **keywords)
+
+
+def shortlist_path_patch(model, clean, corrupted, metric: Metric, *, top_k: int = 20, **keywords) -> pd.DataFrame:
+    """Edge attribution ranks every edge; exact path patching confirms the ``top_k`` by
+    |attribution| -> those edges, strongest attribution first: the key columns, ``attribution``,
+    and ``path_patch``'s ``value`` and ``effect`` (unnormalised). ``keywords``: ``senders``,
+    ``receivers``, ``via`` and the options, as ``path_patch`` takes them."""
+    if not isinstance(top_k, int) or top_k < 1:
+        raise UserError(f"top_k={top_k!r} must be a positive integer")
+    selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
+    options = Options.of(None, keywords)
+    every_edge = edges_of(model, **selection)  # the rows of ``scored``, in order
+    require_path_edits(model, every_edge, "shortlist_path_patch")
+    scored = edge_attribution(model, clean, corrupted, metric, **selection, options=options)
+    order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
+    edges = every_edge.take(order)
+    setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, memory_mb=options.memory_mb)
+    exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=options.memory_mb,
+                                                 progress=options.progress), normalize=False)
+    return exact.assign(attribution=scored["attribution"].to_numpy()[order]).reset_index(drop=True)[
+        [*exact.columns[:5], "attribution", "value", "effect"]
+    ]
 
 
 def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from analyses.roles.nulls import calibrate_roles
 from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.report.meta import model_meta, write_meta
-from analyses.circuits.path_patching import VIAS, check_vias
+from analyses.circuits.edges import VIAS, check_vias
 from analyses.interventions.patching import DIRECTIONS
 from analyses.core.probes import check_prompt_count, check_seq_len, probes_for
 from interp.errors import UserError

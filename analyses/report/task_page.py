@@ -22,10 +22,10 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, direct_logit_attribution, dla_heatmap
-from analyses.circuits.edge_attribution import eap_ig, edge_agreement, edge_attribution
+from analyses.circuits.edge_attribution import edge_agreement
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.metrics import evaluate_metric
-from analyses.circuits.path_patching import path_patch
+from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch
 from analyses.interventions.patching import patch_heads, patch_mlps, patching_frame
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
