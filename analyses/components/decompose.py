@@ -343,7 +343,8 @@ def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None
     logit, log_prob, rank = [], [], []
     for start in range(0, len(rows), chunk):
         normed = model.ln_final(rows[start:start + chunk][:, None]).float()[:, 0]
-        logits = torch.cat([normed @ W_U[:, at:at + step].float() for at in range(0, W_U.shape[1], step)], -1) + b_U
+        parts = [normed @ W_U[:, at:at + step].float() for at in range(0, W_U.shape[1], step)]
+        logits = (parts[0] if len(parts) == 1 else torch.cat(parts, -1)) + b_U  # one slice: no copy to join
         target = targets[start:start + chunk, None]
         picked = logits.gather(-1, target)[:, 0]
         logit.append(picked)
