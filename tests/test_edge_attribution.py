@@ -258,3 +258,20 @@ def test_split_qkv_inputs_equal_the_bridge(gpt2_pair):
             model.set_use_split_qkv_input(False)
     torch.testing.assert_close(results[0], results[1], atol=1e-4, rtol=0)
     assert (results[0] - scratch(tokens)).abs().max() > 1e-2
+
+
+def test_path_patch_methods_and_steps_are_checked_in_one_line(scratch_gpt2):
+    """path_patch names an unknown method, and ``steps`` given to a method other than EAP-IG is
+    refused rather than silently ignored; edge_attribution(steps=k) is EAP-IG's scores."""
+    probes = probes_for(scratch_gpt2, 2, 12, seed=0)
+    clean, corrupted = probes.tokens, corrupt_first_copy(probes, seed=1)
+    metric = loss_metric(clean, probes.predictable)
+    with pytest.raises(UserError, match="unknown method 'guess'; allowed: exact, eap, eap_ig"):
+        path_patch(scratch_gpt2, clean, corrupted, metric, method="guess")
+    with pytest.raises(UserError, match="steps=3 is for method='eap_ig'"):
+        path_patch(scratch_gpt2, clean, corrupted, metric, method="eap", steps=3, senders=[(0, 0)])
+    integrated = path_patch(scratch_gpt2, clean, corrupted, metric, method="eap_ig", steps=2, senders=[(0, 0)])
+    shortcut = edge_attribution(scratch_gpt2, clean, corrupted, metric, steps=2, senders=[(0, 0)])
+    plain = edge_attribution(scratch_gpt2, clean, corrupted, metric, senders=[(0, 0)])
+    assert (integrated["attribution"] == shortcut["attribution"]).all()
+    assert (integrated["attribution"] - plain["attribution"]).abs().max() > 1e-6  # steps are not ignored

@@ -173,6 +173,7 @@ def require_path_edits(model, edges: Edges, needed_by: str) -> None:
 
 
 METHODS = ("exact", "eap", "eap_ig")
+DEFAULT_IG_STEPS = 5
 
 
 def path_patch(
@@ -185,7 +186,7 @@ def path_patch(
     receivers=None,
     via: str | Sequence[str] = VIAS,
     method: str = "exact",
-    steps: int = 5,
+    steps: int | None = None,
     options: Options | None = None,
     base_run: Run | None = None,
     **keywords,
@@ -201,8 +202,8 @@ def path_patch(
     - ``method="eap"`` (``edge_attribution``): ``attribution``, every edge's first-order
       ``effect`` from three passes (``analyses.circuits.edge_attribution``);
     - ``method="eap_ig"`` (``eap_ig``): the same with the gradient integrated over ``steps``
-      points from the base run's input embeddings to the source run's (Hanna et al. 2024 use 5-50;
-      a ``GPTModel`` only).
+      points (default 5) from the base run's input embeddings to the source run's (Hanna et al.
+      2024 use 5-50; a ``GPTModel`` only). ``steps`` with another method is refused.
 
     ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; ``metric``:
     logits -> scalar (``analyses.core.metrics``); ``senders`` / ``receivers``: [(layer, head), ...] or
@@ -212,6 +213,9 @@ def path_patch(
     ``base_run``: a ``Run`` of the base prompts (see ``prepare_paths``), exact only.
     """
     check_choice("method", method, METHODS)
+    if steps is not None and method != "eap_ig":
+        raise UserError(f"steps={steps!r} is for method='eap_ig' (the integrated gradients), not method={method!r}")
+    steps = DEFAULT_IG_STEPS if steps is None else steps
     if method == "eap_ig" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise UserError(f"steps={steps!r} must be a positive integer")
     if method == "eap_ig" and not runs_suffix_only(model):
@@ -229,10 +233,13 @@ def path_patch(
     return path_frame(setup, edges, values, options.normalize)
 
 
-def edge_attribution(model, clean, corrupted, metric: Metric, **keywords) -> pd.DataFrame:
+def edge_attribution(model, clean, corrupted, metric: Metric, *, steps: int | None = None,
+                     **keywords) -> pd.DataFrame:
     """EAP: ``path_patch(..., method="eap")``, the ``attribution`` of every edge (the predicted
-    ``effect`` of exact path patching with the same arguments)."""
-    return path_patch(model, clean, corrupted, metric, method="eap", **keywords)
+    ``effect`` of exact path patching with the same arguments); with ``steps``, EAP-IG
+    (``method="eap_ig"``)."""
+    method = "eap" if steps is None else "eap_ig"
+    return path_patch(model, clean, corrupted, metric, method=method, steps=steps, **keywords)
 
 
 def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **keywords) -> pd.DataFrame:
