@@ -50,6 +50,7 @@ MEASURE = textwrap.dedent("""
     from analyses.roles.nulls import calibrate_roles
     from analyses.roles.dormant import dormant_heads
     from analyses.roles.backup import backup_report, direct_and_total_effects
+    from analyses.components.decompose import logit_lens
 
     shape = json.loads(sys.argv[1])
     torch.manual_seed(0)
@@ -82,6 +83,8 @@ MEASURE = textwrap.dedent("""
                                                progress=False),
         "direct_effects": lambda metric: direct_and_total_effects(model, clean, heads, "mean", metric,
                                                                   memory_mb=budget, progress=False),
+        "logit_lens": lambda metric: logit_lens(model, clean, clean[:, 1:], positions=range(clean.shape[1] - 1),
+                                                memory_mb=budget),
     }
 
     def status(key):
@@ -201,7 +204,7 @@ def test_a_run_scored_in_prompt_chunks_has_the_batch_baseline():
 CASES = [("patch_heads", "loss"), ("patch_heads", "logit_diff"), ("patch_mlps", "loss"),
          ("patch_residual", "logit_diff"), ("ablation", "loss"), ("path_patch", "loss"), ("eap", "loss"),
          ("eap_ig", "logit_diff"), ("classify", "loss"), ("dormant", "loss"), ("backup", "loss"),
-         ("direct_effects", "logit_diff"), ("calibrate", "loss")]
+         ("direct_effects", "logit_diff"), ("logit_lens", "loss"), ("calibrate", "loss")]
 WEIGHTS_ALSO = {"calibrate"}
 
 

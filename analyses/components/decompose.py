@@ -54,7 +54,7 @@ from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
-from analyses.interventions.engine import check_choice
+from analyses.interventions.engine import cache_run, check_choice
 from analyses.interventions.patching import patch_heads, patch_mlps
 from analyses.core.plots import new_figure
 from interp.errors import UserError
@@ -77,9 +77,9 @@ def component_hooks(model, *, lens: bool = False) -> list[str]:
 
 
 def components_cache(model, tokens: torch.Tensor, *, lens: bool = False) -> Mapping[str, torch.Tensor]:
-    """One forward of ``tokens`` (batch, pos) caching only ``component_hooks(model, lens=lens)``."""
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=component_hooks(model, lens=lens))
+    """One forward of ``tokens`` (batch, pos) caching only ``component_hooks(model, lens=lens)``,
+    stopped once they are stored (no logits: at a 128k vocabulary those would be the largest tensor)."""
+    _, cache = cache_run(model, tokens, component_hooks(model, lens=lens), logits=False)
     return cache
 
 
@@ -338,13 +338,16 @@ def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None
     W_U, b_U = model.W_U.detach(), model.b_U.detach().float()  # W_U as stored, made float32 a slice at a time
     rows = stack.flatten(0, 2)  # (stage * batch * n, d_model)
     targets = answers.reshape(-1).repeat(len(stages))
-    chunk = max(1, int(memory_mb * 2**20 // (8 * W_U.shape[1])))
+    # per logit: the slices' products and their join (4 + 4 bytes), the exponentials logsumexp makes
+    # (4) and the rank's comparison (1), with room for the float32 slice of W_U (a quarter, below)
+    chunk = max(1, int(0.75 * memory_mb * 2**20 // (16 * W_U.shape[1])))
     step = max(1, int(memory_mb * 2**20 // (4 * 4 * W_U.shape[0])))  # vocabulary columns of W_U per slice
     logit, log_prob, rank = [], [], []
     for start in range(0, len(rows), chunk):
         normed = model.ln_final(rows[start:start + chunk][:, None]).float()[:, 0]
         parts = [normed @ W_U[:, at:at + step].float() for at in range(0, W_U.shape[1], step)]
-        logits = (parts[0] if len(parts) == 1 else torch.cat(parts, -1)) + b_U  # one slice: no copy to join
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # one slice: no copy to join
+        logits += b_U  # in place: the product is ours
         target = targets[start:start + chunk, None]
         picked = logits.gather(-1, target)[:, 0]
         logit.append(picked)
