@@ -34,7 +34,7 @@ import torch
 from analyses.interventions.ablation import Ablation, ablation_reads, prepare_ablation, prompts_run
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
-from analyses.core.hook_names import final_resid_name, z_name, z_names
+from analyses.core.hook_names import final_resid_name, mlp_out_name, z_name, z_names
 from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, evaluate_variants, head_cells,
                                            partial_logits, rows_of, runs_suffix_only)
 from analyses.core.metrics import Metric
@@ -139,10 +139,6 @@ def direct_effect_reads(model, method: str) -> list[str]:
     return list(dict.fromkeys([*ablation_reads(model, method), *z_names(model), *frozen]))
 
 
-def mlp_out_name(layer: int) -> str:
-    return f"blocks.{layer}.hook_mlp_out"
-
-
 def mlp_out_names(model) -> list[str]:
     """Every layer's ``hook_mlp_out`` that the model has (none for attention-only models)."""
     names = [mlp_out_name(layer) for layer in range(model.cfg.n_layers)]
@@ -222,7 +218,7 @@ def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]],
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
         at = positions if compact else slice(None)
         final = clean[final_resid_name(model)][rows][:, at]  # (rows, n, d_model)
-        moved = torch.stack([final.float() + head_write_change(ablation, clean, *heads[v], rows)[:, at]
+        moved = torch.stack([final.float() + head_write_change(ablation, clean, *heads[v], rows, at)
                              for v in members]).to(final.dtype).flatten(0, 1)
         logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
         return logits.unflatten(0, (len(members), -1))
@@ -233,12 +229,14 @@ def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]],
                                desc="direct effects")
 
 
-def head_write_change(ablation: Ablation, clean: dict, layer: int, head: int, rows: slice) -> torch.Tensor:
-    """How the head's write to the residual stream changes under the ablation on the prompts ``rows``,
-    in float32: (z_source - z_clean)[rows, :, head] @ W_O[layer, head] -> (rows, pos, d_model), the
-    block's own output projection read in place (``GPTModel``), not the stacked ``model.W_O``."""
+def head_write_change(ablation: Ablation, clean: dict, layer: int, head: int, rows: slice,
+                      at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    """How the head's write to the residual stream changes under the ablation on the prompts ``rows``
+    at the positions ``at``, in float32: (z_source - z_clean)[rows, at, head] @ W_O[layer, head] ->
+    (rows, n, d_model), the block's own output projection read in place (``GPTModel``), not the
+    stacked ``model.W_O``."""
     W_O = ablation.model.blocks[layer].attn.W_O.detach()  # (n_heads, d_head, d_model), a view of out_proj
     name = z_name(layer)
-    z = clean[name][rows, :, head].float()  # (rows, pos, d_head)
-    source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, :, head].float()  # (rows or 1, pos, d_head)
+    z = clean[name][rows][:, at, head].float()  # (rows, n, d_head)
+    source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, at, head].float()  # (rows or 1, n, d_head)
     return (source - z) @ W_O[head].float()
