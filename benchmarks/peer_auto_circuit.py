@@ -98,7 +98,7 @@ def ours(path: str) -> None:
 
     from analyses.circuits.circuit_eval import graph_edge_scores, roc_auc
     from interp.tracr import from_tracr
-    data = torch.load(path)
+    data = torch.load(path, weights_only=True)  # tensors, lists and numbers only: nothing to unpickle
     assembled = compiling.compile_rasp_to_model(lib.make_frac_prevs(rasp.tokens == "x"), vocab=set(VOCAB),
                                                 max_seq_len=MAX_SEQ_LEN, compiler_bos="BOS")
     model = from_tracr(assembled)
