@@ -21,8 +21,8 @@ from analyses.interventions.ablation import (
 from analyses.interventions.attribution import shortlist_patch_heads
 from analyses.roles.causal_check import ablation_effects
 from analyses.roles.classify import classify_heads
-from analyses.interventions.engine import rows_per_chunk
-from analyses.core.metrics import loss_metric
+from analyses.interventions.engine import gradient_parts, rows_per_chunk
+from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.interventions.patching import patch_heads
 from analyses.core.probes import RepeatedProbes, probes_for
 from interp import ByteTokenizer, GPTConfig, GPTModel, load_model
@@ -210,6 +210,29 @@ def gate_importance(model, tokens, frozen_patterns=False):
     loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:])
     (grad,) = torch.autograd.grad(loss, gates)
     return grad.abs().sum(dim=1)  # (layer, head)
+
+
+@pytest.mark.parametrize("fixture", ["scratch_gpt2", "bridge_gpt2"])
+@pytest.mark.parametrize("method,preserve_patterns", [("zero", False), ("zero", True), ("resample", False)])
+def test_importance_in_chunks_of_prompts_is_the_batch_importance(request, fixture, prompts, method,
+                                                                 preserve_patterns):
+    """head_importance over chunks of one prompt (memory_mb=1e-6), each chunk's gradient weighted by
+    its share of the metric, equals one backward over the batch (4 GB) to 1e-5, for the loss and a
+    per-prompt logit difference, with replacements for every prompt (zero) or one per prompt
+    (resample); for zero ablation of the loss it is also the independent gate derivative."""
+    model = request.getfixturevalue(fixture)
+    metrics = [loss_metric(prompts), logit_diff_metric(prompts[:, -1], torch.arange(3) + 5)]
+    assert len(gradient_parts(model, prompts, metrics[0], 1e-6)[0]) == 3  # one prompt each: the chunks do happen
+    for metric in metrics:
+        whole, chunked = (head_importance(model, prompts, method, metric, preserve_patterns=preserve_patterns, seed=1,
+                                          memory_mb=budget) for budget in (4096, 1e-6))
+        assert whole.max() - whole.min() > 1e-3  # the heads differ: a wrong combination would show
+        torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=0)
+    if method == "zero":
+        chunked = head_importance(model, prompts, "zero", metrics[0], preserve_patterns=preserve_patterns,
+                                  memory_mb=1e-6)
+        expected = gate_importance(model, prompts, frozen_patterns=preserve_patterns)
+        torch.testing.assert_close(chunked, expected, atol=1e-6, rtol=1e-4)
 
 
 def test_pruning_curve(scratch_gpt2, prompts):

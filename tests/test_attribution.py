@@ -3,6 +3,8 @@ agreement with exact patching measured, and the shortlist mode's exact cells."""
 
 from __future__ import annotations
 
+from itertools import product
+
 import pytest
 import torch
 
@@ -12,7 +14,8 @@ from analyses.interventions.attribution import (
     shortlist_patch_heads,
     unpatched_value,
 )
-from analyses.core.metrics import loss_metric
+from analyses.core.metrics import logit_diff_metric, loss_metric
+from analyses.interventions.engine import gradient_parts
 from interp import load_model
 from analyses.interventions.patching import patch_components, patch_heads
 from analyses.core.probes import corrupt_first_copy, probes_for, repeated_probes
@@ -54,6 +57,31 @@ def test_attribution_is_the_directional_derivative(request, fixture, pair):
         down = moved_metric(model, corrupted, metric, layer, head, target, -eps)
         derivative = (up - down) / (2 * eps)
         assert attributed[layer, head].item() == pytest.approx(base + derivative, abs=2e-4)
+
+
+@pytest.mark.parametrize("fixture", ["scratch_gpt2", "bridge_gpt2"])
+def test_chunks_of_prompts_give_the_batch_estimate(request, fixture, pair):
+    """Attribution patching over chunks of one prompt (memory_mb=1e-6), each chunk's gradient
+    weighted by its share of the metric, equals one backward over the whole batch (4 GB): heads and
+    MLPs, by position or not, both directions, normalised or not, for the loss over the predicted
+    tokens, a per-prompt logit difference (GPTModel: its one read position unembedded) and a plain
+    callable (it cannot be split, so it stays one part). Compared in the metric's units (to 1e-5):
+    a normalised cell times the clean - corrupted gap, which is 0.004 for this loss."""
+    model = request.getfixturevalue(fixture)
+    clean, corrupted, loss = pair
+    metrics = {"loss": loss, "logit_diff": logit_diff_metric(clean[:, -1], torch.arange(3) + 5),
+               "callable": lambda logits: logits[:, -1, 7].mean()}
+    assert len(gradient_parts(model, corrupted, loss, 1e-6)[0]) == 3  # one prompt each: the chunks do happen
+    for (name, metric), component, by_position, direction, normalize in product(
+            metrics.items(), ["heads", "mlps"], [False, True], ["denoise", "noise"], [False, True]):
+        whole, chunked = (patch_components(model, clean, corrupted, metric, component, by_position=by_position,
+                                           method="attribution", direction=direction, normalize=normalize,
+                                           memory_mb=budget) for budget in (4096, 1e-6))
+        with torch.no_grad():
+            gap = abs(metric(model(clean)).item() - metric(model(corrupted)).item()) if normalize else 1.0
+        case = f"{name} {component} by_position={by_position} {direction} normalize={normalize}"
+        assert (whole - whole.flatten()[0]).abs().max() * gap > 1e-4, case  # the cells differ: a wrong sum would show
+        torch.testing.assert_close(chunked * gap, whole * gap, atol=1e-5, rtol=0, msg=case)
 
 
 def test_by_position_sums_to_all_positions(scratch_gpt2, pair):

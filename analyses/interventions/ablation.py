@@ -41,16 +41,18 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
-from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_name, z_names
+from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_names
 from analyses.interventions.engine import (
     Edit,
     Variant,
+    activation_gradients,
     cache_run,
     check_choice,
     check_heads,
+    gradient_parts,
     head_cells,
     linear_effects,
-    metric_gradients,
+    rows_of,
 )
 from analyses.core.metrics import Metric, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
@@ -181,12 +183,27 @@ class Ablation(Contrast):
         ablation exactly their |dL/d gate|), summed over prompts. One forward and backward. With
         ``preserve_patterns`` every attention pattern is held constant in the derivative too (no
         gradient flows through where heads attend), the linearisation of the pattern-preserving
-        ablation this object runs, so a pruning order follows the same ablation it prunes by."""
-        frozen = [(name, _constant) for name in pattern_names(self.model)] if self.preserve_patterns else []
-        with self.model.hooks(fwd_hooks=frozen):
-            _, z, grads = metric_gradients(self.model, self.tokens, self.metric)
-        targets = [self.sources[z_name(layer)].expand_as(z[layer]) for layer in range(self.model.cfg.n_layers)]
-        return linear_effects(grads, z, targets, keep="b h").abs().sum(dim=1)
+        ablation this object runs, so a pruning order follows the same ablation it prunes by.
+
+        The forward and backward go in chunks of prompts that fit the run's ``memory_mb``
+        (``gradient_parts``): a prompt's gradient of the batch's metric is its chunk's, times the
+        chunk's share of the metric."""
+        model, names, batch = self.model, z_names(self.model), len(self.tokens)
+        frozen = [(name, _constant) for name in pattern_names(model)] if self.preserve_patterns else []
+        # per position: every layer's gradient, and one layer's float32 product
+        width = model.cfg.n_heads * model.cfg.d_head
+        parts, positions = gradient_parts(model, self.tokens, self.metric, self.base.memory_mb,
+                                          per_position=(len(names) + 2) * width)
+        importance = 0.0
+        with model.hooks(fwd_hooks=frozen):
+            for part in parts:
+                _, z, grads = activation_gradients(model, self.tokens[part.rows], part.metric, names,
+                                                   positions=positions)
+                targets = [rows_of(self.sources[name], part.rows, batch).expand_as(z[name]) for name in names]
+                per_prompt = linear_effects([grads[name] for name in names], [z[name] for name in names], targets,
+                                            keep="b h")
+                importance = importance + part.share * per_prompt.abs().sum(dim=1)
+        return importance
 
 
 def _constant(pattern: torch.Tensor, hook) -> torch.Tensor:
@@ -401,12 +418,13 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
 
 
 def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
-                    preserve_patterns: bool = False, seed: int = 0) -> torch.Tensor:
+                    preserve_patterns: bool = False, seed: int = 0,
+                    memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
     """Michel et al. (2019) head importance -> [n_layers, n_heads] (see ``Ablation.importance``); with
     ``preserve_patterns`` that of the pattern-preserving ablation, the order ``pruning_curve`` then
-    prunes by."""
+    prunes by. ``memory_mb``: the budget of the unablated run and of the forward and backward."""
     return prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
-                            seed=seed).importance()
+                            seed=seed, memory_mb=memory_mb).importance()
 
 
 def pruning_order(importance: torch.Tensor) -> list[tuple[int, int]]:
@@ -423,7 +441,7 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
     ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
     ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect``."""
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed)
+                                preserve_patterns=preserve_patterns, seed=seed, memory_mb=memory_mb)
     importance = ablation.importance()
     order = check_heads(model, pruning_order(importance) if order is None else order)
     values = ablation.run([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,

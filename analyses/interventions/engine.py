@@ -31,7 +31,7 @@ import torch
 from einops import einsum, repeat
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.core.hook_names import layer_of, resid_mid_name, resid_pre_name, z_name, z_names
+from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
@@ -469,6 +469,25 @@ def activation_gradients(model, tokens: torch.Tensor, metric: Metric, names: Seq
             raise UserError(f"{type(model).__name__} never fired {', '.join(silent)}, which this analysis needs")
         grads = torch.autograd.grad(value, [kept[name] for name in names])
     return value.item(), {name: kept[name].detach() for name in kept_names}, dict(zip(names, grads))
+
+
+def scored_cache(model, tokens: torch.Tensor, names: Sequence[str], metric: Metric | None,
+                 positions: torch.Tensor | None = None) -> tuple[float | None, dict]:
+    """One plain forward of a part's prompts ``tokens`` (rows, pos) -> (``metric`` on its logits, or
+    None without one, {name: activation} for ``names``): the other run of a linearised analysis
+    beside ``activation_gradients`` of the same part. ``positions`` as there (``gradient_parts``):
+    only those are unembedded, from the residual leaving the last block. Without a metric the
+    forward stops once the last of ``names`` is stored (no unembedding)."""
+    if metric is None:
+        return None, cache_run(model, tokens, names, logits=False)[1]
+    if positions is None:
+        logits, cache = cache_run(model, tokens, names)
+        return evaluate_metric(metric, logits).item(), cache
+    final = final_resid_name(model)
+    _, cache = cache_run(model, tokens, [*names, final], logits=False)
+    with torch.no_grad():
+        value = evaluate_metric(metric, model.unembed(cache[final][:, positions])).item()
+    return value, {name: cache[name] for name in names}
 
 
 def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:

@@ -25,9 +25,10 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import mlp_out_name, pattern_names, resid_pre_names, z_names
-from analyses.interventions.engine import (Edit, Variant, activation_gradients, cache_run, check_choice, head_cells,
-                                          linear_effects)
-from analyses.core.metrics import Metric, evaluate_metric
+from analyses.core.progress import progress_bar
+from analyses.interventions.engine import (Edit, Variant, activation_gradients, check_choice, gradient_parts,
+                                          head_cells, linear_effects, scored_cache)
+from analyses.core.metrics import Metric
 from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.tokens import as_tokens
 from interp.errors import UserError
@@ -198,18 +199,33 @@ def linearised_patches(model, clean_tokens, corrupted_tokens, metric: Metric, ki
     ``M + sum(dM/da * (a' - a))`` over prompts, positions and the unit's width. One forward caching
     the other run and one forward and backward of the patched run (gradients wrt the activations
     only) give every cell: about three forward-equivalents. Same shapes and convention as exact
-    patching (the patched metric), so the two compare cell for cell."""
+    patching (the patched metric), so the two compare cell for cell.
+
+    Both runs go in chunks of prompts whose forward and backward fit ``options.memory_mb``
+    (``gradient_parts``; only the rows the metric reads are unembedded where the model can stop
+    before its unembedding): the batch's gradient is the sum of the chunks', each weighted by its
+    share of the metric, and so are its sums and the metric values."""
     kind.check(by_position)
     names = kind.names(model)
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, options.direction)
-    source_logits, source_cache = cache_run(model, source, names, logits=options.normalize)  # logits: normalising only
-    value, acts, grads = activation_gradients(model, base, metric, names)
-    effects = linear_effects(*([kind.as_units(values[name]) for name in names] for values in (grads, acts, source_cache)))
+    width = model.cfg.n_heads * model.cfg.d_head if kind.units else model.cfg.d_model
+    # per position: every layer's source activation and gradient, and one layer's float32 product
+    parts, positions = gradient_parts(model, base, metric, options.memory_mb, per_position=(2 * len(names) + 2) * width)
+    value, source_value, effects = 0.0, 0.0, 0.0
+    for part in progress_bar(parts, progress=options.progress, desc=f"attribution {kind.kind}", unit="chunk"):
+        scored, source_cache = scored_cache(model, source[part.rows], names, part.metric if options.normalize else None,
+                                            positions)  # the source's metric: normalising only
+        part_value, acts, grads = activation_gradients(model, base[part.rows], part.metric, names, positions=positions)
+        moved = linear_effects(*([kind.as_units(values[name]) for name in names]
+                                 for values in (grads, acts, source_cache)))
+        effects = effects + part.share * moved
+        value += part.share * part_value
+        if options.normalize:
+            source_value += part.share * scored
     estimate = value + (effects if by_position else effects.sum(dim=1))
     estimate = estimate if kind.units else estimate[..., 0]  # the one unit each whole-layer component was given
     if not options.normalize:
         return estimate
-    source_value = evaluate_metric(metric, source_logits).item()
     clean_value, corrupted_value = (source_value, value) if options.direction == "denoise" else (value, source_value)
     return normalize_values(estimate, clean_value, corrupted_value)
 
