@@ -162,7 +162,8 @@ def run_patch(args) -> int:
         if args.attribution:
             if args.what not in ATTRIBUTION:
                 raise UserError(f"--attribution covers {', '.join(ATTRIBUTION)}, not --what {args.what}")
-            attributed = ATTRIBUTION[args.what](model, clean, corrupted, metric, by_position="pos" in dims, **options)
+            attributed = ATTRIBUTION[args.what](model, clean, corrupted, metric, by_position="pos" in dims,
+                                                memory_mb=args.memory_mb, **options)
             frame["attribution"] = attributed.flatten().cpu().numpy()
             agreement = attribution_agreement(
                 attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, **options))
