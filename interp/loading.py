@@ -19,11 +19,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from interp.bridge import boot_bridge
-from interp.convert import check_scratch_family, from_hf, from_safetensors, scratch_families
+from interp.convert import check_scratch_family, from_files, from_hf, scratch_families
 from interp.errors import UserError
 from interp.files import write_atomic
 from interp.convert.common import model_from_state
-from interp.convert.stream import safetensors_files
+from interp.convert.stream import weight_files
 from interp.hub import (hf_config, load_hf, load_tokenizer, local_directory, locate, read_config_json,
                         refuse_missing_tokenizer)
 from interp.model import GPTConfig, GPTModel
@@ -147,9 +147,9 @@ def check_device_map(spec: str, impl: str | None, device, device_map) -> None:
 def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = None,
                    dtype: torch.dtype = torch.float32):
     """A Hugging Face directory or hub id as the chosen (or the family's default) implementation,
-    in ``dtype``; a bridge with a ``device_map``. From scratch, safetensors weights (a directory, a
-    cached hub id) are read straight into the model (``from_safetensors``); others (``.bin``, a hub
-    id to download) through the Hugging Face model (``from_hf``)."""
+    in ``dtype``; a bridge with a ``device_map``. From scratch, safetensors or zip-format ``.bin``
+    weights (a directory, a cached hub id) are read straight into the model (``from_files``); others
+    (a legacy non-zip ``.bin``, a hub id to download) through the Hugging Face model (``from_hf``)."""
     located = locate(spec)
     config = hf_config(located)
     family = config.model_type
@@ -159,9 +159,9 @@ def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = 
         check_scratch_family(family)
         refuse_missing_tokenizer(located, config.vocab_size)
         directory = local_directory(located)
-        files = safetensors_files(directory) if directory is not None else []
+        files = weight_files(directory) if directory is not None else []
         if files:  # read tensor by tensor into the model: no Hugging Face model first
-            return from_safetensors(files, config, load_tokenizer(located), dtype, spec)
+            return from_files(files, config, load_tokenizer(located), dtype, spec)
     hf_model, tokenizer = load_hf(located, device_map=device_map, dtype=dtype)
     if impl == "scratch":
         return from_hf(hf_model, tokenizer, release=True)  # its tensors become ours, the rest is freed

@@ -74,6 +74,51 @@ def gpt2_dirs(tmp_path_factory):
     return root / "big", root / "tiny"
 
 
+BIN_COPY = textwrap.dedent("""
+    import shutil, sys, torch
+    from pathlib import Path
+    from transformers import AutoModelForCausalLM
+    for source, target in zip(sys.argv[1:3], sys.argv[3:5]):
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
+        state = AutoModelForCausalLM.from_pretrained(source).state_dict()  # a tied weight: one storage, two names
+        torch.save(state, Path(target) / "pytorch_model.bin")
+""")
+
+
+def bin_copy(dirs, root) -> tuple:
+    """The (big, tiny) directories again with their weights as ``pytorch_model.bin`` (a zip-format
+    ``torch.save`` of the Hugging Face state dict, as ``save_pretrained(safe_serialization=False)``
+    wrote it), written once per module from the same models."""
+    subprocess.run([sys.executable, "-c", BIN_COPY, *map(str, dirs), str(root / "big"), str(root / "tiny")],
+                   check=True, capture_output=True)
+    return root / "big", root / "tiny"
+
+
+@pytest.fixture(scope="module")
+def llama_bin_dirs(llama_dirs, tmp_path_factory):
+    return bin_copy(llama_dirs, tmp_path_factory.mktemp("llama128k_bin"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_bin_dirs(gpt2_dirs, tmp_path_factory):
+    return bin_copy(gpt2_dirs, tmp_path_factory.mktemp("gpt2_50k_bin"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loading_a_bin_directory_costs_the_models_own_size(llama_bin_dirs, dtype):
+    """``pytorch_model.bin`` is read tensor by tensor as the safetensors files are: the float32
+    file loaded in bfloat16 is never held whole, and no page of it stays mapped."""
+    found = measure(*llama_bin_dirs, "scratch", dtype=dtype)
+    assert found["weights"] > (500e6 if dtype == "float32" else 250e6)
+    assert found["growth"] <= LIMIT * found["weights"], found
+
+
+def test_loading_a_gpt2_bin_directory_costs_the_models_own_size(gpt2_bin_dirs):
+    found = measure(*gpt2_bin_dirs, "scratch")
+    assert found["weights"] > 300e6
+    assert found["growth"] <= LIMIT * found["weights"], found
+
+
 @pytest.mark.parametrize("impl", ["scratch", "transformer_lens"])
 def test_loading_a_hugging_face_directory_costs_the_models_own_size(llama_dirs, impl):
     found = measure(*llama_dirs, impl)

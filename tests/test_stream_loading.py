@@ -97,9 +97,9 @@ def test_a_truncated_file_is_refused_in_one_line(gpt2_dir, tmp_path):
 
 
 @pytest.mark.parametrize("family", STREAMED)
-def test_a_bin_directory_goes_through_from_pretrained_to_the_same_model(family_dir, family, tmp_path):
-    """``.bin`` weights are read by ``from_pretrained`` and converted with ``from_hf``: the same
-    model as the safetensors files read tensor by tensor."""
+def test_a_bin_directory_is_the_same_model_as_its_safetensors(family_dir, family, tmp_path, no_hf_model):
+    """``.bin`` weights (here a tied weight saved once, as safetensors hold it) are read tensor by
+    tensor too (tests/test_loading_bin.py): the same model as the safetensors files."""
     for path in family_dir(family).iterdir():
         if path.name != "model.safetensors":
             (tmp_path / path.name).write_bytes(path.read_bytes())

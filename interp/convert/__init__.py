@@ -3,7 +3,7 @@
 ``CONVERTERS`` (``interp.convert.families``) holds a row per Hugging Face ``model_type``: where its
 weights are and how its config reads into ``GPTConfig`` knobs; ``interp.convert.common.convert``
 reads any row. That table is the only code that asks which family a model is. ``load_model`` reads
-directories (a safetensors directory tensor by tensor, ``interp.convert.stream``) and hub ids;
+directories (safetensors or ``.bin`` weights tensor by tensor, ``interp.convert.stream``) and hub ids;
 ``impl=None`` picks the from-scratch model for the families listed here and the TransformerLens
 bridge for every other one. Every config field of each family is implemented (logits equal Hugging
 Face's), has no effect there either, or is refused in one line; every Hugging Face weight is read
@@ -18,7 +18,7 @@ import torch
 
 from interp.convert.common import HFWeights, convert
 from interp.convert.families import CONVERTERS
-from interp.convert.stream import SafetensorsWeights
+from interp.convert.stream import FileWeights
 from interp.errors import UserError
 from interp.model import GPTModel
 
@@ -54,15 +54,15 @@ def from_hf(hf_model, tokenizer=None, release: bool = False) -> GPTModel:
     return model
 
 
-def from_safetensors(files, hf_cfg, tokenizer, dtype: torch.dtype, source: str) -> GPTModel:
-    """A ``GPTModel`` of the Hugging Face config ``hf_cfg`` with the weights of safetensors
-    ``files`` (``interp.convert.stream.safetensors_files`` of a directory ``source``), in ``dtype``:
+def from_files(files, hf_cfg, tokenizer, dtype: torch.dtype, source: str) -> GPTModel:
+    """A ``GPTModel`` of the Hugging Face config ``hf_cfg`` with the weights of safetensors or
+    ``.bin`` ``files`` (``interp.convert.stream.weight_files`` of a directory ``source``), in ``dtype``:
     each tensor is read, cast and placed before the next (peak memory: the model's own size and a
     tensor or two), without building the Hugging Face model; logits equal its eager forward as
     ``from_hf``'s do. Keeps ``hf_cfg`` as ``hf_config``, its ``dtype`` set as ``from_pretrained`` sets it."""
     family = hf_cfg.model_type
     check_scratch_family(family)
-    model = convert(CONVERTERS[family], hf_cfg, SafetensorsWeights(files, hf_cfg, dtype, source), tokenizer)
+    model = convert(CONVERTERS[family], hf_cfg, FileWeights(files, hf_cfg, dtype, source), tokenizer)
     model.hf_config = copy.deepcopy(hf_cfg)
     model.hf_config.dtype = dtype
     return model

@@ -185,7 +185,7 @@ class Family:
 def convert(family: Family, hf_cfg, hf, tokenizer=None) -> GPTModel:
     """A ``GPTModel`` of ``family`` (a row of the table) from its Hugging Face config ``hf_cfg`` and
     weights ``hf``: an ``HFWeights`` (a state dict in memory), or an
-    ``interp.convert.stream.SafetensorsWeights`` (a directory, read tensor by tensor);
+    ``interp.convert.stream.FileWeights`` (a directory, read tensor by tensor);
     ``tokenizer``: the HF tokenizer (the byte tokenizer when None). Refused in one line: an option
     ``family.refused`` names, a config value its ``config`` cannot honour, a weight the table does
     not read."""
@@ -200,7 +200,7 @@ def scratch_model(cfg: GPTConfig, state: dict[str, torch.Tensor], tokenizer, fam
     """``GPTModel(cfg)`` holding exactly ``state`` (every tensor, no other: strict), in eval mode,
     with ``family`` recorded and the Hugging Face ``tokenizer`` (the byte tokenizer when None).
     ``source``: the Hugging Face weights ``state`` was made from (``HFWeights`` or
-    ``SafetensorsWeights``); one the table did not read is refused (a part of the model ours lacks)."""
+    ``FileWeights``); one the table did not read is refused (a part of the model ours lacks)."""
     unread = source.unread()
     if unread:
         shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")

@@ -1,21 +1,29 @@
-"""A Hugging Face directory's safetensors weights read tensor by tensor, at the loaded model's own
-size (issue 24.2): ``SafetensorsWeights`` is what ``interp.convert.common.convert`` reads in place
-of an in-memory state dict, so the from-scratch model is built from the files without building the
-Hugging Face model first.
+"""A Hugging Face directory's weights read tensor by tensor, at the loaded model's own size (issue
+24.2): ``FileWeights`` is what ``interp.convert.common.convert`` reads in place of an in-memory
+state dict, so the from-scratch model is built from the files without building the Hugging Face
+model first. The files are safetensors (``model.safetensors`` or its shards) or, where a directory
+has none, ``pytorch_model.bin`` (or its shards) as ``torch.save`` has written it since torch 1.6 (a
+zip file whose tensors' bytes lie uncompressed, each storage a record of its own).
 
 A tensor is read with plain file reads (no memory map, whose touched pages would stay resident)
 straight into a tensor of the target dtype, a slice at a time where it is cast, so loading a float32
-file in bfloat16 never holds the float32 copy. The names are checked against the Hugging Face model
-the config describes (built on the meta device: no memory), as ``from_pretrained`` checks them: a
-tensor it does not have, or of another shape, is refused in one line; a missing one is refused when
-the table asks for it. The safetensors layout (an 8-byte little-endian header length, a JSON header
-``{name: {"dtype", "shape", "data_offsets"}}``, then the data) is the format's specification.
+file in bfloat16 never holds the float32 copy. Where each tensor lies: a safetensors file's header
+(an 8-byte little-endian length, a JSON header ``{name: {"dtype", "shape", "data_offsets"}}``, then
+the data: the format's specification); a ``.bin`` file's pickle, read by
+``torch.load(map_location="meta", weights_only=True)``, which unpickles nothing but tensors, reads no
+tensor data, and gives each storage's byte offset in the file. The names are checked against the
+Hugging Face model the config describes (built on the meta device: no memory), as
+``from_pretrained`` checks them: a tensor it does not have, or of another shape, is refused in one
+line; a missing one is refused when the table asks for it.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import struct
+import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -23,47 +31,68 @@ import torch
 from interp.errors import UserError
 from interp.hub import is_constant_buffer, refuse_mismatched_tensors
 
-SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")  # (one file, the index of shards)
+BIN = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 CHUNK_BYTES = 1 << 24  # a cast tensor is read this many bytes of the file at a time
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
            "BOOL": torch.bool}
 
 
-def safetensors_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a ``save_pretrained`` directory: ``model.safetensors``, or the shards
-    its ``model.safetensors.index.json`` names; ``[]`` where it has neither (``.bin`` weights)."""
+def weight_files(directory: str | Path) -> list[Path]:
+    """The weight files of a ``save_pretrained`` directory that can be read tensor by tensor:
+    ``model.safetensors`` or the shards its index names; else ``pytorch_model.bin`` or the shards
+    its index names, where every one is a zip-format ``torch.save`` file. ``[]`` where it has
+    neither, or its ``.bin`` files are legacy (pre-1.6, non-zip) pickles, whose tensors lie inside
+    the pickle stream (``from_pretrained`` reads those)."""
     directory = Path(directory)
-    if (directory / SINGLE).is_file():
-        return [directory / SINGLE]
-    if not (directory / INDEX).is_file():
+    files = _listed_files(directory, *SAFETENSORS) or _listed_files(directory, *BIN)
+    if files and files[0].suffix == ".bin" and not all(_is_zip(path) for path in files):
+        return []
+    return files
+
+
+def _is_zip(path: Path) -> bool:
+    """Whether a file begins as a zip file does (``torch.save``'s format since torch 1.6; a legacy
+    pickle begins with the pickle protocol's mark)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _listed_files(directory: Path, single: str, index: str) -> list[Path]:
+    """``[directory / single]``, or the shards ``directory / index`` names (its ``weight_map`` of
+    tensor name -> file), or ``[]`` where neither is there."""
+    if (directory / single).is_file():
+        return [directory / single]
+    if not (directory / index).is_file():
         return []
     try:
-        shards = json.loads((directory / INDEX).read_bytes())["weight_map"].values()
+        shards = json.loads((directory / index).read_bytes())["weight_map"].values()
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise UserError(f"{directory / INDEX} is not a safetensors index (a JSON object with a \"weight_map\" of "
+        raise UserError(f"{directory / index} is not a weights index (a JSON object with a \"weight_map\" of "
                         "tensor name -> file)") from None
     return [directory / name for name in sorted(set(shards))]
 
 
 class _Entry:
-    """Where one tensor lies: its file, the byte offset of its data, its dtype and shape."""
+    """Where one tensor lies: its file, the byte offset of its first element, its dtype and shape,
+    and its strides where it is not contiguous (a view ``torch.save`` kept as it was)."""
 
-    def __init__(self, path: Path, start: int, header: dict, name: str):
-        try:
-            self.dtype = _DTYPES[header["dtype"]]
-            self.shape = tuple(int(n) for n in header["shape"])
-            begin, end = (int(n) for n in header["data_offsets"])
-        except KeyError as missing:
-            raise UserError(f"{path}: tensor {name!r} has dtype {header.get('dtype')!r} or no {missing}; "
-                            f"allowed dtypes: {', '.join(_DTYPES)}") from None
-        self.path, self.offset, self.nbytes = path, start + begin, end - begin
-        if self.nbytes != torch.Size(self.shape).numel() * self.dtype.itemsize:
-            raise UserError(f"{path}: tensor {name!r} of shape {list(self.shape)} does not fill its {self.nbytes} bytes")
+    def __init__(self, path: Path, offset: int, dtype: torch.dtype, shape, stride: tuple | None = None):
+        self.path, self.offset, self.dtype, self.shape, self.stride = path, offset, dtype, tuple(shape), stride
+
+    def span(self) -> int:
+        """How many elements of the file, from the first, the tensor's elements lie among."""
+        if self.stride is None or not all(self.shape):
+            return torch.Size(self.shape).numel()
+        return 1 + sum((size - 1) * step for size, step in zip(self.shape, self.stride))
 
 
-def _header(path: Path) -> tuple[int, dict]:
-    """(the byte offset of the data, ``{name: header entry}``) of one safetensors file."""
+def _safetensors_entries(path: Path) -> dict[str, _Entry]:
+    """``{file name: entry}`` of one safetensors file, from its header."""
     try:
         with open(path, "rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
@@ -73,13 +102,64 @@ def _header(path: Path) -> tuple[int, dict]:
     if not isinstance(header, dict):
         raise UserError(f"{path} is not a readable safetensors file: its header is no JSON object")
     header.pop("__metadata__", None)
-    return 8 + length, header
+    entries = {}
+    for name, fields in header.items():
+        try:
+            dtype, shape = _DTYPES[fields["dtype"]], [int(n) for n in fields["shape"]]
+            begin, end = (int(n) for n in fields["data_offsets"])
+        except KeyError as missing:
+            raise UserError(f"{path}: tensor {name!r} has dtype {fields.get('dtype')!r} or no {missing}; "
+                            f"allowed dtypes: {', '.join(_DTYPES)}") from None
+        if end - begin != torch.Size(shape).numel() * dtype.itemsize:
+            raise UserError(f"{path}: tensor {name!r} of shape {shape} does not fill its {end - begin} bytes")
+        entries[name] = _Entry(path, 8 + length + begin, dtype, shape)
+    return entries
+
+
+def _bin_entries(path: Path) -> dict[str, _Entry]:
+    """``{file name: entry}`` of one zip-format ``torch.save`` file of a state dict: its pickle read
+    with ``weights_only=True`` onto the meta device (no tensor data read), each storage's byte
+    offset in the file as ``torch.load`` records it on a meta storage."""
+    try:
+        state = torch.load(path, map_location="meta", weights_only=True)
+        with zipfile.ZipFile(path) as archive:
+            order = [archive.read(n) for n in archive.namelist() if n.endswith("/byteorder")]
+    except (RuntimeError, pickle.UnpicklingError, OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise UserError(f"{path} is not a readable torch.save file of tensors (weights_only=True): "
+                        f"{_reason(error)}") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise UserError(f"{path} holds no state dict of tensors ({{name: tensor}}), which a pytorch_model.bin is")
+    if order and order[0].decode() != sys.byteorder:
+        raise UserError(f"{path} was written {order[0].decode()}-endian; reading it tensor by tensor needs "
+                        f"{sys.byteorder}-endian tensors")
+    entries = {}
+    for name, tensor in state.items():
+        offset = getattr(tensor.untyped_storage(), "_checkpoint_offset", None)
+        if offset is None:
+            raise UserError(f"{path}: torch {torch.__version__} does not give a tensor's place in the file "
+                            "(torch.load(map_location='meta')); reading .bin weights tensor by tensor needs a newer torch")
+        stride = None if tensor.is_contiguous() else tensor.stride()
+        entries[name] = _Entry(path, offset + tensor.storage_offset() * tensor.element_size(), tensor.dtype,
+                               tensor.shape, stride)
+    return entries
+
+
+def _reason(error: Exception) -> str:
+    """The line of a ``torch.load`` error that says what is wrong: the unpickler's (a global
+    ``weights_only`` does not allow, without the advice around it), else the first."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    found = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0])
+    return found.split(". Please use")[0]
 
 
 def _read(entry: _Entry, dtype: torch.dtype) -> torch.Tensor:
     """One tensor of a file in ``dtype`` (integer and bool tensors keep theirs): read straight into
-    the result where the dtypes agree, else ``CHUNK_BYTES`` at a time through one buffer, cast into it."""
+    the result where the dtypes agree, else ``CHUNK_BYTES`` at a time through one buffer, cast into
+    it. A strided view: the bytes it spans, read as they lie, then copied into a contiguous result."""
     target = dtype if entry.dtype.is_floating_point else entry.dtype
+    if entry.stride is not None:
+        laid = _read(_Entry(entry.path, entry.offset, entry.dtype, (entry.span(),)), entry.dtype)
+        return torch.empty(entry.shape, dtype=target).copy_(laid.as_strided(entry.shape, entry.stride))
     out = torch.empty(entry.shape, dtype=target)
     flat = out.view(-1)
     with open(entry.path, "rb", buffering=0) as file:
@@ -108,7 +188,22 @@ def _fill(file, tensor: torch.Tensor, path: Path) -> None:
         done += got
 
 
-class SafetensorsWeights:
+def _same_values(one: _Entry, other: _Entry) -> bool:
+    """Whether two entries hold the same tensor: the same bytes of a file read the same way, or
+    equal bytes, compared ``CHUNK_BYTES`` at a time (neither tensor is held)."""
+    if (one.dtype, one.shape, one.stride) != (other.dtype, other.shape, other.stride):
+        return False
+    if (one.path, one.offset) == (other.path, other.offset):
+        return True
+    size = one.span() * one.dtype.itemsize
+    with open(one.path, "rb") as first, open(other.path, "rb") as second:
+        first.seek(one.offset)
+        second.seek(other.offset)
+        return all(first.read(min(CHUNK_BYTES, size - done)) == second.read(min(CHUNK_BYTES, size - done))
+                   for done in range(0, size, CHUNK_BYTES))
+
+
+class FileWeights:
     """The weights of a Hugging Face directory as ``{name: tensor}`` read on demand, in ``dtype``,
     under the names of the Hugging Face model ``hf_cfg`` describes: each file name renamed as
     ``from_pretrained`` renames it (transformers' own renamings: GPT-NeoX's ``embed_out`` is
@@ -123,7 +218,9 @@ class SafetensorsWeights:
 
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(hf_cfg)
-        expected = {name: tuple(tensor.shape) for name, tensor in meta.state_dict().items()}
+        state = meta.state_dict(keep_vars=True)
+        expected = {name: tuple(tensor.shape) for name, tensor in state.items()}
+        self.weight_of = {name: id(tensor) for name, tensor in state.items()}  # tied names: one weight
         transforms = get_model_conversion_mapping(meta)
         converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
         if converters:
@@ -132,11 +229,10 @@ class SafetensorsWeights:
                             "tensor does not do; use impl='transformer_lens'")
         self.entries: dict[str, _Entry] = {}
         for path in files:
-            start, header = _header(path)
-            for name, fields in header.items():
+            for name, entry in (_safetensors_entries if path.suffix == ".safetensors" else _bin_entries)(path).items():
                 if not is_constant_buffer(name):
                     ours, _ = rename_source_key(name, transforms, [], meta.base_model_prefix, expected)
-                    self.entries[ours] = _Entry(path, start, fields, name)
+                    self.entries[ours] = entry
         misshaped = [name for name, entry in self.entries.items()
                      if name in expected and entry.shape != expected[name]]
         refuse_mismatched_tensors(source, (), set(self.entries) - set(expected), misshaped)
@@ -152,5 +248,10 @@ class SafetensorsWeights:
         return _read(self.entries[name], self.dtype)
 
     def unread(self) -> list[str]:
-        """The names in the files never read (a file holds a tied weight once)."""
-        return [name for name in self.entries if name not in self.read]
+        """The names in the files never read, but for a tied weight: a name the Hugging Face model
+        ties to a read one (its ``lm_head`` is the embedding) holding the same tensor, which
+        ``from_pretrained`` ties too (a safetensors file holds a tied weight once, a ``.bin`` file
+        under both names). One holding another tensor is unread: ``from_pretrained`` unties it."""
+        read = {self.weight_of[name]: self.entries[name] for name in self.read}
+        return [name for name, entry in self.entries.items() if name not in self.read
+                and not (self.weight_of[name] in read and _same_values(entry, read[self.weight_of[name]]))]
