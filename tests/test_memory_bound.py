@@ -45,6 +45,7 @@ MEASURE = textwrap.dedent("""
     from analyses.core.probes import corrupt_first_copy, probes_for
     from analyses.interventions.patching import patch_heads, patch_mlps, patch_residual
     from analyses.interventions.ablation import ablation_sweep, head_importance
+    from analyses.interventions.attribution import shortlist_patch_heads
     from analyses.circuits.path_patching import edge_attribution, path_patch
     from analyses.roles.classify import classify_heads
     from analyses.roles.nulls import calibrate_roles
@@ -73,6 +74,8 @@ MEASURE = textwrap.dedent("""
         "attribution_patch": lambda metric: patch_heads(model, clean, corrupted, metric, method="attribution",
                                                         memory_mb=budget),
         "head_importance": lambda metric: head_importance(model, clean, "mean", metric, memory_mb=budget),
+        "shortlist": lambda metric: shortlist_patch_heads(model, clean, corrupted, metric, k=2, memory_mb=budget,
+                                                          progress=False),
         "ablation": lambda metric: ablation_sweep(model, clean, "each_head", "mean", metric, memory_mb=budget,
                                                   progress=False),
         "path_patch": lambda metric: path_patch(model, clean, corrupted, metric, senders=[(0, 0)],
@@ -206,7 +209,7 @@ def test_a_run_scored_in_prompt_chunks_has_the_batch_baseline():
 # (one at a time), weights the budget does not cover, so its allowance adds one model's size.
 CASES = [("patch_heads", "loss"), ("patch_heads", "logit_diff"), ("patch_mlps", "loss"),
          ("patch_residual", "logit_diff"), ("attribution_patch", "loss"), ("ablation", "loss"),
-         ("head_importance", "loss"), ("path_patch", "loss"), ("eap", "loss"),
+         ("head_importance", "loss"), ("shortlist", "loss"), ("path_patch", "loss"), ("eap", "loss"),
          ("eap_ig", "logit_diff"), ("classify", "loss"), ("dormant", "loss"), ("backup", "loss"),
          ("direct_effects", "logit_diff"), ("logit_lens", "loss"), ("calibrate", "loss")]
 WEIGHTS_ALSO = {"calibrate"}

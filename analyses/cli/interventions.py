@@ -166,7 +166,8 @@ def run_patch(args) -> int:
                                                 memory_mb=args.memory_mb, **options)
             frame["attribution"] = attributed.flatten().cpu().numpy()
             agreement = attribution_agreement(
-                attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, **options))
+                attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, memory_mb=args.memory_mb,
+                                                             **options))
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
         figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
     csv_path = save_csv(frame, args.out / "patching.csv")

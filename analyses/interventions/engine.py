@@ -16,9 +16,10 @@ are all of that layer's ``hook_resid_mid`` starts after the layer's attention. A
 ``TransformerBridge``'s ``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the
 full forward runs.
 
-The linearised counterpart (``metric_gradients``, ``linear_effects``; ``activation_gradients`` for
-any hooks) serves attribution patching, edge attribution and Michel et al.'s head importance: the
-first-order change of the metric for moving an activation, from one forward and backward.
+The linearised counterpart (``activation_gradients``, ``linear_effects``) serves attribution
+patching, edge attribution and Michel et al.'s head importance: the first-order change of the
+metric for moving an activation, from one forward and backward, over chunks of prompts
+(``gradient_parts``; the other run's part: ``scored_cache``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from einops import einsum, repeat
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name, z_names
+from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
@@ -488,14 +489,6 @@ def scored_cache(model, tokens: torch.Tensor, names: Sequence[str], metric: Metr
     with torch.no_grad():
         value = evaluate_metric(metric, model.unembed(cache[final][:, positions])).item()
     return value, {name: cache[name] for name in names}
-
-
-def metric_gradients(model, tokens: torch.Tensor, metric: Metric) -> tuple[float, list, list]:
-    """One forward and backward -> (metric value, z per layer, dmetric/dz per layer); each z and
-    gradient is (batch, pos, head, d_head). Only activation gradients are computed (no weight grads)."""
-    names = z_names(model)
-    value, z, grads = activation_gradients(model, tokens, metric, names)
-    return value, [z[name] for name in names], [grads[name] for name in names]
 
 
 def linear_effects(grads: list, z: list, z_target: list, keep: str = "p h") -> torch.Tensor:
