@@ -130,7 +130,21 @@ def test_a_legacy_bin_goes_through_from_pretrained(family_dir, tmp_path, monkeyp
     ours = load_model(directory, impl="scratch", dtype="bfloat16")
     assert len(calls) == 1
     assert_same_model(ours, hf_reference(directory, torch.bfloat16)[0])
-    assert_same_model(ours, load_model(bin_dir(family_dir("llama"), tmp_path / "zip"), impl="scratch", dtype="bfloat16"))
+    read_by_file = load_model(bin_dir(family_dir("llama"), tmp_path / "zip"), impl="scratch", dtype="bfloat16")
+    assert_same_model(ours, read_by_file)
+
+
+def test_a_torch_that_does_not_give_offsets_reads_a_bin_through_from_pretrained(family_dir, tmp_path, monkeypatch):
+    """Before torch 2.10, ``torch.load(map_location="meta")`` reads each storage and records no
+    offset: the ``.bin`` goes through ``from_pretrained`` as it did, to the same model."""
+    directory = bin_dir(family_dir("gpt2"), tmp_path / "gpt2")
+    read_by_file = load_model(directory, impl="scratch")
+    monkeypatch.setattr(interp.convert.stream, "_meta_load_gives_offsets", lambda: False)
+    calls = []
+    load_hf = interp.loading.load_hf
+    monkeypatch.setattr(interp.loading, "load_hf", lambda *args, **kw: calls.append(args) or load_hf(*args, **kw))
+    assert_same_model(load_model(directory, impl="scratch"), read_by_file)
+    assert len(calls) == 1
 
 
 def test_a_bin_of_other_objects_is_refused_in_one_line(family_dir, tmp_path):

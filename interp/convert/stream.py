@@ -19,6 +19,8 @@ line; a missing one is refused when the table asks for it.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import pickle
 import struct
@@ -42,14 +44,27 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 def weight_files(directory: str | Path) -> list[Path]:
     """The weight files of a ``save_pretrained`` directory that can be read tensor by tensor:
     ``model.safetensors`` or the shards its index names; else ``pytorch_model.bin`` or the shards
-    its index names, where every one is a zip-format ``torch.save`` file. ``[]`` where it has
-    neither, or its ``.bin`` files are legacy (pre-1.6, non-zip) pickles, whose tensors lie inside
-    the pickle stream (``from_pretrained`` reads those)."""
+    its index names, where every one is a zip-format ``torch.save`` file and this torch gives a
+    tensor's place in one. ``[]`` where it has neither, or its ``.bin`` files are legacy (pre-1.6,
+    non-zip) pickles, whose tensors lie inside the pickle stream, or torch is older than 2.10
+    (``from_pretrained`` reads those)."""
     directory = Path(directory)
     files = _listed_files(directory, *SAFETENSORS) or _listed_files(directory, *BIN)
-    if files and files[0].suffix == ".bin" and not all(_is_zip(path) for path in files):
+    if files and files[0].suffix == ".bin" and not (_meta_load_gives_offsets() and all(map(_is_zip, files))):
         return []
     return files
+
+
+@functools.cache
+def _meta_load_gives_offsets() -> bool:
+    """Whether this torch's ``torch.load(map_location="meta")`` records each storage's byte offset
+    in the file (``_checkpoint_offset``) without reading it: torch 2.10 and later (tried once on a
+    one-tensor file in memory)."""
+    buffer = io.BytesIO()
+    torch.save({"probe": torch.zeros(1)}, buffer)
+    buffer.seek(0)
+    probe = torch.load(buffer, map_location="meta", weights_only=True)["probe"]
+    return getattr(probe.untyped_storage(), "_checkpoint_offset", None) is not None
 
 
 def _is_zip(path: Path) -> bool:
@@ -134,13 +149,9 @@ def _bin_entries(path: Path) -> dict[str, _Entry]:
                         f"{sys.byteorder}-endian tensors")
     entries = {}
     for name, tensor in state.items():
-        offset = getattr(tensor.untyped_storage(), "_checkpoint_offset", None)
-        if offset is None:
-            raise UserError(f"{path}: torch {torch.__version__} does not give a tensor's place in the file "
-                            "(torch.load(map_location='meta')); reading .bin weights tensor by tensor needs a newer torch")
+        offset = tensor.untyped_storage()._checkpoint_offset + tensor.storage_offset() * tensor.element_size()
         stride = None if tensor.is_contiguous() else tensor.stride()
-        entries[name] = _Entry(path, offset + tensor.storage_offset() * tensor.element_size(), tensor.dtype,
-                               tensor.shape, stride)
+        entries[name] = _Entry(path, offset, tensor.dtype, tensor.shape, stride)
     return entries
 
 
