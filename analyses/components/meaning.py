@@ -44,7 +44,7 @@ from analyses.components.decompose import final_norm
 from analyses.roles.dormant import head_outputs
 from analyses.core.hook_names import final_resid_name, pattern_name, z_name
 from analyses.roles.nulls import BAND_Z, DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_log_upper_tail, t_upper_tail, z_score
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 from interp.random_models import random_like
@@ -59,13 +59,14 @@ def ov_eigenvalues(model, *, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tens
     from the (d_head x d_head) ``W_O W_U W_E W_V``. ``W_U W_E`` (d_model, d_model) is summed in
     float64 over slices of the vocabulary that fit ``memory_mb`` (no float64 copy of either matrix)."""
     W_E, W_U = _embed_unembed(model)
-    W_V = expand_kv_heads(model.W_V.detach(), model.cfg.n_heads).double()
+    W_O, W_V = model.W_O.detach(), expand_kv_heads(model.W_V.detach(), model.cfg.n_heads)
     d_model, n_vocab = W_U.shape
     step = max(1, int(memory_mb * 2**20 // (2 * 8 * d_model)))
     unembed_embed = sum(W_U[:, start:start + step].double() @ W_E[start:start + step].double()
                         for start in range(0, n_vocab, step))  # (d_model, d_model)
-    small = model.W_O.detach().double() @ unembed_embed @ W_V  # (layer, head, d_head, d_head)
-    return torch.linalg.eigvals(small)
+    small = [W_O[layer].double() @ unembed_embed @ W_V[layer].double()  # (head, d_head, d_head): a layer at a time
+             for layer in range(W_O.shape[0])]
+    return torch.linalg.eigvals(torch.stack(small))
 
 
 def _embed_unembed(model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,24 +157,26 @@ def qk_positional_scores(model) -> pd.DataFrame:
 
 
 def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
-              progress: bool | None = None) -> pd.DataFrame:
+              progress: bool | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """One row per head: ``layer, head, copying, copy_suppression, copying_topk, suppression_topk``."""
     with torch.no_grad():
-        copying = copying_from_eigenvalues(ov_eigenvalues(model)).float()
-        top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, progress=progress)
+        copying = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb)).float()
+        top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, progress=progress, memory_mb=memory_mb)
     return head_frame(copying, {"copying": copying, "copy_suppression": -copying, "copying_topk": top,
                                 "suppression_topk": bottom})
 
 
-def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None) -> pd.DataFrame:
+def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None, *,
+                  memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """``copying`` and ``copy_suppression`` against the random-initialisation null: one row per
     (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
-    null_center, null_spread, null_low, null_high, z, p, log10_p``)."""
+    null_center, null_spread, null_low, null_high, z, p, log10_p``). One null model is alive at a
+    time, counted in ``memory_mb`` (its eigenvalues get what it leaves)."""
     if len(null_seeds) < 2:
         raise UserError(f"null_seeds={tuple(null_seeds)}: a null spread needs at least 2 random initialisations")
     with torch.no_grad():
-        observed = copying_from_eigenvalues(ov_eigenvalues(model))
-        nulls = torch.stack([copying_from_eigenvalues(ov_eigenvalues(random_like(model, seed)))
+        observed = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb))
+        nulls = torch.stack([_null_copying(model, seed, memory_mb)
                              for seed in progress_bar(null_seeds, progress=progress, desc="random-init nulls",
                                                       unit="model")])
     frames = []
@@ -187,6 +190,12 @@ def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progres
             "log10_p": t_log_upper_tail(z, dof) / math.log(10),
         }))
     return pd.concat(frames, ignore_index=True)
+
+
+def _null_copying(model, seed: int, memory_mb: float) -> torch.Tensor:
+    """(layer, head) copying scores of ``model``'s architecture at random initialisation ``seed``."""
+    null = random_like(model, seed)
+    return copying_from_eigenvalues(ov_eigenvalues(null, memory_mb=left_after(memory_mb, model_mb(null))))
 
 
 def meaning_roles(model, *, k: int = DEFAULT_TOP_K, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,

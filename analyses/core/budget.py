@@ -28,3 +28,25 @@ def row_bytes(model, n_pos: int, *, logits: bool, kept_patterns: int = 0, read: 
 def rows_within(model, n_pos: int, memory_mb: float, *, logits: bool, **sizes) -> int:
     """How many rows fit in ``memory_mb`` (at least one); ``sizes``: ``row_bytes``'s keywords."""
     return max(1, int(memory_mb * 2**20 // row_bytes(model, n_pos, logits=logits, **sizes)))
+
+
+def held_mb(tensors) -> float:
+    """MB held by ``tensors`` (an iterable of tensors; each distinct storage counted once): what a
+    model's parameters or a stored run keep alive while later steps run."""
+    storages = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        storages[(tensor.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values()) / 2**20
+
+
+def model_mb(model) -> float:
+    """MB of ``model``'s parameters and buffers (a null model of its architecture costs as much)."""
+    return held_mb([*model.parameters(), *model.buffers()])
+
+
+def left_after(memory_mb: float, held: float) -> float:
+    """The budget left to a step while ``held`` MB of the same budget stay alive (a run's store, a
+    null model): ``memory_mb - held``, but never under an eighth of ``memory_mb``, so a step still
+    runs (then the process holds ``held`` beyond the budget's rest; ``docs/guides/memory.md``)."""
+    return max(memory_mb - held, memory_mb / 8)

@@ -40,7 +40,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
 from analyses.roles.classify import DEFAULT_FDR, ROLES, check_fdr, per_prompt_scores, probe_targets, prompt_counts_and_chance
 from analyses.core.probes import RepeatedProbes, probes_for, shuffle_second_copy
 from analyses.core.progress import progress_bar
@@ -183,12 +183,15 @@ def benjamini_hochberg(p: torch.Tensor) -> torch.Tensor:
 def random_init_null(model, probes: RepeatedProbes, seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
     """Scores of every head of ``model``'s architecture at each random initialisation in ``seeds``
-    on ``probes`` -> role -> (n_seeds, layer, head)."""
+    on ``probes`` -> role -> (n_seeds, layer, head). One null model is alive at a time, counted in
+    ``memory_mb`` (its forwards get what it leaves)."""
     if len(seeds) < 2:
         raise UserError(f"null_seeds={tuple(seeds)}: a null spread needs at least 2 random initialisations")
     scores = {role: [] for role in ROLES}
     for seed in progress_bar(seeds, progress=progress, desc="random-init nulls", unit="model"):
-        samples = role_samples(random_like(model, seed), probes, memory_mb, progress=False)
+        null = random_like(model, seed)  # one alive at a time, counted in memory_mb
+        samples = role_samples(null, probes, left_after(memory_mb, model_mb(null)), progress=False)
+        del null
         for role in ROLES:
             scores[role].append(ratio_and_error(samples.sums[role], samples.counts[role])[0])
     return {role: torch.stack(values) for role, values in scores.items()}
