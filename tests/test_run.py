@@ -166,3 +166,47 @@ def test_edits_equal_tuples(toy, probes):
     one = evaluate_variants(toy, probes.tokens, as_tuples, sources, metric, progress=False)
     two = evaluate_variants(toy, probes.tokens, as_edits, sources, metric, progress=False)
     assert torch.equal(one, two)
+
+
+def test_run_keeps_its_first_rows_only(toy):
+    """``keep_rows``: the store holds the first prompts only (equal to a run of those prompts alone),
+    while the metric and the reducers still see every prompt; the whole batch cannot be read."""
+    probes = probes_for(toy, 12, 24, seed=5)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    partial = Run.make(toy, probes.tokens, metric, z_names(toy), memory_mb=0.05, keep_rows=5,
+                       reducers={"sums": PromptSums(toy, probe_targets(probes), MEASURES)})
+    alone = Run.make(toy, probes.tokens[:5], None, z_names(toy))
+    whole = Run.make(toy, probes.tokens, metric, z_names(toy))
+    assert partial.stored == 5
+    for name in z_names(toy):
+        assert partial.cache[name].shape[0] == 5
+        torch.testing.assert_close(partial.first(5).read([name])[name], alone.cache[name], rtol=0, atol=1e-5)
+    assert partial.starts  # the tiny budget thins them to layer 0's
+    for name, start in partial.starts.items():
+        assert start.shape[0] == 5
+        torch.testing.assert_close(start, alone.starts[name], rtol=0, atol=1e-5)
+    assert partial.baseline == pytest.approx(whole.baseline, abs=1e-5)
+    assert partial.reduced["sums"][MEASURES[0]].shape[0] == 12
+    with pytest.raises(UserError, match="stores its first 5 of 12"):
+        partial.read(z_names(toy))
+    with pytest.raises(UserError, match="has no first 6"):
+        partial.first(6)
+
+
+def test_report_intervenes_on_its_first_probes(toy):
+    """``build_report(intervention_prompts=k)``: the roles are read from every probe, the total
+    effects (the head table's ``ablation_effect``) are those of ``direct_and_total_effects`` on the
+    first k probes alone, with their own loss."""
+    n_prompts, seq_len, k = 20, 24, 6
+    report = build_report(toy, model_name="toy", n_prompts=n_prompts, seq_len=seq_len, seed=0,
+                          intervention_prompts=k, progress=False)
+    first = probes_for(toy, n_prompts, seq_len, seed=0).first(k)
+    effects = direct_and_total_effects(toy, first, None, "mean_aligned", loss_metric(first.tokens, first.predictable),
+                                       progress=False)
+    merged = report.table.merge(effects, on=["layer", "head"])
+    assert len(merged) == toy.cfg.n_layers * toy.cfg.n_heads
+    torch.testing.assert_close(torch.tensor(merged["ablation_effect"].to_numpy()),
+                               torch.tensor(merged["total"].to_numpy()), rtol=0, atol=1e-5)
+    assert report.meta["intervention_prompts"] == k and report.meta["prompts"] == n_prompts
+    with pytest.raises(UserError, match="intervention_prompts=1"):
+        build_report(toy, model_name="toy", n_prompts=n_prompts, intervention_prompts=1, progress=False)

@@ -8,7 +8,7 @@ from analyses.circuits.ground_truth import read_truth
 from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 from analyses.core.tokens import read_text_lines
-from analyses.report.build import PROMPTS_NEEDED_BY, build_report, write_report
+from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, PROMPTS_NEEDED_BY, build_report, write_report
 from analyses.report.truth_page import write_truth_report
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
 
@@ -30,6 +30,8 @@ def optional_float(text: str) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
+    check_prompt_count(args.intervention_prompts, f"--intervention-prompts {args.intervention_prompts}",
+                       PROMPTS_NEEDED_BY)
     check_seq_len(args.seq_len, "--seq-len ")
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
                           seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
-                          memory_mb=args.memory_mb)
+                          intervention_prompts=args.intervention_prompts, memory_mb=args.memory_mb)
     print(write_report(report, args.out))
     return 0
 
@@ -48,6 +50,10 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
     add_model_args(parser)
     add_probe_args(parser, prompts=64)
+    parser.add_argument("--intervention-prompts", type=int, default=DEFAULT_INTERVENTION_PROMPTS,
+                        help=f"the per-head interventions (total and direct effects, backup, path patching, the "
+                             f"components' patching) run on the first this many probes (default "
+                             f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are read from every probe")
     parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
     parser.add_argument("--threshold", type=optional_float, default=DEFAULT_THRESHOLD,
                         help="a role's minimum score (default 0.4); 'none': significance alone decides")

@@ -45,6 +45,12 @@ class RepeatedProbes:
     def seq_len(self) -> int:
         return self.tokens.shape[1]
 
+    def first(self, n: int) -> "RepeatedProbes":
+        """The first ``n`` probes (all where there are fewer)."""
+        if n < 1:
+            raise UserError(f"first {n} probes: take at least one")
+        return RepeatedProbes(self.tokens[:n], self.period[:n], self.segment_start[:n], self.vocab)
+
     def _positions(self) -> torch.Tensor:
         return torch.arange(self.seq_len, device=self.tokens.device)[None]
 

@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
 from analyses.interventions.engine import _Collected, evaluate_variants, nearest_start, runs_suffix_only, start_names
 from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
@@ -67,7 +67,9 @@ class Run:
     without one); cache: hook name -> activation (batch, ...); starts: ``start_names`` hook ->
     residual (batch, pos, d_model) on a model that can start there, None elsewhere; reduced: what
     streaming consumers left, by the key they were given; silent: asked-for hooks the model never
-    fired, left out of ``read`` as ``run_with_cache`` leaves them out of its cache."""
+    fired, left out of ``read`` as ``run_with_cache`` leaves them out of its cache; stored: how many
+    of the first prompts the cache and starts hold where ``Run.make`` kept fewer than all (then
+    only ``first`` up to that many reads them), None where they hold every prompt."""
 
     model: object
     tokens: torch.Tensor
@@ -78,21 +80,27 @@ class Run:
     reduced: dict = field(default_factory=dict)
     silent: frozenset = frozenset()
     memory_mb: float = DEFAULT_MEMORY_MB
+    stored: int | None = None
 
     @classmethod
     def make(cls, model, tokens: torch.Tensor, metric: Metric | None = None, names: Sequence[str] = (), *,
              consumers: Sequence[tuple[str, Consumer]] = (), reducers: Mapping[str, object] | None = None,
-             starts: bool = True,
+             starts: bool = True, keep_rows: int | None = None,
              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False, desc: str = "run") -> "Run":
         """One forward of ``tokens`` (batch, pos), in chunks of prompts that fit ``memory_mb``,
         keeping ``names`` (and with ``starts`` the ``start_names`` residuals), calling each
         consumer ``(hook name, fn(activation (chunk, ...), rows))`` as the forward passes the hook,
         and evaluating ``metric`` on the logits. ``reducers``: key -> an object with ``hooks()``
         (consumers) and ``result()``, left in ``reduced[key]``. Without a metric the forward stops
-        once the last wanted hook has fired (no unembedding)."""
+        once the last wanted hook has fired (no unembedding). ``keep_rows``: keep ``names`` and the
+        starts for the first ``keep_rows`` prompts only (the consumers and the metric still see every
+        prompt), so what the run holds does not grow with the batch; read them through ``first``."""
+        if keep_rows is not None and not 1 <= keep_rows:
+            raise UserError(f"keep_rows={keep_rows}: keep at least the first prompt, or None for all")
+        keep_rows = None if keep_rows is None or keep_rows >= len(tokens) else keep_rows
         reducers = dict(reducers or {})
         consumers = [*consumers, *(hook for reducer in reducers.values() for hook in reducer.hooks())]
-        resid_names = kept_starts(model, tokens, memory_mb) if starts else []
+        resid_names = kept_starts(model, tokens[:keep_rows], memory_mb) if starts else []
         kept_names = list(dict.fromkeys([*names, *resid_names]))
         by_name: dict[str, list[Consumer]] = {}
         for name, consumer in consumers:
@@ -110,8 +118,8 @@ class Run:
             def hook_for(name):
                 def hook(activation, hook):  # the name is bound here: hook.name may be a backend alias
                     fired.add(name)
-                    if name in kept:
-                        kept[name].append(activation.detach())
+                    if name in kept and (keep_rows is None or rows.start < keep_rows):
+                        kept[name].append(_first_rows(activation.detach(), rows, keep_rows))
                     for consumer in by_name.get(name, ()):
                         consumer(activation.detach(), rows)
                     if metric is None and len(fired) == len(wanted):
@@ -133,12 +141,13 @@ class Run:
         if run_starts is not None:
             run_starts |= {name: cache[name] for name in resid_names if name in names}
         return cls(model, tokens, metric, baseline, cache, run_starts,
-                   {key: reducer.result() for key, reducer in reducers.items()}, silent, memory_mb)
+                   {key: reducer.result() for key, reducer in reducers.items()}, silent, memory_mb, keep_rows)
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """{name: activation (batch, ...)} for ``names``: from the cache, and what is missing from one
         forward of only the blocks it needs, starting at the latest cached start at or before the
         earliest missing hook (the whole model where there is none), kept in the cache after."""
+        self._refuse_partial("read")
         missing = [name for name in dict.fromkeys(names)
                    if name not in self.cache and name not in (self.starts or {}) and name not in self.silent]
         if missing:
@@ -169,11 +178,25 @@ class Run:
             pass
         return kept
 
+    def _refuse_partial(self, what: str) -> None:
+        if self.stored is not None:
+            raise UserError(f"this run stores its first {self.stored} of {len(self.tokens)} prompts, so it cannot "
+                            f"{what} them all; use run.first(n) for n <= {self.stored}")
+
+    def held_mb(self) -> float:
+        """MB the run's cache, starts and reduced tensors hold (a budget's share that stays taken
+        while it lives)."""
+        reduced = [value for result in self.reduced.values()
+                   for value in (result.values() if isinstance(result, dict) else [result])]
+        return held_mb([*self.cache.values(), *(self.starts or {}).values(),
+                        *(value for value in reduced if isinstance(value, torch.Tensor))])
+
     def first(self, n: int) -> "Run":
         """This run restricted to its first ``n`` prompts, nothing run again: the tokens, cache and
         starts sliced; no metric, so ``value`` computes any from the last block."""
-        if not 0 < n <= len(self.tokens):
-            raise UserError(f"a run of {len(self.tokens)} prompts has no first {n}")
+        if not 0 < n <= (self.stored or len(self.tokens)):
+            raise UserError(f"a run of {len(self.tokens)} prompts storing {self.stored or len(self.tokens)} "
+                            f"has no first {n}")
         return Run(self.model, self.tokens[:n], cache={name: value[:n] for name, value in self.cache.items()},
                    starts=None if self.starts is None else {name: value[:n] for name, value in self.starts.items()},
                    silent=self.silent, memory_mb=self.memory_mb)
@@ -189,6 +212,7 @@ class Run:
         logits of a forward of the last block only (the whole model where it cannot start there)."""
         if metric is self.metric:
             return self.baseline
+        self._refuse_partial("score another metric on")
         last = resid_pre_name(self.model.cfg.n_layers - 1)
         from_last = self.starts is not None and last in self.starts
         scored = MetricParts(self.model, metric, self.tokens)
@@ -198,6 +222,14 @@ class Run:
                 rows = slice(start, min(start + size, len(self.tokens)))
                 scored.add(rows, self.starts[last][rows] if from_last else None, self.model.cfg.n_layers - 1)
         return scored.value()
+
+
+def _first_rows(activation: torch.Tensor, rows: slice, keep_rows: int | None) -> torch.Tensor:
+    """The rows of a chunk's ``activation`` (chunk, ...) below ``keep_rows`` (None: all), copied when
+    fewer than the chunk, so the chunk itself is not held through a view."""
+    if keep_rows is None or rows.stop <= keep_rows:
+        return activation
+    return activation[:keep_rows - rows.start].clone()
 
 
 def kept_starts(model, tokens: torch.Tensor, memory_mb: float) -> list[str]:
@@ -273,9 +305,8 @@ class FirstRows:
     def hooks(self) -> list[tuple[str, Consumer]]:
         def keeper(name):
             def keep(activation, rows):
-                wanted = max(0, min(self.n_rows - rows.start, activation.shape[0]))
-                if wanted:
-                    self.parts[name].append(activation[:wanted])
+                if rows.start < self.n_rows:
+                    self.parts[name].append(_first_rows(activation, rows, self.n_rows))
 
             return keep
 

@@ -26,8 +26,8 @@ import pandas as pd
 import torch
 
 from analyses.components.rollout import all_patterns
-from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.report.calibration_figures import CalibrationSection, calibration_section, probe_run
+from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
+from analyses.report.calibration_figures import CalibrationSection, FirstProbes, calibration_section, probe_run
 from analyses.circuits.circuit import CircuitSection, circuit_section, edge_lines
 from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, component_hooks, components_cache,
                                  direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
@@ -50,6 +50,11 @@ from analyses.core.tokens import leading_tokens
 # why a report needs at least 2 prompts (``check_prompt_count``)
 PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
                      "each prompt with the other prompts' mean")
+
+# the probes every per-head intervention runs on (total and direct effects, backup, path patching, the
+# components' patching): each sweeps every head, so its cost grows with prompts x heads, while the roles
+# are read from every probe in the one forward
+DEFAULT_INTERVENTION_PROMPTS = 16
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
@@ -80,7 +85,8 @@ class HeadReport:
 def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
                  texts: Sequence[str] | None = None,
                  thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> HeadReport:
+                 intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float = DEFAULT_MEMORY_MB,
+                 progress: bool | None = None) -> HeadReport:
     """Classify every head (on probes, or on ``texts``), calibrate the scores and run the causal
     checks on the probes, find the edges among the role heads, store every head's pattern on a
     probe and on a text, draw the figures. The probes are drawn once and serve all of it.
@@ -89,36 +95,45 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     (head, role) whose score beats its nulls at that false-discovery rate and, with
     ``thresholds``, also reaches the threshold; ``fdr=None`` (or ``texts``, which the probe nulls
     do not describe) is the fixed rule: the threshold and an interval above chance.
-    ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: each step's budget."""
+    The interventions run on the first ``intervention_prompts`` probes (all where there are fewer).
+    ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: what the report
+    may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
+    stays taken, each step gets the rest (``analyses.core.budget.left_after``)."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
+    check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
         check_fdr(fdr)
     steps = ReportSteps(progress)
     probes = probes_for(model, n_prompts, seq_len, seed=seed)
     steps.begin("probe run")  # the probes' one forward, which every step below reads
-    run = probe_run(model, probes, names=component_hooks(model, lens=True), memory_mb=memory_mb, progress=progress)
+    run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=intervention_prompts,
+                    memory_mb=memory_mb, progress=progress)
+    first = FirstProbes.of(probes, run, run.metric, intervention_prompts)
+    step_mb = left_after(memory_mb, run.held_mb())
     steps.begin("classification")
     scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, memory_mb=memory_mb,
                             progress=progress, run=None if texts else run)
     steps.begin("calibration")
     calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
-                                      progress=progress, run=run)
+                                      progress=progress, run=run, intervention_prompts=intervention_prompts)
     calibrated = fdr is not None and not texts
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.begin("circuit")
-    circuit = circuit_section(model, table, probes, seed=seed, memory_mb=memory_mb, progress=progress, run=run)
+    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run)
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
                                             "texts": len(texts) if texts else None, "thresholds": thresholds,
                                             "fdr": fdr if calibrated else None,
+                                            "intervention_prompts": first.probes.n_prompts,
                                             "null_seeds": list(DEFAULT_NULL_SEEDS)}
     steps.begin("figures")
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
     calibration_page, circuit_page = calibration_report_section(calibration), circuit_report_section(circuit)
     steps.begin("components")
-    sections[2:2] = [calibration_page, circuit_page, components_report_section(model, probes, progress=progress, run=run)]
+    sections[2:2] = [calibration_page, circuit_page,
+                     components_report_section(model, first.probes, progress=progress, run=first.run, memory_mb=step_mb)]
     steps.close()
     return HeadReport(table, sections, meta)
 
@@ -182,32 +197,27 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
     return Section("Calibration", text, figures=figures)
 
 
-COMPONENT_PROMPTS = 16  # the probes the components section reads (its patching sweeps every head and MLP)
-
-
 def components_report_section(model, probes: RepeatedProbes, *, progress: bool | None = None,
-                              run: Run | None = None) -> Section:
+                              run: Run | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> Section:
     """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
     attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
-    effect (attention vs MLP), and the copying / copy-suppression roles of the OV circuits, on the
-    first ``COMPONENT_PROMPTS`` probes. ``run``: a ``Run`` of the probes whose ``component_hooks``
-    (with the lens) serve instead of a forward."""
-    first = slice(0, COMPONENT_PROMPTS)
-    probes = RepeatedProbes(probes.tokens[first], probes.period[first], probes.segment_start[first], probes.vocab)
+    effect (attention vs MLP), and the copying / copy-suppression roles of the OV circuits, on
+    ``probes`` (the report's first ``intervention_prompts``). ``run``: a ``Run`` of the probes whose
+    ``component_hooks`` (with the lens) serve instead of a forward."""
     tokens = probes.tokens
     answers, positions = next_token_answers(tokens)
     predictable = probes.predictable[:, 1:].reshape(-1).cpu()
     cache = (components_cache(model, tokens, lens=True) if run is None else
-             {name: value[first] for name, value in run.read(component_hooks(model, lens=True)).items()})
+             run.read(component_hooks(model, lens=True)))
     dla = direct_logit_attribution(model, cache, answers, positions=positions)
     dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
-    lens = logit_lens(model, cache, answers, positions=positions)
+    lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
     lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
     effects = attention_vs_mlp(model, tokens, corrupt_first_copy(probes), loss_metric(tokens, probes.predictable),
-                               answers, positions=positions, cache=cache, progress=progress,
-                               clean_run=None if run is None else run.first(len(tokens)))
+                               answers, positions=positions, cache=cache, progress=progress, memory_mb=memory_mb,
+                               clean_run=run)
     del cache
-    roles = ov_scores(model, progress=progress)
+    roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
     per_kind = effects.groupby("kind")["direct"].sum()
     text = ("Which components write the answer. **Direct logit attribution**: each head's, MLP's and embedding's "

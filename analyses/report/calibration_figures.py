@@ -19,17 +19,18 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.components.meaning import meaning_nulls
 from analyses.roles.classify import ALL_ROLES, DEFAULT_FDR, MEANING_ROLES, MEASURES, PromptSums, probe_targets
 from analyses.roles.dormant import DORMANT_BELOW, Similarity, dormant_frame, head_similarities
 from analyses.core.hook_names import pattern_names, z_names
-from analyses.core.metrics import Metric, loss_metric
+from analyses.core.metrics import Metric, loss_metric, metric_part
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
 from analyses.core.probes import RepeatedProbes
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import FirstRows, Run
 from analyses.core.plots import new_figure
+from interp.errors import UserError
 
 DEFAULT_PAIR_HEADS = 12  # pairwise ablation covers at most this many role heads (the largest effects)
 # no figure of every head is wider or taller than this (10,000 pixels at the report's 100 dpi): past
@@ -82,21 +83,44 @@ def calibration_reducers(model, probes: RepeatedProbes) -> dict:
 
 
 def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names: Sequence[str] = (), *,
-              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Run:
+              intervention_prompts: int | None = None, memory_mb: float = DEFAULT_MEMORY_MB,
+              progress: bool | None = None) -> Run:
     """The one ``Run`` of the probes that the calibration (and the report) reads: one forward keeping
-    ``calibration_reads`` and ``names``, feeding ``calibration_reducers``; ``metric`` default the loss
-    of the probes' predictable tokens."""
+    ``calibration_reads`` and ``names`` (of the first ``intervention_prompts`` probes only, the ones
+    the interventions run on; None: all), feeding ``calibration_reducers`` every probe; ``metric``
+    default the loss of the probes' predictable tokens."""
     metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
     return Run.make(model, probes.tokens, metric, [*calibration_reads(model), *names],
-                    reducers=calibration_reducers(model, probes), memory_mb=memory_mb, progress=progress,
-                    desc="probes")
+                    reducers=calibration_reducers(model, probes), keep_rows=intervention_prompts,
+                    memory_mb=memory_mb, progress=progress, desc="probes")
+
+
+@dataclass(frozen=True)
+class FirstProbes:
+    """The probes the interventions run on: the first ``n`` of a batch, the batch's ``Run`` and
+    metric restricted to them (``Run.first``, ``analyses.core.metrics.metric_part``)."""
+
+    probes: RepeatedProbes
+    run: Run
+    metric: Metric
+
+    @classmethod
+    def of(cls, probes: RepeatedProbes, run: Run, metric: Metric, n: int | None) -> "FirstProbes":
+        """The first ``n`` (None, or at least the batch: every probe, and ``metric`` as it is)."""
+        if n is None or n >= probes.n_prompts:
+            return cls(probes, run, metric)
+        part = metric_part(metric, slice(0, n), None)
+        if part is None:
+            raise UserError(f"intervention_prompts={n}: the metric {metric!r} cannot be restricted to the first "
+                            f"{n} prompts (a metric built by analyses.core.metrics can); pass None for all")
+        return cls(probes.first(n), run.first(n), part[0])
 
 
 def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None = None, method: str = "mean_aligned",
                        null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                        pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
-                       progress: bool | None = None,
-                       run: Run | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+                       progress: bool | None = None, run: Run | None = None,
+                       intervention_prompts: int | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
     """The section's tables on ``probes`` (see ``CalibrationSection``) and the head similarities.
 
     metric: default the loss of the probes' predictable tokens (the run's metric where it has
@@ -106,28 +130,33 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     here where None), which every step reads instead of running the probes again. The
     ``calibration`` table holds every (head, role) test, the attention roles (``calibrate_roles``)
     and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
-    (``joint_fdr``).
+    (``joint_fdr``). intervention_prompts: the ablations (effects, backup, dormant, similarities)
+    run on the first this many probes (``FirstProbes``; None: all), the roles on every probe; each
+    step's budget is what the run's store leaves of ``memory_mb``.
     """
-    run = run if run is not None else probe_run(model, probes, metric, memory_mb=memory_mb)
+    run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=intervention_prompts,
+                                                memory_mb=memory_mb)
     metric = metric if metric is not None else run.metric
+    first = FirstProbes.of(probes, run, metric, intervention_prompts)
+    memory_mb = left_after(memory_mb, run.held_mb())  # the run's store stays taken
     steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
     calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
                                             memory_mb=memory_mb, progress=progress, run=run),
-                            meaning_nulls(model, null_seeds, progress), fdr=fdr)
+                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
     steps.update()
-    effects = direct_and_total_effects(model, probes, None, method, metric, memory_mb=memory_mb, progress=progress,
-                                       run=run)
+    effects = direct_and_total_effects(model, first.probes, None, method, first.metric, memory_mb=memory_mb,
+                                       progress=progress, run=first.run)
     steps.update()
     role_heads = role_heads_by_effect(calibration, effects, pair_heads)
-    pairs, groups = (backup_report(model, probes, role_heads, method, metric, memory_mb=memory_mb, progress=progress,
-                                   run=run)
+    pairs, groups = (backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
+                                   progress=progress, run=first.run)
                      if len(role_heads) >= 2 else (pd.DataFrame(), pd.DataFrame()))
     steps.update()
-    dormant = dormant_frame(model, probes.tokens, effects["total"].to_numpy(), run=run)
-    sample = slice(0, SIMILARITY_PROMPTS)
-    similarities = head_similarities(model, probes.tokens[sample],
-                                     cache={name: z[sample] for name, z in run.read(z_names(model)).items()}
-                                     | run.reduced["similarity"])
+    dormant = dormant_frame(model, first.probes.tokens, effects["total"].to_numpy(), run=first.run)
+    sample = min(SIMILARITY_PROMPTS, first.probes.n_prompts)
+    similarities = head_similarities(model, probes.tokens[:sample],
+                                     cache={name: z[:sample] for name, z in first.run.read(z_names(model)).items()}
+                                     | {name: pattern[:sample] for name, pattern in run.reduced["similarity"].items()})
     steps.update()
     steps.close()
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "dormant": dormant,
