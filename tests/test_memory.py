@@ -25,9 +25,11 @@ glibc_only = pytest.mark.skipif(
 THIRD_ROUND_FAULTS = textwrap.dedent("""
     import ctypes, importlib.util, json, resource, sys
     setup, count, block_mb = json.loads(sys.argv[1])
-    if setup == "command":  # a command that fails at once on its argument, after the process is set up
+    if isinstance(setup, str) and setup.startswith("command"):  # a command that fails at once on its argument, after the process is set up
         import analyses.cli
-        assert analyses.cli.main(["check", "--model", "/nonexistent/model-dir"]) == 2
+        budget = setup.split(":")[1:]  # "command:256": with --memory-mb 256
+        assert analyses.cli.main(["check", "--model", "/nonexistent/model-dir",
+                                  *(["--memory-mb", budget[0]] if budget else [])]) == 2
     elif setup == "run_with_cache":
         import torch
         from interp import GPTConfig, GPTModel
@@ -88,6 +90,12 @@ def test_a_command_tunes_the_allocator_so_the_next_cache_reuses_its_pages():
 def test_the_library_leaves_the_process_allocator_alone(setup):
     """Taking a cache or loading a bridge inside someone else's process (a notebook kernel, a server) retunes nothing."""
     assert faulted_fraction(setup, count=50, block_mb=4) > 0.9
+
+
+@glibc_only
+def test_a_command_keeps_a_quarter_of_its_budget():
+    # --memory-mb 256 keeps 64 MB: of 200 MB freed, the other 136 MB (68%) come back from the kernel
+    assert 0.6 < faulted_fraction("command:256", count=50, block_mb=4) < 0.75
 
 
 @glibc_only

@@ -11,7 +11,8 @@ import sys
 import warnings
 
 from interp.errors import UserError
-from interp.memory import retain_freed_memory_once
+from interp.memory import command_limit_mb, retain_freed_memory_once
+from analyses.core.budget import DEFAULT_MEMORY_MB
 
 # module path -> it defines register(subparsers), adding one or more subcommands whose
 # parser sets `func(args) -> int`.
@@ -56,7 +57,8 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
-    retain_freed_memory_once()  # the process is ours: keep freed cache memory for the next chunk
+    # the process is ours: keep freed memory for the next chunk, a share of the budget
+    retain_freed_memory_once(command_limit_mb(getattr(args, "memory_mb", DEFAULT_MEMORY_MB)))
     try:
         return args.func(args) or 0
     except UserError as error:  # a user mistake: one line; anything else is a bug and keeps its traceback
