@@ -17,7 +17,8 @@ import torch
 from transformer_lens import patching as tl_patching
 
 from analyses.core.metrics import loss_metric
-from interp.memory import retain_freed_memory_once
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from interp.memory import command_limit_mb, retain_freed_memory_once
 from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf
 from interp.bridge import boot_bridge
@@ -33,7 +34,8 @@ GPT2_SMALL = dict(n_layers=12, d_model=768, n_heads=12, n_ctx=256, d_vocab=2048)
 LLAMA_GQA = dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
                  intermediate_size=1408, n_ctx=128, d_vocab=2048)
 
-retain_freed_memory_once()  # a benchmark process is ours: tune it as the commands do, for comparable figures
+# a benchmark process is ours: tune it as the commands do (at the default budget), for comparable figures
+retain_freed_memory_once(command_limit_mb(DEFAULT_MEMORY_MB))
 
 
 def gpt2_small_peers(seed: int = 0):
