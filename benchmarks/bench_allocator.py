@@ -7,9 +7,10 @@ fresh process: wall and CPU seconds, minor page faults and peak resident memory.
     python benchmarks/bench_allocator.py --model DIR
 
 Settings: ``untuned`` (glibc's defaults: blocks over its threshold mapped fresh and returned),
-``large-blocks-mapped`` (blocks up to 32 MB from the heap, 256 MB kept: the commands' setting
-before e44af15), ``heap`` (every block from the heap, 256 MB kept: the commands' setting now, a
-quarter of the default budget), ``keep-all`` (``limit_mb=None``)."""
+``large-blocks-mapped`` (blocks up to 32 MB from the heap, 256 MB kept: the commands' setting, a
+quarter of the default budget), ``heap`` (every block from the heap, 256 MB kept: fewer faults on
+one step, but a whole report fragments the heap: ``benchmarks/README.md``), ``keep-all``
+(``limit_mb=None``)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ MEASURE = textwrap.dedent("""
     import ctypes, json, resource, sys, time
     setting, model_dir = sys.argv[1:3]
     libc = ctypes.CDLL(None)
-    if setting == "large-blocks-mapped":  # M_MMAP_THRESHOLD 32 MB, M_TRIM_THRESHOLD and M_TOP_PAD 256 MB
-        assert all(libc.mallopt(param, value) == 1 for param, value in ((-3, 32 << 20), (-1, 256 << 20), (-2, 256 << 20)))
+    if setting == "heap":  # M_MMAP_MAX 0, M_TRIM_THRESHOLD and M_TOP_PAD 256 MB
+        assert all(libc.mallopt(param, value) == 1 for param, value in ((-4, 0), (-1, 256 << 20), (-2, 256 << 20)))
     elif setting != "untuned":
         import interp.memory
-        interp.memory.retain_freed_memory(256 if setting == "heap" else None)
+        interp.memory.retain_freed_memory(256 if setting == "large-blocks-mapped" else None)
     import interp
     from analyses.core.metrics import loss_metric
     from analyses.core.probes import probes_for

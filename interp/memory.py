@@ -7,7 +7,7 @@ top of the heap), so the next cache faults every page in again, zero-filled: abo
 page faults and a fifth more wall time than the forward itself. The analyses pay the same on
 every chunk.
 
-``retain_freed_memory`` tells glibc to serve every block from its heap and to keep up to
+``retain_freed_memory`` tells glibc to serve blocks up to 32 MB from its heap and to keep up to
 ``limit_mb`` of freed memory at the top of the heap for the next allocation. The price is that
 the process's resident size stays at its high-water mark, up to that limit, after a cache is
 dropped (as PyTorch's CUDA caching allocator does on the GPU; ``release_freed_memory`` is this
@@ -34,7 +34,9 @@ MAX_LIMIT_MB = 2047  # mallopt takes a C int of bytes
 OPT_OUT_VARIABLE = "INTERP_RETAIN_FREED_MEMORY"
 
 # mallopt parameters and defaults from glibc's <malloc.h> and mallopt(3)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
+_DEFAULT_MMAP_MAX = 65536
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # the largest value glibc accepts on 64-bit systems
 
 _applied = False
 
@@ -42,18 +44,20 @@ _applied = False
 def retain_freed_memory(limit_mb: int | None = DEFAULT_LIMIT_MB) -> bool:
     """Keep up to ``limit_mb`` MB of freed memory for reuse; returns whether the allocator took it.
 
-    Every block comes from the heap (none is mapped on its own, so a freed block of any size can be
-    reused), and freed memory beyond ``limit_mb`` at the heap's top goes back to the kernel; ``None``
-    returns nothing, at the price of a resident size that never shrinks. (glibc's own way, mapping
-    each block over 32 MB fresh, made the report's total effects on the GPT-2-small shape fault
-    5.3 million pages in with a 256 MB limit, 0.16 million without: 127 -> 122 s, peak 1.84 -> 1.74
-    GB.) A no-op returning False where the C library is not glibc (macOS, Windows, musl).
+    With a limit, blocks up to 32 MB come from the heap and freed memory beyond ``limit_mb`` at
+    its top goes back to the kernel; glibc still maps each larger block fresh. ``None`` keeps
+    everything: every block comes from the heap and nothing freed is returned, so repeated
+    caches of any size reuse the last one's pages, at the price of a resident size that never
+    shrinks. (Every block from the heap with a limit faults far less, but fragments: the GPT-2-small
+    report at its defaults peaked at 6.0 GB that way, 3.7 GB this way; ``benchmarks/README.md``.)
+    A no-op returning False where the C library is not glibc (macOS, Windows, musl).
     """
     if limit_mb is None:
         settings = {_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: -1}  # -1 is SIZE_MAX to glibc: never trim
     elif isinstance(limit_mb, int) and not isinstance(limit_mb, bool) and 0 <= limit_mb <= MAX_LIMIT_MB:
         limit = limit_mb * 2**20
-        settings = {_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: limit, _M_TOP_PAD: limit}
+        settings = {_M_MMAP_MAX: _DEFAULT_MMAP_MAX, _M_MMAP_THRESHOLD: _MMAP_THRESHOLD_MAX,
+                    _M_TRIM_THRESHOLD: limit, _M_TOP_PAD: limit}
     else:
         raise UserError(f"limit_mb={limit_mb!r}: expected whole megabytes from 0 to {MAX_LIMIT_MB}, or None to keep all")
     global _applied
