@@ -191,3 +191,63 @@ def test_direct_effects_with_other_metrics_equal_rerunning_the_blocks(kind):
         naive = frozen_downstream_metric(model, tokens, metric, row.layer, row.head, others) - baseline
         assert row.direct == pytest.approx(naive, abs=2e-5), (row.layer, row.head)
     assert effects["direct"].abs().max() > 1e-4
+
+
+def mlp_ablated_metric(model, tokens, metric, layer: int, source: torch.Tensor, freeze: bool) -> float:
+    """The naive MLP effect: rerun the whole model with layer ``layer``'s hook_mlp_out replaced by
+    ``source`` (batch, pos, d_model), with ``freeze`` also every later hook_z and hook_mlp_out held at
+    its clean value, by hand-written hooks."""
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    later = range(layer + 1, model.cfg.n_layers) if freeze else range(0)
+    frozen = [name for l in later for name in (f"blocks.{l}.attn.hook_z", f"blocks.{l}.hook_mlp_out")]
+    hooks = [(f"blocks.{layer}.hook_mlp_out", lambda activation, hook: source)]
+    hooks += [(name, lambda activation, hook, name=name: cache[name]) for name in frozen]
+    with torch.no_grad():
+        return metric(model.run_with_hooks(tokens, fwd_hooks=hooks)).item()
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(),
+    dict(parallel_attn_mlp=True, positional_embedding_type="rotary", rotary_dim=4, tie_word_embeddings=False),
+    dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
+         n_key_value_heads=2, qkv_bias=False, attn_out_bias=False, mlp_bias=False, tie_word_embeddings=False),
+])
+def test_mlp_direct_and_total_effects_equal_hand_hooks(knobs):
+    """With ``mlps``, each MLP's total effect is the loss with its output mean-ablated (leave-one-out)
+    and its direct effect the same with every later head and MLP output frozen, both as hand-written
+    hooks compute them; the heads' rows are the ones a call without MLPs gives."""
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(6)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=3, **knobs)).eval()
+    probes = probes_for(model, 6, 24, seed=2)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    effects = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False, memory_mb=0.05)
+    heads_only = direct_and_total_effects(model, probes, None, "mean", metric, progress=False, memory_mb=0.05)
+    assert list(effects["kind"]) == ["head"] * 12 + ["mlp"] * 3
+    assert list(effects["component"][-3:]) == ["L0 MLP", "L1 MLP", "L2 MLP"] and effects["head"][12:].isna().all()
+    pd.testing.assert_frame_equal(effects.iloc[:12], heads_only)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(probes.tokens)
+        baseline = metric(model(probes.tokens)).item()
+    for row in effects.iloc[12:].itertuples():
+        out = cache[f"blocks.{row.layer}.hook_mlp_out"]
+        others = (out.sum(0, keepdim=True) - out) / (out.shape[0] - 1)
+        for freeze, measured in ((False, row.total), (True, row.direct)):
+            naive = mlp_ablated_metric(model, probes.tokens, metric, row.layer, others, freeze) - baseline
+            assert measured == pytest.approx(naive, abs=2e-5), (row.layer, freeze)
+    mlps = effects.iloc[12:]
+    assert mlps["total"].abs().min() > 5e-4  # the MLPs move the loss: the comparison is not of zeros
+    assert (mlps["direct"].iloc[:2] - mlps["total"].iloc[:2]).abs().max() > 1e-4  # later layers react
+    assert abs(mlps["direct"].iloc[2] - mlps["total"].iloc[2]) < 1e-5  # nothing after the last MLP
+
+
+def test_mlp_effects_on_the_bridge_equal_our_model(scratch_gpt2, bridge_gpt2, prompts):
+    """The bridge reruns the blocks with the later outputs frozen (``frozen_downstream_run``), our model
+    reads the final residual: the same MLP effects on the same weights."""
+    ours = direct_and_total_effects(scratch_gpt2, prompts, [(0, 1)], "zero", mlps=True, progress=False)
+    theirs = direct_and_total_effects(bridge_gpt2, prompts, [(0, 1)], "zero", mlps=True, progress=False)
+    assert list(ours["component"]) == ["L0H1", *(f"L{l} MLP" for l in range(scratch_gpt2.cfg.n_layers))]
+    assert (ours[["total", "direct"]] - theirs[["total", "direct"]]).abs().max().max() < 1e-4
+    assert ours["direct"].abs().max() > 1e-3

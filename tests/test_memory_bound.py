@@ -87,7 +87,7 @@ MEASURE = textwrap.dedent("""
         "dormant": lambda metric: dormant_heads(model, clean, "mean", metric, memory_mb=budget, progress=False),
         "backup": lambda metric: backup_report(model, clean, heads[:4], "mean", metric, memory_mb=budget,
                                                progress=False),
-        "direct_effects": lambda metric: direct_and_total_effects(model, clean, heads, "mean", metric,
+        "direct_effects": lambda metric: direct_and_total_effects(model, clean, heads, "mean", metric, mlps=True,
                                                                   memory_mb=budget, progress=False),
         "logit_lens": lambda metric: logit_lens(model, clean, clean[:, 1:], positions=range(clean.shape[1] - 1),
                                                 memory_mb=budget),

@@ -133,9 +133,13 @@ def component_cells(components: Sequence[Component]) -> list[Edit]:
     return head_cells(heads) + mlps
 
 
+def component_layer(component: Component) -> int:
+    return component.layer if isinstance(component, MLP) else component[0]
+
+
 def target_location(components: Sequence[Component]) -> tuple[int | None, int | None]:
     """(the layer of every component, if one; the head, if the target is one head)."""
-    layers = {c.layer if isinstance(c, MLP) else c[0] for c in components}
+    layers = set(map(component_layer, components))
     single_head = len(components) == 1 and not isinstance(components[0], MLP)
     return (next(iter(layers)) if len(layers) == 1 else None), (components[0][1] if single_head else None)
 

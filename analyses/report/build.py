@@ -29,17 +29,16 @@ from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.report.calibration_figures import CalibrationSection, FirstProbes, calibration_section, probe_run
 from analyses.circuits.circuit import CircuitSection, circuit_section, edge_lines
-from analyses.components.decompose import (attention_vs_mlp, attention_vs_mlp_figure, component_hooks, components_cache,
-                                 direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
-                                 next_token_answers)
+from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
+                                           direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
+                                           next_token_answers)
 from analyses.components.meaning import ov_scores
-from analyses.core.metrics import loss_metric
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
                                      classify_heads, head_table)
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
-from analyses.core.probes import RepeatedProbes, check_prompt_count, corrupt_first_copy, probes_for
+from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
@@ -51,8 +50,8 @@ from analyses.core.tokens import leading_tokens
 PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
                      "each prompt with the other prompts' mean")
 
-# the probes every per-head intervention runs on (total and direct effects, backup, path patching, the
-# components' patching): each sweeps every head, so its cost grows with prompts x heads, while the roles
+# the probes every per-head intervention runs on (total and direct effects of every head and MLP, backup,
+# path patching): each sweeps every head, so its cost grows with prompts x heads, while the roles
 # are read from every probe in the one forward
 DEFAULT_INTERVENTION_PROMPTS = 16
 
@@ -133,7 +132,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     calibration_page, circuit_page = calibration_report_section(calibration), circuit_report_section(circuit)
     steps.begin("components")
     sections[2:2] = [calibration_page, circuit_page,
-                     components_report_section(model, first.probes, progress=progress, run=first.run, memory_mb=step_mb)]
+                     components_report_section(model, first.probes, component_effects(calibration), run=first.run,
+                                               memory_mb=step_mb, progress=progress)]
     steps.close()
     return HeadReport(table, sections, meta)
 
@@ -197,11 +197,12 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
     return Section("Calibration", text, figures=figures)
 
 
-def components_report_section(model, probes: RepeatedProbes, *, progress: bool | None = None,
-                              run: Run | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> Section:
+def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
+                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Section:
     """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
     attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
-    effect (attention vs MLP), and the copying / copy-suppression roles of the OV circuits, on
+    effect (attention vs MLP: ``effects``, the calibration's ablations of every head and MLP,
+    ``component_effects``), and the copying / copy-suppression roles of the OV circuits, on
     ``probes`` (the report's first ``intervention_prompts``). ``run``: a ``Run`` of the probes whose
     ``component_hooks`` (with the lens) serve instead of a forward."""
     tokens = probes.tokens
@@ -213,34 +214,38 @@ def components_report_section(model, probes: RepeatedProbes, *, progress: bool |
     dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
     lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
-    effects = attention_vs_mlp(model, tokens, corrupt_first_copy(probes), loss_metric(tokens, probes.predictable),
-                               answers, positions=positions, cache=cache, progress=progress, memory_mb=memory_mb,
-                               clean_run=run)
     del cache
     roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
-    per_kind = effects.groupby("kind")["direct"].sum()
+    per_kind = effects.groupby("kind")[["direct", "total"]].sum()
     text = ("Which components write the answer. **Direct logit attribution**: each head's, MLP's and embedding's "
             "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
             "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
             "logit). The largest:\n\n" + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items())
-            + "\n\n**Attention vs MLP**: the direct effect (mean over all positions) summed over the heads is "
-            + f"{per_kind.get('head', 0.0):+.2f}, over the MLPs "
-            + (f"{per_kind['mlp']:+.2f}" if "mlp" in per_kind else "nothing (the model has none)")
-            + "; the figure sets each component's direct effect against its total effect (exact patching from the "
-            "probes into probes whose first copy was replaced; 0 = corrupted, 1 = clean). **Logit lens**: the "
-            "residual entering each block decoded as if it were the last. **What heads move** (table): copying "
-            "read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V W_O W_U; copy suppression "
-            "is its negative) and the share of tokens whose own logit tops (bottoms) their row. The roles "
-            "copying and copy_suppression are in the head table, decided against their random-initialisation "
-            "nulls in the same false-discovery family as the attention roles.")
+            + "\n\n**Attention vs MLP**: each head and MLP ablated alone as in the calibration (position-aligned "
+            "mean), its direct effect (everything downstream frozen) against its total effect, as the rise in the "
+            "loss on the predictable tokens; summed over the heads the direct effects are "
+            + f"{per_kind.loc['head', 'direct']:+.2f} nats (total {per_kind.loc['head', 'total']:+.2f}), over the MLPs "
+            + (f"{per_kind.loc['mlp', 'direct']:+.2f} (total {per_kind.loc['mlp', 'total']:+.2f})"
+               if "mlp" in per_kind.index else "nothing (the model has none)")
+            + ". **Logit lens**: the residual entering each block decoded as if it were the last. **What heads "
+            "move** (table): copying read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V "
+            "W_O W_U; copy suppression is its negative) and the share of tokens whose own logit tops (bottoms) "
+            "their row. The roles copying and copy_suppression are in the head table, decided against their "
+            "random-initialisation nulls in the same false-discovery family as the attention roles.")
     figures = [ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; MLPs "
                             "right)", png_bytes(dla_heatmap(dla))),
                ReportFigure("logit_lens", "The logit lens on the predictable tokens", png_bytes(logit_lens_figure(lens))),
-               ReportFigure("attention_vs_mlp", "Direct against total effect of every head and MLP",
+               ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
                             png_bytes(attention_vs_mlp_figure(effects)))]
     columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
     return Section("Components", text, figures=figures, table=roles[columns].round(3))
+
+
+def component_effects(calibration: CalibrationSection) -> pd.DataFrame:
+    """Every head's and MLP's direct and total ablation effect, as the calibration measured them:
+    ``component, kind, layer, head, total, direct, self_repair, baseline``."""
+    return pd.concat([calibration.frames["effects"], calibration.frames["mlp_effects"]], ignore_index=True)
 
 
 def circuit_report_section(circuit: CircuitSection) -> Section:

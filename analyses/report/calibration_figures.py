@@ -18,7 +18,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads
+from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads, mlp_out_names
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.components.meaning import meaning_nulls
 from analyses.roles.classify import ALL_ROLES, DEFAULT_FDR, MEANING_ROLES, MEASURES, PromptSums, probe_targets
@@ -42,8 +42,9 @@ SIMILARITY_PROMPTS = 16  # prompts the head similarities are measured on
 
 @dataclass
 class CalibrationSection:
-    """frames: name -> table (``calibration``, ``pairs``, ``groups``, ``effects``, ``dormant``,
-    ``output_clusters``, ``pattern_clusters``); figures: name -> Figure; captions: name -> text."""
+    """frames: name -> table (``calibration``, ``pairs``, ``groups``, ``effects`` (the heads'),
+    ``mlp_effects`` (the MLPs', empty without MLPs), ``dormant``, ``output_clusters``,
+    ``pattern_clusters``); figures: name -> Figure; captions: name -> text."""
 
     frames: dict[str, pd.DataFrame]
     figures: dict[str, Figure]
@@ -71,7 +72,11 @@ def calibration_section(model, probes: RepeatedProbes, **options) -> Calibration
 def calibration_reads(model, method: str = "mean_aligned") -> list[str]:
     """The hooks of the probes' ``Run`` that the calibration reads (the ablations' and direct
     effects' ``hook_z`` and ``hook_mlp_out``; dormant and similarity read ``hook_z`` too)."""
-    return direct_effect_reads(model, method)
+    return direct_effect_reads(model, method, mlps=has_mlps(model))
+
+
+def has_mlps(model) -> bool:
+    return bool(mlp_out_names(model))
 
 
 def calibration_reducers(model, probes: RepeatedProbes) -> dict:
@@ -144,8 +149,9 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                                             memory_mb=memory_mb, progress=progress, run=run),
                             meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
     steps.update()
-    effects = direct_and_total_effects(model, first.probes, None, method, first.metric, memory_mb=memory_mb,
-                                       progress=progress, run=first.run)
+    effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
+                                       memory_mb=memory_mb, progress=progress, run=first.run)
+    effects, mlp_effects = effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
     steps.update()
     role_heads = role_heads_by_effect(calibration, effects, pair_heads)
     pairs, groups = (backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
@@ -159,7 +165,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                                      | {name: pattern[:sample] for name, pattern in run.reduced["similarity"].items()})
     steps.update()
     steps.close()
-    frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "dormant": dormant,
+    frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "mlp_effects": mlp_effects,
+              "dormant": dormant,
               "output_clusters": similarities["output"].frame(), "pattern_clusters": similarities["pattern"].frame()}
     return frames, similarities
 

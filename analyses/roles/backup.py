@@ -17,7 +17,9 @@
   the metric of ``unembed(final_resid_clean + delta)`` (the final norm recomputed, as a rerun
   would), no block rerun; elsewhere (a ``TransformerBridge``, whose ``start_at_layer`` reruns the
   earlier blocks) by rerunning the blocks after the head with every later output frozen.
-  ``self_repair = direct - total``: how much of the direct effect later components undo.
+  ``self_repair = direct - total``: how much of the direct effect later components undo. An MLP's
+  effects are measured alike (``mlps=True``): its ``hook_mlp_out`` ablated, and for the direct effect
+  every later head and MLP output frozen, so the final residual moves by its output's change.
 
 Every set of ablations is one ``evaluate_variants`` call (one forward per chunk of variants;
 suffix-only on ``GPTModel``).
@@ -31,11 +33,12 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from analyses.interventions.ablation import Ablation, ablation_reads, prepare_ablation, prompts_run
+from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_reads, check_components, component_cells,
+                                             component_label, component_layer, prepare_ablation, prompts_run)
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
-from analyses.core.hook_names import final_resid_name, mlp_out_name, z_name, z_names
-from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, evaluate_variants, head_cells,
+from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
+from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, evaluate_variants,
                                            partial_logits, rows_of, runs_suffix_only)
 from analyses.core.metrics import Metric
 from analyses.interventions.run import Run
@@ -131,12 +134,14 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     return pairs, frame
 
 
-def direct_effect_reads(model, method: str) -> list[str]:
-    """What ``direct_and_total_effects`` reads from a ``Run`` of its prompts: the ablation's hooks,
-    every ``hook_z``, and the final residual (a model that starts at the final norm) or every
-    ``hook_mlp_out`` (one that reruns the blocks with them frozen)."""
+def direct_effect_reads(model, method: str, mlps: bool = False) -> list[str]:
+    """What ``direct_and_total_effects`` (with ``mlps``) reads from a ``Run`` of its prompts: the
+    ablation's hooks, every ``hook_z`` (with ``mlps`` every ``hook_mlp_out``), and the final residual
+    (a model that starts at the final norm) or every ``hook_mlp_out`` (one that reruns the blocks
+    with them frozen)."""
     frozen = [final_resid_name(model)] if runs_suffix_only(model) else mlp_out_names(model)
-    return list(dict.fromkeys([*ablation_reads(model, method), *z_names(model), *frozen]))
+    written = [*z_names(model), *(mlp_out_names(model) if mlps else [])]
+    return list(dict.fromkeys([*ablation_reads(model, method, mlps=mlps), *written, *frozen]))
 
 
 def mlp_out_names(model) -> list[str]:
@@ -160,83 +165,109 @@ def require_mlp_freeze(model, names: Sequence[str]) -> None:
 
 
 def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | None = None, method: str = "mean",
-                             metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
-                             progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
+                             metric: Metric | None = None, *, mlps: bool = False,
+                             memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                             run: Run | None = None) -> pd.DataFrame:
     """Each head's total and direct ablation effect (see the module docstring; ``run``: a ``Run``
     of the prompts reading at least ``direct_effect_reads``, made here where None).
 
-    heads: default every head. Returns one row per head: ``layer, head, total, direct,
-    self_repair`` (direct - total), ``baseline``. One batched call for the totals; the direct
-    effects from the final residual (``final_residual_effects``) where the model starts at the
-    final norm, else one rerun per layer (each freezes a different set of downstream outputs).
+    heads: default every head; mlps: also each MLP's (its ``hook_mlp_out`` ablated at every position
+    by the same method; the run must then read every ``hook_mlp_out`` too). Returns one row per
+    component, the heads first: ``component`` (``L{l}H{h}``, ``L{l} MLP``), ``kind`` ("head" |
+    "mlp"), ``layer``, ``head`` (Int64, <NA> for an MLP), ``total, direct, self_repair`` (direct -
+    total), ``baseline``. One batched call for the
+    totals; the direct effects from the final residual (``final_residual_effects``) where the model
+    starts at the final norm, else one rerun per layer and kind (``frozen_downstream_run``).
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
-    ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
-    total = ablation.run([[h] for h in heads], memory_mb=memory_mb, progress=progress, desc="total effects")
+    components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
+    ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
+    total = ablation.run([[c] for c in components], memory_mb=memory_mb, progress=progress, desc="total effects")
     if runs_suffix_only(model):
-        direct = final_residual_effects(ablation, heads, memory_mb, progress).double()  # float64 as the totals
+        direct = final_residual_effects(ablation, components, memory_mb, progress).double()  # float64 as the totals
     else:
-        mlps = mlp_out_names(model)
-        require_mlp_freeze(model, mlps)
-        clean = ablation.base.read([*z_names(model), *mlps])
-        direct = torch.empty(len(heads), dtype=torch.float64)
-        for layer in sorted({l for l, _ in heads}):
-            members = [i for i, (l, _) in enumerate(heads) if l == layer]
-            direct[members] = frozen_downstream_run(ablation, clean, layer, [heads[i][1] for i in members],
-                                                    mlps, memory_mb, progress)
+        mlp_names = mlp_out_names(model)
+        require_mlp_freeze(model, mlp_names)
+        clean = ablation.base.read([*z_names(model), *mlp_names])
+        direct = torch.empty(len(components), dtype=torch.float64)
+        for group in dict.fromkeys(map(layer_and_kind, components)):
+            members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
+            direct[members] = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
+                                                    memory_mb, progress)
     return pd.DataFrame({
-        "layer": [l for l, _ in heads], "head": [h for _, h in heads],
+        "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
+        "layer": [component_layer(c) for c in components],
+        "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
         "total": (total - ablation.baseline).numpy(), "direct": (direct - ablation.baseline).numpy(),
     }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline)
 
 
-def frozen_downstream_run(ablation: Ablation, clean: dict, layer: int, heads: Sequence[int], mlps: Sequence[str],
+def kind_of(component: Component) -> str:
+    return "mlp" if isinstance(component, MLP) else "head"
+
+
+def layer_and_kind(component: Component) -> tuple[int, str]:
+    return component_layer(component), kind_of(component)
+
+
+def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[Component], mlps: Sequence[str],
                           memory_mb: float, progress: bool | None) -> torch.Tensor:
-    """The metric with each head of ``layer`` in ``heads`` ablated and every later head output and
-    every MLP output from ``layer`` on held at ``clean`` -> (len(heads),) float64."""
+    """The metric with each of ``components`` (of one layer and one kind) ablated alone and every
+    output downstream of it held at ``clean``: every later layer's head outputs, and every MLP output
+    from the layer on (after a head) or after it (after an MLP) -> (len(components),) float64."""
+    layer, after_mlp = component_layer(components[0]), isinstance(components[0], MLP)
     later = [z_name(l) for l in range(layer + 1, ablation.model.cfg.n_layers)]
-    frozen = [name for name in mlps if int(name.split(".")[1]) >= layer] + later
-    sources = {z_name(layer): ablation.sources[z_name(layer)]} | {name: clean[name] for name in frozen}
-    variants = [head_cells([(layer, h)]) + [Edit(name) for name in frozen] for h in heads]
+    frozen = [name for name in mlps if layer_of(name) >= layer + after_mlp] + later
+    cells = component_cells(components)
+    sources = {cell.hook: ablation.sources[cell.hook] for cell in cells} | {name: clean[name] for name in frozen}
+    variants = [component_cells([c]) + [Edit(name) for name in frozen] for c in components]
     values = evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
                                starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
     return values.double()
 
 
-def final_residual_effects(ablation: Ablation, heads: Sequence[tuple[int, int]], memory_mb: float,
+def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
                            progress: bool | None) -> torch.Tensor:
-    """The metric with each of ``heads`` ablated alone and everything downstream frozen, from the
-    final residual: ``unembed(final_clean + (z_source - z_clean)[:, :, h] @ W_O[l, h])`` (the
-    change in float32, (rows, pos, d_model)), unembedded at the metric's read positions only, in
-    the chunks of heads and prompts that ``evaluate_chunks`` makes within ``memory_mb`` ->
-    (len(heads),) float32. Needs a model whose ``unembed`` is the final norm and the unembedding
-    (``GPTModel``: ``runs_suffix_only``)."""
-    model, batch = ablation.model, ablation.tokens.shape[0]
-    clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(z_name(layer) for layer, _ in heads)])
+    """The metric with each of ``components`` (heads and ``MLP``s) ablated alone and everything
+    downstream frozen, from the final residual: ``unembed(final_clean + write_change)``
+    (``write_change``: float32, (rows, pos, d_model)), unembedded at the metric's read positions
+    only, in the chunks of components and prompts that ``evaluate_chunks`` makes within
+    ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the final norm
+    and the unembedding (``GPTModel``: ``runs_suffix_only``)."""
+    model = ablation.model
+    clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components))])
 
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
         at = positions if compact else slice(None)
         final = clean[final_resid_name(model)][rows][:, at]  # (rows, n, d_model)
-        moved = torch.stack([final.float() + head_write_change(ablation, clean, *heads[v], rows, at)
+        moved = torch.stack([final.float() + write_change(ablation, clean, components[v], rows, at)
                              for v in members]).to(final.dtype).flatten(0, 1)
         logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
         return logits.unflatten(0, (len(members), -1))
 
     with torch.no_grad():
-        return evaluate_chunks(model, ablation.tokens, [head_cells([head]) for head in heads], ablation.metric,
+        return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
                                chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
                                desc="direct effects")
 
 
-def head_write_change(ablation: Ablation, clean: dict, layer: int, head: int, rows: slice,
-                      at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
-    """How the head's write to the residual stream changes under the ablation on the prompts ``rows``
-    at the positions ``at``, in float32: (z_source - z_clean)[rows, at, head] @ W_O[layer, head] ->
-    (rows, n, d_model), the block's own output projection read in place (``GPTModel``), not the
-    stacked ``model.W_O``."""
+def written_by(component: Component) -> str:
+    """The hook that holds what ``component`` writes: its layer's ``hook_z`` or ``hook_mlp_out``."""
+    return mlp_out_name(component.layer) if isinstance(component, MLP) else z_name(component[0])
+
+
+def write_change(ablation: Ablation, clean: dict, component: Component, rows: slice,
+                 at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    """How ``component``'s write to the residual stream changes under the ablation on the prompts
+    ``rows`` at the positions ``at``, in float32 -> (rows, n, d_model): for an MLP its output's change,
+    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]`` with the block's own output
+    projection read in place (``GPTModel``), not the stacked ``model.W_O``."""
+    name = written_by(component)
+    now = clean[name][rows][:, at].float()  # (rows, n, ...)
+    source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, at].float()  # (rows or 1, n, ...)
+    if isinstance(component, MLP):
+        return source - now
+    layer, head = component
     W_O = ablation.model.blocks[layer].attn.W_O.detach()  # (n_heads, d_head, d_model), a view of out_proj
-    name = z_name(layer)
-    z = clean[name][rows][:, at, head].float()  # (rows, n, d_head)
-    source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, at, head].float()  # (rows or 1, n, d_head)
-    return (source - z) @ W_O[head].float()
+    return (source[:, :, head] - now[:, :, head]) @ W_O[head].float()
