@@ -450,8 +450,9 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
 
 
 def attention_vs_mlp_figure(frame: pd.DataFrame) -> Figure:
-    """Direct (x) against total (y) effect of every head and MLP of an ``attention_vs_mlp`` frame,
-    labelled, with each layer's heads summed beside its MLP on the right."""
+    """Direct (x) against total (y) effect of every head and MLP of a frame with ``component, kind,
+    layer, direct, total`` (``attention_vs_mlp``'s, or ``direct_and_total_effects(..., mlps=True)``'s as
+    the report draws it), labelled, with each layer's heads summed beside its MLP on the right."""
     figure = new_figure(figsize=(10, 4))
     left, right = figure.subplots(1, 2)
     sns.scatterplot(frame, x="direct", y="total", hue="kind", style="kind", ax=left)
