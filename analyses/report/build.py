@@ -45,6 +45,7 @@ from analyses.report.page import (PatternView, ReportFigure, Section, display_to
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.interventions.run import Run
 from analyses.core.tokens import leading_tokens
+from interp.memory import release_freed_memory
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
 PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
@@ -149,7 +150,10 @@ class ReportSteps:
         self.started = False
 
     def begin(self, step: str) -> None:
-        """Mark the step before as done and ``step`` (one of ``STEPS``, in order) as running."""
+        """Mark the step before as done and ``step`` (one of ``STEPS``, in order) as running; the
+        memory the step before freed goes back to the system (``release_freed_memory``), so a
+        step's peak is its own tensors, not its own plus the holes earlier steps left in the heap."""
+        release_freed_memory()
         if self.started:
             self.bar.update()
         self.started = True

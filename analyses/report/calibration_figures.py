@@ -31,6 +31,7 @@ from analyses.core.progress import progress_bar
 from analyses.interventions.run import FirstRows, Run
 from analyses.core.plots import new_figure
 from interp.errors import UserError
+from interp.memory import release_freed_memory
 
 DEFAULT_PAIR_HEADS = 12  # pairwise ablation covers at most this many role heads (the largest effects)
 # no figure of every head is wider or taller than this (10,000 pixels at the report's 100 dpi): past
@@ -148,6 +149,7 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
                                             memory_mb=memory_mb, progress=progress, run=run),
                             meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
+    release_freed_memory()  # the null models' memory, before the ablations
     steps.update()
     effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
                                        memory_mb=memory_mb, progress=progress, run=first.run)
