@@ -26,6 +26,11 @@ def mlp_out_name(layer: int) -> str:
     return f"blocks.{layer}.hook_mlp_out"
 
 
+def has_mlps(model) -> bool:
+    """Whether every block of ``model`` has an MLP output hook (False for attention-only models)."""
+    return all(mlp_out_name(layer) in model.hook_dict for layer in range(model.cfg.n_layers))
+
+
 def z_names(model) -> list[str]:
     """Every layer's ``hook_z`` name."""
     return [z_name(layer) for layer in range(model.cfg.n_layers)]

@@ -18,12 +18,12 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads, mlp_out_names
+from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.components.meaning import meaning_nulls
 from analyses.roles.classify import ALL_ROLES, DEFAULT_FDR, MEANING_ROLES, MEASURES, PromptSums, probe_targets
 from analyses.roles.dormant import DORMANT_BELOW, Similarity, dormant_frame, head_similarities
-from analyses.core.hook_names import pattern_names, z_names
+from analyses.core.hook_names import has_mlps, pattern_names, z_names
 from analyses.core.metrics import Metric, loss_metric, metric_part
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
 from analyses.core.probes import RepeatedProbes
@@ -75,9 +75,6 @@ def calibration_reads(model, method: str = "mean_aligned") -> list[str]:
     effects' ``hook_z`` and ``hook_mlp_out``; dormant and similarity read ``hook_z`` too)."""
     return direct_effect_reads(model, method, mlps=has_mlps(model))
 
-
-def has_mlps(model) -> bool:
-    return bool(mlp_out_names(model))
 
 
 def calibration_reducers(model, probes: RepeatedProbes) -> dict:

@@ -24,6 +24,7 @@ from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, direct_logit_attribution, dla_heatmap
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.report.intervention_figures import patching_figure
+from analyses.core.hook_names import has_mlps
 from analyses.core.metrics import evaluate_metric
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch
 from analyses.interventions.patching import patch_heads, patch_mlps, patching_frame
@@ -124,10 +125,10 @@ def analyse_task(model, task: Task, *, top: int = 3, memory_mb: float = DEFAULT_
     heads = step("heads", lambda: patching_frame(patch_heads(*pair, **options), ("layer", "head")))
     heads_by_pos = step("heads_by_pos", lambda: patching_frame(patch_heads(*pair, by_position=True, **options),
                                                                ("layer", "pos", "head")))
-    has_mlps = all(name in model.hook_dict for name in (f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers)))
-    mlps = step("mlps", lambda: patching_frame(patch_mlps(*pair, **options), ("layer",))) if has_mlps else None
+    with_mlps = has_mlps(model)
+    mlps = step("mlps", lambda: patching_frame(patch_mlps(*pair, **options), ("layer",))) if with_mlps else None
     mlps_by_pos = step("mlps_by_pos", lambda: patching_frame(patch_mlps(*pair, by_position=True, **options),
-                                                             ("layer", "pos"))) if has_mlps else None
+                                                             ("layer", "pos"))) if with_mlps else None
     dla = step("dla", lambda: task_dla(model, task, batch)) if task.metric == "logit_diff" else None
     ranked = heads.assign(size=(heads["metric"] - values["corrupted"]).abs()).sort_values("size", ascending=False,
                                                                                           kind="stable")
