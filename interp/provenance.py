@@ -36,6 +36,10 @@ def model_impl(model) -> str:
     return getattr(model, "impl", "transformer_lens")
 
 
-def provenance(model) -> dict[str, str]:
-    """``{"family", "impl", "weights_hash"}`` of a hooked model, for output metadata."""
-    return {"family": model_family(model), "impl": model_impl(model), "weights_hash": weights_hash(model)}
+def provenance(model) -> dict:
+    """``{"family", "impl", "weights_hash"}`` of a hooked model, for output metadata, and
+    ``"source_file"`` for a model read from a single file (GGUF: its path, SHA-256 and tensor types)."""
+    found = {"family": model_family(model), "impl": model_impl(model), "weights_hash": weights_hash(model)}
+    if getattr(model, "source_file", None) is not None:
+        found["source_file"] = model.source_file
+    return found

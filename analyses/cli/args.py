@@ -15,8 +15,9 @@ IMPL_CHOICES = ("auto", "scratch", "transformer_lens")
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="toy",
-                        help="toy (the embedded model, default), a checkpoint of ours, or any Hugging Face "
-                             "model directory or hub id")
+                        help="toy (the embedded model, default), smollm2 (SmolLM2-135M-Instruct, a real "
+                             "pretrained model), a GGUF file, a checkpoint of ours, or any Hugging Face model "
+                             "directory or hub id")
     add_impl_arg(parser)
     add_run_args(parser)
 

@@ -18,6 +18,7 @@ import torch
 
 from interp.convert.common import HFWeights, convert
 from interp.convert.families import CONVERTERS
+from interp.convert.gguf import GGUFFile, GGUFWeights
 from interp.convert.stream import FileWeights
 from interp.errors import UserError
 from interp.model import GPTModel
@@ -60,9 +61,21 @@ def from_files(files, hf_cfg, tokenizer, dtype: torch.dtype, source: str) -> GPT
     each tensor is read, cast and placed before the next (peak memory: the model's own size and a
     tensor or two), without building the Hugging Face model; logits equal its eager forward as
     ``from_hf``'s do. Keeps ``hf_cfg`` as ``hf_config``, its ``dtype`` set as ``from_pretrained`` sets it."""
-    family = hf_cfg.model_type
-    check_scratch_family(family)
-    model = convert(CONVERTERS[family], hf_cfg, FileWeights(files, hf_cfg, dtype, source), tokenizer)
+    return _from_weights(hf_cfg, lambda: FileWeights(files, hf_cfg, dtype, source), tokenizer, dtype)
+
+
+def from_gguf(file: GGUFFile, hf_cfg, tokenizer, dtype: torch.dtype) -> GPTModel:
+    """A ``GPTModel`` of the Hugging Face config ``hf_cfg`` (``file.hf_config()``) with the weights
+    of a GGUF ``file``, dequantized into ``dtype`` tensor by tensor (``GGUFWeights``), as
+    ``from_files`` reads a directory; logits equal transformers' own GGUF load."""
+    return _from_weights(hf_cfg, lambda: GGUFWeights(file, hf_cfg, dtype), tokenizer, dtype)
+
+
+def _from_weights(hf_cfg, weights, tokenizer, dtype: torch.dtype) -> GPTModel:
+    """The family's row read over ``weights()`` (made once the family is known to be ours), the
+    config kept as ``hf_config`` in ``dtype``."""
+    check_scratch_family(hf_cfg.model_type)
+    model = convert(CONVERTERS[hf_cfg.model_type], hf_cfg, weights(), tokenizer)
     model.hf_config = copy.deepcopy(hf_cfg)
     model.hf_config.dtype = dtype
     return model

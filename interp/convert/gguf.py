@@ -1,0 +1,305 @@
+"""GGUF files (llama.cpp's format, as llama.cpp, Ollama and LM Studio hold models) read tensor by
+tensor (issue 33).
+
+A GGUF file is a header (metadata key/values: the architecture's hyper-parameters and the
+tokenizer's vocabulary), a table of tensors (name, shape, ggml type, offset) and the tensors'
+bytes, each in its ggml type: plain floats (F32, F16, BF16) or blocks of quantized values (Q8_0,
+Q4_1, the K-quants, ...). Reading one:
+
+- the header and table with the ``gguf`` package's ``GGUFReader`` (llama.cpp's own reader), once,
+  checked before any weight is read: a file that is not GGUF or is truncated, an architecture
+  transformers cannot read, a tensor type ``gguf`` cannot dequantize, no tokenizer in the metadata,
+  each refused in one line (``GGUFFile``);
+- the config and the tokenizer as transformers rebuilds them from that metadata
+  (``AutoConfig``/``AutoTokenizer.from_pretrained(folder, gguf_file=name)``), so a model reads the
+  file's hyper-parameters exactly as transformers' own GGUF load does;
+- each tensor by plain file reads, a slice of rows at a time, dequantized by ``gguf``
+  (``gguf.quants.dequantize``: float32) and cast into the asked dtype as it goes, so loading holds
+  the model in that dtype and a slice or two, never the file's float32 expansion
+  (``GGUFWeights``);
+- llama.cpp's tensor names (``blk.3.attn_q.weight``) mapped back onto Hugging Face's, through
+  ``gguf``'s own table of names (``TensorNameMap``), and the layout changes llama.cpp's converter
+  makes undone (``UNDO``): the rows of Llama's rotary query and key weights are interleaved per
+  head, BLOOM's packed query/key/value rows are grouped by projection, GPT-2's ``Conv1D`` weights
+  are stored transposed.
+
+The result is the Hugging Face state dict the family table (``interp.convert.CONVERTERS``) reads,
+so a family the from-scratch model implements is built from it directly; other architectures go
+through transformers' own GGUF load and the TransformerLens bridge (``interp.loading``).
+
+What the model is: the quantized weights as llama.cpp runs them, dequantized; not the original
+weights the file was made from.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from einops import rearrange
+
+from interp.errors import UserError
+
+SUFFIX = ".gguf"
+ROWS_BYTES = 1 << 24  # a tensor is dequantized this many float32 bytes of rows at a time
+# tensors a GGUF file may carry beside the weights that transformers reads from the metadata instead
+# (llama.cpp stores Llama 3's scaled rotary frequencies; transformers rebuilds them from rope_scaling)
+DERIVED_TENSORS = ("rope_freqs.weight",)
+# llama.cpp architectures transformers reads from GGUF whose checkpoints have no place in a hooked
+# attention model: encoder-decoders, state-space models, and mixtures of experts (their experts are
+# stacked in one tensor that transformers splits by hand)
+REFUSED = {"t5": "an encoder-decoder", "t5encoder": "an encoder", "umt5": "an encoder-decoder",
+           "mamba": "a state-space model without attention", "lfm2": "a hybrid of convolutions and attention",
+           "qwen2moe": "a mixture of experts", "qwen3moe": "a mixture of experts",
+           "gpt-oss": "a mixture of experts", "minimax-m2": "a mixture of experts"}
+
+
+def _interleaved_rotary(heads_key: str):
+    """Undo llama.cpp's permutation of a rotary projection's output rows: within each of the
+    ``config[heads_key]`` heads it stores the two rotated halves interleaved, pair by pair
+    (``(h half two)``), where Hugging Face keeps them as halves (``(h two half)``)."""
+    def undo(tensor: torch.Tensor, config) -> torch.Tensor:
+        heads = getattr(config, heads_key) or config.num_attention_heads
+        return rearrange(tensor, "(h half two) ... -> (h two half) ...", h=heads, two=2)
+    return undo
+
+
+def _per_head_qkv(tensor: torch.Tensor, config) -> torch.Tensor:
+    """Undo llama.cpp's grouping of BLOOM's packed query/key/value rows by projection
+    (``(three h d)``): Hugging Face packs them per head (``(h three d)``)."""
+    return rearrange(tensor, "(three h d) ... -> (h three d) ...", three=3, h=config.n_head)
+
+
+def _transposed(tensor: torch.Tensor, config) -> torch.Tensor:
+    """GPT-2's ``Conv1D`` weights are (in, out); llama.cpp stores them as a linear layer's (out, in)."""
+    return tensor.t()
+
+
+# llama.cpp architecture -> {the end of a GGUF tensor name: what undoes llama.cpp's change to it}
+UNDO = {
+    "llama": {"attn_q.weight": _interleaved_rotary("num_attention_heads"),
+              "attn_k.weight": _interleaved_rotary("num_key_value_heads")},
+    "bloom": {"attn_qkv.weight": _per_head_qkv, "attn_qkv.bias": _per_head_qkv},
+    "gpt2": {name: _transposed for name in ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight",
+                                             "ffn_down.weight")},
+}
+
+
+@functools.cache
+def dequantizable() -> frozenset:
+    """The ggml types ``gguf`` can dequantize: each type tried once on one zero block."""
+    import gguf
+
+    found = set()
+    for kind, (_, block_bytes) in gguf.GGML_QUANT_SIZES.items():
+        try:
+            gguf.quants.dequantize(np.zeros((1, block_bytes), np.uint8), kind)
+        except NotImplementedError:
+            continue
+        found.add(kind)
+    return frozenset(found)
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """The llama.cpp architectures transformers reads from GGUF (``general.architecture``)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return tuple(name for name in GGUF_SUPPORTED_ARCHITECTURES if name not in ("general", "tokenizer"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one tensor lies: its absolute byte offset and size, its ggml type, its shape in torch
+    order (rows first: the file lists ggml's dimensions innermost first)."""
+
+    offset: int
+    n_bytes: int
+    kind: object  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+
+
+class GGUFFile:
+    """A GGUF file's header and tensor table, read once and checked: every tensor lies within the
+    file and is of a type ``gguf`` can dequantize, the architecture is one transformers reads (and
+    one a hooked model can hold), and the metadata has a tokenizer. Each failure is one line.
+
+    Attributes:
+        path: the file.
+        architecture: llama.cpp's name for it (``general.architecture``: "llama", "gpt2", ...).
+        entries: ``{GGUF tensor name: Entry}``.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"no such GGUF file {str(path)!r}")
+        try:
+            reader = GGUFReader(self.path)
+        except Exception as error:  # the reader raises whatever its parse meets: ValueError, struct.error, ...
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UserError(f"{self.path} is not a readable GGUF file ({reason}); is it truncated or corrupt?") from None
+        if "general.architecture" not in reader.fields:
+            raise UserError(f"{self.path} names no architecture (general.architecture), which every GGUF model has")
+        self.architecture = str(reader.fields["general.architecture"].contents())
+        self.entries = {t.name: Entry(int(t.data_offset), int(t.n_bytes), t.tensor_type,
+                                      tuple(int(n) for n in reversed(t.shape.tolist()))) for t in reader.tensors}
+        self._check(reader)
+
+    def _check(self, reader) -> None:
+        size = self.path.stat().st_size
+        beyond = [name for name, entry in self.entries.items() if entry.offset + entry.n_bytes > size]
+        if beyond:
+            raise UserError(f"{self.path} is truncated: tensor {beyond[0]!r} runs past the end of its {size} bytes")
+        if self.architecture not in supported_architectures():
+            raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is not one transformers reads "
+                            f"(it reads: {', '.join(supported_architectures())})")
+        if self.architecture in REFUSED:
+            raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is {REFUSED[self.architecture]}, "
+                            "which interp cannot hook as an attention model")
+        odd = sorted({entry.kind.name for entry in self.entries.values() if entry.kind not in dequantizable()})
+        if odd:
+            raise UserError(f"{self.path} holds tensors of type {', '.join(odd)}, which the gguf package cannot "
+                            f"dequantize (it can: {', '.join(sorted(k.name for k in dequantizable()))})")
+        if "tokenizer.ggml.model" not in reader.fields or "tokenizer.ggml.tokens" not in reader.fields:
+            raise UserError(f"{self.path} has no tokenizer in its metadata (tokenizer.ggml.model and "
+                            "tokenizer.ggml.tokens); interp needs one to turn text into tokens")
+
+    def quantization(self) -> dict[str, int]:
+        """``{ggml type name: how many tensors are stored in it}``, e.g. ``{"Q4_1": 210, "F32": 61}``."""
+        return dict(sorted(Counter(entry.kind.name for entry in self.entries.values()).items()))
+
+    def sha256(self) -> str:
+        """The file's SHA-256, as ``"sha256:<hex>"``."""
+        return f"sha256:{file_sha256(self.path)}"
+
+    def record(self) -> dict:
+        """What an output's ``meta.json`` records of the file: its name, SHA-256 and tensor types."""
+        return {"path": str(self.path), "sha256": self.sha256(), "quantization": self.quantization()}
+
+    def hf_config(self):
+        """The Hugging Face config transformers rebuilds from the metadata."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+
+    def tokenizer(self, hf_cfg):
+        """The Hugging Face tokenizer transformers rebuilds from the metadata, for the model of
+        ``hf_cfg`` (``hf_config()``: given, transformers does not read the file's config again)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name, config=hf_cfg)
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_tensor(path: Path, entry: Entry, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor of the file, dequantized and cast into ``dtype``, shape ``entry.shape``: read
+    ``ROWS_BYTES`` of float32 rows at a time (a row is whole quantization blocks: ggml quantizes
+    along the innermost dimension)."""
+    import gguf
+
+    columns = entry.shape[-1]
+    rows = int(np.prod(entry.shape[:-1], dtype=np.int64))  # 1 for a vector
+    out = torch.empty((rows, columns), dtype=dtype)
+    row_bytes = entry.n_bytes // rows
+    step = max(1, ROWS_BYTES // (4 * columns))
+    with open(path, "rb", buffering=0) as file:
+        file.seek(entry.offset)
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            raw = np.empty((count, row_bytes), np.uint8)
+            if file.readinto(memoryview(raw).cast("B")) != raw.size:
+                raise UserError(f"{path} is truncated: a tensor's data runs past its end")
+            values = gguf.quants.dequantize(raw, entry.kind).reshape(count, columns)
+            out[start:start + count] = torch.from_numpy(values)
+    return out.reshape(entry.shape)
+
+
+class GGUFWeights:
+    """A GGUF file's tensors as a Hugging Face state dict ``{name: tensor}`` read on demand, in
+    ``dtype``, with llama.cpp's layout changes undone: what ``interp.convert.common.convert`` reads
+    in place of a state dict in memory. The names come from ``gguf``'s table of tensor names,
+    matched against the Hugging Face model the config describes (built on the meta device: no
+    memory). A file tensor with no Hugging Face name, or of another shape than it, is refused in
+    one line; ``unread()`` lists those the family table never read."""
+
+    def __init__(self, file: GGUFFile, hf_cfg, dtype: torch.dtype):
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(hf_cfg)
+        expected = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
+        ours = _hf_names(file.architecture, hf_cfg.num_hidden_layers, expected)
+        nameless = [name for name in file.entries if name not in ours and name not in DERIVED_TENSORS]
+        if nameless:
+            raise UserError(f"{file.path}: tensor {nameless[0]!r} has no place in the {hf_cfg.model_type} model "
+                            f"its metadata describes ({len(nameless)} such tensors)")
+        self.file, self.config, self.dtype, self.read = file, hf_cfg, dtype, set()
+        self.names = {ours[name]: name for name in file.entries if name in ours}  # HF name -> GGUF name
+        self.undo = UNDO.get(file.architecture, {})
+        misshaped = [hf for hf, name in self.names.items()
+                     if _undone_shape(file.entries[name].shape, self._undo_of(name)) != expected[hf]]
+        if misshaped:
+            raise UserError(f"{file.path}: tensor {self.names[misshaped[0]]!r} has shape "
+                            f"{file.entries[self.names[misshaped[0]]].shape}, not the {expected[misshaped[0]]} of "
+                            f"{misshaped[0]} in the model its metadata describes")
+
+    def _undo_of(self, name: str):
+        return next((undo for end, undo in self.undo.items() if name.endswith("." + end)), None)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise UserError(f"{self.file.path} has no tensor for {name!r}, which the {self.config.model_type} "
+                            "model needs")
+        self.read.add(name)
+        gguf_name = self.names[name]
+        tensor = read_tensor(self.file.path, self.file.entries[gguf_name], self.dtype)
+        undo = self._undo_of(gguf_name)
+        return undo(tensor, self.config).contiguous() if undo is not None else tensor
+
+    def unread(self) -> list[str]:
+        """The file's tensors (as Hugging Face names) that were never read."""
+        return [name for name in self.names if name not in self.read]
+
+
+def _undone_shape(shape: tuple[int, ...], undo) -> tuple[int, ...]:
+    """A tensor's shape once ``undo`` is applied (only a transpose changes it)."""
+    return tuple(reversed(shape)) if undo is _transposed else shape
+
+
+def _hf_names(architecture: str, n_layers: int, expected: dict) -> dict[str, str]:
+    """``{GGUF tensor name: Hugging Face name}`` for every name of ``expected`` (a Hugging Face
+    state dict's names) that ``gguf``'s table of names knows, tried whole and without its leading
+    module prefixes (the table spells some families' names from their base model on)."""
+    import gguf
+
+    arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
+    table = gguf.get_tensor_name_map(arch, n_layers)
+    found = {}
+    for hf_name in expected:
+        module, _, kind = hf_name.rpartition(".")
+        parts = module.split(".")
+        for start in range(len(parts)):
+            gguf_name = table.get_name(".".join(parts[start:]))
+            if gguf_name is not None:
+                found.setdefault(f"{gguf_name}.{kind}", hf_name)
+                break
+    return found
