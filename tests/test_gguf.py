@@ -272,3 +272,32 @@ def test_every_dequantizable_type_is_one_gguf_reads():
     assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
             "Q6_K"} <= names
     assert not names & {"Q8_K", "I32", "F64"}
+
+
+MEASURE = """
+import json, sys
+from interp import load_model
+def vm(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key)) * 1024
+warm = load_model(sys.argv[1], dtype="bfloat16")  # the runtime: imports, a GGUF tokenizer, the code a load pulls in
+del warm
+base = vm("VmRSS:")
+model = load_model("smollm2", dtype="bfloat16")
+print(json.dumps({"growth": vm("VmHWM:") - base, "weights": sum(p.numel() * p.element_size() for p in model.parameters())}))
+"""
+
+
+def test_loading_smollm2_in_bfloat16_peaks_within_1_3x_its_dequantized_size(tmp_path):
+    """Peak resident growth (the kernel's high-water mark, in a subprocess warmed by a tiny GGUF
+    load) over the bfloat16 model's bytes: the tightest case, as the file's quantized bytes and a
+    float32 slice are counted against half the float32 size."""
+    import json
+    import subprocess
+    import sys
+
+    model, tokenizer = random_hf_model("llama")
+    tiny = write_gguf(model, tokenizer, tmp_path / "tiny.gguf", "Q4_1")
+    out = subprocess.run([sys.executable, "-c", MEASURE, str(tiny)], check=True, capture_output=True, text=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["weights"] == 134_515_008 * 2  # SmolLM2-135M's parameters (tied), in bfloat16
+    assert found["growth"] <= 1.3 * found["weights"], found
