@@ -60,6 +60,8 @@ BRIDGE_CASES = {
     "gemma2-F16": (lambda: other_family("gemma2", head_dim=16, **SMALL), "F16"),
     "starcoder2-F32": (lambda: other_family("starcoder2", **SMALL), "F32"),
     "falcon-F32": (lambda: other_family("falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4), "F32"),
+    "phi3-Q8_0": (lambda: other_family("phi3", vocab=32064, pad_token_id=0, **SMALL), "Q8_0"),  # pad id 32000 by default
+    "nemotron-F32": (lambda: other_family("nemotron", head_dim=16, **SMALL), "F32"),
 }
 
 
@@ -177,6 +179,7 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path):
     assert "architecture 'nonesuch' is not one transformers reads" in refusal(
         _minimal(tmp_path / "nonesuch.gguf", arch="nonesuch"))
     assert "'mamba' is a state-space model" in refusal(_minimal(tmp_path / "mamba.gguf", arch="mamba"))
+    assert "'qwen2moe' is a mixture of experts" in refusal(_minimal(tmp_path / "moe.gguf", arch="qwen2moe"))
     assert "type Q8_K, which the gguf package cannot dequantize" in refusal(
         _minimal(tmp_path / "q8k.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_K))
     assert "has no tokenizer in its metadata" in refusal(_minimal(tmp_path / "bare.gguf", tokenizer=False))

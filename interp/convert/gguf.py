@@ -158,12 +158,12 @@ class GGUFFile:
         beyond = [name for name, entry in self.entries.items() if entry.offset + entry.n_bytes > size]
         if beyond:
             raise UserError(f"{self.path} is truncated: tensor {beyond[0]!r} runs past the end of its {size} bytes")
-        if self.architecture not in supported_architectures():
-            raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is not one transformers reads "
-                            f"(it reads: {', '.join(supported_architectures())})")
         if self.architecture in REFUSED:
             raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is {REFUSED[self.architecture]}, "
                             "which interp cannot hook as an attention model")
+        if self.architecture not in supported_architectures():
+            raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is not one transformers reads "
+                            f"(it reads: {', '.join(supported_architectures())})")
         odd = sorted({entry.kind.name for entry in self.entries.values() if entry.kind not in dequantizable()})
         if odd:
             raise UserError(f"{self.path} holds tensors of type {', '.join(odd)}, which the gguf package cannot "
