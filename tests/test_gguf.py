@@ -304,3 +304,20 @@ def test_loading_smollm2_in_bfloat16_peaks_within_1_3x_its_dequantized_size(tmp_
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["weights"] == 134_515_008 * 2  # SmolLM2-135M's parameters (tied), in bfloat16
     assert found["growth"] <= 1.3 * found["weights"], found
+
+
+def test_every_command_takes_a_gguf_file_as_its_model(tmp_path, capsys):
+    """``--model path.gguf``: the self-test and an ablation run on a GGUF file, in bfloat16; the
+    ablation's meta.json records the file."""
+    import json
+
+    from analyses.cli import main
+
+    model, tokenizer = random_hf_model("llama")
+    path = write_gguf(model, tokenizer, tmp_path / "tiny.gguf", "Q8_0")
+    assert main(["check", "--model", str(path)]) == 0
+    assert "tiny.gguf" in capsys.readouterr().out
+    assert main(["ablate", "--model", str(path), "--dtype", "bfloat16", "--prompts", "4", "--heads", "0.1",
+                 "--out", str(tmp_path / "run")]) == 0
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["dtype"] == "bfloat16" and meta["source_file"]["quantization"] == {"F32": 5, "Q8_0": 16}
