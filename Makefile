@@ -28,8 +28,11 @@ chromium:
 		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 		|| echo "note: chromium/chromedriver are not installed and apt-get cannot run here; the browser test will skip"
 
+# Over the machine's cores (pytest-xdist, at most 4 workers: each holds models in memory), a test
+# module per worker at a time, so a module's fixtures are built once (tests/conftest.py gives each
+# worker its share of the cores).
 test: $(STAMP) chromium
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope
 
 report: $(STAMP)
 	$(VENV)/bin/interp report --model toy --out reports/toy

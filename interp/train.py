@@ -507,7 +507,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", dest="save_every", type=int, metavar="N",
                         help="also save a checkpoint every N steps, as OUT/checkpoints/step_NNNNNN (for "
                              "`interp compare` and head scores over training)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="a progress line on stderr every few steps (default); --no-progress: none")
+    parser.add_argument("--quiet", dest="progress", action="store_false", help="the same as --no-progress")
     parser.set_defaults(func=command)
 
 
@@ -516,7 +518,7 @@ def command(args) -> int:
     overrides = {key: getattr(args, key) for key in ("steps", "seed", "positions", "kv_heads")
                  if getattr(args, key) is not None}
     recipe = dataclasses.replace(PRESETS[args.preset], **overrides)
-    metadata = run(recipe, args.out, progress=not args.quiet, save_every=args.save_every)
+    metadata = run(recipe, args.out, progress=args.progress, save_every=args.save_every)
     print(f"wrote {args.out} ({metadata['environment']['train_seconds']:.0f}s): {metadata['final']}")
     return 0
 

@@ -1,5 +1,6 @@
-"""Shared fixtures (and the offline switch): one small randomly initialised GPT-2, as a Hugging Face model, as our
-``GPTModel`` and as a TransformerLens ``TransformerBridge`` over the same weights. No network."""
+"""Shared fixtures (and the offline switch, and each pytest-xdist worker's threads): one small
+randomly initialised GPT-2, as a Hugging Face model, as our ``GPTModel`` and as a TransformerLens
+``TransformerBridge`` over the same weights. No network."""
 
 from __future__ import annotations
 
@@ -8,8 +9,28 @@ import os
 # Nothing in the suite touches the network: huggingface_hub reads this once, at import.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+
+def worker_threads() -> int | None:
+    """Under pytest-xdist (``make test``: ``-n auto``), each worker's share of the cores this process
+    may use, at least 1, so that the workers do not oversubscribe them; None in one process."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(workers))
+
+
+# Set before torch starts its thread pool; the environment also reaches the commands and notebook
+# kernels the tests start. A value the caller set wins.
+THREADS = worker_threads()
+if THREADS is not None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+
 import pytest
 import torch
+
+if THREADS is not None:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from interp import GPTModel, from_hf
 from interp.bridge import boot_bridge

@@ -365,16 +365,21 @@ def test_ragged_texts_are_padded_and_the_padding_masked(scratch_gpt2):
 
 
 @pytest.mark.parametrize("call", [
-    lambda m, t: ablation_sweep(m, t, "each_layer"),
-    lambda m, t: pruning_curve(m, t),
-    lambda m, t: patch_heads(m, t, t.flip(0), loss_metric(t)),
-    lambda m, t: shortlist_patch_heads(m, t, t.flip(0), loss_metric(t), k=2),
-    lambda m, t: ablation_effects(m, probes_for(m, 2, 16), progress=None),
-    lambda m, t: classify_heads(m, 2, 16, n_boot=10),
+    lambda m, t, **progress: ablation_sweep(m, t, "each_layer", **progress),
+    lambda m, t, **progress: pruning_curve(m, t, **progress),
+    lambda m, t, **progress: patch_heads(m, t, t.flip(0), loss_metric(t), **progress),
+    lambda m, t, **progress: shortlist_patch_heads(m, t, t.flip(0), loss_metric(t), k=2, **progress),
+    lambda m, t, **progress: ablation_effects(m, probes_for(m, 2, 16), **progress),
+    lambda m, t, **progress: classify_heads(m, 2, 16, n_boot=10, **progress),
 ])
-def test_progress_bars_only_on_a_terminal_by_default(scratch_gpt2, prompts, capsys, call):
+def test_off_a_terminal_progress_is_plain_lines_by_default_and_none_when_off(scratch_gpt2, prompts, capsys, call):
+    """pytest's captured stderr is not a terminal: by default no tqdm bar (no carriage returns), the
+    analysis's plain lines, the last saying it is done (``analyses.core.progress``); False: nothing."""
     call(scratch_gpt2, prompts)
-    assert capsys.readouterr().err == ""  # pytest's captured stderr is not a terminal
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.splitlines()[-1].endswith(" elapsed), done"), err
+    call(scratch_gpt2, prompts, progress=False)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

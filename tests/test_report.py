@@ -246,15 +246,18 @@ def test_the_head_table_shows_intervals_and_null_bands():
     assert "null [0.02, 0.25]" in banded and 'data-roles="induction"' in banded
 
 
-def test_report_bar_names_each_step(gpt2_dir, capsys):
-    """The report's step-level bar says which step it is on, each in turn, and ends full."""
+def test_report_writes_a_line_per_step_off_a_terminal(gpt2_dir, capsys):
+    """Off a terminal (pytest's captured stderr), by default, the report's step-level bar writes one
+    plain line as each step begins, naming it with the count of steps done, and one when it ends."""
     from analyses.report.build import ReportSteps
 
-    build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=True)
-    err = capsys.readouterr().err
-    at = [err.find(f"report: {step}") for step in ReportSteps.STEPS]
-    assert all(i >= 0 for i in at) and at == sorted(at), at
-    assert f"{len(ReportSteps.STEPS)}/{len(ReportSteps.STEPS)}" in err
+    build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48)
+    total = len(ReportSteps.STEPS)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("report: ")]
+    expected = [f"report: {step} {done}/{total} steps (" for done, step in enumerate(ReportSteps.STEPS)]
+    expected.append(f"report: {ReportSteps.STEPS[-1]} {total}/{total} steps (")
+    assert [line[:line.index("(") + 1] for line in lines] == expected, lines
+    assert lines[-1].endswith(" elapsed), done")
 
 
 def test_report_roles_are_one_fdr_family_with_the_copying_roles(scratch_report):

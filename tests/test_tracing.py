@@ -119,7 +119,7 @@ def test_the_trace_command_writes_the_table_the_heatmaps_and_the_probabilities(t
     assert main(["trace", "--prompt", PROMPT, "--subject", "Mary", "--answer", " ", "--samples", "2",
                  "--out", str(out), "--quiet"]) == 0
     meta = json.loads((out / "meta.json").read_text())
-    trace = causal_trace(load_model("toy"), PROMPT, "Mary", " ", samples=2)
+    trace = causal_trace(load_model("toy"), PROMPT, "Mary", " ", samples=2, progress=False)
     written = pd.read_csv(out / "trace.csv", keep_default_na=False)
     assert written["prob"].to_numpy() == pytest.approx(trace.frame["prob"].to_numpy(), abs=1e-7)
     assert meta["clean_prob"] == trace.clean_prob and meta["noised_prob"] == trace.corrupted_prob

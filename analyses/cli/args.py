@@ -1,12 +1,13 @@
 """What every command that analyses a model shares: its ``--model``/``--impl`` arguments, where and
 in which precision it runs (``--device``, ``--dtype``), the memory an analysis may add
-(``--memory-mb``), and the model they name."""
+(``--memory-mb``), whether it shows progress (``--progress/--no-progress``), and the model they name."""
 
 from __future__ import annotations
 
 import argparse
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV
 from interp import load_model
 from interp.loading import DTYPES
 
@@ -23,12 +24,24 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """``--dtype``, ``--device`` (how the model is loaded) and ``--memory-mb`` (the analyses' budget)."""
+    """``--dtype``, ``--device`` (how the model is loaded), ``--memory-mb`` (the analyses' budget) and
+    ``--progress/--no-progress``."""
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="precision of the weights and the forward (default float32); scores are float32 always")
     parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N, mps")
     parser.add_argument("--memory-mb", type=_positive_float, default=DEFAULT_MEMORY_MB,
                         help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
+    add_progress_args(parser)
+
+
+def add_progress_args(parser: argparse.ArgumentParser) -> None:
+    """``--progress/--no-progress`` (and ``--quiet``, the same as ``--no-progress``) -> ``args.progress``:
+    None by default, the analyses' ``progress`` (``analyses.core.progress``)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show progress on stderr (the default): a bar on a terminal, else a plain line per "
+                             f"step and every ${INTERVAL_ENV} seconds ({DEFAULT_INTERVAL_S:g}) of a long one; "
+                             "--no-progress: none")
+    parser.add_argument("--quiet", dest="progress", action="store_const", const=False, help="the same as --no-progress")
 
 
 def add_probe_args(parser: argparse.ArgumentParser, prompts: int) -> None:

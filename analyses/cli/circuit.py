@@ -50,7 +50,6 @@ def register(subparsers) -> None:
     add_probe_args(parser, prompts=16)
     parser.add_argument("--top", type=int, default=12, help="edges drawn in circuit.png (default 12)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
     parser.set_defaults(func=run_circuit)
 
 
@@ -69,16 +68,15 @@ def run_circuit(args: argparse.Namespace) -> int:
         write_discovery(args.out, *evaluate_known(model, truth), f"{truth.task['program']} (ground truth)")
         print(f"scored against the true circuit in {args.model}/{TRUTH_DIR}; wrote {args.out}/discovery.csv")
         return 0
-    progress = False if args.quiet else None
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
-    scores = classify_heads(model, probes=probes, seed=args.seed, memory_mb=args.memory_mb, progress=progress)
+    scores = classify_heads(model, probes=probes, seed=args.seed, memory_mb=args.memory_mb, progress=args.progress)
     # the report's rule: a score that beats its nulls at FDR 0.05 and reaches the threshold
     table = assign_roles(scores, DEFAULT_THRESHOLD,
                          calibration=calibrate_roles(model, probes, seed=args.seed, memory_mb=args.memory_mb,
-                                                     progress=progress))
+                                                     progress=args.progress))
     section = circuit_section(model, table, probes, sender_role=args.senders, receiver_role=args.receivers,
                               via=vias, direction=args.direction, top=args.top, seed=args.seed,
-                              memory_mb=args.memory_mb, progress=progress)
+                              memory_mb=args.memory_mb, progress=args.progress)
     if section.figure is None:
         found = sorted({role for roles in table["role"] for role in roles.split(";") if role})
         raise UserError(f"no heads to connect: {len(section.senders)} sender heads (role {args.senders or 'any'}), "

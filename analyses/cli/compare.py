@@ -16,7 +16,7 @@ def run(args: argparse.Namespace) -> int:
     model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
     comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
                                 seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold,
-                                memory_mb=args.memory_mb)
+                                memory_mb=args.memory_mb, progress=args.progress)
     print(write_comparison(comparison, args.out))
     return 0
 

@@ -36,7 +36,6 @@ def _model_and_prompt_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     add_probe_args(parser, prompts=32)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars (default: shown on a terminal)")
 
 
 def register(subparsers) -> None:
@@ -78,11 +77,6 @@ def parse_heads(text: str) -> list:
                         "e.g. 1.4,1.10,mlp2") from None
 
 
-def _progress(args) -> bool | None:
-    """False with --quiet, else None: a bar on a terminal only (``analyses.core.progress``)."""
-    return False if args.quiet else None
-
-
 def _write_meta(model, args) -> None:
     arguments = {key: str(value) if isinstance(value, Path) else value
                  for key, value in vars(args).items() if key not in ("func", "command")}
@@ -107,7 +101,7 @@ def run_ablate(args) -> int:
     model = load_cli_model(args)
     prompts, metric = _ablation_prompts(model, args)
     common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, memory_mb=args.memory_mb,
-                  progress=_progress(args))
+                  progress=args.progress)
     if args.heads:
         frame = ablation_sweep(model, prompts, {args.heads: parse_heads(args.heads)}, args.method, metric, **common)
     elif args.targets == "cumulative":
@@ -150,13 +144,13 @@ def run_patch(args) -> int:
     options = dict(direction=args.direction, normalize=args.normalize)
     value = "normalized" if args.normalize else "metric"
     if args.shortlist is not None:
-        frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=_progress(args),
+        frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=args.progress,
                                       memory_mb=args.memory_mb, **options)
         frame.insert(1, "target", "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str))
         figure = bars(frame[frame["exact"]], "target", "value", f"exact patching of the top {args.shortlist} heads")
     else:
         sweep, dims, extra = PATCH_TARGETS[args.what]
-        result = sweep(model, clean, corrupted, metric, progress=_progress(args), memory_mb=args.memory_mb, **extra,
+        result = sweep(model, clean, corrupted, metric, progress=args.progress, memory_mb=args.memory_mb, **extra,
                        **options)
         frame = patching_frame(result, dims, value)
         if args.attribution:

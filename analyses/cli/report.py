@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
                           seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
-                          intervention_prompts=args.intervention_prompts, memory_mb=args.memory_mb)
+                          intervention_prompts=args.intervention_prompts, memory_mb=args.memory_mb,
+                          progress=args.progress)
     print(write_report(report, args.out))
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analyses.cli.args import add_progress_args
 from analyses.studies.runner import run_study
 
 
@@ -21,12 +22,12 @@ def register(subparsers) -> None:
                           "or none for the spec's [run].address, else a local instance")
     run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, "
                                                     "else as many as each node's CPUs and memory hold)")
-    run.add_argument("--quiet", action="store_true")
+    add_progress_args(run)
     run.set_defaults(func=run_study_command)
 
 
 def run_study_command(args) -> int:
-    results = run_study(args.spec, args.out, resume=args.resume, progress=False if args.quiet else None,
+    results = run_study(args.spec, args.out, resume=args.resume, progress=args.progress,
                         executor=None if args.ray is None else "ray", address=args.ray or None, workers=args.workers)
     print(f"wrote {results} and {results.with_name('results.png')}")
     return 0

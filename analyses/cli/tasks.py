@@ -22,10 +22,10 @@ from analyses.tasks.tracing import STATES, causal_trace, trace_figure
 
 
 def _arguments(args) -> dict:
-    """The command's arguments for meta.json (paths as strings; not ``--resume``, which says how the
-    run went, not what it is: a resumed run writes the same files as one run through)."""
+    """The command's arguments for meta.json (paths as strings; not ``--resume`` nor ``--progress``,
+    which say how the run went, not what it is: a resumed run writes the same files as one run through)."""
     return {key: str(value) if isinstance(value, Path) else value
-            for key, value in vars(args).items() if key not in ("func", "command", "resume")}
+            for key, value in vars(args).items() if key not in ("func", "command", "resume", "progress")}
 
 
 def register(subparsers) -> None:
@@ -42,7 +42,6 @@ def register(subparsers) -> None:
                        help="the hidden state restored: a layer's output (resid_post, default) or input")
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--out", type=Path, required=True, help="output directory")
-    trace.add_argument("--quiet", action="store_true", help="no progress bar")
     trace.set_defaults(func=run_trace)
     register_task(subparsers)
 
@@ -51,7 +50,7 @@ def run_trace(args) -> int:
     model = load_cli_model(args)
     trace = causal_trace(model, args.prompt, args.subject, args.answer, samples=args.samples, noise=args.noise,
                          seed=args.seed, state=args.state, memory_mb=args.memory_mb,
-                         progress=False if args.quiet else None)
+                         progress=args.progress)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = save_csv(trace.frame, args.out / "trace.csv")
     png_path = save_figure(trace_figure(trace), args.out / "trace.png")
@@ -82,7 +81,6 @@ def register_task(subparsers) -> None:
     task.add_argument("--out", type=Path, required=True, help="output directory")
     task.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT: reuse its finished "
                                                             "steps (same model, task and options), compute the rest")
-    task.add_argument("--quiet", action="store_true", help="no progress bars")
     task.set_defaults(func=run_task)
 
 
@@ -96,7 +94,7 @@ def run_task(args) -> int:
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
         steps = Steps(args.out, task_inputs(task, meta, args.top), resume=args.resume)
         analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
-                                progress=False if args.quiet else None, steps=steps)
+                                progress=args.progress, steps=steps)
         out = write_task_page(analysis, args.out, meta)
     values = analysis.values
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from analyses.circuits.circuit_eval import METRIC_NAME, PAIRINGS, curve_figure, evaluate_known, program_inputs
+from analyses.cli.args import add_progress_args
 from analyses.circuits.ground_truth import KnownTruth, compile_with_graph, ground_truth, write_truth
 from interp.errors import UserError
 from interp.files import write_atomic
@@ -85,4 +86,5 @@ def register(subparsers) -> None:
                              "strongest corruption) or one seeded derangement")
     parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps in the stored task (default 5)")
     parser.add_argument("--seed", type=int, default=0)
+    add_progress_args(parser)  # accepted as by every command; compiling and --evaluate have no long loops to show
     parser.set_defaults(func=run)

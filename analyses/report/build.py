@@ -154,10 +154,12 @@ class ReportSteps:
         memory the step before freed goes back to the system (``release_freed_memory``), so a
         step's peak is its own tensors, not its own plus the holes earlier steps left in the heap."""
         release_freed_memory()
+        self.bar.set_description_str(f"report: {step}", refresh=False)
         if self.started:
-            self.bar.update()
+            self.bar.update()  # shows the new step's name with the count of those done
+        else:
+            self.bar.refresh()
         self.started = True
-        self.bar.set_description_str(f"report: {step}")
 
     def close(self) -> None:
         self.bar.update()
