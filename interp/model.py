@@ -228,6 +228,12 @@ class MLP(nn.Module):
         hidden = self.act(self.fc(x)) if self.gate is None else self.act(self.gate(x)) * self.fc(x)
         return self.proj(self.hook_post(hidden))
 
+    @property
+    def W_out(self) -> torch.Tensor:
+        """The output projection (d_mlp, d_model), TransformerLens's name and layout: row i is what
+        neuron i writes into the residual stream per unit of its ``hook_post`` activation."""
+        return self.proj.weight.T
+
 
 def _attention(cfg: GPTConfig, layer: int) -> GroupedQueryAttention:
     """Block ``layer``'s attention, with the config's heads, biases, positions and score scale."""

@@ -111,4 +111,4 @@ class HeadWeights:
         AttributeError for an attention-only model."""
         if self.cfg.attn_only:
             raise AttributeError("W_out: this model is attention-only (no MLPs)")
-        return torch.stack([block.mlp.proj.weight.T for block in self.blocks])
+        return torch.stack([block.mlp.W_out for block in self.blocks])

@@ -69,6 +69,7 @@ def _embed_run(model, tokens: torch.Tensor, edit, copies: int, score: PromptScor
 
 
 def _copies_per_forward(model, tokens: torch.Tensor, memory_mb: float, backward: bool) -> int:
+    """How many copies of the batch ``tokens`` one forward (with ``backward``, and its backward) may hold."""
     rows = rows_within(model, tokens.shape[1], memory_mb, logits=True, layers=model.cfg.n_layers if backward else 1)
     return max(1, rows // tokens.shape[0])
 
@@ -241,7 +242,7 @@ def decisive_attention(model, tokens: torch.Tensor, score: PromptScore, heads: S
         clean = score(model(tokens)).float().cpu()
         _, patterns = cache_run(model, tokens, [pattern_name(layer) for layer, _ in heads], logits=False)
         erased_all = -occlusion(model, tokens, score).cpu()  # (batch, pos): edited - clean
-        rows = []
+        rows, tokenizer = [], model_tokenizer(model)
         for layer, head in heads:
             weights = patterns[pattern_name(layer)][torch.arange(len(last)), head, last].float().cpu()
             weights[:, 0] = -1  # the start token is not a candidate
@@ -259,7 +260,6 @@ def decisive_attention(model, tokens: torch.Tensor, score: PromptScore, heads: S
             for name, change in (("knockout", knockout), ("permuted", permute)):
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(pattern_name(layer), _pattern_edit(head, last, change))])
                 edited[name] = score(logits).float().cpu() - clean
-            tokenizer = model_tokenizer(model)
             for b in range(len(last)):
                 rows.append({"layer": layer, "head": head, "prompt": b, "top_position": int(top[b]),
                              "top_token": tokenizer.decode([int(tokens[b, top[b]])]),

@@ -63,9 +63,9 @@ def neuron_attribution(model, tokens: torch.Tensor, metric: Metric, layer: int, 
     (broadcast to (batch, pos, d_mlp)) at every position -> (d_mlp,) float32: the sum over prompts
     and positions of dmetric/dactivation x (replacement - activation), over chunks of prompts that
     fit ``memory_mb`` (a prompt's gradient of the batch's metric is its chunk's times the chunk's share)."""
-    name = mlp_post_name(layer)
-    parts, positions = gradient_parts(model, tokens, metric, memory_mb, per_position=2 * model.W_out.shape[1])
-    total = torch.zeros(model.W_out.shape[1], dtype=torch.float32, device=tokens.device)
+    name, d_mlp = mlp_post_name(layer), model.blocks[layer].mlp.W_out.shape[0]
+    parts, positions = gradient_parts(model, tokens, metric, memory_mb, per_position=2 * d_mlp)
+    total = torch.zeros(d_mlp, dtype=torch.float32, device=tokens.device)
     for part in parts:
         _, acts, grads = activation_gradients(model, tokens[part.rows], part.metric, [name], positions=positions)
         moved = (replacement - acts[name]).float()
@@ -114,13 +114,12 @@ def value_logits(model, layer: int, neurons: Sequence[int]) -> torch.Tensor:
     """Each neuron's value vector read in the vocabulary: ``W_out[layer, neurons] @ W_U`` ->
     (len(neurons), d_vocab_out) float32 (no final norm; see the module docstring)."""
     check_mlp_layer(model, layer)
-    d_mlp = model.W_out.shape[1]
-    bad = [n for n in neurons if not 0 <= int(n) < d_mlp]
+    w_out = model.blocks[layer].mlp.W_out  # (d_mlp, d_model): this layer's alone, not every layer's stacked
+    bad = [n for n in neurons if not 0 <= int(n) < w_out.shape[0]]
     if bad:
-        raise UserError(f"neuron {bad[0]} out of range [0, {d_mlp})")
+        raise UserError(f"neuron {bad[0]} out of range [0, {w_out.shape[0]})")
     with torch.no_grad():
-        values = model.W_out[layer, [int(n) for n in neurons]]
-        return (values.float() @ model.W_U.float())
+        return w_out[[int(n) for n in neurons]].float() @ model.W_U.float()
 
 
 def promoted_tokens(model, layer: int, neurons: Sequence[int], k: int = 10) -> pd.DataFrame:

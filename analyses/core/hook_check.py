@@ -130,7 +130,7 @@ def measure_shapes(model, tokens: torch.Tensor) -> tuple[pd.DataFrame, torch.Ten
     """-> (one row per hook and layer, the logits, the cache of every checked hook)."""
     expected = documented_shapes(model.cfg, *tokens.shape)
     if has_mlps(model):  # one activation per neuron: as many as the output projection has rows
-        expected[NEURONS] = (*tokens.shape, model.W_out.shape[1])
+        expected[NEURONS] = (*tokens.shape, model.blocks[0].mlp.W_out.shape[0])
     names = {f"blocks.{layer}.{suffix}": (layer, suffix) for layer in range(model.cfg.n_layers) for suffix in expected}
     names["hook_embed"] = (None, "hook_embed")
     expected["hook_embed"] = (*tokens.shape, model.cfg.d_model)
