@@ -36,9 +36,10 @@ PROMPT_TOKENS = 8
 def generation_table(model, lengths: list[int], repeats: int) -> None:
     """Per-token milliseconds of greedy generation with and without the cache, per length."""
     prompt = torch.randint(0, model.cfg.d_vocab, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
-    print(f"\nGreedy generation after a {PROMPT_TOKENS}-token prompt, batch 1 (wall ms per generated token, "
-          f"medians of {repeats} interleaved rounds)")
-    print(f"  {'new tokens':>10}{'cached ms/tok':>15}{'uncached ms/tok':>17}{'uncached/cached':>17}{'same tokens':>13}")
+    print(f"\nGreedy generation after a {PROMPT_TOKENS}-token prompt, batch 1 (ms per generated token, medians of "
+          f"{repeats} interleaved rounds; CPU time of this process beside wall time, steadier on a shared machine)")
+    print(f"  {'new tokens':>10}{'cached ms/tok':>15}{'uncached ms/tok':>17}{'uncached/cached':>17}"
+          f"{'CPU ms/tok cached':>19}{'uncached':>10}{'ratio':>7}{'same tokens':>13}")
     for n in lengths:
         samples = time_interleaved({
             "cached": lambda: model.generate(prompt, n, use_kv_cache=True),
@@ -47,7 +48,8 @@ def generation_table(model, lengths: list[int], repeats: int) -> None:
         cached, uncached = samples["cached"], samples["uncached"]
         same = torch.equal(cached.result, uncached.result)
         print(f"  {n:>10}{cached.median() / n * 1e3:15.1f}{uncached.median() / n * 1e3:17.1f}"
-              f"{uncached.paired(cached):17.2f}{str(same):>13}")
+              f"{uncached.paired(cached):17.2f}{cached.median('cpu') / n * 1e3:19.1f}"
+              f"{uncached.median('cpu') / n * 1e3:10.1f}{uncached.paired(cached, 'cpu'):7.2f}{str(same):>13}")
 
 
 def cache_bytes(model, n_tokens: int) -> int:
