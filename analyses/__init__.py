@@ -26,6 +26,8 @@ from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores
 from analyses.circuits.circuit import circuit_edges, circuit_figure, circuit_section
 from analyses.components.rollout import attention_flow, attention_rollout, model_flow, model_rollout
+from analyses.components.neurons import neuron_effects, promoted_tokens, promotion_effects
+from analyses.components.explanation import decisive_attention, explain, explanation_figure
 from analyses.report.compare import compare_models, scores_over_training, training_figure, write_comparison
 from analyses.components.decompose import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,

@@ -7,7 +7,8 @@ and head patching against TransformerLens on the bridge over the same weights), 
 path patching of every (sender, receiver) pair against TransformerLens's ``get_act_patch_direct_path``,
 and edge attribution against exact path patching), ``composition`` (composition scores against
 TransformerLens's ``all_composition_scores``), ``study`` (a scripted study locally and on Ray with 1
-and 2 workers: rows/s and per-block overhead; needs the ``[ray]`` extra)."""
+and 2 workers: rows/s and per-block overhead; needs the ``[ray]`` extra), ``kv_cache`` (generation
+with and without the KV cache as the sequence grows; cache bytes for MHA, GQA, MQA)."""
 
 import subprocess
 import sys

@@ -21,10 +21,11 @@ embedding. Hook names follow TransformerLens (DESIGN section 2), so every analys
     blocks.{l}.attn.hook_rot_q / hook_rot_k  (rotary only)         (batch, pos, head | kv_head, d_head)
     blocks.{l}.attn.hook_attn_scores / hook_pattern                (batch, head, q_pos, k_pos)
     blocks.{l}.hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post   (batch, pos, d_model)
+    blocks.{l}.mlp.hook_post  (the MLP's hidden activation, one value per neuron)  (batch, pos, d_mlp)
     blocks.{l}.hook_q_input / hook_k_input / hook_v_input          (batch, pos, head, d_model)
         (only after ``set_use_split_qkv_input(True)``: each query head's own copy of resid_pre)
 
-(``attn_only`` models have no ``hook_resid_mid`` / ``hook_mlp_out``; parallel blocks no
+(``attn_only`` models have no ``hook_resid_mid`` / ``hook_mlp_out`` / ``mlp.hook_post``; parallel blocks no
 ``hook_resid_mid``; rotary and ALiBi models no ``hook_pos_embed``. Masked scores are -inf.
 ``hook_embed`` is after ``embed_scale`` and ``post_embedding_ln``, as the bridge places it.)
 """
@@ -209,7 +210,11 @@ def _norm(cfg: GPTConfig) -> nn.Module:
 
 class MLP(nn.Module):
     """(batch, pos, d_model) -> (batch, pos, d_model): ``proj(act(fc(x)))``, or with ``gated_mlp``
-    ``proj(act(gate(x)) * fc(x))`` (SwiGLU with silu, GeGLU with gelu_tanh)."""
+    ``proj(act(gate(x)) * fc(x))`` (SwiGLU with silu, GeGLU with gelu_tanh).
+
+    ``hook_post`` sees the hidden activation that ``proj`` reads, (batch, pos, d_mlp): one value per
+    neuron, TransformerLens's ``blocks.{l}.mlp.hook_post``. Neuron i writes ``hook_post[..., i]``
+    times row i of ``proj.weight.T`` into the residual stream."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -217,10 +222,17 @@ class MLP(nn.Module):
         self.proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
         self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias) if cfg.gated_mlp else None
         self.act = ACTIVATIONS[cfg.act_fn]
+        self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.act(self.fc(x)) if self.gate is None else self.act(self.gate(x)) * self.fc(x)
-        return self.proj(hidden)
+        return self.proj(self.hook_post(hidden))
+
+    @property
+    def W_out(self) -> torch.Tensor:
+        """The output projection (d_mlp, d_model), TransformerLens's name and layout: row i is what
+        neuron i writes into the residual stream per unit of its ``hook_post`` activation."""
+        return self.proj.weight.T
 
 
 def _attention(cfg: GPTConfig, layer: int) -> GroupedQueryAttention:

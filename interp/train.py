@@ -108,6 +108,8 @@ class Recipe:
             raise UserError(f"corpus={self.corpus!r} not supported; allowed: {', '.join(CORPORA)}")
         if self.positions not in POSITIONS:
             raise UserError(f"positions={self.positions!r} not supported; allowed: {', '.join(POSITIONS)}")
+        if self.n_heads <= 0 or self.d_model % self.n_heads:
+            raise UserError(f"n_heads={self.n_heads} must be a positive divisor of d_model={self.d_model}")
         if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads <= 0
                                           or self.n_heads % self.kv_heads):
             raise UserError(f"kv_heads={self.kv_heads} must be a positive divisor of n_heads={self.n_heads}")
@@ -501,6 +503,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--positions", metavar="learned|rotary|alibi",
                         help="position information: learned embeddings (the shipped model's, the default), "
                              "rotary (RoPE) or ALiBi")
+    parser.add_argument("--heads", dest="n_heads", type=int, metavar="H",
+                        help="attention heads per layer, a divisor of d_model (default: the preset's); the same "
+                             "d_model, so the same number of parameters, split into H heads of d_model / H")
     parser.add_argument("--kv-heads", dest="kv_heads", type=int, metavar="K",
                         help="key/value heads per layer, a divisor of the heads (default: one per head; "
                              "fewer: grouped-query attention, 1: multi-query)")
@@ -515,7 +520,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args) -> int:
     """Run the ``train`` subcommand parsed by ``add_arguments``."""
-    overrides = {key: getattr(args, key) for key in ("steps", "seed", "positions", "kv_heads")
+    overrides = {key: getattr(args, key) for key in ("steps", "seed", "positions", "n_heads", "kv_heads")
                  if getattr(args, key) is not None}
     recipe = dataclasses.replace(PRESETS[args.preset], **overrides)
     metadata = run(recipe, args.out, progress=args.progress, save_every=args.save_every)

@@ -14,6 +14,8 @@ modules, so a weight-based analysis (``analyses.composition_scores``) reads eith
     W_E                (d_vocab, d_model)       the token embedding, as stored
     W_pos              (n_ctx, d_model)         learned positions only
     W_U, b_U           (d_model, d_vocab_out), (d_vocab_out,)   the unembedding
+    W_out              (n_layers, d_mlp, d_model)   each MLP's output projection: row i is what
+                       neuron i (``blocks.{l}.mlp.hook_post[..., i]``) writes per unit of activation
 
 As on the bridge (checked on TransformerLens 4.3), ``W_K``/``W_V`` of a grouped-query model keep
 their ``n_key_value_heads`` heads; ``expand_kv_heads`` repeats them onto the query heads that read
@@ -102,3 +104,11 @@ class HeadWeights:
         if head is None or head.bias is None:
             return self.W_U.new_zeros(self.W_U.shape[1])
         return head.bias
+
+    @property
+    def W_out(self) -> torch.Tensor:
+        """The MLPs' output projections (n_layers, d_mlp, d_model), as the bridge stacks them;
+        AttributeError for an attention-only model."""
+        if self.cfg.attn_only:
+            raise AttributeError("W_out: this model is attention-only (no MLPs)")
+        return torch.stack([block.mlp.W_out for block in self.blocks])

@@ -15,7 +15,7 @@ from interp import GPTConfig, GPTModel, from_hf, load_model
 from interp.bridge import boot_bridge
 from interp.errors import UserError
 
-WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_out")
 
 
 @pytest.mark.parametrize("name", WEIGHTS)
@@ -29,7 +29,7 @@ def test_grouped_query_weights_keep_their_kv_heads_as_the_bridge_does(family_dir
     directory = family_dir("llama")  # 4 query heads, 2 key/value heads
     ours, bridge = load_model(directory, impl="scratch"), load_model(directory, impl="transformer_lens")
     assert ours.W_K.shape == (2, 2, 64, 16) and ours.W_Q.shape == (2, 4, 64, 16)
-    for name in ("W_Q", "W_K", "W_V", "W_O"):
+    for name in ("W_Q", "W_K", "W_V", "W_O", "W_out"):
         torch.testing.assert_close(getattr(ours, name), getattr(bridge, name), rtol=0, atol=0)
     assert not ours.b_Q.any()  # bias-free: zeros here, where the bridge raises
 

@@ -142,7 +142,7 @@ def test_commands_take_dtype_device_and_memory_mb_and_record_them(tmp_path):
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    for name in ("report", "check", "ablate", "patch", "circuit", "compare", "attention-map", "trace", "task"):
+    for name in ("report", "check", "ablate", "patch", "circuit", "compare", "attention-map", "trace", "task", "explain"):
         options = {o for action in commands[name]._actions for o in action.option_strings}
         assert {"--dtype", "--device", "--memory-mb"} <= options, name
     assert _cli("ablate", "--dtype", "bfloat16", "--memory-mb", "8", "--prompts", "4", "--heads", "0.1",

@@ -141,6 +141,7 @@ def test_bad_recipe_values_are_refused(field, value):
     ("positions", "sinusoidal", "positions='sinusoidal' not supported; allowed: learned, rotary, alibi"),
     ("kv_heads", 3, "kv_heads=3 must be a positive divisor of n_heads=8"),
     ("kv_heads", 0, "kv_heads=0 must be a positive divisor"),
+    ("n_heads", 3, "n_heads=3 must be a positive divisor of d_model=128"),
 ])
 def test_bad_variant_values_are_one_line_user_errors(field, value, message):
     with pytest.raises(UserError, match=re.escape(message)) as error:
@@ -246,7 +247,8 @@ def test_command_trains_position_and_key_value_variants(tmp_path, positions, kv_
 
 def test_command_refuses_a_bad_variant_in_one_line(tmp_path, capsys):
     for flags, message in [(["--positions", "sinusoid"], "positions='sinusoid' not supported"),
-                           (["--kv-heads", "3"], "kv_heads=3 must be a positive divisor of n_heads=4")]:
+                           (["--kv-heads", "3"], "kv_heads=3 must be a positive divisor of n_heads=4"),
+                           (["--heads", "3"], "n_heads=3 must be a positive divisor of d_model=64")]:
         assert main(["train", "--preset", "short", *flags, "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
@@ -294,3 +296,14 @@ def test_the_shipped_early_checkpoint_is_step_200_of_the_recorded_run():
     for key, value in measured.items():
         assert value == pytest.approx(row[key], abs=1e-4), key
     assert row["induction_score"] < 0.1
+
+
+def test_command_trains_any_number_of_heads_at_the_same_width(tmp_path):
+    """``interp train --heads H``: H heads of d_model / H, the same parameters in number as the preset's."""
+    out = tmp_path / "one-head"
+    assert main(["train", "--preset", "short", "--steps", "2", "--heads", "1", "--out", str(out), "--quiet"]) == 0
+    model = load_model(out)
+    assert (model.cfg.n_heads, model.cfg.d_head) == (1, PRESETS["short"].d_model)
+    assert json.loads((out / "training.json").read_text())["recipe"]["n_heads"] == 1
+    preset = _untrained(PRESETS["short"])
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in preset.parameters())

@@ -1,6 +1,12 @@
 """``interp trace``: causal tracing of one prompt (``analyses.tasks.tracing``), written as ``trace.csv``,
 ``trace.png`` (the three heatmaps) and ``meta.json``.
 
+``interp explain NAME|FILE``: attention as explanation on a task's prompts
+(``analyses.components.explanation``): token attributions beside the attention of the heads that
+matter (the strongest by exact head patching, or ``--heads``), their rank agreement, and whether the
+most-attended token is decisive under intervention: ``scores.csv``, ``agreement.csv``,
+``decisive.csv``, ``explanation.png``, ``meta.json``.
+
 ``interp task NAME|FILE``: a task (``analyses.tasks.task``) on a model -- the metric on the clean and
 corrupted runs, head and MLP patching (all positions and by position), direct logit attribution,
 path patching from the top senders with edge attribution beside it -- as one offline page
@@ -12,11 +18,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from analyses.components.explanation import decisive_attention, explain, explanation_figure
+from analyses.core.metrics import evaluate_metric
+from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import add_model_args, load_cli_model
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
-from analyses.tasks.task import BUILT_IN, make_task
+from analyses.tasks.task import BUILT_IN, make_task, task_batch, task_metric, task_scores
+from interp.errors import UserError
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
 from analyses.tasks.tracing import STATES, causal_trace, trace_figure
 
@@ -44,6 +56,7 @@ def register(subparsers) -> None:
     trace.add_argument("--out", type=Path, required=True, help="output directory")
     trace.set_defaults(func=run_trace)
     register_task(subparsers)
+    register_explain(subparsers)
 
 
 def run_trace(args) -> int:
@@ -100,4 +113,71 @@ def run_task(args) -> int:
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
     print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric} clean {values['clean']:.4f}, "
           f"corrupted {values['corrupted']:.4f}{reused}; wrote {out / 'index.html'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- interp explain
+def register_explain(subparsers) -> None:
+    explain_parser = subparsers.add_parser(
+        "explain", help="attention as explanation on a task: attributions (gradient x input, integrated "
+                        "gradients, occlusion) beside attention, rollout and flow; is the attended token decisive?")
+    explain_parser.add_argument("name", help=f"{', '.join(BUILT_IN)}, or a .jsonl / .csv task file")
+    add_model_args(explain_parser)
+    explain_parser.add_argument("--n", type=int, default=8, help="number of prompts (default 8)")
+    explain_parser.add_argument("--top", type=int, default=3,
+                                help="read the attention of this many heads, the strongest by exact head patching "
+                                     "(default 3)")
+    explain_parser.add_argument("--heads", help="the heads to read instead, e.g. 9.1,10.0 (layer.head)")
+    explain_parser.add_argument("--steps", type=int, default=32, help="integrated gradients' steps (default 32)")
+    explain_parser.add_argument("--no-flow", action="store_true", help="skip attention flow (a max-flow per position "
+                                                                       "and layer)")
+    explain_parser.add_argument("--seed", type=int, default=0)
+    explain_parser.add_argument("--out", type=Path, required=True, help="output directory")
+    explain_parser.set_defaults(func=run_explain)
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """"9.1,10.0" -> [(9, 1), (10, 0)]."""
+    try:
+        return [(int(layer), int(head)) for layer, head in (item.split(".") for item in text.split(","))]
+    except ValueError:
+        raise UserError(f"--heads {text!r}: give layer.head pairs separated by commas, e.g. 9.1,10.0") from None
+
+
+def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float) -> list[tuple[int, int]]:
+    """The ``top`` heads whose exact denoising patch moves ``metric`` furthest from its corrupted value."""
+    with torch.no_grad():
+        corrupted_value = evaluate_metric(metric, model(corrupted)).item()
+    moved = (patch_heads(model, clean, corrupted, metric, memory_mb=memory_mb) - corrupted_value).abs()
+    order = moved.flatten().argsort(descending=True, stable=True)[:top]
+    return [divmod(int(index), model.cfg.n_heads) for index in order]
+
+
+def run_explain(args) -> int:
+    model = load_cli_model(args)
+    task = make_task(model, args.name, args.n, args.seed)
+    batch = task_batch(model, task)
+    metric, scores = task_metric(task, batch.last), task_scores(task, batch.last)
+    heads = (parse_heads(args.heads) if args.heads else
+             strongest_heads(model, batch.clean, batch.corrupted, metric, args.top, args.memory_mb))
+    found = explain(model, batch.clean, scores, heads, batch.last.cpu(), steps=args.steps, flow=not args.no_flow,
+                    memory_mb=args.memory_mb)
+    decisive = decisive_attention(model, batch.clean, scores, heads, batch.last.cpu(), seed=args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for frame, name in ((found.scores, "scores"), (found.agreement, "agreement"), (decisive, "decisive")):
+        save_csv(frame, args.out / f"{name}.csv")
+    save_figure(explanation_figure(found), args.out / "explanation.png")
+    write_meta(args.out, model_meta(model, args.model) | {"command": "explain", "arguments": _arguments(args),
+                                                         "task": task.name, "prompts": len(task),
+                                                         "heads": [list(head) for head in heads]})
+    print(f"{task.name}: {len(task)} prompts; attention of heads {', '.join(f'L{l}H{h}' for l, h in heads)}")
+    print("Spearman correlation with each attribution's magnitude, median over prompts:")
+    print(found.summary().pivot(index="attention", columns="attribution", values="median").round(2).to_string())
+    with torch.no_grad():
+        clean = scores(model(batch.clean)).abs().median().item()
+    print(f"the most-attended token (start token excluded): median |score change| when edited (clean median "
+          f"|{task.metric}| {clean:.3f}):")
+    print(decisive.groupby(["layer", "head"])[["top_weight", "knockout", "permuted", "erased"]]
+          .agg(lambda column: column.abs().median()).round(3).to_string())
+    print(f"wrote {args.out}")
     return 0

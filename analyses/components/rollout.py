@@ -93,6 +93,19 @@ def attention_flow(patterns: torch.Tensor, attention_weight: float = 0.5, *, pro
     return torch.from_numpy(flow).float()
 
 
+def flow_into(patterns: torch.Tensor, query: int, attention_weight: float = 0.5) -> torch.Tensor:
+    """patterns (layer, head, q, k) of one prompt -> (k,): the maximum flow from each token at the input
+    to position ``query`` after the last layer, ``attention_flow(patterns)[-1, query]`` without the
+    other layers and queries (one max-flow per key instead of layer x q x k)."""
+    if patterns.ndim != 4 or not 0 <= query < patterns.shape[-1]:
+        raise UserError(f"flow_into takes one prompt's patterns (layer, head, q, k) and a query in range, got "
+                        f"{tuple(patterns.shape)} and query {query}")
+    mixed = mixed_attention(patterns, attention_weight).double().cpu().numpy()
+    n_layers, n_pos = mixed.shape[0], mixed.shape[-1]
+    capacity = _layered_capacity(mixed)
+    return torch.tensor([max_flow(capacity, key, n_layers * n_pos + query) for key in range(n_pos)]).float()
+
+
 def _layered_capacity(mixed: np.ndarray) -> np.ndarray:
     """mixed (layer, q, k) -> the (V, V) capacity matrix of the attention graph, V = (layer + 1) * pos:
     node t * pos + p is position p before layer t (t = layer: after the last); the edge from

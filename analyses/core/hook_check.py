@@ -5,7 +5,9 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
 ``check_hooks(model)`` runs once per model object and measures, on one short prompt:
 
 - every hook the analyses read fires with its documented shape (``hook_k``/``hook_v`` carry the
-  key/value heads of grouped- and multi-query attention);
+  key/value heads of grouped- and multi-query attention; ``mlp.hook_post``, on models with MLPs, one
+  value per neuron: as many as ``W_out`` has rows, which the bridge's ``cfg.d_mlp`` can get wrong,
+  measured on OPT);
 - an edit of ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` and ``hook_pattern`` changes the
   model's computation (path patching edits the first three): the layer's own attention output
   ``hook_attn_out``, where an edit of ``hook_attn_out`` itself reaches the logits (then its value
@@ -40,12 +42,14 @@ import pandas as pd
 import torch
 from einops import einsum
 
+from analyses.core.hook_names import has_mlps
 from analyses.core.tokens import model_device, ordinary_token_ids, start_token_id
 from interp import provenance
 from interp.errors import UserError
 from interp.provenance import model_family, model_impl
 
 EDITABLE = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern")
+NEURONS = "mlp.hook_post"  # the MLP's hidden activation (batch, pos, d_mlp), checked on models with MLPs
 # relative change of the logits below which an edit counts as not reaching the output
 EDIT_TOLERANCE = 1e-6
 SUM_TOLERANCE = 1e-4
@@ -125,6 +129,8 @@ def probe_tokens(model) -> torch.Tensor:
 def measure_shapes(model, tokens: torch.Tensor) -> tuple[pd.DataFrame, torch.Tensor, dict]:
     """-> (one row per hook and layer, the logits, the cache of every checked hook)."""
     expected = documented_shapes(model.cfg, *tokens.shape)
+    if has_mlps(model):  # one activation per neuron: as many as the output projection has rows
+        expected[NEURONS] = (*tokens.shape, model.blocks[0].mlp.W_out.shape[0])
     names = {f"blocks.{layer}.{suffix}": (layer, suffix) for layer in range(model.cfg.n_layers) for suffix in expected}
     names["hook_embed"] = (None, "hook_embed")
     expected["hook_embed"] = (*tokens.shape, model.cfg.d_model)

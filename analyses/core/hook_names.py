@@ -66,3 +66,9 @@ def qkv_input_name(layer: int, which: str) -> str:
 def final_resid_name(model) -> str:
     """The residual stream leaving the last block: what the final norm and the unembedding read."""
     return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+
+
+def mlp_post_name(layer: int) -> str:
+    """A layer's MLP hidden activation, one value per neuron (batch, pos, d_mlp): what the MLP's
+    output projection ``W_out[layer]`` reads (blocks with an MLP only)."""
+    return f"blocks.{layer}.mlp.hook_post"

@@ -181,14 +181,14 @@ def _padded(sets: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def task_metric(task: Task, last: torch.Tensor) -> Metric:
-    """The task's metric: logits (batch, pos, d_vocab) -> scalar, read at ``last`` (batch,), each
-    prompt's last real position (see the module docstring for the two kinds). Differentiable;
-    declares the positions it reads (``read_positions``) so interventions unembed only those."""
+def task_scores(task: Task, last: torch.Tensor):
+    """The task's metric per prompt: logits (batch, pos, d_vocab) -> (batch,) float32, each read at
+    ``last`` (batch,), the prompt's last real position (see the module docstring for the two kinds).
+    Differentiable; ``task_metric`` is its mean."""
     good, good_mask = _padded(task.answers)
     bad, bad_mask = _padded(task.distractors)
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+    def scores(logits: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(logits.shape[0], device=logits.device)
         final = logits[rows, last.to(logits.device)].float()  # (batch, d_vocab)
         if task.metric == "prob_diff":
@@ -196,11 +196,21 @@ def task_metric(task: Task, last: torch.Tensor) -> Metric:
         picked_good = final.gather(-1, good.to(final.device)) * good_mask.to(final.device)
         picked_bad = final.gather(-1, bad.to(final.device)) * bad_mask.to(final.device)
         if task.metric == "prob_diff":
-            per_prompt = picked_good.sum(-1) - picked_bad.sum(-1)
-        else:
-            per_prompt = picked_good.sum(-1) / good_mask.sum(-1).to(final.device) - \
-                picked_bad.sum(-1) / bad_mask.sum(-1).to(final.device)
-        return per_prompt.mean()
+            return picked_good.sum(-1) - picked_bad.sum(-1)
+        return picked_good.sum(-1) / good_mask.sum(-1).to(final.device) - \
+            picked_bad.sum(-1) / bad_mask.sum(-1).to(final.device)
+
+    return scores
+
+
+def task_metric(task: Task, last: torch.Tensor) -> Metric:
+    """The task's metric: logits (batch, pos, d_vocab) -> scalar, the mean over prompts of
+    ``task_scores``. Differentiable; declares the positions it reads (``read_positions``) so
+    interventions unembed only those."""
+    scores = task_scores(task, last)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return scores(logits).mean()
 
     metric.read_positions = torch.unique(last).cpu()
     return metric
