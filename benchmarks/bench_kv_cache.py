@@ -29,7 +29,6 @@ from interp.attention import LayerKV
 
 from common import load_note, time_interleaved
 
-SMOLLM2 = Path("/work/smollm2_hf")
 PROMPT_TOKENS = 8
 
 
@@ -84,7 +83,7 @@ def bytes_table(cfg, n_tokens: int, name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(SMOLLM2) if SMOLLM2.exists() else "toy",
+    parser.add_argument("--model", default="smollm2",
                         help="the model to generate with (default: SmolLM2-135M where present, else toy)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128, 256])
     parser.add_argument("--cache-tokens", type=int, default=2048)

@@ -2,7 +2,7 @@
 MLP matters for naming a country's capital, which of its neurons, what each promotes through the
 unembedding, confirmed by ablating it on each prompt.
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/capital_neurons.py [--model /work/smollm2_hf] [--layer 23]
+    OMP_NUM_THREADS=1 .venv/bin/python examples/capital_neurons.py [--model smollm2] [--layer 23]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ CAPITALS = [" Paris", " Rome", " Tokyo", " Berlin", " Madrid", " Moscow"]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="/work/smollm2_hf")
+    parser.add_argument("--model", default="smollm2")
     parser.add_argument("--layer", type=int, help="the MLP to read (default: the one whose ablation costs most)")
     parser.add_argument("--top", type=int, default=5, help="neurons to read and confirm (default 5)")
     args = parser.parse_args()
