@@ -156,6 +156,32 @@ def test_a_custom_jsonl_or_csv_task_loads_with_the_same_fields(toy, tmp_path):
         assert task.answers == ((ord(")"),), (ord("}"),)) and task.distractors == ((ord("]"), ord("}")), (ord(")"),))
 
 
+def test_whitespace_answers_that_are_one_token_load(toy, tmp_path):
+    """A code task's answer may be a space or a newline: any non-empty text that is one token there."""
+    path = tmp_path / "spaces.jsonl"
+    path.write_text('{"clean": "if x:", "corrupted": "if y:", "answer": "\\n", "distractor": " "}\n')
+    task = load_task(toy, path)
+    assert task.answers == ((ord("\n"),),) and task.distractors == ((ord(" "),),)
+    path.write_text('{"clean": "if x:", "corrupted": "if y:", "answer": "", "distractor": " "}\n')
+    with pytest.raises(UserError, match="row 1: missing answer"):
+        load_task(toy, path)
+
+
+def test_a_task_file_saved_with_a_byte_order_mark_loads_as_without(toy, tmp_path):
+    """A spreadsheet's "CSV UTF-8" (and Notepad) start the file with U+FEFF."""
+    text = {"csv": "clean,corrupted,answer,distractor\na = {b,a = (b,},)\n",
+            "jsonl": '{"clean": "a = {b", "corrupted": "a = (b", "answer": "}", "distractor": ")"}\n'}
+    for suffix, body in text.items():
+        plain, marked = tmp_path / f"plain.{suffix}", tmp_path / f"marked.{suffix}"
+        plain.write_text(body, encoding="utf-8")
+        marked.write_text(body, encoding="utf-8-sig")
+        assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+        assert load_task(toy, marked).clean == load_task(toy, plain).clean == ("a = {b",)
+    (tmp_path / "latin.csv").write_bytes("clean,corrupted,answer,distractor\n\u00e9,e,},)\n".encode("latin-1"))
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        load_task(toy, tmp_path / "latin.csv")
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"clean": "ab", "corrupted": "cd", "answer": "e"}', "brackets.jsonl, row 2: missing distractor"),
     ('{"clean": "ab", "corrupted": "cd", "answer": "ef", "distractor": "g"}',
