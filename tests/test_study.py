@@ -369,8 +369,8 @@ def test_a_grid_resumes_from_its_last_cell_on_disk(tmp_path, gpt2_dir, monkeypat
         handle.write(f"spec={gpt2_dir} method=resample,1,L".encode())  # torn mid-write
     prepared = []
     prepare = analyses.studies.cells.prepare_study
-    monkeypatch.setattr(analyses.studies.cells, "prepare_study", lambda model, cell: prepared.append(cell.method) or
-                        prepare(model, cell))
+    monkeypatch.setattr(analyses.studies.cells, "prepare_study", lambda model, cell, **budget: prepared.append(cell.method) or
+                        prepare(model, cell, **budget))
     resumed = run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes()
     assert resumed == clean
     assert prepared == ["resample", "zero", "resample"]  # cells 1, 2, 3
@@ -431,3 +431,30 @@ def test_a_spec_and_a_prompt_file_with_a_byte_order_mark_read_as_without(tmp_pat
     spec.write_text(spec.read_text(), encoding="utf-8-sig")
     marked = pd.read_csv(run_study(spec, tmp_path / "marked", progress=False))
     assert marked["metric"].tolist() == plain["metric"].tolist()
+
+
+@pytest.mark.parametrize("targets", ['"each_head"', '"cumulative"'])
+def test_a_studys_memory_budget_reaches_every_forward(tmp_path, gpt2_dir, monkeypatch, targets):
+    """Ray sizes a study's actors by ``[run].memory_mb``, so the unablated run, the rows' forwards
+    and a cumulative study's importance (its forward and backward) must all be chunked within it,
+    not within the 1024 MB default. Every chunked analysis sizes its chunks by ``rows_within``:
+    each budget it was asked about is counted."""
+    import analyses.core.budget
+    import analyses.interventions.engine
+    import analyses.interventions.run
+    from analyses.studies.cells import StudyCells
+
+    asked = []
+
+    def counted(model, n_pos, memory_mb, **sizes):
+        asked.append(memory_mb)
+        return analyses.core.budget.rows_within(model, n_pos, memory_mb, **sizes)
+
+    for module in (analyses.interventions.engine, analyses.interventions.run):
+        monkeypatch.setattr(module, "rows_within", counted)
+    study = load_spec(write_spec(tmp_path, gpt2_dir, targets=targets, method="mean"))
+    cells = StudyCells(study.cells, memory_mb=3.0)
+    plan = cells.plan(0)
+    rows = list(cells.rows(0, 0, len(plan.targets)))
+    assert len(rows) == len(plan.targets) and len(asked) > len(rows) // 8
+    assert set(asked) == {3.0}
