@@ -88,13 +88,30 @@ def test_a_byte_tokenizer_falls_back_to_letters_and_decades_and_says_so(toy):
         assert sorted(chr(t) for t in distractors) == [str(d) for d in range(decade + 1)]
 
 
-def test_induction_text_repeats_its_sentence_and_shuffles_the_first_copy(toy):
-    task = induction_text_task(toy, seed=0)
-    assert len(task) + task.dropped == 16
-    for clean, corrupted, (answer,) in zip(task.clean, task.corrupted, task.answers):
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tokenizer", ["toy", "bpe_model"])
+def test_induction_text_repeats_its_sentence_and_no_corruption_keeps_the_answer_copyable(tokenizer, seed, request):
+    """The clean prompt is a sentence, then its first half again; the answer is the next word's
+    first token. The corrupted first copy is a permutation of the sentence's words in which the
+    prompt's last word is never followed by the answer word (else the corrupted run can still copy
+    the answer, and every normalised effect is diluted)."""
+    from analyses.core.tokens import model_tokenizer
+
+    model = request.getfixturevalue(tokenizer)
+    decode = model_tokenizer(model).decode
+    task = induction_text_task(model, seed=seed)
+    assert len(task) + task.dropped == 16 and len(task) >= 8
+    for clean, corrupted, (answer,), (distractor,) in zip(task.clean, task.corrupted, task.answers, task.distractors):
         first, second = clean.split(". ")
-        assert first.startswith(second.strip()) and first[len(second.strip()) + 1] == chr(answer)
-        assert sorted(corrupted.split(". ")[0].split()) == sorted(first.split()) and corrupted.split(". ")[0] != first
+        words, repeat = first.split(), second.split()
+        assert words[: len(repeat)] == repeat and len(repeat) == len(words) // 2
+        answer_word, last_word = words[len(repeat)], repeat[-1]
+        assert answer_word.startswith(decode([answer]).strip()) and decode([answer]).strip()
+        assert answer != distractor and words[len(repeat) - 2].startswith(decode([distractor]).strip())
+        shuffled, corrupted_repeat = (part.split() for part in corrupted.split(". "))
+        assert sorted(shuffled) == sorted(words) and corrupted_repeat == repeat
+        everything = shuffled + corrupted_repeat
+        assert (last_word, answer_word) not in zip(everything, everything[1:]), (clean, corrupted)
 
 
 def naive_value(model, task: Task) -> float:

@@ -325,8 +325,9 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
     """Induction on natural text: each sentence (its first words, as many as fit the context
     twice), then its repeat cut after half its words, the answer the next word's first token, the
     distractor the first token of a word from earlier in the sentence; corrupted: the first copy's
-    words shuffled (seeded), so the next word cannot be copied. Sentences whose pair lengths differ
-    after 20 shuffles, or whose first 4 words do not fit, are dropped (counted)."""
+    words shuffled (seeded) until no word equal to the prompt's last one is followed by the answer
+    word, so the next word cannot be copied. Sentences with no such shuffle of equal token length
+    in 20 tries, or whose first 4 words do not fit, are dropped (counted)."""
     tokenizer = model_tokenizer(model)
     rng = random.Random(seed)
     rows = []
@@ -342,10 +343,13 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
         other = continuation(tokenizer, prompt, words[cut - 2])
         if nxt is None or other is None or other[0] != nxt[0] or nxt[1][0] == other[1][0]:
             continue
+        pair = (words[cut - 1], words[cut])  # the prompt's last word, then the answer word
+        if pair in zip(words[:cut], words[1:cut]):  # the repeat itself shows it: no shuffle hides it
+            continue
         for _ in range(20):
             shuffled = words[:]
             rng.shuffle(shuffled)
-            if shuffled != words:
+            if pair not in zip(shuffled, shuffled[1:]):
                 bad = f"{' '.join(shuffled)}. {' '.join(words[:cut])}" + nxt[0][len(prompt):]
                 if len(tokenizer.encode(bad)) == len(tokenizer.encode(nxt[0])):
                     rows.append((nxt[0], bad, (nxt[1][0],), (other[1][0],)))
