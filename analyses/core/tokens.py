@@ -26,6 +26,14 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def accumulator(model, *shape: int) -> torch.Tensor:
+    """Zeros to sum an analysis's values into, by the one rule of where accumulators and results
+    live (DESIGN 4.0): on the model's device (a metric there cannot be added into a CPU tensor),
+    float64 (float32 on mps, which has no float64), until a frame is made on the CPU."""
+    device = model_device(model)
+    return torch.zeros(shape, dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
+
+
 def model_tokenizer(model) -> Tokenizer:
     """The model's tokenizer in ``interp.tokenizer``'s protocol (ours, or a Hugging Face one wrapped)."""
     return as_tokenizer(model.tokenizer)

@@ -58,7 +58,7 @@ from analyses.core.metrics import Metric, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
 from analyses.interventions.patching import mlp_out_names
 from analyses.interventions.run import Contrast, Options, Run
-from analyses.core.tokens import as_batch
+from analyses.core.tokens import accumulator, as_batch
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
 
@@ -175,7 +175,7 @@ class Ablation(Contrast):
         metric and baseline columns then print alike, and an empty set (which gives the baseline)
         has an effect of exactly 0, also once read back from a CSV. ``memory_mb``: the budget of
         its forwards (default: the one it was prepared with)."""
-        values = torch.full((len(head_sets),), self.baseline, dtype=torch.float64)
+        values = accumulator(self.model, len(head_sets)) + self.baseline
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
             variants = [self.variant(head_sets[i]) for i in todo]
@@ -416,7 +416,7 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
                               for (_, group), ms in zip(named, mlps)], dtype="Int64"),
         "n_heads": [len(group) - len(ms) for (_, group), ms in zip(named, mlps)],
         "n_mlps": [len(ms) for ms in mlps],
-        "metric": values.numpy(),
+        "metric": values.cpu().numpy(),
     })
     frame["baseline"] = baseline
     frame["effect"] = frame["metric"] - baseline
@@ -461,7 +461,7 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
         "n_heads": range(len(order) + 1),
     })
     frame["fraction"] = frame["n_heads"] / n_total
-    frame["metric"] = values.numpy()
+    frame["metric"] = values.cpu().numpy()
     frame["baseline"] = ablation.baseline
     frame["effect"] = frame["metric"] - ablation.baseline
     return frame

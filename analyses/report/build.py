@@ -215,9 +215,9 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
     cache = (components_cache(model, tokens, lens=True) if run is None else
              run.read(component_hooks(model, lens=True)))
     dla = direct_logit_attribution(model, cache, answers, positions=positions)
-    dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
+    dla = dla[predictable.repeat(dla["component"].nunique()).cpu().numpy()]
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
-    lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
+    lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
     del cache
     roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)

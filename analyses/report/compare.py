@@ -131,7 +131,7 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
     table = joined_table(tables, {m: bootstrap_ratio(sums[1][m] - sums[0][m], counts[m], N_BOOT, seed)
                                   for m in MEASURES})
     table["divergence"] = pattern_divergence(model_a, model_b, probes.tokens, memory_mb,
-                                             progress=progress).flatten().numpy()
+                                             progress=progress).flatten().cpu().numpy()
     steps.update()
     views = probe_views(model_a, model_b, probes, names)
     meta = {"a": model_meta(model_a, names[0]), "b": model_meta(model_b, names[1]), "prompts": n_prompts,
@@ -149,8 +149,8 @@ def joined_table(tables: Sequence[pd.DataFrame], deltas: Mapping[str, tuple]) ->
     table = a[["layer", "head"]].copy()
     for measure, (delta, low, high) in deltas.items():
         table[f"{measure}_a"], table[f"{measure}_b"] = a[measure], b[measure]
-        table[f"{measure}_delta"] = delta.flatten().numpy()
-        table[f"{measure}_delta_ci_low"], table[f"{measure}_delta_ci_high"] = low.flatten().numpy(), high.flatten().numpy()
+        table[f"{measure}_delta"] = delta.flatten().cpu().numpy()
+        table[f"{measure}_delta_ci_low"], table[f"{measure}_delta_ci_high"] = low.flatten().cpu().numpy(), high.flatten().cpu().numpy()
     table["role_a"], table["role_b"] = a["role"], b["role"]
     roles = [[set(r.split(";")) for r in t["role"]] for t in (a, b)]
     gained = [[r for r in ROLES if r in new - old] for old, new in zip(*roles)]

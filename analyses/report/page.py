@@ -85,7 +85,7 @@ def encode_patterns(patterns: torch.Tensor) -> str:
     rows, keys = torch.tril_indices(n, n)
     flat = einops.rearrange(patterns.detach().float().cpu(), "l h q k -> (l h) q k")[:, rows, keys]
     quantised = (flat.clamp(0, 1) * 255).round().to(torch.uint8)
-    return base64.b64encode(quantised.numpy().tobytes()).decode("ascii")
+    return base64.b64encode(quantised.cpu().numpy().tobytes()).decode("ascii")
 
 
 def decode_patterns(encoded: str, n_layers: int, n_heads: int, n: int) -> torch.Tensor:

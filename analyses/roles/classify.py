@@ -292,12 +292,12 @@ def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Te
         n_layers, n_heads = score.shape
         layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
         frames.append(pd.DataFrame({
-            "layer": layer.flatten().numpy(),
-            "head": head.flatten().numpy(),
+            "layer": layer.flatten().cpu().numpy(),
+            "head": head.flatten().cpu().numpy(),
             "measure": measure,
-            "score": score.flatten().numpy(),
-            "ci_low": low.flatten().numpy(),
-            "ci_high": high.flatten().numpy(),
+            "score": score.flatten().cpu().numpy(),
+            "ci_low": low.flatten().cpu().numpy(),
+            "ci_high": high.flatten().cpu().numpy(),
             "chance": float(chance[measure].sum() / counts[measure].sum()),
         }))
     return pd.concat(frames, ignore_index=True)
