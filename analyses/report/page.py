@@ -160,7 +160,9 @@ def head_table_html(table: pd.DataFrame, measures: Sequence[str], roles: Sequenc
     body = []
     for _, row in table.iterrows():
         layer, head, role = int(row["layer"]), int(row["head"]), str(row.get("role", ""))
-        cells = [f"<td>{layer}</td>", f"<td>{head}</td>", f'<td class="text">{html.escape(role)}</td>']
+        partial = str(row.get("partial_role", "") or "")
+        shown = html.escape(role) + (f' <span class="hint">partial: {html.escape(partial)}</span>' if partial else "")
+        cells = [f"<td>{layer}</td>", f"<td>{head}</td>", f'<td class="text">{shown}</td>']
         cells += [_score_cell(row, m) for m in measures]
         cells += [f'<td data-sort="{row[c]:.6f}">{row[c]:+.3f}</td>' for c in extra]
         body.append(f'<tr data-head-name="L{layer}H{head}" data-layer="{layer}" data-head="{head}" '
