@@ -33,7 +33,9 @@ def sweeps(model):
     from analyses.interventions.ablation import prepare_ablation
     from analyses.interventions.attribution import attribution_patch_heads
     from analyses.interventions.patching import patch_heads
-    from analyses.roles.backup import direct_and_total_effects
+    from analyses.report.compare import pattern_divergence
+    from analyses.roles.backup import backup_report, direct_and_total_effects
+    from interp.random_models import random_like
     from analyses.roles.causal_check import ablation_effects
     from analyses.tasks.tracing import causal_trace
 
@@ -51,6 +53,8 @@ def sweeps(model):
         "attribution_patching": lambda: attribution_patch_heads(*pair),
         "edge_attribution": lambda: edge_attribution(*pair, senders=[(0, 1)]),
         "eap_ig": lambda: eap_ig(*pair, senders=[(0, 1)]),
+        "backup_groups": lambda: backup_report(model, probes, [(0, 0), (0, 3), (1, 1)], min_excess=-1.0)[1],
+        "pattern_divergence": lambda: pattern_divergence(model, random_like(model, 1), probes.tokens),
     }
 
 
@@ -81,7 +85,7 @@ def same(a, b) -> None:
 
 
 SWEEPS = ["patching", "ablation", "path_patching", "tracing", "direct_effects", "causal_check",
-          "attribution_patching", "edge_attribution", "eap_ig"]
+          "attribution_patching", "edge_attribution", "eap_ig", "backup_groups", "pattern_divergence"]
 REPORT_STEPS = ["classification", "ov_scores", "qk_positional", "dla", "logit_lens", "dormant"]
 
 
