@@ -200,7 +200,7 @@ def test_head_table_has_one_row_per_head_and_ci_columns(scratch):
     table = head_table(scores)
     assert len(table) == 8 and list(table.columns[:5]) == ["layer", "head", "previous_token",
                                                             "previous_token_ci_low", "previous_token_ci_high"]
-    assert table.columns[-1] == "role"
+    assert list(table.columns[-2:]) == ["role", "partial_role"]
 
 
 def repeated_strings(n: int, seed: int) -> list[str]:

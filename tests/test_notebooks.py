@@ -1,5 +1,6 @@
 """Every research notebook runs top to bottom on a fresh machine, offline."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -14,6 +15,11 @@ EXPECTED = ["01_attention_from_scratch", "02_induction_heads", "03_gpt2_and_othe
 def test_the_notebooks_are_the_expected_ones():
     """A renamed or deleted notebook is caught here, not silently dropped from the runs below."""
     assert [path.stem for path in NOTEBOOKS] == EXPECTED
+
+
+def test_the_notebooks_guide_lists_every_notebook_and_no_other():
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "notebooks.md").read_text()
+    assert re.findall(r"^\| `(\w+)` \|", guide, flags=re.M) == EXPECTED
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -212,3 +212,68 @@ def test_bad_null_settings_are_refused(scratch_gpt2):
         calibrate_roles(scratch_gpt2, n_prompts=4, seq_len=16, null_seeds=(1,), progress=False)
     with pytest.raises(UserError, match="fdr=0 must be in"):
         calibrate_roles(scratch_gpt2, n_prompts=4, seq_len=16, fdr=0, progress=False)
+
+
+def spread_previous_token_model(strengths: list[float], d_token: int = 16) -> GPTModel:
+    """One attention-only layer whose heads attend by position alone: head h puts weight
+    e^s / (e^s + i) on the previous token from query position i (s = ``strengths[h]``), the rest
+    evenly on every position up to i. The residual is [one-hot position (n_ctx), token embedding
+    (``d_token``, random)]: query i is s e_i and key j is e_{j+1} (their product is s where
+    j = i - 1, else 0); each head copies the token part of what it attends to back into the
+    token part (the unembedding is tied), so ablating a head changes the logits."""
+    toy = load_model("toy")
+    n_ctx, n_heads = 32, len(strengths)
+    cfg = GPTConfig(d_vocab=toy.cfg.d_vocab, n_ctx=n_ctx, d_model=n_ctx + d_token, n_heads=n_heads, n_layers=1,
+                    d_head=n_ctx, attn_only=True, normalization_type=None, use_attn_scale=False, qkv_bias=False)
+    model = GPTModel(cfg, toy.tokenizer).eval()
+    eye, shift = torch.eye(n_ctx), torch.diag(torch.ones(n_ctx - 1), -1)  # shift @ e_j = e_{j+1}
+    def positions(matrix):  # (d_head, d_model): reads the position part through ``matrix``
+        return torch.cat([matrix, torch.zeros(n_ctx, d_token)], dim=1)
+
+    token = torch.zeros(n_ctx, n_ctx + d_token)  # reads the token part into the head's first d_token dims
+    token[:d_token, n_ctx:] = torch.eye(d_token)
+    with torch.no_grad():
+        model.embed.weight.zero_()
+        model.embed.weight[:, n_ctx:] = torch.randn(cfg.d_vocab, d_token, generator=torch.Generator().manual_seed(0))
+        model.pos_embed.weight.zero_()
+        model.pos_embed.weight[:, :n_ctx] = eye
+        attn = model.blocks[0].attn
+        attn.W_query.weight.copy_(torch.cat([positions(s * eye) for s in strengths]))
+        attn.W_key.weight.copy_(torch.cat([positions(shift)] * n_heads))
+        attn.W_value.weight.copy_(torch.cat([token] * n_heads))
+        attn.out_proj.weight.copy_(torch.cat([token.T] * n_heads, dim=1) / n_heads)
+        attn.out_proj.bias.zero_()
+    return model
+
+
+def test_a_mechanism_spread_over_several_heads_shows_as_partial_roles():
+    """Three heads share the previous-token work, each scoring about 0.35 (under the 0.4 threshold,
+    far above the random-init null); one head does it alone (score near 1). The strong head keeps
+    its role; the three are partial previous-token heads in head_roles.csv, the role list and the
+    page, with their ablation effects, instead of "previous_token: none" beside them."""
+    from analyses.report.build import role_summary
+    from analyses.report.page import head_table_html
+    from analyses.roles.causal_check import ablation_effects
+
+    model = spread_previous_token_model([12.0, 1.7, 1.8, 1.9])
+    probes = probes_for(model, 24, seq_len=32, seed=0)
+    scores = classify_heads(model, probes=probes, n_boot=20, progress=False)
+    calibration = calibrate_roles(model, probes, progress=False)
+    effects = ablation_effects(model, probes, progress=False)
+    table = head_table(scores, effects, 0.4, calibration=calibration).set_index(["layer", "head"])
+    previous = table["previous_token"]
+    assert previous[(0, 0)] > 0.9 and all(0.25 < previous[(0, h)] < 0.4 for h in (1, 2, 3))
+    assert (table["previous_token_q"] < 1e-6).all()
+    assert table.loc[(0, 0), "role"] == "previous_token" and table.loc[(0, 0), "partial_role"] == ""
+    for head in (1, 2, 3):
+        assert "previous_token" not in table.loc[(0, head), "role"].split(";")
+        assert "previous_token" in table.loc[(0, head), "partial_role"].split(";")
+    [line] = [line for line in role_summary(table.reset_index()) if line.startswith("- **previous_token**")]
+    strong, partial = line.split("; partial")
+    assert "L0H0" in strong and all(f"L0H{h}" not in strong for h in (1, 2, 3))
+    assert all(f"L0H{h} (score {previous[(0, h)]:.2f}, ablation {table.loc[(0, h), 'ablation_effect']:+.3f} nats)"
+               in partial for h in (1, 2, 3))
+    page = head_table_html(table.reset_index(), ["previous_token"], ["previous_token"], "t")
+    assert page.count("partial: previous_token") == 3
+    fixed = head_table(scores, thresholds=0.4)  # the fixed rule has no nulls, so no partial roles
+    assert (fixed["partial_role"] == "").all()

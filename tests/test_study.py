@@ -369,8 +369,8 @@ def test_a_grid_resumes_from_its_last_cell_on_disk(tmp_path, gpt2_dir, monkeypat
         handle.write(f"spec={gpt2_dir} method=resample,1,L".encode())  # torn mid-write
     prepared = []
     prepare = analyses.studies.cells.prepare_study
-    monkeypatch.setattr(analyses.studies.cells, "prepare_study", lambda model, cell: prepared.append(cell.method) or
-                        prepare(model, cell))
+    monkeypatch.setattr(analyses.studies.cells, "prepare_study", lambda model, cell, **budget: prepared.append(cell.method) or
+                        prepare(model, cell, **budget))
     resumed = run_study(spec, tmp_path / "resumed", resume=True, progress=False).read_bytes()
     assert resumed == clean
     assert prepared == ["resample", "zero", "resample"]  # cells 1, 2, 3
@@ -390,3 +390,71 @@ def test_grid_cells_are_named_by_their_values(tmp_path):
     assert (study.executor, study.workers, study.address) == ("ray", 2, None)
     path.write_text('[ablation]\nmethod = "zero"\ntargets = [[1, 4], [0, 2]]\n')  # a list of heads: one value
     assert [name for name, _ in load_spec(path).cells] == [None]
+
+
+def text_spec(directory: Path, model_dir, prompts_file: str = "prompts.txt") -> Path:
+    spec = directory / "text.toml"
+    spec.write_text(f'[model]\nspec = "{model_dir}"\nimpl = "scratch"\n[prompts]\nkind = "text"\n'
+                    f'file = "{prompts_file}"\n[ablation]\nmethod = "zero"\ntargets = "each_head"\n'
+                    '[metric]\nkind = "loss"\n')
+    return spec
+
+
+def test_resume_refuses_an_edited_prompt_file_naming_it(tmp_path, gpt2_dir):
+    """The spec names the prompt file by its path: a resume after the file changed would append rows
+    of other prompts (another baseline) to the rows on disk, so the file's contents are recorded."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The cat sat on the mat\nA dog ran in the parks\n")
+    spec = text_spec(tmp_path, gpt2_dir)
+    with pytest.raises(Interrupt):
+        run_study(spec, tmp_path / "out", progress=False, on_row=interrupt_after(3))
+    prompts.write_text("Birds fly south in winter\nA dog ran in the parks\n")
+    with pytest.raises(UserError, match=r"different spec or prompt file \(text_file_sha256 was '[0-9a-f]{64}', "
+                                        r"now '[0-9a-f]{64}'; see ") as error:
+        run_study(spec, tmp_path / "out", resume=True, progress=False)
+    assert "\n" not in str(error.value)
+    assert len(pd.read_csv(tmp_path / "out" / "results.csv")) == 3  # nothing appended
+    prompts.write_text("The cat sat on the mat\nA dog ran in the parks\n")  # the same bytes again: resumes
+    frame = pd.read_csv(run_study(spec, tmp_path / "out", resume=True, progress=False))
+    assert len(frame) == 8 and frame["baseline"].nunique() == 1
+
+
+def test_a_spec_and_a_prompt_file_with_a_byte_order_mark_read_as_without(tmp_path, gpt2_dir):
+    """Notepad and spreadsheets start UTF-8 files with U+FEFF: not a prompt's first character, nor TOML."""
+    (tmp_path / "plain.txt").write_text("The cat sat\nA dog ran\n", encoding="utf-8")
+    (tmp_path / "marked.txt").write_text("The cat sat\nA dog ran\n", encoding="utf-8-sig")
+    from analyses.core.tokens import read_text_lines
+
+    assert read_text_lines(tmp_path / "marked.txt", "text file") == ["The cat sat", "A dog ran"]
+    plain = pd.read_csv(run_study(text_spec(tmp_path, gpt2_dir, "plain.txt"), tmp_path / "plain", progress=False))
+    spec = text_spec(tmp_path, gpt2_dir, "marked.txt")
+    spec.write_text(spec.read_text(), encoding="utf-8-sig")
+    marked = pd.read_csv(run_study(spec, tmp_path / "marked", progress=False))
+    assert marked["metric"].tolist() == plain["metric"].tolist()
+
+
+@pytest.mark.parametrize("targets", ['"each_head"', '"cumulative"'])
+def test_a_studys_memory_budget_reaches_every_forward(tmp_path, gpt2_dir, monkeypatch, targets):
+    """Ray sizes a study's actors by ``[run].memory_mb``, so the unablated run, the rows' forwards
+    and a cumulative study's importance (its forward and backward) must all be chunked within it,
+    not within the 1024 MB default. Every chunked analysis sizes its chunks by ``rows_within``:
+    each budget it was asked about is counted."""
+    import analyses.core.budget
+    import analyses.interventions.engine
+    import analyses.interventions.run
+    from analyses.studies.cells import StudyCells
+
+    asked = []
+
+    def counted(model, n_pos, memory_mb, **sizes):
+        asked.append(memory_mb)
+        return analyses.core.budget.rows_within(model, n_pos, memory_mb, **sizes)
+
+    for module in (analyses.interventions.engine, analyses.interventions.run):
+        monkeypatch.setattr(module, "rows_within", counted)
+    study = load_spec(write_spec(tmp_path, gpt2_dir, targets=targets, method="mean"))
+    cells = StudyCells(study.cells, memory_mb=3.0)
+    plan = cells.plan(0)
+    rows = list(cells.rows(0, 0, len(plan.targets)))
+    assert len(rows) == len(plan.targets) and len(asked) > len(rows) // 8
+    assert set(asked) == {3.0}

@@ -88,13 +88,30 @@ def test_a_byte_tokenizer_falls_back_to_letters_and_decades_and_says_so(toy):
         assert sorted(chr(t) for t in distractors) == [str(d) for d in range(decade + 1)]
 
 
-def test_induction_text_repeats_its_sentence_and_shuffles_the_first_copy(toy):
-    task = induction_text_task(toy, seed=0)
-    assert len(task) + task.dropped == 16
-    for clean, corrupted, (answer,) in zip(task.clean, task.corrupted, task.answers):
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tokenizer", ["toy", "bpe_model"])
+def test_induction_text_repeats_its_sentence_and_no_corruption_keeps_the_answer_copyable(tokenizer, seed, request):
+    """The clean prompt is a sentence, then its first half again; the answer is the next word's
+    first token. The corrupted first copy is a permutation of the sentence's words in which the
+    prompt's last word is never followed by the answer word (else the corrupted run can still copy
+    the answer, and every normalised effect is diluted)."""
+    from analyses.core.tokens import model_tokenizer
+
+    model = request.getfixturevalue(tokenizer)
+    decode = model_tokenizer(model).decode
+    task = induction_text_task(model, seed=seed)
+    assert len(task) + task.dropped == 16 and len(task) >= 8
+    for clean, corrupted, (answer,), (distractor,) in zip(task.clean, task.corrupted, task.answers, task.distractors):
         first, second = clean.split(". ")
-        assert first.startswith(second.strip()) and first[len(second.strip()) + 1] == chr(answer)
-        assert sorted(corrupted.split(". ")[0].split()) == sorted(first.split()) and corrupted.split(". ")[0] != first
+        words, repeat = first.split(), second.split()
+        assert words[: len(repeat)] == repeat and len(repeat) == len(words) // 2
+        answer_word, last_word = words[len(repeat)], repeat[-1]
+        assert answer_word.startswith(decode([answer]).strip()) and decode([answer]).strip()
+        assert answer != distractor and words[len(repeat) - 2].startswith(decode([distractor]).strip())
+        shuffled, corrupted_repeat = (part.split() for part in corrupted.split(". "))
+        assert sorted(shuffled) == sorted(words) and corrupted_repeat == repeat
+        everything = shuffled + corrupted_repeat
+        assert (last_word, answer_word) not in zip(everything, everything[1:]), (clean, corrupted)
 
 
 def naive_value(model, task: Task) -> float:
@@ -156,6 +173,32 @@ def test_a_custom_jsonl_or_csv_task_loads_with_the_same_fields(toy, tmp_path):
         assert task.answers == ((ord(")"),), (ord("}"),)) and task.distractors == ((ord("]"), ord("}")), (ord(")"),))
 
 
+def test_whitespace_answers_that_are_one_token_load(toy, tmp_path):
+    """A code task's answer may be a space or a newline: any non-empty text that is one token there."""
+    path = tmp_path / "spaces.jsonl"
+    path.write_text('{"clean": "if x:", "corrupted": "if y:", "answer": "\\n", "distractor": " "}\n')
+    task = load_task(toy, path)
+    assert task.answers == ((ord("\n"),),) and task.distractors == ((ord(" "),),)
+    path.write_text('{"clean": "if x:", "corrupted": "if y:", "answer": "", "distractor": " "}\n')
+    with pytest.raises(UserError, match="row 1: missing answer"):
+        load_task(toy, path)
+
+
+def test_a_task_file_saved_with_a_byte_order_mark_loads_as_without(toy, tmp_path):
+    """A spreadsheet's "CSV UTF-8" (and Notepad) start the file with U+FEFF."""
+    text = {"csv": "clean,corrupted,answer,distractor\na = {b,a = (b,},)\n",
+            "jsonl": '{"clean": "a = {b", "corrupted": "a = (b", "answer": "}", "distractor": ")"}\n'}
+    for suffix, body in text.items():
+        plain, marked = tmp_path / f"plain.{suffix}", tmp_path / f"marked.{suffix}"
+        plain.write_text(body, encoding="utf-8")
+        marked.write_text(body, encoding="utf-8-sig")
+        assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+        assert load_task(toy, marked).clean == load_task(toy, plain).clean == ("a = {b",)
+    (tmp_path / "latin.csv").write_bytes("clean,corrupted,answer,distractor\n\u00e9,e,},)\n".encode("latin-1"))
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        load_task(toy, tmp_path / "latin.csv")
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"clean": "ab", "corrupted": "cd", "answer": "e"}', "brackets.jsonl, row 2: missing distractor"),
     ('{"clean": "ab", "corrupted": "cd", "answer": "ef", "distractor": "g"}',
@@ -188,9 +231,24 @@ def read_csv(path):
     return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
 
+def naive_patch(model, batch, metric, layer: int, head: int, pos: int | None = None) -> float:
+    """The metric on the corrupted prompts with one head's ``hook_z`` (at ``pos``, else at every
+    position) taken from the clean run: two plain forwards and a hand-written hook."""
+    name = f"blocks.{layer}.attn.hook_z"
+    _, clean = model.run_with_cache(batch.clean, names_filter=name)
+    where = slice(None) if pos is None else pos
+
+    def patch(z, hook):  # z: (batch, pos, head, d_head)
+        z = z.clone()
+        z[:, where, head] = clean[name][:, where, head]
+        return z
+
+    with torch.no_grad():
+        return metric(model.run_with_hooks(batch.corrupted, fwd_hooks=[(name, patch)])).item()
+
+
 def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     from analyses.cli import main
-    from analyses.interventions.patching import patch_heads
     from analyses.circuits.path_patching import path_patch
 
     out = tmp_path / "ioi"
@@ -201,10 +259,17 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     with torch.no_grad():
         clean, corrupted = metric(toy(batch.clean)).item(), metric(toy(batch.corrupted)).item()
     assert read_csv(out / "metric.csv")["metric"].tolist() == pytest.approx([clean, corrupted], abs=1e-6)
-    heads = patch_heads(toy, batch.clean, batch.corrupted, metric)
-    assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(heads.flatten().numpy(), abs=1e-6)
-    by_pos = patch_heads(toy, batch.clean, batch.corrupted, metric, by_position=True)
-    assert read_csv(out / "heads_by_pos.csv")["metric"].to_numpy() == pytest.approx(by_pos.flatten().numpy(), abs=1e-6)
+    n_layers, n_heads, n_pos = toy.cfg.n_layers, toy.cfg.n_heads, batch.clean.shape[1]
+    heads = read_csv(out / "heads.csv")
+    by_pos = read_csv(out / "heads_by_pos.csv")
+    assert list(zip(heads["layer"], heads["head"])) == [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    assert list(zip(by_pos["layer"], by_pos["pos"], by_pos["head"])) == [
+        (l, p, h) for l in range(n_layers) for p in range(n_pos) for h in range(n_heads)]
+    for (layer, head), value in zip(zip(heads["layer"], heads["head"]), heads["metric"]):
+        assert value == pytest.approx(naive_patch(toy, batch, metric, layer, head), abs=1e-5)
+    for layer, pos, head in [(0, n_pos - 1, 0), (n_layers - 1, n_pos - 1, n_heads - 1), (n_layers - 1, 2, 1)]:
+        row = by_pos[(by_pos["layer"] == layer) & (by_pos["pos"] == pos) & (by_pos["head"] == head)]
+        assert row["metric"].item() == pytest.approx(naive_patch(toy, batch, metric, layer, head, pos), abs=1e-5)
     edges = read_csv(out / "edges.csv")
     senders = sorted(set(zip(edges["sender_layer"], edges["sender_head"])))
     expected = path_patch(toy, batch.clean, batch.corrupted, metric, senders=senders)
@@ -240,7 +305,16 @@ def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
     out = write_task_page(analysis, tmp_path / "page", {"model": family})
     assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(analysis.heads["metric"].to_numpy(), abs=1e-6)
     assert len(analysis.mlps_by_pos) == 2 * 8  # 2 layers x 8 positions
-    assert set(analysis.agreement) == {"attribution", "attribution_ig"}  # scored, or the refusal said
+    # scored, except on the TransformerLens bridges (opt, gpt_neo), whose attention takes no per-head
+    # q/k/v input and which EAP-IG cannot start at block 0: said on the page
+    refusals = {"attribution": "cannot split its q/k/v inputs per head", "attribution_ig": "which needs a GPTModel"}
+    for column, refusal in refusals.items():
+        found = analysis.agreement[column]
+        if family in ("opt", "gpt_neo"):
+            assert refusal in found["refused"] and column not in analysis.edges
+        else:
+            assert "refused" not in found, found
+            assert -1 <= found["spearman"] <= 1 and analysis.edges[column].abs().max() > 0
     assert analysis.dla["dla"].sum() == pytest.approx(analysis.values["clean"], abs=1e-3)
 
 

@@ -67,9 +67,13 @@ def test_the_batched_trace_equals_one_restoration_per_run(request, toy, which, s
     assert got.keys() == naive.keys()
     for key, value in naive.items():
         assert got[key] == pytest.approx(value, abs=1e-6), key
-    # restoring the whole last-layer state at the last position gives back the clean run exactly
-    assert got["resid", model.cfg.n_layers - 1, len(trace.tokens) - 1] == pytest.approx(trace.clean_prob, abs=1e-6) \
-        if state == "resid_post" else True
+    if state == "resid_post":  # the whole last-layer state at the last position: the clean run exactly
+        assert got["resid", model.cfg.n_layers - 1, len(trace.tokens) - 1] == pytest.approx(trace.clean_prob, abs=1e-6)
+    else:  # a first-layer input outside the subject is the noised run's own: restoring it changes nothing
+        outside = sorted(set(range(len(trace.tokens))) - set(trace.subject))
+        assert len(outside) > 3 and any(abs(got["resid", 0, pos] - trace.corrupted_prob) > 1e-5 for pos in trace.subject)
+        for pos in outside:
+            assert got["resid", 0, pos] == pytest.approx(trace.corrupted_prob, abs=1e-6), pos
 
 
 def test_each_restoration_costs_at_most_one_row_batch_and_suffix_runs_skip_early_blocks(toy):

@@ -211,12 +211,12 @@ def _tidy(scores: torch.Tensor, kind: str, baseline: float, senders: torch.Tenso
     sender, receiver = torch.meshgrid(index, index, indexing="ij")
     keep = (layer_of[sender] < layer_of[receiver]) & senders.flatten()[sender] & receivers.flatten()[receiver]
     sender, receiver = sender[keep], receiver[keep]
-    values = flat[keep].double().numpy()
+    values = flat[keep].double().cpu().numpy()
     return pd.DataFrame({
-        "sender_layer": layer_of[sender].numpy(),
-        "sender_head": head_of[sender].numpy(),
-        "receiver_layer": layer_of[receiver].numpy(),
-        "receiver_head": head_of[receiver].numpy(),
+        "sender_layer": layer_of[sender].cpu().numpy(),
+        "sender_head": head_of[sender].cpu().numpy(),
+        "receiver_layer": layer_of[receiver].cpu().numpy(),
+        "receiver_head": head_of[receiver].cpu().numpy(),
         "kind": kind,
         "score": values,
         "baseline": baseline,

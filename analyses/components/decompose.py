@@ -261,8 +261,8 @@ def _frame(labels: list[dict], values: torch.Tensor, index: torch.Tensor, value:
     """values (component, batch, n) -> tidy rows: component, kind, layer, head, prompt, position, ``value``."""
     n_comp, n_batch, n = values.shape
     frame = _components_frame(labels).loc[[c for c in range(n_comp) for _ in range(n_batch * n)]].reset_index(drop=True)
-    frame["prompt"] = torch.arange(n_batch).repeat_interleave(n).repeat(n_comp).numpy()
-    frame["position"] = index.repeat(n_comp * n_batch).numpy()
+    frame["prompt"] = torch.arange(n_batch).repeat_interleave(n).repeat(n_comp).cpu().numpy()
+    frame["position"] = index.repeat(n_comp * n_batch).cpu().numpy()
     frame[value] = values.reshape(-1).cpu().numpy()
     return frame
 
@@ -356,8 +356,8 @@ def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None
     n_rows = n_batch * len(index)
     return pd.DataFrame({
         "stage": stages["stage"].repeat(n_rows).to_numpy(), "layer": stages["layer"].repeat(n_rows).to_numpy(),
-        "prompt": torch.arange(n_batch).repeat_interleave(len(index)).repeat(len(stages)).numpy(),
-        "position": index.repeat(n_batch * len(stages)).numpy(), "answer": targets.numpy(),
+        "prompt": torch.arange(n_batch).repeat_interleave(len(index)).repeat(len(stages)).cpu().numpy(),
+        "position": index.repeat(n_batch * len(stages)).cpu().numpy(), "answer": targets.cpu().numpy(),
         "logit": torch.cat(logit).cpu().numpy(), "log_prob": torch.cat(log_prob).cpu().numpy(),
         "rank": torch.cat(rank).cpu().numpy(),
     })

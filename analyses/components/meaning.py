@@ -105,7 +105,7 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     d_model, n_vocab = W_U.shape
     if not 1 <= k <= n_vocab:
         raise UserError(f"k={k} must be in [1, {n_vocab}]")
-    tokens = _token_sample(W_E.shape[0], n_tokens, seed)
+    tokens = _token_sample(W_E.shape[0], n_tokens, seed).to(W_E.device)
     W_O = model.W_O.detach()  # (layer, head, d_head, d_model)
     n_layers, n_heads, d_head = W_O.shape[:3]
     W_V = expand_kv_heads(model.W_V.detach(), n_heads)
@@ -115,7 +115,7 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     step = max(1, int(half // (4 * d_model)))  # vocabulary columns of W_U made float32 at once
     chunk = max(1, int(half // (6 * n_vocab)))  # tokens whose rows (and their comparisons) are held at once
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    top, bottom = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
+    top, bottom = (torch.zeros(n_layers, n_heads, device=W_E.device) for _ in range(2))
     for first in progress_bar(range(0, len(heads), group), progress=progress, desc="OV circuits", unit="head group"):
         members = heads[first:first + group]
         out = torch.stack([W_O[layer, head] for layer, head in members]).float()  # (group, d_head, d_model)
@@ -146,12 +146,12 @@ def qk_positional_scores(model) -> pd.DataFrame:
     keys = einops.einsum(W_pos, W_K, "p m, l h m d -> l h p d")
     scores = queries @ keys.transpose(-1, -2) / W_Q.shape[-1] ** 0.5
     n_pos = W_pos.shape[0]
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=W_pos.device).tril()
     pattern = scores.masked_fill(~causal, -torch.inf).softmax(-1)[..., 1:, :]  # queries 1.. (layer, head, q, k)
-    q = torch.arange(1, n_pos)
+    q = torch.arange(1, n_pos, device=W_pos.device)
     return head_frame(pattern[..., 0, 0], {
-        "qk_previous": pattern[..., torch.arange(n_pos - 1), q - 1].mean(-1),
-        "qk_self": pattern[..., torch.arange(n_pos - 1), q].mean(-1),
+        "qk_previous": pattern[..., q - 1, q - 1].mean(-1),
+        "qk_self": pattern[..., q - 1, q].mean(-1),
         "qk_first": pattern[..., 0].mean(-1),
     })
 

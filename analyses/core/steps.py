@@ -57,9 +57,12 @@ def record_text(record: dict) -> str:
 
 
 def _flat(record: dict, prefix: str = "") -> dict[str, object]:
-    """``{"model": {"impl": "scratch"}}`` -> ``{"model.impl": "scratch"}``."""
+    """``{"model": {"impl": "scratch"}, "cells": [{"cell": "a"}]}`` -> ``{"model.impl": "scratch",
+    "cells.0.cell": "a"}``."""
     flat = {}
     for key, value in record.items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            value = dict(enumerate(value))
         if isinstance(value, dict) and value:
             flat |= _flat(value, f"{prefix}{key}.")
         else:

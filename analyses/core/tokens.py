@@ -26,6 +26,14 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def accumulator(model, *shape: int) -> torch.Tensor:
+    """Zeros to sum an analysis's values into, by the one rule of where accumulators and results
+    live (DESIGN 4.0): on the model's device (a metric there cannot be added into a CPU tensor),
+    float64 (float32 on mps, which has no float64), until a frame is made on the CPU."""
+    device = model_device(model)
+    return torch.zeros(shape, dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
+
+
 def model_tokenizer(model) -> Tokenizer:
     """The model's tokenizer in ``interp.tokenizer``'s protocol (ours, or a Hugging Face one wrapped)."""
     return as_tokenizer(model.tokenizer)
@@ -93,17 +101,23 @@ def single_token_id(model, text: str) -> int:
     return int(ids[0])
 
 
-def read_text_lines(path, what: str) -> list[str]:
-    """The non-empty lines of the UTF-8 text file ``path``, one text each; ``what`` names the file
-    in a one-line refusal (missing, not UTF-8 text, no non-empty line)."""
+def read_text(path, what: str) -> str:
+    """The text of the UTF-8 file ``path`` that a user wrote, without a byte-order mark (a
+    spreadsheet's "CSV UTF-8" and Notepad write one); ``what`` names the file in a one-line
+    refusal (missing, not UTF-8 text)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} {str(path)!r} does not exist")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
         raise UserError(f"{what} {str(path)!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-    lines = [line for line in text.splitlines() if line.strip()]
+
+
+def read_text_lines(path, what: str) -> list[str]:
+    """The non-empty lines of the UTF-8 text file ``path`` (``read_text``), one text each; ``what``
+    names the file in a one-line refusal (missing, not UTF-8 text, no non-empty line)."""
+    lines = [line for line in read_text(path, what).splitlines() if line.strip()]
     if not lines:
         raise UserError(f"{what} {str(path)!r} has no non-empty line")
     return lines

@@ -58,7 +58,7 @@ from analyses.core.metrics import Metric, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
 from analyses.interventions.patching import mlp_out_names
 from analyses.interventions.run import Contrast, Options, Run
-from analyses.core.tokens import as_batch
+from analyses.core.tokens import accumulator, as_batch
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
 
@@ -168,17 +168,19 @@ class Ablation(Contrast):
             cells += [(pattern_name(layer), ()) for layer in range(first, self.model.cfg.n_layers)]
         return cells
 
-    def run(self, head_sets: Sequence[Sequence[Component]], *, memory_mb=DEFAULT_MEMORY_MB,
+    def run(self, head_sets: Sequence[Sequence[Component]], *, memory_mb: float | None = None,
             progress: bool | None = None, desc="ablations") -> torch.Tensor:
         """The metric with each set of components (heads, and ``MLP``s where prepared with
         ``mlps``) ablated together -> (len(head_sets),) float64, as the baseline is kept: a table's
         metric and baseline columns then print alike, and an empty set (which gives the baseline)
-        has an effect of exactly 0, also once read back from a CSV."""
-        values = torch.full((len(head_sets),), self.baseline, dtype=torch.float64)
+        has an effect of exactly 0, also once read back from a CSV. ``memory_mb``: the budget of
+        its forwards (default: the one it was prepared with)."""
+        values = accumulator(self.model, len(head_sets)) + self.baseline
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
             variants = [self.variant(head_sets[i]) for i in todo]
-            values[todo] = self.evaluate(variants, Options(memory_mb=memory_mb, progress=progress), desc).double()
+            budget = self.base.memory_mb if memory_mb is None else memory_mb
+            values[todo] = self.evaluate(variants, Options(memory_mb=budget, progress=progress), desc).double()
         return values
 
     def importance(self) -> torch.Tensor:
@@ -348,11 +350,11 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
 
 
 def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,
-                 preserve_patterns: bool = False, seed: int = 0) -> float:
-    """The metric with all of ``heads`` [(layer, head), ...] ablated together."""
+                 preserve_patterns: bool = False, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB) -> float:
+    """The metric with all of ``heads`` [(layer, head), ...] ablated together, within ``memory_mb``."""
     heads = check_heads(model, heads)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed)
+                                preserve_patterns=preserve_patterns, seed=seed, memory_mb=memory_mb)
     return ablation.run([heads], progress=False).item()
 
 
@@ -414,7 +416,7 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
                               for (_, group), ms in zip(named, mlps)], dtype="Int64"),
         "n_heads": [len(group) - len(ms) for (_, group), ms in zip(named, mlps)],
         "n_mlps": [len(ms) for ms in mlps],
-        "metric": values.numpy(),
+        "metric": values.cpu().numpy(),
     })
     frame["baseline"] = baseline
     frame["effect"] = frame["metric"] - baseline
@@ -459,7 +461,7 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
         "n_heads": range(len(order) + 1),
     })
     frame["fraction"] = frame["n_heads"] / n_total
-    frame["metric"] = values.numpy()
+    frame["metric"] = values.cpu().numpy()
     frame["baseline"] = ablation.baseline
     frame["effect"] = frame["metric"] - ablation.baseline
     return frame

@@ -38,8 +38,8 @@ def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: 
     attribution also puts in its top k."""
     if attributed.shape != exact.shape:
         raise UserError(f"shapes differ: attribution {tuple(attributed.shape)} vs exact {tuple(exact.shape)}")
-    a = pd.Series(attributed.detach().flatten().cpu().double().numpy())
-    e = pd.Series(exact.detach().flatten().cpu().double().numpy())
+    a = pd.Series(attributed.detach().flatten().double().cpu().numpy())
+    e = pd.Series(exact.detach().flatten().double().cpu().numpy())
     k = min(top_k, len(e))
     top = lambda s: set((s - baseline).abs().nlargest(k).index)  # noqa: E731
     return {
@@ -91,11 +91,11 @@ def shortlist_patch_heads(
     heads = [divmod(int(i), n_heads) for i in order]
     frame = pd.DataFrame(heads, columns=["layer", "head"])
     frame.insert(0, "rank", range(len(frame)))
-    frame["attribution"] = estimate.flatten()[order].numpy()
+    frame["attribution"] = estimate.flatten()[order].cpu().numpy()
     exact = patch_specific_heads(contrast, heads[:k], Options(direction, normalize, memory_mb, progress))
-    frame["value"] = torch.cat([exact, estimate.flatten()[order][k:]]).numpy()
+    frame["value"] = torch.cat([exact, estimate.flatten()[order][k:]]).cpu().numpy()
     frame["exact"] = frame["rank"] < k
     if normalize:
         for column in ("attribution", "value"):
-            frame[column] = contrast.normalize(torch.tensor(frame[column].to_numpy())).numpy()
+            frame[column] = contrast.normalize(torch.tensor(frame[column].to_numpy())).cpu().numpy()
     return frame

@@ -35,6 +35,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
 from analyses.core.progress import progress_bar
+from analyses.core.tokens import accumulator
 from interp.errors import UserError
 
 
@@ -346,7 +347,7 @@ def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], me
     batch, n_pos = tokens.shape
     positions = read_positions(metric, n_pos) if read_only else None
     split = metric_part(metric, slice(0, batch), positions) is not None
-    sums, weights = torch.zeros(len(variants), dtype=torch.float64), torch.zeros(len(variants), dtype=torch.float64)
+    sums, weights = accumulator(model, len(variants)), accumulator(model, len(variants))
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
                             else len(positions), split_rows=split)
     with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:

@@ -264,4 +264,4 @@ def patching_frame(result: torch.Tensor, dims: tuple[str, ...], value: str = "me
     if result.ndim != len(dims):
         raise UserError(f"result has {result.ndim} dims but {len(dims)} names were given: {dims}")
     index = pd.MultiIndex.from_product([range(n) for n in result.shape], names=list(dims))
-    return pd.DataFrame({value: result.detach().cpu().flatten().numpy()}, index=index).reset_index()
+    return pd.DataFrame({value: result.detach().flatten().cpu().numpy()}, index=index).reset_index()

@@ -369,8 +369,9 @@ class Contrast:
         """``normalize_values`` with this contrast's clean and corrupted values."""
         return normalize_values(values, self.clean_value, self.corrupted_value)
 
-    def evaluate(self, variants, options: Options = Options(), desc: str = "interventions") -> torch.Tensor:
+    def evaluate(self, variants, options: Options | None = None, desc: str = "interventions") -> torch.Tensor:
         """The metric under each variant (``analyses.interventions.engine.evaluate_variants`` on the base
-        run, from its starts) -> (len(variants),)."""
+        run, from its starts) -> (len(variants),). ``options`` default: the base run's ``memory_mb``."""
+        options = Options(memory_mb=self.base.memory_mb) if options is None else options
         return evaluate_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
                                  memory_mb=options.memory_mb, progress=options.progress, desc=desc)

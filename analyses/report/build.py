@@ -217,9 +217,9 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
     cache = (components_cache(model, tokens, lens=True) if run is None else
              run.read(component_hooks(model, lens=True)))
     dla = direct_logit_attribution(model, cache, answers, positions=positions)
-    dla = dla[predictable.repeat(dla["component"].nunique()).numpy()]
+    dla = dla[predictable.repeat(dla["component"].nunique()).cpu().numpy()]
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
-    lens = lens[predictable.repeat(lens["stage"].nunique()).numpy()]
+    lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
     del cache
     roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
     top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
@@ -344,21 +344,29 @@ def layer_map_figure(table: pd.DataFrame, text: PatternView):
 
 
 def role_summary(table: pd.DataFrame) -> list[str]:
-    """Markdown lines: for each role, its heads (best first) with score and ablation effect."""
+    """Markdown lines: for each role, its heads (best first) with score and ablation effect, then
+    its partial heads (``partial_role``: they beat their nulls but score below the threshold), so
+    a role spread over several weaker heads is not reported as absent."""
     lines = []
     for role in present_roles(table):
-        heads = table[table["role"].str.split(";").apply(lambda roles: role in roles)]
-        heads = heads.sort_values(role, ascending=False)
-        found = ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
-                          f"ablation {r.ablation_effect:+.3f} nats)" for r in heads.itertuples())
-        lines.append(f"- **{role}**: {found or 'none'}")
+        line = f"- **{role}**: {role_heads(table, 'role', role) or 'none'}"
+        partial = role_heads(table, "partial_role", role) if "partial_role" in table else ""
+        lines.append(line + (f"; partial (beat their nulls, below the threshold): {partial}" if partial else ""))
     return lines
+
+
+def role_heads(table: pd.DataFrame, column: str, role: str) -> str:
+    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and ablation effect."""
+    heads = table[table[column].str.split(";").apply(lambda roles: role in roles)]
+    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
+                     f"ablation {r.ablation_effect:+.3f} nats)" for r in heads.sort_values(role, ascending=False).itertuples())
 
 
 def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The head table as report.md shows it: layer, head, role, the measures (and the copying scores),
     the ablation effect."""
-    return table[["layer", "head", "role", *[m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns],
+    partial = ["partial_role"] if "partial_role" in table.columns else []
+    return table[["layer", "head", "role", *partial, *[m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns],
                   "ablation_effect"]]
 
 

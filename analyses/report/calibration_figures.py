@@ -281,7 +281,7 @@ def similarity_figure(similarities: dict[str, Similarity]) -> Figure:
     side = max(4.0, side)
     figure, axes = _figure(2 * side + 1, side, n_cols=len(similarities))
     for ax, (kind, similarity) in zip(axes, similarities.items()):
-        grid = pd.DataFrame(similarity.matrix.numpy(), index=similarity.labels, columns=similarity.labels)
+        grid = pd.DataFrame(similarity.matrix.cpu().numpy(), index=similarity.labels, columns=similarity.labels)
         sns.heatmap(grid, ax=ax, vmin=-1, vmax=1, center=0, cmap="RdBu_r", square=True, xticklabels=labelled,
                     yticklabels=labelled, cbar_kws={"shrink": 0.7})
         for start, size in _runs(similarity.clusters):

@@ -36,7 +36,7 @@ from analyses.core.progress import progress_bar
 from analyses.report.build import display_probe
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
-from analyses.core.tokens import token_differences
+from analyses.core.tokens import accumulator, token_differences
 from interp.errors import UserError
 
 # why a comparison needs at least 2 prompts (``check_prompt_count``)
@@ -94,12 +94,12 @@ def pattern_divergence(model_a, model_b, tokens: torch.Tensor, memory_mb: float 
     """Mean JS divergence (bits) between the two models' patterns over query rows i >= 1 and the
     prompts ``tokens`` (batch, pos) -> (layer, head)."""
     names = pattern_names(model_a)
-    total = torch.zeros(model_a.cfg.n_layers, model_a.cfg.n_heads, dtype=torch.double)
+    total = accumulator(model_a, model_a.cfg.n_layers, model_a.cfg.n_heads)
     for rows, cache_a in pattern_chunks(model_a, tokens, memory_mb, progress, "pattern divergence"):
         cache_b = cache_run(model_b, tokens[rows], names, logits=False)[1]
         for layer, name in enumerate(names):
             divergence = js_divergence(cache_a[name].float(), cache_b[name].float())  # (chunk, head, q)
-            total[layer] += divergence[..., 1:].double().sum(dim=(0, 2)).cpu()
+            total[layer] += divergence[..., 1:].to(total.dtype).sum(dim=(0, 2))
     return (total / (tokens.shape[0] * (tokens.shape[1] - 1))).float()
 
 
@@ -131,7 +131,7 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
     table = joined_table(tables, {m: bootstrap_ratio(sums[1][m] - sums[0][m], counts[m], N_BOOT, seed)
                                   for m in MEASURES})
     table["divergence"] = pattern_divergence(model_a, model_b, probes.tokens, memory_mb,
-                                             progress=progress).flatten().numpy()
+                                             progress=progress).flatten().cpu().numpy()
     steps.update()
     views = probe_views(model_a, model_b, probes, names)
     meta = {"a": model_meta(model_a, names[0]), "b": model_meta(model_b, names[1]), "prompts": n_prompts,
@@ -149,8 +149,8 @@ def joined_table(tables: Sequence[pd.DataFrame], deltas: Mapping[str, tuple]) ->
     table = a[["layer", "head"]].copy()
     for measure, (delta, low, high) in deltas.items():
         table[f"{measure}_a"], table[f"{measure}_b"] = a[measure], b[measure]
-        table[f"{measure}_delta"] = delta.flatten().numpy()
-        table[f"{measure}_delta_ci_low"], table[f"{measure}_delta_ci_high"] = low.flatten().numpy(), high.flatten().numpy()
+        table[f"{measure}_delta"] = delta.flatten().cpu().numpy()
+        table[f"{measure}_delta_ci_low"], table[f"{measure}_delta_ci_high"] = low.flatten().cpu().numpy(), high.flatten().cpu().numpy()
     table["role_a"], table["role_b"] = a["role"], b["role"]
     roles = [[set(r.split(";")) for r in t["role"]] for t in (a, b)]
     gained = [[r for r in ROLES if r in new - old] for old, new in zip(*roles)]

@@ -85,7 +85,7 @@ def encode_patterns(patterns: torch.Tensor) -> str:
     rows, keys = torch.tril_indices(n, n)
     flat = einops.rearrange(patterns.detach().float().cpu(), "l h q k -> (l h) q k")[:, rows, keys]
     quantised = (flat.clamp(0, 1) * 255).round().to(torch.uint8)
-    return base64.b64encode(quantised.numpy().tobytes()).decode("ascii")
+    return base64.b64encode(quantised.cpu().numpy().tobytes()).decode("ascii")
 
 
 def decode_patterns(encoded: str, n_layers: int, n_heads: int, n: int) -> torch.Tensor:
@@ -160,7 +160,9 @@ def head_table_html(table: pd.DataFrame, measures: Sequence[str], roles: Sequenc
     body = []
     for _, row in table.iterrows():
         layer, head, role = int(row["layer"]), int(row["head"]), str(row.get("role", ""))
-        cells = [f"<td>{layer}</td>", f"<td>{head}</td>", f'<td class="text">{html.escape(role)}</td>']
+        partial = str(row.get("partial_role", "") or "")
+        shown = html.escape(role) + (f' <span class="hint">partial: {html.escape(partial)}</span>' if partial else "")
+        cells = [f"<td>{layer}</td>", f"<td>{head}</td>", f'<td class="text">{shown}</td>']
         cells += [_score_cell(row, m) for m in measures]
         cells += [f'<td data-sort="{row[c]:.6f}">{row[c]:+.3f}</td>' for c in extra]
         body.append(f'<tr data-head-name="L{layer}H{head}" data-layer="{layer}" data-head="{head}" '

@@ -98,7 +98,7 @@ def task_dla(model, task: Task, batch: TaskBatch) -> pd.DataFrame:
             frame = direct_logit_attribution(model, cache, tokens[:, None].expand(-1, len(positions)),
                                              positions=positions)
             frame = frame[frame["position"].to_numpy() == batch.last.cpu().numpy()[frame["prompt"].to_numpy()]]
-            frame = frame.assign(dla=frame["dla"] * weight.numpy()[frame["prompt"].to_numpy()])
+            frame = frame.assign(dla=frame["dla"] * weight.cpu().numpy()[frame["prompt"].to_numpy()])
             per_prompt = frame if per_prompt is None else per_prompt.assign(
                 dla=per_prompt["dla"].to_numpy() + frame["dla"].to_numpy())
     keys = ["component", "kind", "layer", "head"]

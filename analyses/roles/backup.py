@@ -199,7 +199,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
         "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
         "layer": [component_layer(c) for c in components],
         "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
-        "total": (total - ablation.baseline).numpy(), "direct": (direct - ablation.baseline).numpy(),
+        "total": (total - ablation.baseline).cpu().numpy(), "direct": (direct - ablation.baseline).cpu().numpy(),
     }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline)
 
 

@@ -292,20 +292,26 @@ def scores_frame(sums: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Te
         n_layers, n_heads = score.shape
         layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
         frames.append(pd.DataFrame({
-            "layer": layer.flatten().numpy(),
-            "head": head.flatten().numpy(),
+            "layer": layer.flatten().cpu().numpy(),
+            "head": head.flatten().cpu().numpy(),
             "measure": measure,
-            "score": score.flatten().numpy(),
-            "ci_low": low.flatten().numpy(),
-            "ci_high": high.flatten().numpy(),
+            "score": score.flatten().cpu().numpy(),
+            "ci_low": low.flatten().cpu().numpy(),
+            "ci_high": high.flatten().cpu().numpy(),
             "chance": float(chance[measure].sum() / counts[measure].sum()),
         }))
     return pd.concat(frames, ignore_index=True)
 
 
+ROLE_RANK = {role: rank for rank, role in enumerate(ALL_ROLES)}
+
+
 def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] | None = None, *,
                  calibration: pd.DataFrame | None = None, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
-    """One row per head with ``role``: its roles in ``ALL_ROLES`` order joined by ';' ('' for none).
+    """One row per head with ``role``: its roles in ``ALL_ROLES`` order joined by ';' ('' for none),
+    and ``partial_role``, likewise: with ``calibration`` and ``thresholds``, the roles whose score
+    beats its nulls at ``fdr`` but stays below the threshold (a mechanism spread over several heads
+    shows as several partial heads, none strong enough for the role); '' under the fixed rule.
 
     Two rules (DESIGN 4.7):
     - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``, or that joined with
@@ -325,17 +331,18 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
         roles = roles.merge(calibration[["layer", "head", "role", "q"]], on=["layer", "head", "role"])
         meaning = calibration[calibration["role"].isin(MEANING_ROLES)][["layer", "head", "role", "score", "q"]]
         roles = pd.concat([roles, meaning], ignore_index=True)
-        keep = roles["q"] <= fdr
+        beats = roles["q"] <= fdr
     else:
-        keep = roles["ci_low"] > roles["chance"]
+        beats = roles["ci_low"] > roles["chance"]
+    strong = beats.copy()
     if limits is not None:
-        keep &= roles["score"] >= roles["role"].map(limits).fillna(-float("inf"))
-    roles = roles[keep]
-    order = {role: rank for rank, role in enumerate(ALL_ROLES)}
-    roles = roles.assign(rank=roles["role"].map(order)).sort_values(["layer", "head", "rank"])
-    joined = roles.groupby(["layer", "head"])["role"].agg(";".join)
+        strong &= roles["score"] >= roles["role"].map(limits).fillna(-float("inf"))
+    partial = beats & ~strong if calibration is not None else pd.Series(False, index=roles.index)
     heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
-    heads["role"] = [joined.get((layer, head), "") for layer, head in zip(heads["layer"], heads["head"])]
+    for column, chosen in (("role", roles[strong]), ("partial_role", roles[partial])):
+        joined = chosen.assign(rank=chosen["role"].map(ROLE_RANK)).sort_values(["layer", "head", "rank"]) \
+            .groupby(["layer", "head"])["role"].agg(";".join)
+        heads[column] = [joined.get((layer, head), "") for layer, head in zip(heads["layer"], heads["head"])]
     return heads.reset_index(drop=True)
 
 

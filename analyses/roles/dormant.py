@@ -75,7 +75,7 @@ def output_norms(model, tokens: torch.Tensor, run: Run | None = None) -> pd.Data
     return pd.DataFrame({
         "layer": [l for l in range(n_layers) for _ in range(n_heads)],
         "head": [h for _ in range(n_layers) for h in range(n_heads)],
-        "output_norm": norms.flatten().numpy(), "relative_norm": relative.flatten().numpy(),
+        "output_norm": norms.flatten().cpu().numpy(), "relative_norm": relative.flatten().cpu().numpy(),
     })
 
 

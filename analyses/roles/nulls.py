@@ -264,9 +264,9 @@ def head_frame(like: torch.Tensor, columns: dict) -> pd.DataFrame:
     broadcast to (layer, head), or scalars)."""
     n_layers, n_heads = like.shape
     layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
-    data = {"layer": layer.flatten().numpy(), "head": head.flatten().numpy()}
+    data = {"layer": layer.flatten().cpu().numpy(), "head": head.flatten().cpu().numpy()}
     for name, value in columns.items():
-        data[name] = value.expand(n_layers, n_heads).flatten().numpy() if torch.is_tensor(value) else value
+        data[name] = value.expand(n_layers, n_heads).flatten().cpu().numpy() if torch.is_tensor(value) else value
     return pd.DataFrame(data)
 
 
@@ -275,7 +275,7 @@ def add_fdr(nulls: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
     ``significant`` (q <= fdr)."""
     check_fdr(fdr)
     q = benjamini_hochberg(torch.tensor(nulls["p"].to_numpy(), dtype=torch.double))
-    return nulls.assign(q=q.numpy(), significant=q.numpy() <= fdr)
+    return nulls.assign(q=q.cpu().numpy(), significant=q.cpu().numpy() <= fdr)
 
 
 def joint_fdr(*calibrations: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:

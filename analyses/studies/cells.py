@@ -120,7 +120,7 @@ class StudyCells:
     def _prepared(self, index: int) -> tuple[CellPlan, Ablation]:
         if self._cell is None or self._cell[0] != index:
             model = self._load(self.cells[index].spec)
-            targets, ablation = prepare_study(model, self.cells[index].spec)
+            targets, ablation = prepare_study(model, self.cells[index].spec, memory_mb=self.memory_mb)
             block = rows_per_chunk(model, ablation.tokens.shape[0], ablation.tokens.shape[1], self.memory_mb)
             self._cell = (index, CellPlan(targets, ablation.baseline, provenance(model), block), ablation)
         return self._cell[1:]
@@ -136,11 +136,12 @@ class StudyCells:
             yield row, ablation.run([plan.targets[row][1]], progress=False).item()
 
 
-def prepare_study(model, spec: StudySpec) -> tuple[Targets, Ablation]:
+def prepare_study(model, spec: StudySpec, *, memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[Targets, Ablation]:
     """The study checked against ``model`` (prompts, metric, targets, method), and what its rows
-    need: the targets in row order and the prepared ablation."""
+    need: the targets in row order and the ablation prepared within ``memory_mb`` (its forwards,
+    its rows' and a cumulative study's importance: ``Ablation.run`` and ``importance`` keep it)."""
     prompts, tokens, counted = study_prompts(model, spec)
     metric = study_metric(model, spec, tokens, counted)
     ablation = prepare_ablation(model, prompts, spec.method, metric, preserve_patterns=spec.preserve_patterns,
-                                seed=spec.ablation_seed, mlps=ablates_mlps(spec))
+                                seed=spec.ablation_seed, mlps=ablates_mlps(spec), memory_mb=memory_mb)
     return study_targets(model, spec, ablation), ablation

@@ -42,7 +42,7 @@ from matplotlib.figure import Figure
 from analyses.interventions.ablation import MLP, target_location
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
 from analyses.core.progress import progress_bar
-from analyses.core.steps import directory_lock, record_text
+from analyses.core.steps import directory_lock, first_change, record_text
 from analyses.studies.spec import EXECUTORS, Study, load_spec
 from analyses.core.plots import new_figure
 from interp.files import write_atomic
@@ -158,8 +158,15 @@ def check_out_dir(out: Path, study: Study, resume: bool) -> None:
     results, recorded = out / RESULTS, out / SPEC_RECORD
     if results.exists() and not resume:
         raise UserError(f"{results} already exists; pass --resume to finish it, or choose another --out")
-    if resume and recorded.exists() and recorded.read_text() != record_text(study.record()):
-        raise UserError(f"--resume: {out} holds a study of a different spec (see {recorded}); use a new --out")
+    if resume and recorded.exists():
+        try:
+            before = json.loads(recorded.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise UserError(f"{recorded} is not the JSON record this study writes; use a new --out") from None
+        now = json.loads(record_text(study.record()))  # as written: a tuple is a list
+        if before != now:
+            raise UserError(f"--resume: {out} holds a study of a different spec or prompt file "
+                            f"({first_change(before, now)}; see {recorded}); use a new --out")
 
 
 def _model_records(out: Path) -> dict | None:

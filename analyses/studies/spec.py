@@ -46,6 +46,7 @@ Every mistake is a one-line ``ValueError`` naming the key, e.g. ``[ablation].met
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 from dataclasses import asdict, dataclass
@@ -56,6 +57,7 @@ from typing import NamedTuple
 from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS, MLP_TEXT, TARGET_KINDS as SWEEP_KINDS
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.probes import MIN_SEQ_LEN
+from analyses.core.tokens import read_text
 from interp.errors import UserError
 from interp.loading import DTYPES
 
@@ -124,10 +126,23 @@ class Study:
         return self.cells[0].name is not None
 
     def record(self) -> dict:
-        """What identifies the study's results (``spec.json``): the cells' specs, not how they run."""
+        """What identifies the study's results (``spec.json``): the cells' specs and the contents of
+        the prompt files they read (``inputs_record``), not how they run."""
         if not self.is_grid:
-            return self.cells[0].spec.as_dict()
-        return {"cells": [{"cell": name, "spec": spec.as_dict()} for name, spec in self.cells]}
+            return inputs_record(self.cells[0].spec)
+        return {"cells": [{"cell": name, "spec": inputs_record(spec)} for name, spec in self.cells]}
+
+
+def inputs_record(spec: StudySpec) -> dict:
+    """A cell's spec and, where it reads a prompt file, the SHA-256 of the file's bytes
+    (``text_file_sha256``): the spec names the file by its path, so an edited file changes only this."""
+    record = spec.as_dict()
+    if spec.text_file is not None:
+        path = Path(spec.text_file)
+        if not path.is_file():
+            raise UserError(f"[prompts].file {spec.text_file!r} does not exist")
+        record["text_file_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return record
 
 
 def _fail(key: str, problem: str):
@@ -308,10 +323,9 @@ def parse_study(data: dict, base_dir: Path = Path(".")) -> Study:
 def load_spec(path) -> Study:
     """The study spec file at ``path``, parsed and checked (one-line ``UserError`` on any mistake)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"study spec {str(path)!r} does not exist")
+    text = read_text(path, "study spec")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"study spec: {path} is not valid TOML: {error}") from None
     return parse_study(data, path.parent)

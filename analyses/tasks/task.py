@@ -34,6 +34,7 @@ probabilities - sum of the distractors').
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from typing import Sequence
 import torch
 
 from analyses.core.metrics import Metric
-from analyses.core.tokens import encode, model_tokenizer
+from analyses.core.tokens import encode, model_tokenizer, read_text
 from interp.errors import UserError
 from interp.tokenizer import Tokenizer
 
@@ -334,8 +335,9 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
     """Induction on natural text: each sentence (its first words, as many as fit the context
     twice), then its repeat cut after half its words, the answer the next word's first token, the
     distractor the first token of a word from earlier in the sentence; corrupted: the first copy's
-    words shuffled (seeded), so the next word cannot be copied. Sentences whose pair lengths differ
-    after 20 shuffles, or whose first 4 words do not fit, are dropped (counted)."""
+    words shuffled (seeded) until no word equal to the prompt's last one is followed by the answer
+    word, so the next word cannot be copied. Sentences with no such shuffle of equal token length
+    in 20 tries, or whose first 4 words do not fit, are dropped (counted)."""
     tokenizer = model_tokenizer(model)
     rng = random.Random(seed)
     rows = []
@@ -351,10 +353,13 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
         other = continuation(tokenizer, prompt, words[cut - 2])
         if nxt is None or other is None or other[0] != nxt[0] or nxt[1][0] == other[1][0]:
             continue
+        pair = (words[cut - 1], words[cut])  # the prompt's last word, then the answer word
+        if pair in zip(words[:cut], words[1:cut]):  # the repeat itself shows it: no shuffle hides it
+            continue
         for _ in range(20):
             shuffled = words[:]
             rng.shuffle(shuffled)
-            if shuffled != words:
+            if pair not in zip(shuffled, shuffled[1:]):
                 bad = f"{' '.join(shuffled)}. {' '.join(words[:cut])}" + nxt[0][len(prompt):]
                 if len(tokenizer.encode(bad)) == len(tokenizer.encode(nxt[0])):
                     rows.append((nxt[0], bad, (nxt[1][0],), (other[1][0],)))
@@ -462,29 +467,27 @@ def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
     be one token there (" Mary", with its space, on GPT-2). A malformed row is refused in one line naming its row number (1 = the first
     data row)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"task file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
+    if suffix not in (".jsonl", ".csv"):
+        raise UserError(f"task file {str(path)!r}: allowed suffixes are .jsonl and .csv")
+    text = read_text(path, "task file")
     if suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 rows.append((number, json.loads(line)))
             except json.JSONDecodeError as error:
                 raise UserError(f"{path.name}, row {number}: not JSON ({error.msg})") from None
-    elif suffix == ".csv":
-        with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = [f for f in FIELDS if f not in (reader.fieldnames or [])]
-            if missing:
-                raise UserError(f"{path.name}: the header lacks {', '.join(missing)}; it needs {', '.join(FIELDS)}")
-            rows = [(number, {key: (value.split("|") if key in ("answer", "distractor") and value else value)
-                              for key, value in row.items()})
-                    for number, row in enumerate(reader, start=1)]
     else:
-        raise UserError(f"task file {str(path)!r}: allowed suffixes are .jsonl and .csv")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        missing = [f for f in FIELDS if f not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"{path.name}: the header lacks {', '.join(missing)}; it needs {', '.join(FIELDS)}")
+        rows = [(number, {key: (value.split("|") if key in ("answer", "distractor") and value else value)
+                          for key, value in row.items()})
+                for number, row in enumerate(reader, start=1)]
     if not rows:
         raise UserError(f"{path.name} has no rows")
     tokenizer = model_tokenizer(model)
@@ -505,7 +508,7 @@ def _parse_row(tokenizer: Tokenizer, source: str, number: int, row) -> tuple:
     sets, prompts = [], set()
     for field in ("answer", "distractor"):
         words = [row[field]] if isinstance(row[field], str) else row[field]
-        if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
             raise UserError(f"{where}: {field} must be a non-empty string or a list of them")
         ids = []
         for word in words:

@@ -160,7 +160,7 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
                                    progress=progress, desc="causal trace")
     strings = [model_tokenizer(model).decode([t]) for t in tokens[0].tolist()]
     frame = pd.DataFrame(cells, columns=["kind", "layer", "pos"]).assign(
-        token=[strings[pos] for _, _, pos in cells], prob=values.numpy())
+        token=[strings[pos] for _, _, pos in cells], prob=values.cpu().numpy())
     return Trace(frame, metric(clean_logits).item(), metric(noised_logits).item(), strings, positions, answer_id,
                  kinds, std)
 
@@ -184,7 +184,7 @@ def trace_figure(trace: Trace):
     labels = [token_label(t) + ("*" if i in trace.subject else "") for i, t in enumerate(trace.tokens)]
     titles = {"resid": "hidden state", "mlp": "MLP output", "attn": "attention output"}
     for ax, kind in zip(axes, trace.kinds):
-        grid = trace.grid(kind).numpy()
+        grid = trace.grid(kind).cpu().numpy()
         image = ax.imshow(grid.T, aspect="auto", cmap={"resid": "Purples", "mlp": "Greens", "attn": "Reds"}[kind],
                           vmin=min(trace.corrupted_prob, float(grid.min())), origin="upper")
         ax.set_yticks(range(n_pos), labels)
