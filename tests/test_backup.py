@@ -251,3 +251,58 @@ def test_mlp_effects_on_the_bridge_equal_our_model(scratch_gpt2, bridge_gpt2, pr
     assert list(ours["component"]) == ["L0H1", *(f"L{l} MLP" for l in range(scratch_gpt2.cfg.n_layers))]
     assert (ours[["total", "direct"]] - theirs[["total", "direct"]]).abs().max().max() < 1e-4
     assert ours["direct"].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(),  # LayerNorm with its bias, tied
+    dict(normalization_type="RMS", tie_word_embeddings=False, unembed_bias=True),
+    dict(normalization_type=None, tie_word_embeddings=False),
+])
+def test_split_readout_equals_the_unembedding(knobs):
+    """The final norm + unembedding split into a linear part and a per-row scale reproduces
+    ``model.unembed`` on a residual plus a change, the change's linear part taken apart (and a head's
+    through its own (d_head, vocab) readout), for every final norm ``GPTModel`` has."""
+    from analyses.roles.readout import FinalReadout
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(7)
+    model = GPTModel(GPTConfig(d_vocab=200, n_ctx=16, d_model=24, n_heads=3, n_layers=1, **knobs)).eval()
+    for param in model.parameters():  # norm weights and biases away from their 1 / 0 start
+        param.data.add_(0.1 * torch.randn_like(param))
+    readout = FinalReadout(model)
+    assert FinalReadout.exact_for(model)
+    final, dz = torch.randn(4, 5, 24), torch.randn(4, 5, 8)
+    W_O = model.blocks[0].attn.W_O[1].detach()  # (d_head, d_model)
+    moved = final + dz @ W_O
+    split = readout.logits(readout.linear(final) + dz @ readout.head_readout(W_O), readout.scale(moved))
+    with torch.no_grad():
+        assert (split - model.unembed(moved)).abs().max() < 1e-4
+    assert not FinalReadout.exact_for(model.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(),
+    dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
+         n_key_value_heads=2, tie_word_embeddings=False, unembed_bias=True),
+])
+def test_direct_effects_through_the_split_readout_equal_whole_unembeddings(knobs, monkeypatch):
+    """Every head's and MLP's direct effect through the split readout (the default on float32) equals
+    the one that unembeds each changed final residual whole, to 1e-5 nats (the float32 rounding of a
+    loss near 6), on the loss of the predictable tokens (read positions only), with budgets that split
+    the prompts and that do not."""
+    from analyses.roles.readout import FinalReadout
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(8)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=3, **knobs)).eval()
+    probes = probes_for(model, 6, 24, seed=2)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    for budget in (0.05, 1.0):
+        fast = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False,
+                                        memory_mb=budget)
+        with monkeypatch.context() as patched:
+            patched.setattr(FinalReadout, "exact_for", staticmethod(lambda model: False))
+            whole = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False,
+                                             memory_mb=budget)
+        assert (fast["direct"] - whole["direct"]).abs().max() < 1e-5
+        assert whole["direct"].abs().max() > 1e-3  # the comparison is not of zeros

@@ -27,6 +27,7 @@ suffix-only on ``GPTModel``).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import combinations
 from typing import Sequence
 
@@ -42,6 +43,7 @@ from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, e
                                            partial_logits, rows_of, runs_suffix_only)
 from analyses.core.metrics import Metric
 from analyses.interventions.run import Run
+from analyses.roles.readout import FinalReadout
 from interp.errors import UserError
 
 DEFAULT_MIN_EXCESS = 0.05  # nats: a pair whose joint effect exceeds the sum of its single effects by this much backs itself up
@@ -230,13 +232,31 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[
 def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
                            progress: bool | None) -> torch.Tensor:
     """The metric with each of ``components`` (heads and ``MLP``s) ablated alone and everything
-    downstream frozen, from the final residual: ``unembed(final_clean + write_change)``
-    (``write_change``: float32, (rows, pos, d_model)), unembedded at the metric's read positions
-    only, in the chunks of components and prompts that ``evaluate_chunks`` makes within
-    ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the final norm
-    and the unembedding (``GPTModel``: ``runs_suffix_only``)."""
+    downstream frozen, from the final residual: ``unembed(final_clean + write_change)`` at the
+    metric's read positions only, in the chunks of components and prompts that ``evaluate_chunks``
+    makes within ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the
+    final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
+
+    Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights), the
+    logits come from ``readout_logits``: the clean residual's linear part made once per chunk of
+    prompts, a head's change through its own (d_head, vocab) readout, the norm's scale recomputed
+    (``analyses.roles.readout``); elsewhere each changed residual is unembedded whole
+    (``unembedded_logits``)."""
     model = ablation.model
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components))])
+    make = readout_logits if FinalReadout.exact_for(model) else unembedded_logits
+    chunk_logits = make(ablation, clean, components)
+    with torch.no_grad():
+        return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
+                               chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
+                               desc="direct effects")
+
+
+def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
+    """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects``: each component's changed
+    final residual through ``model.unembed`` (every position, NaN off the read ones, where the
+    metric cannot take the read positions alone)."""
+    model = ablation.model
 
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
         at = positions if compact else slice(None)
@@ -246,10 +266,49 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
         logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
         return logits.unflatten(0, (len(members), -1))
 
-    with torch.no_grad():
-        return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
-                               chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
-                               desc="direct effects")
+    return chunk_logits
+
+
+def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
+    """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
+    unembedding (``FinalReadout``): logits ``scale(final + change) * (linear(final) + linear(change))
+    + offset`` at the read positions, where a head's ``linear(change)`` is its z change (n, d_head)
+    times its (d_head, vocab) readout (kept for the heads of one layer at a time, as the chunks come
+    layer by layer); equal to ``unembedded_logits`` up to float rounding."""
+    model = ablation.model
+    readout = FinalReadout(model)
+    clean_linear: dict[tuple, torch.Tensor] = {}  # the last chunk's prompts -> linear(final_clean) there
+
+    @lru_cache(maxsize=model.cfg.n_heads)
+    def head_readout(layer: int, head: int) -> torch.Tensor:  # (d_head, vocab)
+        return readout.head_readout(model.blocks[layer].attn.W_O[head])
+
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+        at = slice(None) if positions is None else positions
+        final = clean[final_resid_name(model)][rows][:, at].float()  # (rows, n, d_model)
+        key = (rows.start, rows.stop)
+        if key not in clean_linear:
+            clean_linear.clear()
+            clean_linear[key] = readout.linear(final)
+        base = clean_linear[key]  # (rows, n, vocab)
+        logits = base.new_empty((len(members), *base.shape))
+        for out, v in zip(logits, members):
+            component = components[v]
+            change = own_change(ablation, clean, component, rows, at)  # (rows or 1, n, d_head or d_model)
+            if isinstance(component, MLP):
+                torch.matmul(readout.centre(change), readout.readout, out=out)
+                write = change
+            else:
+                torch.matmul(change, head_readout(*component), out=out)
+                write = change @ head_W_O(ablation, component)
+            readout.logits(out.add_(base), readout.scale(final + write))
+        if positions is None or compact:
+            return logits
+        full = logits.new_full((*logits.shape[:2], ablation.tokens.shape[1], logits.shape[-1]), torch.nan)
+        full[:, :, positions] = logits
+        return full
+
+    return chunk_logits
 
 
 def written_by(component: Component) -> str:
@@ -261,13 +320,26 @@ def write_change(ablation: Ablation, clean: dict, component: Component, rows: sl
                  at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
     """How ``component``'s write to the residual stream changes under the ablation on the prompts
     ``rows`` at the positions ``at``, in float32 -> (rows, n, d_model): for an MLP its output's change,
-    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]`` with the block's own output
-    projection read in place (``GPTModel``), not the stacked ``model.W_O``."""
+    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]`` (``own_change``, ``head_W_O``)."""
+    change = own_change(ablation, clean, component, rows, at)
+    return change if isinstance(component, MLP) else change @ head_W_O(ablation, component)
+
+
+def own_change(ablation: Ablation, clean: dict, component: Component, rows: slice,
+               at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    """How what ``component`` holds changes under the ablation on the prompts ``rows`` at the
+    positions ``at``, float32: an MLP's output (rows, n, d_model), a head's z (rows, n, d_head); a
+    source of one row (broadcast to every prompt) minus the clean value gives every prompt's row."""
     name = written_by(component)
     now = clean[name][rows][:, at].float()  # (rows, n, ...)
     source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, at].float()  # (rows or 1, n, ...)
     if isinstance(component, MLP):
         return source - now
-    layer, head = component
-    W_O = ablation.model.blocks[layer].attn.W_O.detach()  # (n_heads, d_head, d_model), a view of out_proj
-    return (source[:, :, head] - now[:, :, head]) @ W_O[head].float()
+    return source[:, :, component[1]] - now[:, :, component[1]]
+
+
+def head_W_O(ablation: Ablation, head: tuple[int, int]) -> torch.Tensor:
+    """A head's output projection (d_head, d_model), float32, the block's own read in place
+    (``GPTModel``), not the stacked ``model.W_O``."""
+    layer, index = head
+    return ablation.model.blocks[layer].attn.W_O.detach()[index].float()  # a view of out_proj
