@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from itertools import combinations
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -55,25 +55,30 @@ def head_label(head: tuple[int, int]) -> str:
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                       metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
-                      progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
+                      progress: bool | None = None, run: Run | None = None,
+                      single: Mapping[tuple[int, int], float] | None = None) -> pd.DataFrame:
     """Ablate each of ``heads`` alone and every pair together (one batched call).
 
     prompts: ids, texts or ``RepeatedProbes`` (see ``analyses.interventions.ablation``); metric: default the mean
-    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``). Returns one row per pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a,
-    layer_b, head_b, effect_a, effect_b, joint, additive`` (effect_a + effect_b), ``excess``
-    (joint - additive), ``baseline``.
+    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``); single: each head's own
+    effect where it was already measured with this method, metric and prompts (the ``total`` of
+    ``direct_and_total_effects``): those heads are not ablated alone again. Returns one row per
+    pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a, layer_b, head_b, effect_a, effect_b,
+    joint, additive`` (effect_a + effect_b), ``excess`` (joint - additive), ``baseline``.
     """
     heads = check_heads(model, heads)
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
     ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
     pairs = list(combinations(heads, 2))
-    values = ablation.run([[h] for h in heads] + [list(p) for p in pairs], memory_mb=memory_mb,
+    known = {head: float(single[head]) for head in heads if single is not None and head in single}
+    alone = [head for head in heads if head not in known]
+    values = ablation.run([[h] for h in alone] + [list(p) for p in pairs], memory_mb=memory_mb,
                           progress=progress, desc="pairwise ablation") - ablation.baseline
-    single = dict(zip(heads, values[:len(heads)].tolist()))
+    effect = known | dict(zip(alone, values[:len(alone)].tolist()))
     rows = [{"a": head_label(a), "b": head_label(b), "layer_a": a[0], "head_a": a[1], "layer_b": b[0], "head_b": b[1],
-             "effect_a": single[a], "effect_b": single[b], "joint": joint}
-            for (a, b), joint in zip(pairs, values[len(heads):].tolist())]
+             "effect_a": effect[a], "effect_b": effect[b], "joint": joint}
+            for (a, b), joint in zip(pairs, values[len(alone):].tolist())]
     frame = pd.DataFrame(rows)
     frame["additive"] = frame["effect_a"] + frame["effect_b"]
     frame["excess"] = frame["joint"] - frame["additive"]
@@ -108,16 +113,19 @@ def _label_key(label: str) -> tuple[int, int]:
 def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                   metric: Metric | None = None, *, min_excess: float = DEFAULT_MIN_EXCESS,
                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                  run: Run | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  run: Run | None = None,
+                  single: Mapping[tuple[int, int], float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pairwise ablation of ``heads`` and their backup groups, each ablated as a whole (``run``: a
-    ``Run`` of the prompts, made here where None, that both steps read).
+    ``Run`` of the prompts, made here where None, that both steps read; ``single``: the heads'
+    effects alone where already measured, see ``pairwise_ablation``).
 
     Returns (pairs: see ``pairwise_ablation``, groups: one row per group ``group`` (0..),
     ``heads`` (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single
     effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single))."""
     run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
                                                   memory_mb=memory_mb)
-    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run)
+    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run,
+                              single=single)
     groups = backup_groups(pairs, min_excess)
     single = dict(zip(pairs["a"], pairs["effect_a"])) | dict(zip(pairs["b"], pairs["effect_b"]))
     joint = torch.empty(0)
