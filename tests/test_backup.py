@@ -325,3 +325,69 @@ def test_direct_effects_through_the_split_readout_equal_whole_unembeddings(knobs
                                              memory_mb=budget)
         assert (fast["direct"] - whole["direct"]).abs().max() < 1e-5
         assert whole["direct"].abs().max() > 1e-3  # the comparison is not of zeros
+
+
+def test_first_order_effects_are_the_derivative_along_the_ablation():
+    """``first_order_effects`` equals a central finite difference of the metric along each head's and
+    MLP's ablation (z + eps (source - z) by hand-written hooks, float64), on a loss read at some positions
+    with prompts split over budgets."""
+    from analyses.interventions.ablation import MLP, prepare_ablation
+    from analyses.roles.backup import first_order_effects
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(9)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=2)).double().eval()
+    probes = probes_for(model, 4, 20, seed=3)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    components = [(0, 1), (1, 3), MLP(0)]
+    ablation = prepare_ablation(model, probes, "mean", metric, mlps=True)
+    _, cache = model.run_with_cache(probes.tokens)
+
+    def moved(component, eps: float) -> float:
+        name = f"blocks.{component.layer}.hook_mlp_out" if isinstance(component, MLP) else \
+            f"blocks.{component[0]}.attn.hook_z"
+        source = ablation.sources[name]
+
+        def hook(activation, hook):
+            activation = activation.clone()
+            if isinstance(component, MLP):
+                return activation + eps * (source - activation)
+            activation[:, :, component[1]] += eps * (source[:, :, component[1]] - activation[:, :, component[1]])
+            return activation
+
+        with torch.no_grad():
+            logits = model.run_with_hooks(probes.tokens, fwd_hooks=[(name, hook)])[:, :-1]
+        mask = probes.predictable[:, 1:]  # the loss metric in float64 (it rounds to float32 itself)
+        return -logits.log_softmax(-1)[mask].gather(-1, probes.tokens[:, 1:][mask][:, None]).mean().item()
+
+    for budget in (0.02, 64):
+        estimate = first_order_effects(ablation, components, budget)
+        for component, value in zip(components, estimate.tolist()):
+            eps = 1e-4
+            assert value == pytest.approx((moved(component, eps) - moved(component, -eps)) / (2 * eps), abs=1e-6)
+    assert estimate.abs().min() > 1e-4
+
+
+def test_screened_total_effects_are_exact_where_they_matter(knobs=dict(normalization_type="RMS")):
+    """With ``screen``, a component whose first-order estimate or direct effect reaches it has its
+    exact total effect (equal to the unscreened run's), every other one its estimate; the flag says which."""
+    from analyses.interventions.ablation import MLP, prepare_ablation
+    from analyses.roles.backup import first_order_effects
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(10)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=3, **knobs)).eval()
+    probes = probes_for(model, 6, 24, seed=2)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    full = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False)
+    screen = float(full["direct"].abs().median())
+    screened = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False, screen=screen)
+    components = [(int(r.layer), int(r.head)) if r.kind == "head" else MLP(int(r.layer)) for r in full.itertuples()]
+    estimate = first_order_effects(prepare_ablation(model, probes, "mean", metric, mlps=True), components, 1024)
+    chosen = (estimate.abs().numpy() >= screen) | (full["direct"].abs().to_numpy() >= screen)
+    assert full["total_exact"].all() and (screened["total_exact"].to_numpy() == chosen).all()
+    assert 0 < chosen.sum() < len(chosen)
+    exact, rest = screened[chosen], screened[~chosen]
+    assert (exact["total"] - full.loc[chosen, "total"]).abs().max() < 1e-6
+    assert (rest["total"].to_numpy() - estimate.numpy()[~chosen]).__abs__().max() < 1e-6
+    assert (screened["direct"] - full["direct"]).abs().max() < 1e-7

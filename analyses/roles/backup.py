@@ -39,8 +39,8 @@ from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
-from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, evaluate_variants,
-                                           partial_logits, rows_of, runs_suffix_only)
+from analyses.interventions.engine import (Edit, activation_gradients, check_heads, evaluate_chunks, evaluate_variants,
+                                           gradient_parts, partial_logits, rows_of, runs_suffix_only)
 from analyses.core.metrics import Metric
 from analyses.interventions.run import Run
 from analyses.roles.readout import FinalReadout
@@ -177,23 +177,50 @@ def require_mlp_freeze(model, names: Sequence[str]) -> None:
 def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | None = None, method: str = "mean",
                              metric: Metric | None = None, *, mlps: bool = False,
                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                             run: Run | None = None) -> pd.DataFrame:
+                             run: Run | None = None, screen: float | None = None) -> pd.DataFrame:
     """Each head's total and direct ablation effect (see the module docstring; ``run``: a ``Run``
     of the prompts reading at least ``direct_effect_reads``, made here where None).
+
+    screen: None measures every total effect exactly (one suffix rerun each). A number (nats) is
+    the shortcut: the total effect is measured exactly for the components whose first-order
+    estimate (``first_order_effects``, one forward and backward) or exact direct effect reaches
+    ``screen`` in size, and is that estimate for the others (column ``total_exact`` says which).
 
     heads: default every head; mlps: also each MLP's (its ``hook_mlp_out`` ablated at every position
     by the same method; the run must then read every ``hook_mlp_out`` too). Returns one row per
     component, the heads first: ``component`` (``L{l}H{h}``, ``L{l} MLP``), ``kind`` ("head" |
     "mlp"), ``layer``, ``head`` (Int64, <NA> for an MLP), ``total, direct, self_repair`` (direct -
-    total), ``baseline``. One batched call for the
-    totals; the direct effects from the final residual (``final_residual_effects``) where the model
-    starts at the final norm, else one rerun per layer and kind (``frozen_downstream_run``).
+    total), ``baseline``, ``total_exact``. One batched call for the totals; the direct effects from
+    ``direct_effects``.
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
     ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
-    total = ablation.run([[c] for c in components], memory_mb=memory_mb, progress=progress, desc="total effects")
+    direct = direct_effects(ablation, components, memory_mb, progress)
+    exact = torch.ones(len(components), dtype=torch.bool)
+    total = torch.empty(len(components), dtype=torch.float64)
+    if screen is not None:
+        estimate = first_order_effects(ablation, components, memory_mb)
+        exact = (estimate.abs() >= screen) | ((direct - ablation.baseline).abs() >= screen)
+        total[~exact] = ablation.baseline + estimate[~exact]
+    chosen = exact.nonzero()[:, 0].tolist()
+    total[chosen] = ablation.run([[components[i]] for i in chosen], memory_mb=memory_mb, progress=progress,
+                                 desc="total effects")
+    return pd.DataFrame({
+        "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
+        "layer": [component_layer(c) for c in components],
+        "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
+        "total": (total - ablation.baseline).numpy(), "direct": (direct - ablation.baseline).numpy(),
+    }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline, total_exact=exact.numpy())
+
+
+def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
+                   progress: bool | None) -> torch.Tensor:
+    """The metric with each component ablated alone and everything downstream frozen ->
+    (len(components),) float64: from the final residual (``final_residual_effects``) where the
+    model starts at the final norm, else one rerun per layer and kind (``frozen_downstream_run``)."""
+    model = ablation.model
     if runs_suffix_only(model):
         direct = final_residual_effects(ablation, components, memory_mb, progress).double()  # float64 as the totals
     else:
@@ -205,12 +232,30 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
             members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
             direct[members] = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
                                                     memory_mb, progress)
-    return pd.DataFrame({
-        "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
-        "layer": [component_layer(c) for c in components],
-        "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
-        "total": (total - ablation.baseline).numpy(), "direct": (direct - ablation.baseline).numpy(),
-    }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline)
+    return direct
+
+
+def first_order_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> torch.Tensor:
+    """Each component's ablation effect to first order (attribution patching: the metric's gradient
+    on the unablated run dotted with the ablation's change of what the component holds, summed over
+    prompts and positions) -> (len(components),) float64. One forward and backward per chunk of
+    prompts that fits ``memory_mb`` (``gradient_parts``), each weighted by its share of the metric."""
+    model, batch = ablation.model, len(ablation.tokens)
+    names = list(dict.fromkeys(map(written_by, components)))
+    width = max(model.cfg.d_model, model.cfg.n_heads * model.cfg.d_head)
+    parts, positions = gradient_parts(model, ablation.tokens, ablation.metric, memory_mb,
+                                      per_position=(len(names) + 2) * width)
+    estimate = torch.zeros(len(components), dtype=torch.float64)
+    for part in parts:
+        _, held, grads = activation_gradients(model, ablation.tokens[part.rows], part.metric, names,
+                                              positions=positions)
+        for i, component in enumerate(components):
+            name = written_by(component)
+            change = rows_of(ablation.sources[name], part.rows, batch).float() - held[name].float()
+            product = grads[name].float() * change  # (rows, pos, d_model) or (rows, pos, head, d_head)
+            own = product if isinstance(component, MLP) else product[:, :, component[1]]
+            estimate[i] += part.share * own.sum().double()
+    return estimate
 
 
 def kind_of(component: Component) -> str:
