@@ -46,10 +46,12 @@ Head = tuple[int, int]
 VIA_COLOURS = {"q": "tab:blue", "k": "tab:orange", "v": "tab:green", "logits": "tab:gray"}
 VIA_BEND = {"q": 0.25, "k": 0.0, "v": -0.25, "logits": 0.1}  # arcs, so parallel q/k/v edges stay apart
 _COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", "effect"]
-# roles that say where a head parks its attention, not what it moves: the report's circuit leaves
-# out heads that have only these (a real model has many attention sinks: 110 of SmolLM2-135M's 270
-# heads, which would make tens of thousands of edges, none of them the circuit the probes test)
-SINK_ROLES = ("bos",)
+# the roles of the mechanism the report's probes test (induction: a previous-token head writes where
+# the key of an induction head reads; duplicate-token heads find the earlier copy); the report's circuit
+# leaves out heads with none of these (a real model has many attention sinks, ``bos``: 110 of
+# SmolLM2-135M's 270 heads, which would make tens of thousands of edges, none of them the circuit the
+# probes test)
+CIRCUIT_ROLES = ("previous_token", "duplicate_token", "induction")
 
 
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
@@ -256,7 +258,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     ``table``: ``layer, head, role`` (``analyses.assign_roles``, or the report's head table);
     senders are the heads with ``sender_role`` (None: any role), receivers those with
     ``receiver_role``; a head whose only roles are in ``skip_roles`` is neither (the report skips
-    ``SINK_ROLES``). The metric is the loss on the probes' predictable tokens, so an edge's
+    every role outside ``CIRCUIT_ROLES``). The metric is the loss on the probes' predictable tokens, so an edge's
     ``effect`` > 0 under noising means the loss rises without it. With no head chosen the section
     has no edges and no figure. ``run``: a ``Run`` of the probes, which noising path patching edits
     (it runs the clean probes) instead of running them again.

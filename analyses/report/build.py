@@ -29,8 +29,7 @@ from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.report.calibration_figures import (TOTAL_SCREEN, CalibrationSection, FirstProbes, calibration_section,
                                                  probe_run)
-from analyses.circuits.circuit import SINK_ROLES, CircuitSection, circuit_section, edge_lines
-from analyses.circuits.composition import head_label
+from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
 from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
                                            direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
                                            next_token_answers)
@@ -123,7 +122,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.begin("circuit")
     circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
-                              skip_roles=SINK_ROLES)
+                              skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES])
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -271,8 +270,8 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
     how = ("Edges among the role heads: the composition score of the weights (Elhage et al. 2021) and exact path "
            "patching (noising one edge: the rise in loss on the predictable tokens).")
     if circuit.skipped:
-        how += (f" Heads whose only role is {' or '.join(SINK_ROLES)} (attention sinks) are left out: "
-                f"{len(circuit.skipped)} of them ({', '.join(head_label(*head) for head in circuit.skipped)}).")
+        how += (f" The circuit is that of the probes' induction task: the {len(circuit.skipped)} role heads with none "
+                f"of the roles {', '.join(CIRCUIT_ROLES)} (attention sinks, self, copying) are left out.")
     if circuit.figure is None:
         return Section("Circuit", how + "\n\nNo head has a role the circuit covers, so there is no edge to show.")
     return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)),
