@@ -139,6 +139,7 @@ def test_sink_only_heads_are_skipped():
     assert role_heads(table) == [(0, 2), (0, 3), (1, 1), (1, 5)]
     assert role_heads(table, skip=("bos",)) == [(0, 3), (1, 1), (1, 5)]
     assert role_heads(table, "induction", skip=("bos",)) == [(1, 5)]
+    assert role_heads(table, skip=("bos", "self", "copying")) == [(0, 3), (1, 5)]  # the copying roles count too
     with pytest.raises(UserError, match="skipped role 'sink' is not a role"):
         role_heads(table, skip=("sink",))
 

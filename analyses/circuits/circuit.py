@@ -32,7 +32,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.roles.classify import ROLES
+from analyses.roles.classify import ALL_ROLES, ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
 from analyses.core.metrics import Metric, loss_metric
 from analyses.circuits.edges import KEY_COLUMNS, VIAS, check_vias
@@ -101,8 +101,9 @@ def role_heads(table: pd.DataFrame, role: str | None = None, skip: Sequence[str]
     ``analyses.assign_roles`` writes them) that have ``role``, or any role when ``role`` is None;
     roles in ``skip`` do not count (a head whose only roles are those is left out)."""
     check_role(role)
-    for name in skip:
-        check_role(name, "skipped role")
+    unknown = [name for name in skip if name not in ALL_ROLES]
+    if unknown:
+        raise UserError(f"skipped role {unknown[0]!r} is not a role; allowed: {', '.join(ALL_ROLES)}")
     kept = [(int(row.layer), int(row.head), [r for r in row.role.split(";") if r and r not in skip])
             for row in table.itertuples()]
     return sorted((layer, head) for layer, head, roles in kept if (role in roles if role is not None else roles))
