@@ -27,8 +27,7 @@ import torch
 
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
-from analyses.report.calibration_figures import (TOTAL_SCREEN, CalibrationSection, FirstProbes, calibration_section,
-                                                 probe_run)
+from analyses.report.calibration_figures import CalibrationSection, FirstProbes, calibration_section, probe_run
 from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
 from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
                                            direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
@@ -197,21 +196,10 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
     text = ("Each score against its nulls; heads that back each other up (ablated together they cost more than "
             "the sum of their single effects); each head's direct effect (downstream frozen) against its total "
             "effect, whose gap is self-repair; dormant heads (tiny output, ablation a no-op).\n\n"
-            + "\n".join(groups or ["- backup groups: none"]) + f"\n- dormant heads: {dormant_line}"
-            + screened_line(component_effects(calibration)))
+            + "\n".join(groups or ["- backup groups: none"]) + f"\n- dormant heads: {dormant_line}")
     figures = [ReportFigure(name, calibration.captions[name], png_bytes(figure))
                for name, figure in calibration.figures.items()]
     return Section("Calibration", text, figures=figures)
-
-
-def screened_line(effects: pd.DataFrame) -> str:
-    """A list item saying which total effects are first-order estimates (the calibration's ``screen``), or ''."""
-    estimated = effects[~effects["total_exact"]]
-    if estimated.empty:
-        return ""
-    return (f"\n- total effects: measured exactly for {len(effects) - len(estimated)} of the {len(effects)} heads and "
-            f"MLPs, those whose first-order estimate (attribution patching) or exact direct effect reaches "
-            f"{TOTAL_SCREEN} nats; the other {len(estimated)} show that estimate (direct effects are all exact)")
 
 
 def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,

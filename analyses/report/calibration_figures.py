@@ -39,11 +39,6 @@ DEFAULT_PAIR_HEADS = 12  # pairwise ablation covers at most this many role heads
 # figure costs gigabytes to draw; where the heads do not fit at their usual size, their labels are left out
 MAX_INCHES = 100.0
 SIMILARITY_PROMPTS = 16  # prompts the head similarities are measured on
-# nats: the report measures a head's or MLP's total effect exactly where its first-order estimate or
-# its exact direct effect reaches this, and shows the estimate elsewhere (``direct_and_total_effects``'s
-# ``screen``); a fifth of the 0.01 nats under which the report calls an ablation "no causal effect"
-# (``NO_EFFECT_BELOW``), measured against every exact total effect in benchmarks/README.md
-TOTAL_SCREEN = 0.002
 
 
 @dataclass
@@ -128,8 +123,7 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                        null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                        pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
                        progress: bool | None = None, run: Run | None = None,
-                       intervention_prompts: int | None = None,
-                       screen: float | None = TOTAL_SCREEN) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+                       intervention_prompts: int | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
     """The section's tables on ``probes`` (see ``CalibrationSection``) and the head similarities.
 
     metric: default the loss of the probes' predictable tokens (the run's metric where it has
@@ -141,8 +135,7 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
     (``joint_fdr``). intervention_prompts: the ablations (effects, backup, dormant, similarities)
     run on the first this many probes (``FirstProbes``; None: all), the roles on every probe; each
-    step's budget is what the run's store leaves of ``memory_mb``. screen: the total effects measured
-    exactly only where they may matter (``direct_and_total_effects``; None: all of them).
+    step's budget is what the run's store leaves of ``memory_mb``.
     """
     run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=intervention_prompts,
                                                 memory_mb=memory_mb)
@@ -156,7 +149,7 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     release_freed_memory()  # the null models' memory, before the ablations
     steps.update()
     effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
-                                       memory_mb=memory_mb, progress=progress, run=first.run, screen=screen)
+                                       memory_mb=memory_mb, progress=progress, run=first.run)
     effects, mlp_effects = effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
     steps.update()
     role_heads = role_heads_by_effect(calibration, effects, pair_heads)
