@@ -19,6 +19,7 @@ called, then the one that called below it), read from the Python stack. Runs on 
 blocks are ours to count). Prints one table per model and writes nothing.
 
     python benchmarks/bench_report.py                       # the embedded model, 16 prompts
+    python benchmarks/bench_report.py --model /work/smollm2_hf --prompts 64   # a real model at the report's defaults
     python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
     python benchmarks/bench_report.py --shape llama-1b-width --prompts 8 --seq-len 64 --dtype bfloat16
 """
@@ -118,11 +119,17 @@ class ForwardCounter:
     def _sample_memory(self) -> None:
         """Every 0.1 s: the resident memory, charged to the step the main thread is in; printed as it
         grows (a run that runs out of memory prints nothing else)."""
-        last = time.perf_counter()
+        last = begun = time.perf_counter()
+        current = None
         while self._sampling:
             frame = sys._current_frames().get(self._main_thread)
             step = self._step(frame)
             now = time.perf_counter()
+            if step[0] != current:  # a trace that survives a run cut short
+                main = sum(v for k, v in self.block_rows.items() if k[0] == "main")
+                print(f"  {now - begun:7.0f} s, {time.process_time():7.0f} s CPU, {main:7.2f} FE main: {step[0]}",
+                      file=sys.stderr, flush=True)
+                current = step[0]
             self.seconds[step] += now - last
             last = now
             with open("/proc/self/status") as status:
@@ -168,6 +175,8 @@ def own_new_models() -> None:
 
 
 def subject(args) -> GPTModel:
+    if args.model is not None:
+        return load_model(args.model).eval()
     if args.shape == "toy":
         return load_model("toy").eval()
     torch.manual_seed(0)
@@ -184,19 +193,23 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the --shape model's weights")
     parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--model", default=None, help="a model spec load_model takes (a Hugging Face directory, "
+                        "'smollm2'): counted instead of --shape (it must load as a GPTModel)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the tables so far)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     model = subject(args)
     own_new_models()
     mark_owned(model)
     probes = probes_for(model, args.prompts, args.seq_len, seed=0)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with ForwardCounter(model, probes.tokens) as counter:
-        build_report(model, model_name=args.shape, n_prompts=args.prompts, seq_len=args.seq_len, seed=0,
+        build_report(model, model_name=args.model or args.shape, n_prompts=args.prompts, seq_len=args.seq_len, seed=0,
                      progress=False)
-    seconds = time.perf_counter() - start
-    print(f"{args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
-          f"vocabulary {model.cfg.d_vocab}, {args.dtype}; report {seconds:.1f} s (one thread)")
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(f"{args.model or args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
+          f"vocabulary {model.cfg.d_vocab}, {next(model.parameters()).dtype}; report {seconds:.1f} s wall, "
+          f"{cpu:.1f} s CPU ({args.threads} thread{'s' if args.threads > 1 else ''})")
     steps = list(dict.fromkeys([*counter.peak_mb, *counter.passes, *(key[1:] for key in counter.block_rows)]))
     print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9} {'peak MB':>8} {'s':>7}")
     for step in steps:

@@ -52,6 +52,25 @@ def test_pairwise_ablation_matches_hand_hooks(scratch_gpt2, bridge_gpt2, prompts
         pairwise_ablation(scratch_gpt2, prompts, [(0, 1)])
 
 
+def test_pairwise_ablation_reuses_the_single_effects_it_is_given(scratch_gpt2, prompts, monkeypatch):
+    """Single effects handed in (the totals ``direct_and_total_effects`` measured) are not ablated again,
+    and the table equals the one that measures them itself, to float error."""
+    from analyses.interventions.ablation import Ablation
+
+    heads = [(0, 1), (1, 2), (1, 3)]
+    measured = pairwise_ablation(scratch_gpt2, prompts, heads, "zero")
+    totals = direct_and_total_effects(scratch_gpt2, prompts, heads, "zero", progress=False)
+    single = {(row.layer, row.head): row.total for row in totals.itertuples()}
+    asked = []
+    original = Ablation.run
+    monkeypatch.setattr(Ablation, "run", lambda self, targets, **kw: asked.extend(targets) or original(self, targets, **kw))
+    reused = pairwise_ablation(scratch_gpt2, prompts, heads, "zero", single=single)
+    assert [list(target) for target in asked] == [[(0, 1), (1, 2)], [(0, 1), (1, 3)], [(1, 2), (1, 3)]]  # pairs only
+    columns = ["effect_a", "effect_b", "joint", "excess"]
+    assert (reused[columns] - measured[columns]).abs().max().max() < 1e-6
+    assert measured["effect_a"].abs().max() > 1e-3
+
+
 def test_backup_groups_are_connected_components():
     pairs = pd.DataFrame({"a": ["L1H0", "L1H1", "L0H2", "L1H0"], "b": ["L1H1", "L1H3", "L0H3", "L0H2"],
                           "excess": [0.2, 0.06, 0.5, 0.01]})
@@ -251,3 +270,124 @@ def test_mlp_effects_on_the_bridge_equal_our_model(scratch_gpt2, bridge_gpt2, pr
     assert list(ours["component"]) == ["L0H1", *(f"L{l} MLP" for l in range(scratch_gpt2.cfg.n_layers))]
     assert (ours[["total", "direct"]] - theirs[["total", "direct"]]).abs().max().max() < 1e-4
     assert ours["direct"].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(),  # LayerNorm with its bias, tied
+    dict(normalization_type="RMS", tie_word_embeddings=False, unembed_bias=True),
+    dict(normalization_type=None, tie_word_embeddings=False),
+])
+def test_split_readout_equals_the_unembedding(knobs):
+    """The final norm + unembedding split into a linear part and a per-row scale reproduces
+    ``model.unembed`` on a residual plus a change, the change's linear part taken apart (and a head's
+    through its own (d_head, vocab) readout), for every final norm ``GPTModel`` has."""
+    from analyses.roles.readout import FinalReadout
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(7)
+    model = GPTModel(GPTConfig(d_vocab=200, n_ctx=16, d_model=24, n_heads=3, n_layers=1, **knobs)).eval()
+    for param in model.parameters():  # norm weights and biases away from their 1 / 0 start
+        param.data.add_(0.1 * torch.randn_like(param))
+    readout = FinalReadout(model)
+    assert FinalReadout.exact_for(model)
+    final, dz = torch.randn(4, 5, 24), torch.randn(4, 5, 8)
+    W_O = model.blocks[0].attn.W_O[1].detach()  # (d_head, d_model)
+    moved = final + dz @ W_O
+    split = readout.logits(readout.linear(final) + dz @ readout.head_readout(W_O), readout.scale(moved))
+    with torch.no_grad():
+        assert (split - model.unembed(moved)).abs().max() < 1e-4
+    assert not FinalReadout.exact_for(model.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(),
+    dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
+         n_key_value_heads=2, tie_word_embeddings=False, unembed_bias=True),
+])
+def test_direct_effects_through_the_split_readout_equal_whole_unembeddings(knobs, monkeypatch):
+    """Every head's and MLP's direct effect through the split readout (the default on float32) equals
+    the one that unembeds each changed final residual whole, to 1e-5 nats (the float32 rounding of a
+    loss near 6), on the loss of the predictable tokens (read positions only), with budgets that split
+    the prompts and that do not."""
+    from analyses.roles.readout import FinalReadout
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(8)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=3, **knobs)).eval()
+    probes = probes_for(model, 6, 24, seed=2)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    for budget in (0.05, 1.0):
+        fast = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False,
+                                        memory_mb=budget)
+        with monkeypatch.context() as patched:
+            patched.setattr(FinalReadout, "exact_for", staticmethod(lambda model: False))
+            whole = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False,
+                                             memory_mb=budget)
+        assert (fast["direct"] - whole["direct"]).abs().max() < 1e-5
+        assert whole["direct"].abs().max() > 1e-3  # the comparison is not of zeros
+
+
+def test_first_order_effects_are_the_derivative_along_the_ablation():
+    """``first_order_effects`` equals a central finite difference of the metric along each head's and
+    MLP's ablation (z + eps (source - z) by hand-written hooks, float64), on a loss read at some positions
+    with prompts split over budgets."""
+    from analyses.interventions.ablation import MLP, prepare_ablation
+    from analyses.roles.backup import first_order_effects
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(9)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=2)).double().eval()
+    probes = probes_for(model, 4, 20, seed=3)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    components = [(0, 1), (1, 3), MLP(0)]
+    ablation = prepare_ablation(model, probes, "mean", metric, mlps=True)
+    _, cache = model.run_with_cache(probes.tokens)
+
+    def moved(component, eps: float) -> float:
+        name = f"blocks.{component.layer}.hook_mlp_out" if isinstance(component, MLP) else \
+            f"blocks.{component[0]}.attn.hook_z"
+        source = ablation.sources[name]
+
+        def hook(activation, hook):
+            activation = activation.clone()
+            if isinstance(component, MLP):
+                return activation + eps * (source - activation)
+            activation[:, :, component[1]] += eps * (source[:, :, component[1]] - activation[:, :, component[1]])
+            return activation
+
+        with torch.no_grad():
+            logits = model.run_with_hooks(probes.tokens, fwd_hooks=[(name, hook)])[:, :-1]
+        mask = probes.predictable[:, 1:]  # the loss metric in float64 (it rounds to float32 itself)
+        return -logits.log_softmax(-1)[mask].gather(-1, probes.tokens[:, 1:][mask][:, None]).mean().item()
+
+    for budget in (0.02, 64):
+        estimate = first_order_effects(ablation, components, budget)
+        for component, value in zip(components, estimate.tolist()):
+            eps = 1e-4
+            assert value == pytest.approx((moved(component, eps) - moved(component, -eps)) / (2 * eps), abs=1e-6)
+    assert estimate.abs().min() > 1e-4
+
+
+def test_screened_total_effects_are_exact_where_they_matter(knobs=dict(normalization_type="RMS")):
+    """With ``screen``, a component whose first-order estimate or direct effect reaches it has its
+    exact total effect (equal to the unscreened run's), every other one its estimate; the flag says which."""
+    from analyses.interventions.ablation import MLP, prepare_ablation
+    from analyses.roles.backup import first_order_effects
+    from interp import GPTConfig, GPTModel
+
+    torch.manual_seed(10)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=32, d_model=32, n_heads=4, n_layers=3, **knobs)).eval()
+    probes = probes_for(model, 6, 24, seed=2)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    full = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False)
+    screen = float(full["direct"].abs().median())
+    screened = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False, screen=screen)
+    components = [(int(r.layer), int(r.head)) if r.kind == "head" else MLP(int(r.layer)) for r in full.itertuples()]
+    estimate = first_order_effects(prepare_ablation(model, probes, "mean", metric, mlps=True), components, 1024)
+    chosen = (estimate.abs().numpy() >= screen) | (full["direct"].abs().to_numpy() >= screen)
+    assert full["total_exact"].all() and (screened["total_exact"].to_numpy() == chosen).all()
+    assert 0 < chosen.sum() < len(chosen)
+    exact, rest = screened[chosen], screened[~chosen]
+    assert (exact["total"] - full.loc[chosen, "total"]).abs().max() < 1e-6
+    assert (rest["total"].to_numpy() - estimate.numpy()[~chosen]).__abs__().max() < 1e-6
+    assert (screened["direct"] - full["direct"]).abs().max() < 1e-7

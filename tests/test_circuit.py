@@ -131,6 +131,32 @@ def test_role_heads_and_unknown_roles():
         role_heads(table, "inductoin")
 
 
+def test_sink_only_heads_are_skipped():
+    """A head whose only role is a skipped one (an attention sink) is left out; one that also has
+    another role stays."""
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [3, 2, 5, 1],
+                          "role": ["previous_token", "bos", "induction;bos", "bos;self"]})
+    assert role_heads(table) == [(0, 2), (0, 3), (1, 1), (1, 5)]
+    assert role_heads(table, skip=("bos",)) == [(0, 3), (1, 1), (1, 5)]
+    assert role_heads(table, "induction", skip=("bos",)) == [(1, 5)]
+    assert role_heads(table, skip=("bos", "self", "copying")) == [(0, 3), (1, 5)]  # the copying roles count too
+    with pytest.raises(UserError, match="skipped role 'sink' is not a role"):
+        role_heads(table, skip=("sink",))
+
+
+def test_report_circuit_leaves_out_sinks_and_says_so(toy):
+    """The section skips sink-only heads (their edges are absent) and its text names them."""
+    from analyses.report.build import circuit_report_section
+
+    model, probes, table = toy
+    sinks = table.assign(role=[role or "bos" for role in table["role"]])  # every role-less head a sink
+    section = circuit_section(model, sinks, probes, via="k", baseline_samples=4, skip_roles=("bos",))
+    assert section.senders == role_heads(table) and section.skipped == sorted(set(role_heads(sinks)) - set(role_heads(table)))
+    assert len(section.skipped) > 0
+    text = circuit_report_section(section).text
+    assert f"the {len(section.skipped)} role heads with none of the roles" in text and "left out" in text
+
+
 def test_section_without_role_heads_is_empty(toy):
     model, probes, table = toy
     section = circuit_section(model, table.assign(role=""), probes)

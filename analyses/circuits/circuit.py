@@ -22,7 +22,7 @@ whole step from a head-role table to edges + figure, which ``interp circuit`` an
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import pandas as pd
@@ -32,7 +32,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.roles.classify import ROLES
+from analyses.roles.classify import ALL_ROLES, ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
 from analyses.core.metrics import Metric, loss_metric
 from analyses.circuits.edges import KEY_COLUMNS, VIAS, check_vias
@@ -46,6 +46,12 @@ Head = tuple[int, int]
 VIA_COLOURS = {"q": "tab:blue", "k": "tab:orange", "v": "tab:green", "logits": "tab:gray"}
 VIA_BEND = {"q": 0.25, "k": 0.0, "v": -0.25, "logits": 0.1}  # arcs, so parallel q/k/v edges stay apart
 _COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", "effect"]
+# the roles of the mechanism the report's probes test (induction: a previous-token head writes where
+# the key of an induction head reads; duplicate-token heads find the earlier copy); the report's circuit
+# leaves out heads with none of these (a real model has many attention sinks, ``bos``: 110 of
+# SmolLM2-135M's 270 heads, which would make tens of thousands of edges, none of them the circuit the
+# probes test)
+CIRCUIT_ROLES = ("previous_token", "duplicate_token", "induction")
 
 
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
@@ -90,13 +96,17 @@ def check_role(role: str | None, what: str = "role") -> None:
         raise UserError(f"{what} {role!r} is not a role; allowed: {', '.join(ROLES)}")
 
 
-def role_heads(table: pd.DataFrame, role: str | None = None) -> list[Head]:
+def role_heads(table: pd.DataFrame, role: str | None = None, skip: Sequence[str] = ()) -> list[Head]:
     """The heads of a head-role table (``layer, head, role``, roles joined by ';' as
-    ``analyses.assign_roles`` writes them) that have ``role``, or any role when ``role`` is None."""
+    ``analyses.assign_roles`` writes them) that have ``role``, or any role when ``role`` is None;
+    roles in ``skip`` do not count (a head whose only roles are those is left out)."""
     check_role(role)
-    chosen = [(int(row.layer), int(row.head)) for row in table.itertuples()
-              if (role in row.role.split(";") if role is not None else row.role)]
-    return sorted(chosen)
+    unknown = [name for name in skip if name not in ALL_ROLES]
+    if unknown:
+        raise UserError(f"skipped role {unknown[0]!r} is not a role; allowed: {', '.join(ALL_ROLES)}")
+    kept = [(int(row.layer), int(row.head), [r for r in row.role.split(";") if r and r not in skip])
+            for row in table.itertuples()]
+    return sorted((layer, head) for layer, head, roles in kept if (role in roles if role is not None else roles))
 
 
 def with_roles(edges: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
@@ -221,12 +231,14 @@ class CircuitSection:
     edges: ``circuit_edges`` among the chosen heads, with ``sender_role``/``receiver_role``.
     figure: ``circuit_figure`` of the strongest edges; None when no head was chosen.
     senders, receivers: the chosen heads.
+    skipped: the role heads left out because their only roles are the skipped ones (``skip_roles``).
     """
 
     edges: pd.DataFrame
     figure: Figure | None
     senders: list[Head]
     receivers: list[Head]
+    skipped: list[Head] = field(default_factory=list)
 
 
 def induction_pair(probes: RepeatedProbes, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, Metric]:
@@ -241,24 +253,26 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
                     receiver_role: str | None = None, via: str | Sequence[str] = VIAS, direction: str = "noise",
                     top: int = 12, baseline_samples: int = 100, seed: int = 0,
                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                    run: Run | None = None) -> CircuitSection:
+                    run: Run | None = None, skip_roles: Sequence[str] = ()) -> CircuitSection:
     """The circuit among a head-role table's heads on the probes' induction pair.
 
     ``table``: ``layer, head, role`` (``analyses.assign_roles``, or the report's head table);
     senders are the heads with ``sender_role`` (None: any role), receivers those with
-    ``receiver_role``. The metric is the loss on the probes' predictable tokens, so an edge's
+    ``receiver_role``; a head whose only roles are in ``skip_roles`` is neither (the report skips
+    every role outside ``CIRCUIT_ROLES``). The metric is the loss on the probes' predictable tokens, so an edge's
     ``effect`` > 0 under noising means the loss rises without it. With no head chosen the section
     has no edges and no figure. ``run``: a ``Run`` of the probes, which noising path patching edits
     (it runs the clean probes) instead of running them again.
     """
-    senders, receivers = role_heads(table, sender_role), role_heads(table, receiver_role)
+    senders, receivers = role_heads(table, sender_role, skip_roles), role_heads(table, receiver_role, skip_roles)
+    skipped = sorted(set(role_heads(table)) - set(role_heads(table, skip=skip_roles)))
     if not senders or not receivers:
         empty = pd.DataFrame(columns=[*_COLUMNS, "sender_role", "receiver_role"])
-        return CircuitSection(empty, None, senders, receivers)
+        return CircuitSection(empty, None, senders, receivers, skipped)
     clean, corrupted, metric = induction_pair(probes, seed)
     edges = circuit_edges(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                           direction=direction, baseline_samples=baseline_samples, seed=seed, memory_mb=memory_mb,
                           progress=progress, base_run=run if direction == "noise" else None)
     edges = with_roles(edges, table)
     title = f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"
-    return CircuitSection(edges, circuit_figure(edges, top=top, title=title), senders, receivers)
+    return CircuitSection(edges, circuit_figure(edges, top=top, title=title), senders, receivers, skipped)

@@ -28,7 +28,7 @@ import torch
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.report.calibration_figures import CalibrationSection, FirstProbes, calibration_section, probe_run
-from analyses.circuits.circuit import CircuitSection, circuit_section, edge_lines
+from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
 from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
                                            direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
                                            next_token_answers)
@@ -120,7 +120,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.begin("circuit")
-    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run)
+    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
+                              skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES])
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -258,8 +259,11 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
     """The circuit section: the strongest edges among the role heads, as lines and a graph."""
     how = ("Edges among the role heads: the composition score of the weights (Elhage et al. 2021) and exact path "
            "patching (noising one edge: the rise in loss on the predictable tokens).")
+    if circuit.skipped:
+        how += (f" The circuit is that of the probes' induction task: the {len(circuit.skipped)} role heads with none "
+                f"of the roles {', '.join(CIRCUIT_ROLES)} (attention sinks, self, copying) are left out.")
     if circuit.figure is None:
-        return Section("Circuit", how + "\n\nNo head has a role, so there is no edge to show.")
+        return Section("Circuit", how + "\n\nNo head has a role the circuit covers, so there is no edge to show.")
     return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)),
                    figures=[ReportFigure("circuit", FIGURE_CAPTIONS["circuit"], png_bytes(circuit.figure))])
 

@@ -153,8 +153,9 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     effects, mlp_effects = effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
     steps.update()
     role_heads = role_heads_by_effect(calibration, effects, pair_heads)
+    single = {(int(row.layer), int(row.head)): row.total for row in effects.itertuples()}  # reused, not rerun
     pairs, groups = (backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
-                                   progress=progress, run=first.run)
+                                   progress=progress, run=first.run, single=single)
                      if len(role_heads) >= 2 else (pd.DataFrame(), pd.DataFrame()))
     steps.update()
     dormant = dormant_frame(model, first.probes.tokens, effects["total"].to_numpy(), run=first.run)

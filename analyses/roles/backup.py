@@ -27,8 +27,9 @@ suffix-only on ``GPTModel``).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import combinations
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -38,10 +39,12 @@ from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
-from analyses.interventions.engine import (Edit, check_heads, evaluate_chunks, evaluate_variants,
-                                           partial_logits, rows_of, runs_suffix_only)
+from analyses.interventions.engine import (Edit, activation_gradients, check_heads, evaluate_chunks, evaluate_variants,
+                                           gradient_parts, partial_logits, rows_of, runs_suffix_only)
 from analyses.core.metrics import Metric
+from analyses.core.tokens import accumulator
 from analyses.interventions.run import Run
+from analyses.roles.readout import FinalReadout
 from interp.errors import UserError
 
 DEFAULT_MIN_EXCESS = 0.05  # nats: a pair whose joint effect exceeds the sum of its single effects by this much backs itself up
@@ -53,25 +56,30 @@ def head_label(head: tuple[int, int]) -> str:
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                       metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
-                      progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
+                      progress: bool | None = None, run: Run | None = None,
+                      single: Mapping[tuple[int, int], float] | None = None) -> pd.DataFrame:
     """Ablate each of ``heads`` alone and every pair together (one batched call).
 
     prompts: ids, texts or ``RepeatedProbes`` (see ``analyses.interventions.ablation``); metric: default the mean
-    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``). Returns one row per pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a,
-    layer_b, head_b, effect_a, effect_b, joint, additive`` (effect_a + effect_b), ``excess``
-    (joint - additive), ``baseline``.
+    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``); single: each head's own
+    effect where it was already measured with this method, metric and prompts (the ``total`` of
+    ``direct_and_total_effects``): those heads are not ablated alone again. Returns one row per
+    pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a, layer_b, head_b, effect_a, effect_b,
+    joint, additive`` (effect_a + effect_b), ``excess`` (joint - additive), ``baseline``.
     """
     heads = check_heads(model, heads)
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
     ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
     pairs = list(combinations(heads, 2))
-    values = ablation.run([[h] for h in heads] + [list(p) for p in pairs], memory_mb=memory_mb,
+    known = {head: float(single[head]) for head in heads if single is not None and head in single}
+    alone = [head for head in heads if head not in known]
+    values = ablation.run([[h] for h in alone] + [list(p) for p in pairs], memory_mb=memory_mb,
                           progress=progress, desc="pairwise ablation") - ablation.baseline
-    single = dict(zip(heads, values[:len(heads)].tolist()))
+    effect = known | dict(zip(alone, values[:len(alone)].tolist()))
     rows = [{"a": head_label(a), "b": head_label(b), "layer_a": a[0], "head_a": a[1], "layer_b": b[0], "head_b": b[1],
-             "effect_a": single[a], "effect_b": single[b], "joint": joint}
-            for (a, b), joint in zip(pairs, values[len(heads):].tolist())]
+             "effect_a": effect[a], "effect_b": effect[b], "joint": joint}
+            for (a, b), joint in zip(pairs, values[len(alone):].tolist())]
     frame = pd.DataFrame(rows)
     frame["additive"] = frame["effect_a"] + frame["effect_b"]
     frame["excess"] = frame["joint"] - frame["additive"]
@@ -106,16 +114,19 @@ def _label_key(label: str) -> tuple[int, int]:
 def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                   metric: Metric | None = None, *, min_excess: float = DEFAULT_MIN_EXCESS,
                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                  run: Run | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  run: Run | None = None,
+                  single: Mapping[tuple[int, int], float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pairwise ablation of ``heads`` and their backup groups, each ablated as a whole (``run``: a
-    ``Run`` of the prompts, made here where None, that both steps read).
+    ``Run`` of the prompts, made here where None, that both steps read; ``single``: the heads'
+    effects alone where already measured, see ``pairwise_ablation``).
 
     Returns (pairs: see ``pairwise_ablation``, groups: one row per group ``group`` (0..),
     ``heads`` (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single
     effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single))."""
     run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
                                                   memory_mb=memory_mb)
-    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run)
+    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run,
+                              single=single)
     groups = backup_groups(pairs, min_excess)
     single = dict(zip(pairs["a"], pairs["effect_a"])) | dict(zip(pairs["b"], pairs["effect_b"]))
     joint = torch.empty(0)
@@ -167,40 +178,86 @@ def require_mlp_freeze(model, names: Sequence[str]) -> None:
 def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | None = None, method: str = "mean",
                              metric: Metric | None = None, *, mlps: bool = False,
                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                             run: Run | None = None) -> pd.DataFrame:
+                             run: Run | None = None, screen: float | None = None) -> pd.DataFrame:
     """Each head's total and direct ablation effect (see the module docstring; ``run``: a ``Run``
     of the prompts reading at least ``direct_effect_reads``, made here where None).
+
+    screen: None measures every total effect exactly (one suffix rerun each). A number (nats) is
+    the shortcut: the total effect is measured exactly for the components whose first-order
+    estimate (``first_order_effects``, one forward and backward) or exact direct effect reaches
+    ``screen`` in size, and is that estimate for the others (column ``total_exact`` says which).
 
     heads: default every head; mlps: also each MLP's (its ``hook_mlp_out`` ablated at every position
     by the same method; the run must then read every ``hook_mlp_out`` too). Returns one row per
     component, the heads first: ``component`` (``L{l}H{h}``, ``L{l} MLP``), ``kind`` ("head" |
     "mlp"), ``layer``, ``head`` (Int64, <NA> for an MLP), ``total, direct, self_repair`` (direct -
-    total), ``baseline``. One batched call for the
-    totals; the direct effects from the final residual (``final_residual_effects``) where the model
-    starts at the final norm, else one rerun per layer and kind (``frozen_downstream_run``).
+    total), ``baseline``, ``total_exact``. One batched call for the totals; the direct effects from
+    ``direct_effects``.
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
     ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
-    total = ablation.run([[c] for c in components], memory_mb=memory_mb, progress=progress, desc="total effects")
+    direct = direct_effects(ablation, components, memory_mb, progress)
+    exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
+    total = accumulator(model, len(components))
+    if screen is not None:
+        estimate = first_order_effects(ablation, components, memory_mb)
+        exact = (estimate.abs() >= screen) | ((direct - ablation.baseline).abs() >= screen)
+        total[~exact] = ablation.baseline + estimate[~exact]
+    chosen = exact.nonzero()[:, 0].tolist()
+    total[chosen] = ablation.run([[components[i]] for i in chosen], memory_mb=memory_mb, progress=progress,
+                                 desc="total effects")
+    return pd.DataFrame({
+        "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
+        "layer": [component_layer(c) for c in components],
+        "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
+        "total": (total - ablation.baseline).cpu().numpy(), "direct": (direct - ablation.baseline).cpu().numpy(),
+    }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline,
+              total_exact=exact.cpu().numpy())
+
+
+def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
+                   progress: bool | None) -> torch.Tensor:
+    """The metric with each component ablated alone and everything downstream frozen ->
+    (len(components),) float64: from the final residual (``final_residual_effects``) where the
+    model starts at the final norm, else one rerun per layer and kind (``frozen_downstream_run``)."""
+    model = ablation.model
     if runs_suffix_only(model):
         direct = final_residual_effects(ablation, components, memory_mb, progress).double()  # float64 as the totals
     else:
         mlp_names = mlp_out_names(model)
         require_mlp_freeze(model, mlp_names)
         clean = ablation.base.read([*z_names(model), *mlp_names])
-        direct = torch.empty(len(components), dtype=torch.float64)
+        direct = accumulator(model, len(components))
         for group in dict.fromkeys(map(layer_and_kind, components)):
             members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
             direct[members] = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
                                                     memory_mb, progress)
-    return pd.DataFrame({
-        "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
-        "layer": [component_layer(c) for c in components],
-        "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
-        "total": (total - ablation.baseline).cpu().numpy(), "direct": (direct - ablation.baseline).cpu().numpy(),
-    }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline)
+    return direct
+
+
+def first_order_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> torch.Tensor:
+    """Each component's ablation effect to first order (attribution patching: the metric's gradient
+    on the unablated run dotted with the ablation's change of what the component holds, summed over
+    prompts and positions) -> (len(components),) float64. One forward and backward per chunk of
+    prompts that fits ``memory_mb`` (``gradient_parts``), each weighted by its share of the metric."""
+    model, batch = ablation.model, len(ablation.tokens)
+    names = list(dict.fromkeys(map(written_by, components)))
+    width = max(model.cfg.d_model, model.cfg.n_heads * model.cfg.d_head)
+    parts, positions = gradient_parts(model, ablation.tokens, ablation.metric, memory_mb,
+                                      per_position=(len(names) + 2) * width)
+    estimate = accumulator(model, len(components))
+    for part in parts:
+        _, held, grads = activation_gradients(model, ablation.tokens[part.rows], part.metric, names,
+                                              positions=positions)
+        for i, component in enumerate(components):
+            name = written_by(component)
+            change = rows_of(ablation.sources[name], part.rows, batch).float() - held[name].float()
+            product = grads[name].float() * change  # (rows, pos, d_model) or (rows, pos, head, d_head)
+            own = product if isinstance(component, MLP) else product[:, :, component[1]]
+            estimate[i] += part.share * own.sum().double()
+    return estimate
 
 
 def kind_of(component: Component) -> str:
@@ -230,13 +287,31 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[
 def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
                            progress: bool | None) -> torch.Tensor:
     """The metric with each of ``components`` (heads and ``MLP``s) ablated alone and everything
-    downstream frozen, from the final residual: ``unembed(final_clean + write_change)``
-    (``write_change``: float32, (rows, pos, d_model)), unembedded at the metric's read positions
-    only, in the chunks of components and prompts that ``evaluate_chunks`` makes within
-    ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the final norm
-    and the unembedding (``GPTModel``: ``runs_suffix_only``)."""
+    downstream frozen, from the final residual: ``unembed(final_clean + write_change)`` at the
+    metric's read positions only, in the chunks of components and prompts that ``evaluate_chunks``
+    makes within ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the
+    final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
+
+    Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights), the
+    logits come from ``readout_logits``: the clean residual's linear part made once per chunk of
+    prompts, a head's change through its own (d_head, vocab) readout, the norm's scale recomputed
+    (``analyses.roles.readout``); elsewhere each changed residual is unembedded whole
+    (``unembedded_logits``)."""
     model = ablation.model
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components))])
+    make = readout_logits if FinalReadout.exact_for(model) else unembedded_logits
+    chunk_logits = make(ablation, clean, components)
+    with torch.no_grad():
+        return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
+                               chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
+                               desc="direct effects")
+
+
+def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
+    """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects``: each component's changed
+    final residual through ``model.unembed`` (every position, NaN off the read ones, where the
+    metric cannot take the read positions alone)."""
+    model = ablation.model
 
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
         at = positions if compact else slice(None)
@@ -246,10 +321,49 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
         logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
         return logits.unflatten(0, (len(members), -1))
 
-    with torch.no_grad():
-        return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
-                               chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
-                               desc="direct effects")
+    return chunk_logits
+
+
+def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
+    """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
+    unembedding (``FinalReadout``): logits ``scale(final + change) * (linear(final) + linear(change))
+    + offset`` at the read positions, where a head's ``linear(change)`` is its z change (n, d_head)
+    times its (d_head, vocab) readout (kept for the heads of one layer at a time, as the chunks come
+    layer by layer); equal to ``unembedded_logits`` up to float rounding."""
+    model = ablation.model
+    readout = FinalReadout(model)
+    clean_linear: dict[tuple, torch.Tensor] = {}  # the last chunk's prompts -> linear(final_clean) there
+
+    @lru_cache(maxsize=model.cfg.n_heads)
+    def head_readout(layer: int, head: int) -> torch.Tensor:  # (d_head, vocab)
+        return readout.head_readout(model.blocks[layer].attn.W_O[head])
+
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+        at = slice(None) if positions is None else positions
+        final = clean[final_resid_name(model)][rows][:, at].float()  # (rows, n, d_model)
+        key = (rows.start, rows.stop)
+        if key not in clean_linear:
+            clean_linear.clear()
+            clean_linear[key] = readout.linear(final)
+        base = clean_linear[key]  # (rows, n, vocab)
+        logits = base.new_empty((len(members), *base.shape))
+        for out, v in zip(logits, members):
+            component = components[v]
+            change = own_change(ablation, clean, component, rows, at)  # (rows or 1, n, d_head or d_model)
+            if isinstance(component, MLP):
+                torch.matmul(readout.centre(change), readout.readout, out=out)
+                write = change
+            else:
+                torch.matmul(change, head_readout(*component), out=out)
+                write = change @ head_W_O(ablation, component)
+            readout.logits(out.add_(base), readout.scale(final + write))
+        if positions is None or compact:
+            return logits
+        full = logits.new_full((*logits.shape[:2], ablation.tokens.shape[1], logits.shape[-1]), torch.nan)
+        full[:, :, positions] = logits
+        return full
+
+    return chunk_logits
 
 
 def written_by(component: Component) -> str:
@@ -261,13 +375,26 @@ def write_change(ablation: Ablation, clean: dict, component: Component, rows: sl
                  at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
     """How ``component``'s write to the residual stream changes under the ablation on the prompts
     ``rows`` at the positions ``at``, in float32 -> (rows, n, d_model): for an MLP its output's change,
-    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]`` with the block's own output
-    projection read in place (``GPTModel``), not the stacked ``model.W_O``."""
+    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]`` (``own_change``, ``head_W_O``)."""
+    change = own_change(ablation, clean, component, rows, at)
+    return change if isinstance(component, MLP) else change @ head_W_O(ablation, component)
+
+
+def own_change(ablation: Ablation, clean: dict, component: Component, rows: slice,
+               at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    """How what ``component`` holds changes under the ablation on the prompts ``rows`` at the
+    positions ``at``, float32: an MLP's output (rows, n, d_model), a head's z (rows, n, d_head); a
+    source of one row (broadcast to every prompt) minus the clean value gives every prompt's row."""
     name = written_by(component)
     now = clean[name][rows][:, at].float()  # (rows, n, ...)
     source = rows_of(ablation.sources[name], rows, len(ablation.tokens))[:, at].float()  # (rows or 1, n, ...)
     if isinstance(component, MLP):
         return source - now
-    layer, head = component
-    W_O = ablation.model.blocks[layer].attn.W_O.detach()  # (n_heads, d_head, d_model), a view of out_proj
-    return (source[:, :, head] - now[:, :, head]) @ W_O[head].float()
+    return source[:, :, component[1]] - now[:, :, component[1]]
+
+
+def head_W_O(ablation: Ablation, head: tuple[int, int]) -> torch.Tensor:
+    """A head's output projection (d_head, d_model), float32, the block's own read in place
+    (``GPTModel``), not the stacked ``model.W_O``."""
+    layer, index = head
+    return ablation.model.blocks[layer].attn.W_O.detach()[index].float()  # a view of out_proj

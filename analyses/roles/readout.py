@@ -1,0 +1,78 @@
+"""The final norm and unembedding of a ``GPTModel`` split into a linear map and a per-row scale, so
+that the logits of ``final + change`` for many small changes cost less than one full unembedding each.
+
+For the norms ``GPTModel`` has (DESIGN 2), with ``x`` a final residual (d_model,):
+
+- LayerNorm: ``logits(x) = s(x) * (centre(x) * w) @ W_U^T + (b @ W_U^T + b_U)``, ``s = rsqrt(var(x) + eps)``;
+- RMSNorm:   ``logits(x) = s(x) * (x * w) @ W_U^T + b_U``, ``s = rsqrt(mean(x^2) + eps)``;
+- no norm:   ``logits(x) = x @ W_U^T + b_U``, ``s = 1``.
+
+The part ``linear(x) = (centre(x) * w) @ W_U^T`` (centring for LayerNorm only) is linear in ``x``, so
+``linear(clean + change) = linear(clean) + linear(change)``: the clean part is made once per
+position and shared by every change, and a head's change ``dz @ W_O[head]`` (dz: (n, d_head)) has
+``linear = dz @ (centre(W_O[head]) * w) @ W_U^T``, a product of depth d_head instead of d_model once
+the (d_head, d_vocab) matrix is made. Only ``s`` needs the whole changed residual, which costs d_model
+per row. The result equals ``model.unembed(clean + change)`` up to float rounding (a different
+order of the same sums); ``exact_for`` says where that holds to float32 precision.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from interp.model import RMSNorm
+
+
+class FinalReadout:
+    """``model.unembed`` of a ``GPTModel`` as ``scale(x) * linear(x) + offset`` (see the module)."""
+
+    def __init__(self, model):
+        norm, cfg = model.ln_final, model.cfg
+        W_U = (model.embed.weight if cfg.tie_word_embeddings else model.lm_head.weight).detach().float()  # (vocab, d_model)
+        weight = getattr(norm, "weight", None)
+        weight = torch.ones(cfg.d_model, device=W_U.device) if weight is None else weight.detach().float()
+        self.centred = isinstance(norm, nn.LayerNorm)
+        self.rms = isinstance(norm, RMSNorm)
+        self.eps = getattr(norm, "eps", 0.0)
+        self.readout = (W_U * weight).T.contiguous()  # (d_model, vocab): the norm's weight folded in
+        offset = torch.zeros(W_U.shape[0], device=W_U.device)
+        if self.centred and norm.bias is not None:
+            offset = offset + W_U @ norm.bias.detach().float()
+        if not cfg.tie_word_embeddings and model.lm_head.bias is not None:
+            offset = offset + model.lm_head.bias.detach().float()
+        self.offset = offset  # (vocab,)
+
+    @staticmethod
+    def exact_for(model) -> bool:
+        """Whether this split reproduces ``model.unembed`` to float32 precision: a float32 (or
+        float64) ``GPTModel`` whose final norm is LayerNorm, RMSNorm or none (a lower precision
+        rounds the normed residual, which the split does not)."""
+        return (model.embed.weight.dtype in (torch.float32, torch.float64)
+                and isinstance(model.ln_final, (nn.LayerNorm, RMSNorm, nn.Identity)))
+
+    def centre(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., d) -> (..., d): minus the mean over the last axis for LayerNorm, else as it is."""
+        return x - x.mean(-1, keepdim=True) if self.centred else x
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """Final residuals (..., d_model) -> their linear part (..., vocab), float32."""
+        return self.centre(x.float()) @ self.readout
+
+    def head_readout(self, W_O: torch.Tensor) -> torch.Tensor:
+        """A head's output projection (d_head, d_model) -> (d_head, vocab): ``linear`` of its write
+        ``dz @ W_O`` is ``dz @`` this."""
+        return self.centre(W_O.detach().float()) @ self.readout
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        """Final residuals (..., d_model) -> the norm's scale (..., 1), float32."""
+        x = x.float()
+        if self.rms:
+            return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.centred:
+            return torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + self.eps)
+        return torch.ones_like(x[..., :1])
+
+    def logits(self, linear: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``scale * linear + offset`` -> logits (..., vocab) (``linear`` is overwritten)."""
+        return linear.mul_(scale).add_(self.offset)
