@@ -153,7 +153,7 @@ def rank_agreement(left: torch.Tensor, right: torch.Tensor, last: torch.Tensor) 
     1..last[b] (the start token left out; NaN where fewer than 3 positions or one side is constant)."""
     values = []
     for b, at in enumerate(last.tolist()):
-        x, y = left[b, 1: at + 1].numpy(), right[b, 1: at + 1].numpy()
+        x, y = left[b, 1: at + 1].cpu().numpy(), right[b, 1: at + 1].cpu().numpy()
         constant = len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0
         values.append(float("nan") if constant else float(spearmanr(x, y).statistic))
     return values

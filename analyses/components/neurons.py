@@ -104,9 +104,9 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
                                    starts=starts, memory_mb=memory_mb, progress=progress, desc="neuron ablations")
         effect[checked] = values.double().cpu() - baseline
     return pd.DataFrame({
-        "layer": layer, "neuron": order.numpy(),
-        "activation": activation.float().mean(dim=(0, 1)).cpu()[order].numpy(),
-        "attribution": attribution[order].numpy(), "effect": effect[order].numpy(), "baseline": baseline,
+        "layer": layer, "neuron": order.cpu().numpy(),
+        "activation": activation.float().mean(dim=(0, 1))[order.to(activation.device)].cpu().numpy(),
+        "attribution": attribution[order].cpu().numpy(), "effect": effect[order].cpu().numpy(), "baseline": baseline,
     })
 
 
