@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from analyses import classify_heads
-from common import head_name, hf_eager_model, hf_patterns, load, probes
+from setup_smollm2 import head_name, hf_eager_model, hf_patterns, load, probes
 
 ROLES = ("previous_token", "duplicate_token", "induction")
 FIGURE = Path(__file__).resolve().parents[2] / "docs" / "smollm2_roles.png"
