@@ -3,8 +3,8 @@ answer (direct logit attribution), and two interventions on them (ablation, acti
 
 Prompts: ``analyses.tasks.task.ioi_task`` (ABBA and BABA; the corruption puts three other names in
 the same template). Metric: logit(indirect object) - logit(subject) at the last token, mean over
-prompts. The writers are ranked on the first half of the prompts (seed 0) and ablated on the
-second half, so no head is chosen on the prompts that test it.
+prompts. The writers are ranked on the first half of the prompts and ablated (and every head
+patched) on the second half, so no head is chosen on the prompts that test it.
 
     python examples/smollm2/ioi.py
 """
