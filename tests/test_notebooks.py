@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 EXPECTED = ["01_attention_from_scratch", "02_induction_heads", "03_gpt2_and_other_families", "04_ablation_study",
-            "05_positions_and_heads", "06_ground_truth_tracr", "07_components", "08_tasks"]
+            "05_positions_and_heads", "06_ground_truth_tracr", "07_components", "08_tasks", "09_inside_smollm2"]
 
 
 def test_the_notebooks_are_the_expected_ones():
