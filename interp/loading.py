@@ -241,10 +241,23 @@ def load_gguf(path: Path, impl: str | None = None, device_map: str | dict | None
         check_scratch_family(config.model_type)
         model = from_gguf(file, config, file.tokenizer(config), dtype)
     else:
-        model = boot_bridge(_gguf_hf_model(file, device_map, dtype), file.tokenizer(config), name=str(path),
-                            copy=False)
+        model = _gguf_bridge(file, config, device_map, dtype)
     model.source_file = file.record()
     return model
+
+
+def _gguf_bridge(file: GGUFFile, config, device_map, dtype: torch.dtype):
+    """The TransformerLens bridge over transformers' own load of a GGUF file; an architecture the
+    bridge has no adapter for is refused in one line naming it."""
+    hf_model = _gguf_hf_model(file, device_map, dtype)
+    try:
+        return boot_bridge(hf_model, file.tokenizer(config), name=str(file.path), copy=False)
+    except UserError:
+        raise
+    except (ValueError, NotImplementedError) as error:  # the bridge's "no adapter for this architecture"
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UserError(f"{file.path}: GGUF architecture {file.architecture!r} ({config.model_type}) loads in "
+                        f"transformers, but the TransformerLens bridge cannot run it: {reason}") from None
 
 
 def _gguf_hf_model(file: GGUFFile, device_map, dtype: torch.dtype):

@@ -180,10 +180,24 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path):
         _minimal(tmp_path / "nonesuch.gguf", arch="nonesuch"))
     assert "'mamba' is a state-space model" in refusal(_minimal(tmp_path / "mamba.gguf", arch="mamba"))
     assert "'qwen2moe' is a mixture of experts" in refusal(_minimal(tmp_path / "moe.gguf", arch="qwen2moe"))
+    assert "'qwen35' is a hybrid of linear" in refusal(_minimal(tmp_path / "qwen35.gguf", arch="qwen35"))
     assert "type Q8_K, which the gguf package cannot dequantize" in refusal(
         _minimal(tmp_path / "q8k.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_K))
     assert "has no tokenizer in its metadata" in refusal(_minimal(tmp_path / "bare.gguf", tokenizer=False))
     assert "no such GGUF file" in refusal(tmp_path / "missing.gguf")
+
+
+def test_an_architecture_the_bridge_cannot_run_is_refused_in_one_line(tmp_path, monkeypatch):
+    """transformers loads it, the bridge has no adapter for it: one line naming the architecture."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    def no_adapter(*args, **kwargs):
+        raise ValueError("Could not determine supported architecture from config.\nAvailable architectures: ...")
+
+    monkeypatch.setattr(TransformerBridge, "boot_transformers", no_adapter)
+    _, path = written(tmp_path, "stablelm-F32", BRIDGE_CASES)
+    assert "GGUF architecture 'stablelm' (stablelm) loads in transformers, but the TransformerLens bridge cannot " \
+           "run it: Could not determine" in refusal(path)
 
 
 def test_a_tensor_the_model_has_no_place_for_is_refused(tmp_path):

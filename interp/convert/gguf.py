@@ -57,7 +57,9 @@ DERIVED_TENSORS = ("rope_freqs.weight",)
 REFUSED = {"t5": "an encoder-decoder", "t5encoder": "an encoder", "umt5": "an encoder-decoder",
            "mamba": "a state-space model without attention", "lfm2": "a hybrid of convolutions and attention",
            "qwen2moe": "a mixture of experts", "qwen3moe": "a mixture of experts",
-           "gpt-oss": "a mixture of experts", "minimax-m2": "a mixture of experts"}
+           "gpt-oss": "a mixture of experts", "minimax-m2": "a mixture of experts",
+           "qwen35": "a hybrid of linear (gated delta-net) and full attention",
+           "qwen35moe": "a hybrid of linear and full attention with a mixture of experts"}
 
 
 def _interleaved_rotary(heads_key: str):
