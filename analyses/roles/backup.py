@@ -292,19 +292,20 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     makes within ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the
     final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
 
-    Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights), the
-    logits come from ``readout_logits``: the clean residual's linear part made once per chunk of
-    prompts, a head's change through its own (d_head, vocab) readout, the norm's scale recomputed
-    (``analyses.roles.readout``); elsewhere each changed residual is unembedded whole
+    Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights) and
+    its readouts take at most half of ``memory_mb`` (``FinalReadout.held_mb``; the chunks get the
+    rest), the logits come from ``readout_logits``: the clean residual's linear part made once per
+    chunk of prompts, a head's change through its own (d_head, vocab) readout, the norm's scale
+    recomputed (``analyses.roles.readout``); elsewhere each changed residual is unembedded whole
     (``unembedded_logits``)."""
     model = ablation.model
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components))])
-    make = readout_logits if FinalReadout.exact_for(model) else unembedded_logits
-    chunk_logits = make(ablation, clean, components)
+    split = FinalReadout.exact_for(model) and FinalReadout.held_mb(model) <= memory_mb / 2
+    chunk_logits = (readout_logits if split else unembedded_logits)(ablation, clean, components)
     with torch.no_grad():
         return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
-                               chunk_logits, read_only=True, memory_mb=memory_mb, progress=progress,
-                               desc="direct effects")
+                               chunk_logits, read_only=True, progress=progress, desc="direct effects",
+                               memory_mb=memory_mb - FinalReadout.held_mb(model) if split else memory_mb)
 
 
 def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):

@@ -51,6 +51,13 @@ class FinalReadout:
         return (model.embed.weight.dtype in (torch.float32, torch.float64)
                 and isinstance(model.ln_final, (nn.LayerNorm, RMSNorm, nn.Identity)))
 
+    @staticmethod
+    def held_mb(model) -> float:
+        """What the split holds while it works, in MB: the float32 readout (d_model, vocab) and the
+        (d_head, vocab) readouts of one layer's heads."""
+        cfg = model.cfg
+        return (cfg.d_model + cfg.n_heads * cfg.d_head) * cfg.d_vocab * 4 / 2 ** 20
+
     def centre(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d) -> (..., d): minus the mean over the last axis for LayerNorm, else as it is."""
         return x - x.mean(-1, keepdim=True) if self.centred else x
