@@ -10,3 +10,9 @@ that already catches ``ValueError`` keeps working.
 
 class UserError(ValueError):
     """A user mistake, reported in one line."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of another library's error (its type's name where it has no text): what a
+    ``UserError`` quotes of it, so the message stays one line."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

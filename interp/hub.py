@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from interp.errors import UserError
+from interp.errors import UserError, first_line
 from interp.tokenizer import ByteTokenizer
 
 # a hub id: "name" or "org/name", letters, digits, "_", "-", "."
@@ -109,10 +109,6 @@ def read_config_json(directory: Path) -> dict:
     return config
 
 
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
 def hf_config(located: Located):
     """The ``transformers`` config of a located model, read before any weight."""
     from transformers import AutoConfig
@@ -121,7 +117,7 @@ def hf_config(located: Located):
         return AutoConfig.from_pretrained(located.source, local_files_only=located.local_only)
     except (OSError, ValueError) as error:  # an unknown model_type; a hub id the hub does not have
         what = "" if Path(located.source).is_dir() else f"no such directory {located.spec!r}, and as a hub id "
-        raise UserError(f"{what}could not read the config of {located.spec!r}: {_first_line(error)}") from None
+        raise UserError(f"{what}could not read the config of {located.spec!r}: {first_line(error)}") from None
 
 
 def load_hf(located: Located, device_map: str | dict | None = None, dtype: torch.dtype = torch.float32):
@@ -137,11 +133,11 @@ def load_hf(located: Located, device_map: str | dict | None = None, dtype: torch
             source, local_files_only=local_only, attn_implementation="eager", dtype=dtype,
             output_loading_info=True, **placement)
     except ValueError as error:  # a config class transformers has no causal LM for
-        raise UserError(f"{spec!r} is not a causal language model transformers can load: {_first_line(error)}") from None
+        raise UserError(f"{spec!r} is not a causal language model transformers can load: {first_line(error)}") from None
     except RuntimeError as error:
-        raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {_first_line(error)}") from None
+        raise UserError(f"{spec!r} has checkpoint tensors of the wrong shape: {first_line(error)}") from None
     except OSError as error:  # no weights file, or one that cannot be read
-        raise UserError(f"could not read the weights of {spec!r}: {_first_line(error)}") from None
+        raise UserError(f"could not read the weights of {spec!r}: {first_line(error)}") from None
     unexpected = [name for name in info.get("unexpected_keys") or () if not is_constant_buffer(name)]
     refuse_mismatched_tensors(spec, info.get("missing_keys") or (), unexpected, info.get("mismatched_keys") or (),
                               errors=info.get("error_msgs") or ())

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from interp.bridge import boot_bridge
 from interp.convert import check_scratch_family, from_files, from_gguf, from_hf, scratch_families
 from interp.convert.gguf import SUFFIX as GGUF_SUFFIX, GGUFFile, file_sha256
-from interp.errors import UserError
+from interp.errors import UserError, first_line
 from interp.files import write_atomic
 from interp.convert.common import model_from_state
 from interp.convert.stream import weight_files
@@ -255,9 +255,8 @@ def _gguf_bridge(file: GGUFFile, config, device_map, dtype: torch.dtype):
     except UserError:
         raise
     except (ValueError, NotImplementedError) as error:  # the bridge's "no adapter for this architecture"
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise UserError(f"{file.path}: GGUF architecture {file.architecture!r} ({config.model_type}) loads in "
-                        f"transformers, but the TransformerLens bridge cannot run it: {reason}") from None
+                        f"transformers, but the TransformerLens bridge cannot run it: {first_line(error)[:200]}") from None
 
 
 def _gguf_hf_model(file: GGUFFile, device_map, dtype: torch.dtype):
@@ -269,9 +268,8 @@ def _gguf_hf_model(file: GGUFFile, device_map, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(str(file.path.parent), gguf_file=file.path.name, dtype=dtype,
                                                      attn_implementation="eager", **placement)
     except ValueError as error:  # a config class with no causal LM
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise UserError(f"{file.path} ({file.architecture}) is not a causal language model transformers can "
-                        f"load: {reason}") from None
+                        f"load: {first_line(error)}") from None
     model.config.architectures = [type(model).__name__]  # what the bridge picks its adapter by
     return model.eval()
 

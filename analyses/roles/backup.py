@@ -251,12 +251,14 @@ def first_order_effects(ablation: Ablation, components: Sequence[Component], mem
     for part in parts:
         _, held, grads = activation_gradients(model, ablation.tokens[part.rows], part.metric, names,
                                               positions=positions)
-        for i, component in enumerate(components):
-            name = written_by(component)
+        summed = {}  # hook -> gradient x change summed over prompts, positions and width: (,) or (head,)
+        for name in names:
             change = rows_of(ablation.sources[name], part.rows, batch).float() - held[name].float()
             product = grads[name].float() * change  # (rows, pos, d_model) or (rows, pos, head, d_head)
-            own = product if isinstance(component, MLP) else product[:, :, component[1]]
-            estimate[i] += part.share * own.sum().double()
+            summed[name] = product.sum(dim=(0, 1)).sum(-1)
+        for i, component in enumerate(components):
+            total = summed[written_by(component)]
+            estimate[i] += part.share * (total if isinstance(component, MLP) else total[component[1]]).double()
     return estimate
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from einops import rearrange
 
-from interp.errors import UserError
+from interp.errors import UserError, first_line
 
 SUFFIX = ".gguf"
 ROWS_BYTES = 1 << 24  # a tensor is dequantized this many float32 bytes of rows at a time
@@ -146,8 +146,8 @@ class GGUFFile:
         try:
             reader = GGUFReader(self.path)
         except Exception as error:  # the reader raises whatever its parse meets: ValueError, struct.error, ...
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise UserError(f"{self.path} is not a readable GGUF file ({reason}); is it truncated or corrupt?") from None
+            raise UserError(f"{self.path} is not a readable GGUF file ({first_line(error)}); is it truncated or "
+                            "corrupt?") from None
         if "general.architecture" not in reader.fields:
             raise UserError(f"{self.path} names no architecture (general.architecture), which every GGUF model has")
         self.architecture = str(reader.fields["general.architecture"].contents())
