@@ -196,6 +196,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model spec load_model takes (a Hugging Face directory, "
                         "'smollm2'): counted instead of --shape (it must load as a GPTModel)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the tables so far)")
+    parser.add_argument("--intervention-prompts", type=int, default=None,
+                        help="the report's intervention_prompts (default the report's own)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = subject(args)
@@ -205,7 +207,8 @@ def main() -> None:
     start, cpu = time.perf_counter(), time.process_time()
     with ForwardCounter(model, probes.tokens) as counter:
         build_report(model, model_name=args.model or args.shape, n_prompts=args.prompts, seq_len=args.seq_len, seed=0,
-                     progress=False)
+                     progress=False, **({} if args.intervention_prompts is None else
+                                        {"intervention_prompts": args.intervention_prompts}))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"{args.model or args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
           f"vocabulary {model.cfg.d_vocab}, {next(model.parameters()).dtype}; report {seconds:.1f} s wall, "

@@ -21,7 +21,7 @@ from analyses.core.progress import LineProgress, line_interval, progress_bar
 from interp.errors import UserError
 
 INTERP = str(Path(sys.executable).with_name("interp"))
-LINE = re.compile(r"^( {2})*\S.* \d+(/\d+)? \w+( \w+)* \(\d\d:\d\d elapsed\)(, done)?$")
+LINE = re.compile(r"^( {2})*\S.* \d+(/\d+)? \w+( \w+)* \(\d\d:\d\d elapsed(, ~\d\d:\d\d left)?\)(, done)?$")
 
 
 class FakeClock:
@@ -47,7 +47,7 @@ def test_a_line_at_each_interval_and_at_the_end(capsys):
     assert lines(capsys) == []
     clock.now = 1030  # 30 s since the bar began
     bar.update()
-    assert lines(capsys) == ["path patching 3/10 items (00:30 elapsed)"]
+    assert lines(capsys) == ["path patching 3/10 items (00:30 elapsed, ~01:10 left)"]  # 10 s per item, 7 to go
     clock.now = 1059  # 29 s since that line
     bar.update(2)
     assert lines(capsys) == []

@@ -10,7 +10,8 @@ Every long analysis takes ``progress: bool | None`` and every command ``--progre
 In a notebook ``progress=None`` keeps tqdm's own rule (``disable=None``: the notebook's widget).
 
 A plain line reads ``report: calibration 2/7 steps (01:12 elapsed)``: the bar's name, done/total
-in its unit, the time since the bar began. A bar writes one every ``INTERP_PROGRESS_SECONDS``
+in its unit, the time since the bar began (and, for bars counting items, the time left at the rate so
+far: ``total effects 42/300 items (02:39 elapsed, ~16:18 left)``). A bar writes one every ``INTERP_PROGRESS_SECONDS``
 seconds (default 30) while it advances, and one when it ends; a bar opened inside another (a sweep
 inside a report step) writes that last line only if it lasted the interval, so a report writes
 about a line per step and one per 30 s of a long sweep, not one per sweep. Bars whose unit is ``step``
@@ -132,11 +133,17 @@ class LineProgress:
             self._write(self.line() + ", done")
 
     def line(self) -> str:
-        """e.g. ``path patching 120/400 items (00:30 elapsed)``, indented two spaces per bar it is in."""
+        """e.g. ``path patching 120/400 items (00:30 elapsed, ~01:10 left)``, indented two spaces per
+        bar it is in. The time left is the rate so far carried to the total; it is written for bars
+        with a total that have begun and are not done, except those counting steps (a report's
+        steps are of very unequal length)."""
         units = "items" if self.unit == "it" else f"{self.unit}s"
         done = f"{self.n:g}" if self.total is None else f"{self.n:g}/{self.total:g}"
-        elapsed = std.tqdm.format_interval(self.clock() - self.start)
-        return "  " * self.depth + f"{self.desc} {done} {units} ({elapsed} elapsed)".lstrip()
+        seconds = self.clock() - self.start
+        times = f"{std.tqdm.format_interval(seconds)} elapsed"
+        if self.total is not None and 0 < self.n < self.total and self.unit != "step":
+            times += f", ~{std.tqdm.format_interval(seconds * (self.total - self.n) / self.n)} left"
+        return "  " * self.depth + f"{self.desc} {done} {units} ({times})".lstrip()
 
     def _write(self, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
