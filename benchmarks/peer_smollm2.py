@@ -169,12 +169,16 @@ def head_patching(models: dict, bridge, clean, corrupted, metric, top_k: int,
     return rows, baseline
 
 
-def top_senders(effects: torch.Tensor, baseline: float, n: int) -> list[tuple[int, int]]:
-    """The ``n`` heads (layer, head) with the largest |effect - baseline| of a [n_layers, n_heads]
-    patching result, outside the last layer (no head reads them)."""
-    n_layers, n_heads = effects.shape
-    distance = (effects[:-1] - baseline).abs().flatten()
-    return [divmod(int(i), n_heads) for i in distance.argsort(descending=True, stable=True)[:n]]
+def ranked_heads(effects: torch.Tensor, baseline: float) -> list[tuple[int, int]]:
+    """Every head (layer, head) of a [n_layers, n_heads] patching result, largest |effect -
+    baseline| first."""
+    order = (effects - baseline).abs().flatten().argsort(descending=True, stable=True)
+    return [divmod(int(i), effects.shape[1]) for i in order]
+
+
+def top_senders(ranked: list[tuple[int, int]], n_layers: int, n: int) -> list[tuple[int, int]]:
+    """The first ``n`` of ``ranked`` heads outside the last layer (no head reads those)."""
+    return [head for head in ranked if head[0] < n_layers - 1][:n]
 
 
 # ------------------------------------------------------------------ path patching
@@ -214,14 +218,15 @@ def direct_path_refusals(bridge, clean, corrupted, metric, sender) -> dict[str, 
 
 # ------------------------------------------------------------------ output
 def print_rows(rows: list[Comparison], top_k: int) -> None:
-    print(f"  {'interp':<34}{'peer':<46}{'CPU s':>8}{'peer CPU s':>11}{'ratio CPU':>10}{'ratio wall':>11}"
-          f"{'max |diff|':>11}{'Spearman':>9}{f'top{top_k}':>7}{'order':>6}")
+    print(f"  {'what':<24}{'interp':<28}{'CPU s':>8}{'peer CPU s':>11}{'ratio CPU':>10}{'ratio wall':>11}"
+          f"{'max |diff|':>11}{'Spearman':>10}{f'top{top_k}':>7}{'order':>6}   peer: {rows[0].peer}")
     for row in rows:
         a = row.agreement
         overlap = next(v for key, v in a.items() if key.endswith("_overlap"))
         flag = "" if not row.exact or a["max_abs_error"] <= TOLERANCE else "  <- beyond 1e-4"
-        print(f"  {row.ours:<34}{row.peer:<46}{row.ours_time.median('cpu'):8.2f}{row.peer_time.median('cpu'):11.2f}"
-              f"{row.ratio('cpu'):9.2f}x{row.ratio('wall'):10.2f}x{a['max_abs_error']:11.1e}{a['spearman']:9.3f}"
+        print(f"  {row.section.split(': ')[-1]:<24}{row.ours:<28}{row.ours_time.median('cpu'):8.2f}"
+              f"{row.peer_time.median('cpu'):11.2f}{row.ratio('cpu'):9.2f}x{row.ratio('wall'):10.2f}x"
+              f"{a['max_abs_error']:11.1e}{a['spearman']:10.4f}"
               f"{overlap:7.2f}{'same' if a['same_order'] else 'diff':>6}{flag}")
 
 
@@ -262,7 +267,9 @@ def main():
     print_rows(patched, args.top)
     rows += patched
 
-    senders = top_senders(patched[0].ours_time.result, baseline, args.senders)
+    ranked = ranked_heads(patched[0].ours_time.result, baseline)
+    print("  interp's top 5 heads (layer, head): " + ", ".join(map(str, ranked[:5])))
+    senders = top_senders(ranked, cfg.n_layers, args.senders)
     pairs = sum((cfg.n_layers - 1 - layer) * cfg.n_heads for layer, _ in senders)
     print(f"\npath patching from {senders} to every later head's query: {pairs} pairs", flush=True)
     paths = path_patching(models, bridge, batch.clean, batch.corrupted, metric, senders, baseline, args.top,

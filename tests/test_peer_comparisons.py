@@ -79,8 +79,10 @@ def test_head_and_path_patching_equal_transformer_lens(peer, pair, ioi):
     check_exact(rows, peer)
     swept = rows[0].peer_time.result
     assert (swept - baseline).abs().max() > 1e-2
-    senders = peer.top_senders(rows[0].ours_time.result, baseline, 2)
-    assert all(layer < scratch.cfg.n_layers - 1 for layer, _ in senders)
+    ranked = peer.ranked_heads(rows[0].ours_time.result, baseline)
+    assert ranked == peer.ranked_heads(swept, baseline)  # the same heads in the same order
+    senders = peer.top_senders(ranked, scratch.cfg.n_layers, 2)
+    assert len(senders) == 2 and all(layer < scratch.cfg.n_layers - 1 for layer, _ in senders)
     paths = peer.path_patching(models, bridge, *ioi, senders, baseline, 5, 1)
     check_exact(paths, peer)
     assert (paths[0].peer_time.result - baseline).abs().max() > 1e-2
