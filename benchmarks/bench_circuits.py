@@ -25,12 +25,11 @@ import time
 from itertools import product
 
 import torch
-from transformer_lens import patching as tl_patching
 
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.circuits.edges import VIAS
 from analyses.circuits.path_patching import edge_attribution, path_patch
-from common import forward_seconds, induction_pair, load_note, time_interleaved
+from common import forward_seconds, induction_pair, load_note, path_grid, time_interleaved, tl_direct_path_sweep
 from interp import from_hf
 from interp.bridge import boot_bridge
 from interp.random_models import make_random_gpt2
@@ -43,30 +42,9 @@ def cpu_seconds(fn):
     return time.process_time() - start, result
 
 
-def transformer_lens_sweep(bridge, clean, corrupted, metric, senders, via) -> torch.Tensor:
-    """TransformerLens's direct-path patching from each sender -> [n_senders, n_layers, n_heads]."""
-    with torch.no_grad():
-        _, clean_cache = bridge.run_with_cache(clean)
-        _, corrupted_cache = bridge.run_with_cache(corrupted)
-        return torch.stack([
-            tl_patching.get_act_patch_direct_path(bridge, corrupted, clean_cache, corrupted_cache, metric, layer, head,
-                                                  via, verbose=False).cpu()
-            for layer, head in senders
-        ])
-
-
-def as_tensor(frame, senders, n_layers, n_heads) -> torch.Tensor:
-    """path_patch's rows -> [n_senders, n_layers, n_heads] in TransformerLens's layout (0 where no pair)."""
-    index = {sender: i for i, sender in enumerate(senders)}
-    grid = torch.zeros(len(senders), n_layers, n_heads)
-    rows = [index[s] for s in zip(frame.sender_layer, frame.sender_head)]
-    grid[rows, frame.receiver_layer.tolist(), frame.receiver_head.tolist()] = torch.tensor(frame.value.to_numpy())
-    return grid
-
-
 def with_effects(attributed, grid: torch.Tensor, senders, base_value: float):
     """``edge_attribution``'s rows with the exact ``effect`` of each edge beside them: its value in
-    ``grid`` ([n_senders, n_layers, n_heads], as ``as_tensor`` lays it out) minus ``base_value``."""
+    ``grid`` ([n_senders, n_layers, n_heads], as ``path_grid`` lays it out) minus ``base_value``."""
     index = {sender: i for i, sender in enumerate(senders)}
     rows = [index[s] for s in zip(attributed.sender_layer, attributed.sender_head)]
     values = grid[rows, attributed.receiver_layer.tolist(), attributed.receiver_head.tolist()]
@@ -101,10 +79,10 @@ def main():
 
     def ours(model):
         frame = path_patch(model, clean, corrupted, metric, senders=senders, via=args.via, progress=False)
-        return as_tensor(frame, senders, n_layers, n_heads)
+        return path_grid(frame, senders, n_layers, n_heads)
 
     runs = {
-        "TL direct path on bridge": ("bridge", lambda: transformer_lens_sweep(bridge, clean, corrupted, metric, senders,
+        "TL direct path on bridge": ("bridge", lambda: tl_direct_path_sweep(bridge, clean, corrupted, metric, senders,
                                                                               args.via)),
         "ours on GPTModel": ("scratch", lambda: ours(scratch)),
     }

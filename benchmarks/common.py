@@ -162,3 +162,24 @@ def repeated_texts(model, n: int, pos: int, seed: int = 0) -> list[str]:
     texts = [repeated_text(rng, pos) for _ in range(n)]
     assert all(model.to_tokens(text).shape[1] == pos for text in texts)
     return texts
+
+
+def tl_direct_path_sweep(bridge, clean, corrupted, metric, senders, via) -> torch.Tensor:
+    """TransformerLens's direct-path patching from each sender -> [n_senders, n_layers, n_heads]."""
+    with torch.no_grad():
+        _, clean_cache = bridge.run_with_cache(clean)
+        _, corrupted_cache = bridge.run_with_cache(corrupted)
+        return torch.stack([
+            tl_patching.get_act_patch_direct_path(bridge, corrupted, clean_cache, corrupted_cache, metric, layer, head,
+                                                  via, verbose=False).cpu()
+            for layer, head in senders
+        ])
+
+
+def path_grid(frame, senders, n_layers, n_heads) -> torch.Tensor:
+    """path_patch's rows -> [n_senders, n_layers, n_heads] in TransformerLens's layout (0 where no pair)."""
+    index = {sender: i for i, sender in enumerate(senders)}
+    grid = torch.zeros(len(senders), n_layers, n_heads)
+    rows = [index[s] for s in zip(frame.sender_layer, frame.sender_head)]
+    grid[rows, frame.receiver_layer.tolist(), frame.receiver_head.tolist()] = torch.tensor(frame.value.to_numpy())
+    return grid
