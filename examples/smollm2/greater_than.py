@@ -44,12 +44,13 @@ def decades(task) -> torch.Tensor:
     return torch.tensor([int(prompt.split(" 17")[1][0]) for prompt in task.clean])
 
 
-def digit_probs(model, tokens: torch.Tensor, digits: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
-    """tokens (n, pos) -> (n, 10) the probability of each digit 0-9 at the last position, by a plain
-    softmax over the whole vocabulary (not through the task's metric)."""
+def digit_probs(model, tokens: torch.Tensor, last: torch.Tensor, digits: torch.Tensor) -> torch.Tensor:
+    """tokens (n, pos) right-padded, last (n,) each prompt's last real position -> (n, 10) the
+    probability of each digit 0-9 there, by a plain softmax over the whole vocabulary (not through
+    the task's metric)."""
     with torch.no_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks)) if fwd_hooks else model(tokens)
-    return logits[:, -1].float().softmax(-1)[:, digits]
+        logits = model(tokens)
+    return logits[torch.arange(len(tokens)), last].float().softmax(-1)[:, digits]
 
 
 def prob_diff(probs: torch.Tensor, decade: torch.Tensor) -> torch.Tensor:
@@ -89,8 +90,8 @@ def main() -> None:
     digits = digit_ids(task)
     batch = task_batch(model, task)
     decade = decades(task)
-    probs = digit_probs(model, batch.clean, digits)
-    corrupted = digit_probs(model, batch.corrupted, digits)
+    probs = digit_probs(model, batch.clean, batch.last, digits)
+    corrupted = digit_probs(model, batch.corrupted, batch.last, digits)
     diff = prob_diff(probs, decade)
     print(f"clean: prob diff {diff.mean():.3f} (per prompt {diff.min():.3f} to {diff.max():.3f}); "
           f"p(digit > D) {(diff.mean() + probs.sum(-1).mean()) / 2:.3f}; mass on the ten digits "
