@@ -43,6 +43,7 @@ from analyses.components.rollout import all_patterns
 from analyses.interventions.ablation import prepare_ablation
 from analyses.tasks.task import induction_text_task, task_batch, task_metric
 from ablation import named_heads, random_sets, zeroed_by_hand
+from role_scores import role_map
 from setup_smollm2 import head_name, hf_eager_model, hf_patterns, load, probes
 
 TEXT = Path(__file__).with_name("sample_text.txt")
@@ -276,21 +277,9 @@ def induction_on_text(model, text: str) -> None:
 
 
 def figure(scores: dict[str, torch.Tensor], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     shown_kinds = ("duplicate_token", "bracket_before", "bracket_close", "quote_close", "bos", "delimiter")
-    fig, axes = plt.subplots(1, len(shown_kinds), figsize=(14, 6), sharey=True)
-    for ax, kind in zip(axes, shown_kinds):
-        image = ax.imshow(scores[kind].numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        ax.set_title(kind.replace("_", " "))
-        ax.set_xlabel("head")
-    axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention on the kind's target keys")
-    fig.suptitle(f"SmolLM2-135M-Instruct on real text ({TEXT.name})")
-    fig.savefig(path, dpi=80, bbox_inches="tight")
-    plt.close(fig)
+    role_map({kind: scores[kind] for kind in shown_kinds}, path, f"SmolLM2-135M-Instruct on real text ({TEXT.name})",
+             "attention on the kind's target keys")
 
 
 def main() -> None:
