@@ -141,3 +141,12 @@ def test_greater_than_prob_diff_by_hand_and_its_mlps(smollm2):
     with torch.no_grad():
         assert abs(metric(smollm2(batch.clean)).item() - by_hand) < 1e-4
     assert by_hand > 0.5
+
+    def zeroed(layers):  # hand-written hooks zeroing these MLPs' outputs (batch, pos, d_model)
+        hooks = [(f"blocks.{layer}.hook_mlp_out", lambda out, hook: torch.zeros_like(out)) for layer in layers]
+        with torch.no_grad():
+            logits = smollm2.run_with_hooks(batch.clean, fwd_hooks=hooks)
+        probs = logits[torch.arange(len(task)), batch.last].softmax(-1)[:, digits]
+        return greater_than.prob_diff(probs, decade).mean().item()
+    assert by_hand - zeroed([24]) > 0.2  # the top direct writer among the MLPs
+    assert zeroed([24, 29, 26, 23, 22]) < 0  # the top five together turn the answer around

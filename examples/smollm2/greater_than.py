@@ -136,6 +136,21 @@ def main() -> None:
           f"{base:.3f} -> {value:.3f} ({(base - value) / base:.0%} lower)")
     value, _ = mean_ablated(model, test_batch.clean, top_heads + top_mlps, metric)
     print(f"both together: {base:.3f} -> {value:.3f} ({(base - value) / base:.0%} lower)")
+    patched_top = divmod(order[0], n_heads)
+    ablated_elsewhere(model, choose, patched_top)
+
+
+def ablated_elsewhere(model, choose, head: tuple[int, int]) -> None:
+    """The head that patching ranked first (on the second half), mean-ablated on the first half,
+    against single random heads."""
+    batch = task_batch(model, choose)
+    metric = task_metric(choose, batch.last)
+    value, ablation = mean_ablated(model, batch.clean, [head], metric)
+    controls = ablation.run(random_sets(model, [head], 1, N_DRAWS), progress=False) - ablation.baseline
+    base = ablation.baseline
+    print(f"mean-ablating {head_name(*head)} (patching's first) on the first {len(choose)} prompts: prob diff "
+          f"{base:.3f} -> {value:.3f} ({(base - value) / base:.0%} lower); one random head: {controls.mean():+.3f} "
+          f"(min {controls.min():+.3f}) over {N_DRAWS} draws")
 
 
 if __name__ == "__main__":
