@@ -86,9 +86,12 @@ def test_report_on_texts_scores_text_roles(gpt2_dir, tmp_path):
     (["report", "--impl", "transformer_lens", "--model", "/nonexistent/model"], "/nonexistent/model"),
     (["report", "--text-file", "/nonexistent/texts.txt"], "texts.txt"),
     (["attention-map", "--text", "", "--out", "x.png"], "text is empty"),
+    (["attention-map", "--text-file", "/nonexistent/notes.txt", "--out", "x.png"], "'/nonexistent/notes.txt' does not exist"),
+    (["attention-map", "--text-file", "BLANK", "--out", "x.png"], "is empty"),
 ])
 def test_bad_input_is_one_line(argv, message, gpt2_dir, capsys, tmp_path):
-    argv = [a if a != "x.png" else str(tmp_path / "x.png") for a in argv]
+    (tmp_path / "blank.txt").write_text(" \n\n")
+    argv = [{"x.png": str(tmp_path / "x.png"), "BLANK": str(tmp_path / "blank.txt")}.get(a, a) for a in argv]
     if "--model" not in argv:
         argv += ["--model", str(gpt2_dir)]
     assert main(argv) == 2
@@ -105,6 +108,18 @@ def test_attention_map_writes_one_png_and_checks_the_layer(gpt2_dir, tmp_path, c
     assert "layer 2 out of range [0, 1]" in capsys.readouterr().err
     assert main(["attention-map", "--model", str(gpt2_dir), "--text", "x" * 80, "--out", str(out)]) == 2
     assert "n_ctx=64" in capsys.readouterr().err
+
+
+def test_attention_map_reads_a_text_file_newlines_and_all(gpt2_dir, tmp_path):
+    """--text-file draws the same map as --text given the file's whole text, newline included."""
+    text = "the cat sat\non the mat"
+    (tmp_path / "cat.txt").write_text(text)
+    typed, filed, flat = (tmp_path / name for name in ("typed.png", "filed.png", "flat.png"))
+    common = ["attention-map", "--model", str(gpt2_dir), "--layer", "1", "--out"]
+    assert main([*common, str(typed), "--text", text]) == 0
+    assert main([*common, str(filed), "--text-file", str(tmp_path / "cat.txt")]) == 0
+    assert main([*common, str(flat), "--text", text.replace("\n", " ")]) == 0
+    assert filed.read_bytes() == typed.read_bytes() != flat.read_bytes()
 
 
 def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_path):

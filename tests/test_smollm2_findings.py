@@ -6,6 +6,13 @@ roles' definitions (examples/smollm2/role_scores.py: ``hand_scores``). interp's 
 must give the same numbers to 1e-4 and name the same strongest heads; and the heads it names
 induction must matter for copying: zeroing them costs several times what zeroing as many other
 heads costs (hand-written ``hook_z`` hooks).
+
+On real text (examples/smollm2/text_heads.py, the sample's first three lines): the bracket, quote,
+duplicate-token and sink scores computed from interp's patterns equal those from Hugging Face's
+eager attention; L26H6 is the bracket head, and zeroing the bracket heads costs the closers, not the
+rest; the start token is a sink (moving attention off it costs more than removing its write).
+Greater-than (examples/smollm2/greater_than.py): the task's probability difference equals a plain
+softmax over the ten digits.
 """
 
 from __future__ import annotations
@@ -17,10 +24,14 @@ import pytest
 import torch
 
 from analyses import classify_heads, loss_metric
+from analyses.components.rollout import all_patterns
 from analyses.core.probes import probes_for
+from analyses.tasks.task import greater_than_task, task_batch, task_metric
 from interp import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "smollm2"))
+import greater_than  # noqa: E402
+import text_heads  # noqa: E402
 from ablation import named_heads, random_sets, zeroed_by_hand  # noqa: E402
 from role_scores import ROLES, hand_scores, interp_scores, top  # noqa: E402
 from setup_smollm2 import hf_eager_model, hf_patterns  # noqa: E402
@@ -41,9 +52,9 @@ def scores(smollm2, probes):
     return classify_heads(smollm2, probes=probes, n_boot=10, progress=False)
 
 
-def test_role_scores_equal_a_hand_computation_on_hugging_face_eager_attention(smollm2, probes, scores):
+def test_role_scores_equal_a_hand_computation_on_hugging_face_eager_attention(smollm2, probes, scores, hf):
     shape = (smollm2.cfg.n_layers, smollm2.cfg.n_heads)
-    theirs = hand_scores(hf_patterns(hf_eager_model(), probes.tokens), probes)
+    theirs = hand_scores(hf_patterns(hf, probes.tokens), probes)
     for role in ROLES:
         ours = interp_scores(scores, role, shape)
         assert (ours - theirs[role]).abs().max() < 1e-4, role
@@ -63,3 +74,79 @@ def test_zeroing_the_induction_heads_costs_the_copy_several_times_what_random_he
     controls = [zeroed_by_hand(smollm2, test.tokens, heads, metric) - base
                 for heads in random_sets(smollm2, induction, len(induction), 3)]
     assert named > 3 * max(controls) and named > 2.0  # nats
+
+
+# ------------------------------------------------------------------ heads on real text (text_heads.py)
+@pytest.fixture(scope="module")
+def hf():
+    return hf_eager_model()
+
+
+@pytest.fixture(scope="module")
+def short_text(smollm2):
+    """The sample text's first three lines (a parenthesis, quotes, square brackets, newlines):
+    tokens (1, pos), their strings, and interp's patterns (layer, head, q, k)."""
+    text = "".join((text_heads.TEXT.read_text(encoding="utf-8").splitlines(keepends=True))[:3])
+    tokens, strings = text_heads.text_tokens(smollm2, text)
+    return tokens, strings, all_patterns(smollm2, tokens[0])
+
+
+def test_text_head_scores_equal_hugging_face_eager_attention_and_name_the_bracket_head(short_text, hf):
+    tokens, strings, ours = short_text
+    theirs = hf_patterns(hf, tokens)[:, 0]
+    where = text_heads.targets(tokens, strings)
+    assert len(where["bracket_before"][0]) == 4 and len(where["quote_before"][0]) == 2
+    for kind in text_heads.KINDS:
+        a, b = text_heads.kind_scores(ours, where[kind])[0], text_heads.kind_scores(theirs, where[kind])[0]
+        assert (a - b).abs().max() < 1e-4, kind
+        assert text_heads.top(a, 3) == text_heads.top(b, 3), kind
+    before, chance = text_heads.kind_scores(theirs, where["bracket_before"])
+    assert text_heads.top(before, 1) == [(26, 6)] and before[26, 6] > 0.5 > 10 * chance
+    bos, delimiter = (text_heads.kind_scores(theirs, where[kind])[0] for kind in ("bos", "delimiter"))
+    assert bos.max() > 0.9 and delimiter.max() < 0.6  # the start token is the sink; no delimiter is one
+
+
+def test_zeroing_the_bracket_heads_costs_the_closers_not_the_rest(smollm2, short_text):
+    tokens, strings, patterns = short_text
+    where = text_heads.targets(tokens, strings)
+    closers = where["bracket_before"][0] + where["quote_before"][0]
+    heads = text_heads.top(text_heads.kind_scores(patterns, where["bracket_before"])[0], 3)
+
+    def metric(logits):
+        return torch.tensor(text_heads.loss_at(logits, tokens, closers))
+    with torch.no_grad():
+        base = metric(smollm2(tokens)).item()
+    named = zeroed_by_hand(smollm2, tokens, heads, metric) - base
+    controls = [zeroed_by_hand(smollm2, tokens, h, metric) - base for h in random_sets(smollm2, heads, 3, 3)]
+    assert named > 1.0 and named > 3 * max(controls)  # nats
+
+
+def test_the_start_token_is_a_sink_the_heads_need_to_park_attention_on(smollm2, short_text):
+    """Moving the top start-token heads' attention off it costs more than removing what it writes."""
+    tokens, strings, patterns = short_text
+    heads = text_heads.top(text_heads.kind_scores(patterns, text_heads.targets(tokens, strings)["bos"])[0], 5)
+    every = range(tokens.shape[1] - 1)
+    base, moved, removed = (text_heads.loss_at(text_heads.run(smollm2, tokens, hooks), tokens, every) for hooks in
+                            ((), *(text_heads.pattern_edit(heads, lambda q: [0] if q else [], r) for r in (True, False))))
+    assert moved - base > 0.05 > abs(removed - base)
+
+
+# ----------------------------------------------------------------------- greater-than (greater_than.py)
+def test_greater_than_prob_diff_by_hand_and_its_mlps(smollm2):
+    task = greater_than_task(smollm2, n=8, seed=0)
+    batch = task_batch(smollm2, task)
+    digits, decade = greater_than.digit_ids(task), greater_than.decades(task)
+    by_hand = greater_than.prob_diff(greater_than.digit_probs(smollm2, batch.clean, batch.last, digits), decade).mean().item()
+    metric = task_metric(task, batch.last)
+    with torch.no_grad():
+        assert abs(metric(smollm2(batch.clean)).item() - by_hand) < 1e-4
+    assert by_hand > 0.5
+
+    def zeroed(layers):  # hand-written hooks zeroing these MLPs' outputs (batch, pos, d_model)
+        hooks = [(f"blocks.{layer}.hook_mlp_out", lambda out, hook: torch.zeros_like(out)) for layer in layers]
+        with torch.no_grad():
+            logits = smollm2.run_with_hooks(batch.clean, fwd_hooks=hooks)
+        probs = logits[torch.arange(len(task)), batch.last].softmax(-1)[:, digits]
+        return greater_than.prob_diff(probs, decade).mean().item()
+    assert by_hand - zeroed([24]) > 0.2  # the top direct writer among the MLPs
+    assert zeroed([24, 29, 26, 23, 22]) < 0  # the top five together turn the answer around

@@ -1,5 +1,5 @@
 """``interp attention-map``: every head of one layer on one text, as a PNG (``analyses/report/attention_map.py``
-draws it)."""
+draws it). The text is ``--text`` or the whole of ``--text-file`` (newlines included: they are tokens too)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,23 @@ from analyses.cli.args import add_model_args, load_cli_model
 from analyses.report.attention_map import attention_map, check_text
 from analyses.report.meta import model_meta
 from analyses.core.plots import png_bytes
+from analyses.core.tokens import read_text
+from interp.errors import UserError
 from interp.files import write_atomic
 
 
+def file_text(path: str) -> str:
+    """The whole UTF-8 file ``path`` as one text; a missing, non-UTF-8 or blank file is refused in one line."""
+    text = read_text(path, "text file")
+    if not text.strip():
+        raise UserError(f"text file {path!r} is empty; pass a file with at least one non-space character")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
-    check_text(args.text)  # before the slow model load
+    text = file_text(args.text_file) if args.text_file is not None else check_text(args.text)  # before the slow load
     model = load_cli_model(args)
-    figure = attention_map(model, args.text, args.layer)
+    figure = attention_map(model, text, args.layer)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # a lone PNG has no meta.json beside it: the model's record travels in its Description chunk
@@ -29,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("attention-map", help="every head of one layer on one text, as a PNG")
     add_model_args(parser)
-    parser.add_argument("--text", required=True, help="the text to look at (the start token is prepended)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the text to look at (the start token is prepended)")
+    source.add_argument("--text-file", help="a UTF-8 file whose whole text (newlines included) to look at")
     parser.add_argument("--layer", type=int, default=0, help="which layer (default 0)")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.set_defaults(func=run)

@@ -54,19 +54,22 @@ def top(scores: torch.Tensor, k: int) -> list[str]:
     return [head_name(i // n_heads, i % n_heads) for i in scores.flatten().argsort(descending=True)[:k].tolist()]
 
 
-def role_map(scores: dict[str, torch.Tensor], path: Path) -> None:
+def role_map(scores: dict[str, torch.Tensor], path: Path,
+             title: str = "SmolLM2-135M-Instruct: role scores (16 probes of 64 tokens)",
+             label: str = "attention on the role's target") -> None:
+    """One (layer, head) heatmap per entry of ``scores``, side by side, written to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(ROLES), figsize=(10, 6), sharey=True)
-    for ax, role in zip(axes, ROLES):
-        image = ax.imshow(scores[role].numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    fig, axes = plt.subplots(1, len(scores), figsize=(max(10, 2.4 * len(scores)), 6), sharey=True)
+    for ax, (role, score) in zip(axes, scores.items()):
+        image = ax.imshow(score.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_title(role.replace("_", "-"))
         ax.set_xlabel("head")
     axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention on the role's target")
-    fig.suptitle("SmolLM2-135M-Instruct: role scores (16 probes of 64 tokens)")
+    fig.colorbar(image, ax=axes, shrink=0.8, label=label)
+    fig.suptitle(title)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
 
