@@ -44,17 +44,18 @@ def _z(model, tokens, hooks=()):
     return logits, kept
 
 
-def naive_value(model, clean, corrupted, metric, removed) -> float:
+def naive_value(model, clean, corrupted, metric, removed, passes: int | None = None) -> float:
     """The clean run with each removed edge (sender, receiver, via) carrying the sender's corrupted
     write, by fixed-point passes: each pass adds (corrupted z - the previous pass's z) of each sender
-    through its W_O, one hook per edge, to the receiver's own input; as many passes as layers + 1, so
-    every sender's z has settled (a sender's z depends only on earlier layers)."""
+    through its W_O, one hook per edge, to the receiver's own input. ``passes``: by default as many
+    as layers + 1, so every sender's z has settled (a sender's z depends only on earlier layers);
+    removed edges that chain at most d deep need d + 1."""
     _, corrupted_z = _z(model, corrupted)
     _, current = _z(model, clean)
     saved = model.split_qkv_inputs
     model.set_split_qkv_inputs(("q", "k", "v"))
     try:
-        for _ in range(model.cfg.n_layers + 1):
+        for _ in range(passes or model.cfg.n_layers + 1):
             hooks = []
             for (sl, sh), (rl, rh), via in removed:
                 delta = (corrupted_z[sl][:, :, sh] - current[sl][:, :, sh]) @ model.blocks[sl].attn.W_O[sh].detach()
