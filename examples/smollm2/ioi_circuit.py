@@ -139,6 +139,7 @@ def figure(curves, n_edges, path: Path) -> None:
     ax.axvline(0.05 * n_edges, color="0.6", lw=0.8)
     ax.axhline(0.8, color="0.6", lw=0.8)
     ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(0, n_edges)
     ax.set_xlabel(f"edges kept, k (of {n_edges} candidate edges; grey line: 5%)")
     ax.set_ylabel("faithfulness (0: every candidate edge corrupted, 1: clean)")
     ax.set_title("SmolLM2-135M IOI: circuits of the top-k edges by each ranking (held-out prompts)")
