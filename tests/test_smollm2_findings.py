@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,58 @@ def test_greater_than_prob_diff_by_hand_and_its_mlps(smollm2):
         return greater_than.prob_diff(probs, decade).mean().item()
     assert by_hand - zeroed([24]) > 0.2  # the top direct writer among the MLPs
     assert zeroed([24, 29, 26, 23, 22]) < 0  # the top five together turn the answer around
+
+
+# ------------------------------------------------------------------------------- the IOI circuit's edges
+# examples/smollm2/ioi_circuit.py: on SmolLM2's IOI, L20H0 attends from the last token to the subject's
+# second mention and writes into the answer writers' queries; the circuit's faithfulness is measured by
+# edge_circuit. Here on 4 prompts, each against hand-written hooks (tests/test_edge_circuit.py's
+# naive_value: one hook per removed edge, the senders' writes by z @ W_O, passes instead of one edited
+# forward).
+from ioi_circuit import attention_from_end, name_positions  # noqa: E402
+from test_edge_circuit import naive_value  # noqa: E402
+
+from analyses import path_patch  # noqa: E402
+from analyses.circuits.edge_circuit import circuit_values  # noqa: E402
+from analyses.circuits.edges import edges_of  # noqa: E402
+from analyses.tasks.task import ioi_task, task_batch, task_metric  # noqa: E402
+
+WRITERS = [(23, 3), (29, 1), (23, 0)]
+
+
+@pytest.fixture(scope="module")
+def ioi(smollm2):
+    task = ioi_task(smollm2, n=4, seed=0)
+    batch = task_batch(smollm2, task)
+    return task, batch, task_metric(task, batch.last)
+
+
+def test_an_edge_into_a_writers_query_equals_a_hand_written_hook_and_its_sender_reads_the_repeated_name(smollm2, ioi):
+    task, batch, metric = ioi
+    edge = ((20, 0), (23, 0), "q")
+    paths = path_patch(smollm2, batch.clean, batch.corrupted, metric, senders=[edge[0]], receivers=[edge[1]], via="q",
+                       direction="noise", progress=False)
+    assert paths["value"].item() == pytest.approx(naive_value(smollm2, batch.clean, batch.corrupted, metric, [edge],
+                                                              passes=1), abs=1e-4)
+    attention = attention_from_end(smollm2, batch.clean, name_positions(task, batch), [edge[0]])[edge[0]]
+    assert attention["S2"] > 0.4 and attention["S2"] > 3 * max(attention["IO"], attention["S1"])
+
+
+def test_a_small_circuits_value_equals_hand_written_hooks_and_the_top_writers_logit_edge_carries_most(smollm2, ioi):
+    _, batch, metric = ioi
+    nodes = [(16, 0), (17, 4), *WRITERS, (29, 0)]
+    candidates = edges_of(smollm2, nodes, nodes)
+    keys = [(e.sender, e.receiver, e.via) for e in candidates]
+    logits = (smollm2.cfg.n_layers, -1)
+    circuits = {"L23H3 -> logits": {((23, 3), logits, "logits")},
+                "writers' logit edges and L23H3 -> L29H1.v": {((23, 3), logits, "logits"), ((29, 1), logits, "logits"),
+                                                                ((23, 0), logits, "logits"), ((23, 3), (29, 1), "v")}}
+    masks = [np.array([key in kept for key in keys]) for kept in circuits.values()]
+    full, empty, *values = circuit_values(smollm2, batch.clean, batch.corrupted, metric, candidates,
+                                          [np.ones(len(keys), dtype=bool), np.zeros(len(keys), dtype=bool), *masks]).tolist()
+    for mask, value in zip(masks, values):
+        removed = [key for key, kept in zip(keys, mask) if not kept]
+        # removed edges chain through the nodes' 4 layers at most (16 -> 17 -> 23 -> 29 -> logits): 5 passes settle them
+        assert value == pytest.approx(naive_value(smollm2, batch.clean, batch.corrupted, metric, removed, passes=5),
+                                      abs=1e-4)
+    assert (values[0] - empty) / (full - empty) > 0.5  # one edge of 45

@@ -1,0 +1,138 @@
+"""Circuits of edges (DESIGN 4.6): the metric when only some edges keep their signal, and the
+faithfulness of the top-k edges of a ranking.
+
+The edges are those of ``analyses.circuits.edges``: a head's write (its z through its ``W_O``)
+into a later head's query, key or value input, or into the unembedding ("logits"). A *circuit*
+is a subset of a chosen set of *candidate* edges. Its value is Hanna et al. (2024)'s evaluation,
+restricted to the candidates: the clean run in which every candidate edge outside the circuit
+carries its sender's write from the corrupted run instead of the write the sender makes in this
+run -- the receiver's input gets (corrupted write - current write) added, where "current" is the
+sender's output in this same edited forward, so an edit upstream reaches it. Circuit edges, and
+every edge that is not a candidate (the embeddings, the MLPs, heads outside the candidates), keep
+the values this run gives them, and everything downstream of an edit recomputes.
+
+Every candidate kept gives the clean run; none kept, every candidate edge corrupted (``empty``).
+Removing one edge alone is path patching by noising (``path_patch(..., direction="noise")``), so
+an edge's exact ``effect`` there is the change its removal makes here, and edge attribution with
+``direction="noise"`` is its first-order estimate. Faithfulness of a circuit C is
+
+    (value(C) - value(empty)) / (value(all candidates) - value(empty)),
+
+and of its complement, the same with every candidate but C kept.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from analyses.circuits.edge_attribution import split_kinds, split_qkv_inputs
+from analyses.circuits.edges import VIAS, Edges, output_weights
+from analyses.circuits.path_patching import require_path_edits
+from analyses.core.hook_names import final_resid_name, qkv_input_name, z_name, z_names
+from analyses.core.metrics import Metric
+from analyses.interventions.engine import cache_run, runs_suffix_only
+from analyses.interventions.patching import base_and_source
+from interp.errors import UserError
+
+
+def _input_name(model, receiver_layer: int, rank: int) -> str:
+    return final_resid_name(model) if VIAS[rank] == "logits" else qkv_input_name(receiver_layer, VIAS[rank])
+
+
+def removal_hooks(model, removed: Edges, corrupted_z: dict[int, torch.Tensor]) -> list:
+    """Forward hooks that make each of ``removed`` carry its sender's corrupted write: ``hook_z``
+    of the senders' layers records the current z (batch, pos, head, d_head); each receiver input
+    (``blocks.{l}.hook_{q,k,v}_input`` (batch, pos, head, d_model), or the final residual (batch,
+    pos, d_model)) gets, per edge, (corrupted z - current z) of its sender through the sender's
+    ``W_O`` added at its receiver head. ``corrupted_z``: {sender layer: corrupted run's z}."""
+    w_o = output_weights(model, int(removed.table[:, 0].max()) + 1)
+    current: dict[int, torch.Tensor] = {}
+
+    def record(layer):
+        def keep(z, hook):
+            current[layer] = z
+
+        return keep
+
+    by_input = defaultdict(list)  # input hook name -> [(sender layer, sender head, receiver head)]
+    for s_layer, s_head, r_layer, r_head, rank in removed.table.tolist():
+        by_input[_input_name(model, r_layer, rank)].append((s_layer, s_head, r_head))
+
+    def add_corrupted(edges):
+        def edit(resid, hook):
+            change = torch.stack([(corrupted_z[l][:, :, h] - current[l][:, :, h]) @ w_o[l][h].to(resid.dtype)
+                                  for l, h, _ in edges], dim=2)  # (batch, pos, edge, d_model)
+            if resid.ndim == 3:  # the final residual: every edge adds to it
+                return resid + change.sum(2)
+            heads = torch.tensor([r for _, _, r in edges], device=resid.device)
+            return resid.index_add(2, heads, change)
+
+        return edit
+
+    layers = sorted(set(removed.table[:, 0].tolist()))
+    return [*((z_name(layer), record(layer)) for layer in layers),
+            *((name, add_corrupted(edges)) for name, edges in by_input.items())]
+
+
+def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges,
+                   kept: Sequence[np.ndarray]) -> torch.Tensor:
+    """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges (see the
+    module docstring) -> (len(kept),). ``kept``: boolean masks over ``candidates`` (len(candidates),).
+    ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; one forward
+    of the clean batch per circuit, after one corrupted forward. A ``GPTModel`` only (it edits the
+    per-head q/k/v inputs that ``GPTModel.set_split_qkv_inputs`` gives)."""
+    if not runs_suffix_only(model):
+        raise UserError(f"circuit_values edits per-head q/k/v inputs of a GPTModel; got {type(model).__name__}")
+    masks = [np.asarray(mask) for mask in kept]
+    for mask in masks:
+        if mask.dtype != bool or mask.shape != (len(candidates),):
+            raise UserError(f"each circuit must be a boolean mask of shape ({len(candidates)},), one per candidate "
+                            f"edge; got dtype {mask.dtype}, shape {mask.shape}")
+    require_path_edits(model, candidates, "circuit_values")
+    clean, corrupted = base_and_source(model, clean, corrupted, "noise")
+    senders = z_names(model)[:int(candidates.table[:, 0].max()) + 1]
+    _, cache = cache_run(model, corrupted, senders, logits=False)
+    corrupted_z = {layer: cache[name] for layer, name in enumerate(senders)}
+    values = torch.empty(len(masks))
+    for i, mask in enumerate(masks):
+        removed = candidates.take(np.flatnonzero(~mask))
+        hooks = removal_hooks(model, removed, corrupted_z) if len(removed) else []
+        split = split_kinds([name for name, _ in hooks])
+        with torch.no_grad(), split_qkv_inputs(model, split):
+            values[i] = metric(model.run_with_hooks(clean, fwd_hooks=hooks)).item()
+    return values
+
+
+def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edges, order: Sequence[int],
+                       sizes: Sequence[int]) -> pd.DataFrame:
+    """The circuits of the top ``k`` edges of ``order`` (indices into ``candidates``, strongest
+    first), for each ``k`` in ``sizes`` -> frame ``size, value, faithfulness, complement_value,
+    complement``: the metric with only those edges kept, its faithfulness (0: every candidate
+    edge corrupted, 1: none), and the same for every candidate edge but those kept (see the
+    module docstring). The frame's ``attrs`` hold ``full`` and ``empty``, the two ends."""
+    order = np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(len(candidates))):
+        raise UserError(f"order must rank every one of the {len(candidates)} candidate edges once; "
+                        f"got {len(order)} indices")
+    bad = [k for k in sizes if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= len(order)]
+    if bad:
+        raise UserError(f"sizes must be integers from 0 to {len(order)} (the candidate edges); got {bad[0]!r}")
+    circuits = []
+    for k in sizes:
+        mask = np.zeros(len(candidates), dtype=bool)
+        mask[order[:k]] = True
+        circuits += [mask, ~mask]
+    full_empty = [np.ones(len(candidates), dtype=bool), np.zeros(len(candidates), dtype=bool)]
+    values = circuit_values(model, clean, corrupted, metric, candidates, [*full_empty, *circuits])
+    full, empty, kept, complement = values[0].item(), values[1].item(), values[2::2], values[3::2]
+    span = full - empty
+    frame = pd.DataFrame({"size": list(sizes), "value": kept.numpy(), "faithfulness": ((kept - empty) / span).numpy(),
+                          "complement_value": complement.numpy(),
+                          "complement": ((complement - empty) / span).numpy()})
+    frame.attrs.update(full=full, empty=empty)
+    return frame

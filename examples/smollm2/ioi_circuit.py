@@ -1,0 +1,235 @@
+"""SmolLM2's IOI circuit by its edges: path patching into the answer writers' queries, the circuit's
+faithfulness as a curve (top-k edges kept) with its complement, and exact edge patching against
+EAP and EAP-IG on it.
+
+Prompts: ``ioi_task`` (ABBA and BABA over the 15 templates; the corruption puts three other names
+in the same template); the metric is logit(IO) - logit(S) at the last token (``task_metric``). The
+first half of the prompts chooses (the writers, the nodes, every edge ranking), the second half
+tests (path patching into the writers, the interventions, every curve), so nothing is measured on
+the prompts that chose it.
+
+1. Writers: the top 3 heads by direct logit attribution. Senders into their queries: path patching
+   by noising (the clean run with one sender's write into one writer's query input taken from the
+   corrupted run) from every earlier head, EAP shortlisting the edges and exact path patching
+   confirming the top ``SHORTLIST`` (``shortlist_path_patch``); what the top senders attend to from
+   the last token; then the intervention: the clean run with only the top senders' writes into the
+   writers' queries corrupted (``circuit_values``), and the same for as many random earlier heads.
+2. Candidate edges: every q/k/v edge among the top ``--nodes`` heads by |head patching| (noising)
+   and each of them to the logits; each ranked by |exact path patching by noising| (the change when
+   that edge alone carries its corrupted write), by |EAP| and by |EAP-IG| (both by noising, as
+   Hanna et al. 2024 score edges), and by the signed exact effect (the edges whose removal lowers
+   the logit difference most first); ``faithfulness_curve``: the circuit of the top k edges kept
+   (every other candidate edge carries its corrupted write) and its complement.
+3. Rank agreement of EAP and EAP-IG with exact (Spearman, top-k overlap) and faithfulness at equal k.
+
+    python examples/smollm2/ioi_circuit.py            # 32 prompts (16 choose, 16 test), 24 nodes
+    python examples/smollm2/ioi_circuit.py --prompts 8 --nodes 12   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from analyses import edge_agreement, patch_heads, path_patch, shortlist_path_patch
+from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve
+from analyses.circuits.edges import edges_of
+from analyses.core.plots import new_figure
+from analyses.tasks.task import ioi_task, task_batch, task_metric
+from ioi import halves, head_writers
+from setup_smollm2 import head_name, load
+
+FIGURE = Path(__file__).resolve().parents[2] / "docs" / "smollm2_ioi_faithfulness.png"
+N_WRITERS = 3
+N_SENDERS = 3
+SHORTLIST = 20
+IG_STEPS = 5
+METHODS = ("exact", "EAP", "EAP-IG")
+
+
+def name(head) -> str:
+    return head_name(*head)
+
+
+def edge_name(row) -> str:
+    receiver = "logits" if row.receiver_head < 0 else f"{head_name(row.receiver_layer, row.receiver_head)}.{row.via}"
+    return f"{head_name(row.sender_layer, row.sender_head)} -> {receiver}"
+
+
+def name_positions(task, batch) -> dict[str, torch.Tensor]:
+    """(n,) positions of the indirect object, the subject's first and second mention, and the last token."""
+    found = {"IO": [], "S1": [], "S2": []}
+    for i, (tokens, io, s) in enumerate(zip(batch.clean, task.answers, task.distractors)):
+        tokens = tokens[: int(batch.last[i]) + 1].tolist()
+        found["IO"].append(tokens.index(io[0]))
+        subject = [p for p, t in enumerate(tokens) if t == s[0]]
+        found["S1"].append(subject[0])
+        found["S2"].append(subject[1])
+    return {key: torch.tensor(value) for key, value in found.items()} | {"END": batch.last}
+
+
+def attention_from_end(model, tokens, positions, heads) -> dict:
+    """Each head's attention from the last token to IO, S1 and S2, mean over prompts."""
+    names = sorted({f"blocks.{l}.attn.hook_pattern" for l, _ in heads})
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+    rows = torch.arange(len(tokens))
+    return {(l, h): {key: float(cache[f"blocks.{l}.attn.hook_pattern"][rows, h, positions["END"], positions[key]].mean())
+                     for key in ("IO", "S1", "S2")} for l, h in heads}
+
+
+def writer_queries(model, choose, test, writers) -> None:
+    """Path patching by noising from every earlier head into the writers' queries (EAP shortlists,
+    exact path patching confirms the top ``SHORTLIST``), then the intervention on the test prompts."""
+    paths = shortlist_path_patch(model, choose.clean, choose.corrupted, choose.metric, receivers=writers, via="q",
+                                 direction="noise", top_k=SHORTLIST, progress=False)
+    ranked = paths.sort_values("effect")
+    print(f"\n1. path patching into the writers' queries (noising: the clean run, one sender's write into one "
+          f"writer's query input from the corrupted run; clean {choose.clean_value:.2f}, corrupted "
+          f"{choose.corrupted_value:.2f}; the {SHORTLIST} edges of largest |EAP| of "
+          f"{len(edges_of(model, None, writers, 'q'))}): largest drops")
+    for row in ranked.head(8).itertuples():
+        print(f"  {edge_name(row)} {row.effect:+.3f} (EAP {row.attribution:+.3f})")
+    print("  largest gains:", ", ".join(f"{edge_name(r)} {r.effect:+.3f}" for r in ranked.tail(2)[::-1].itertuples()))
+    per_sender = paths.groupby(["sender_layer", "sender_head"])["effect"].sum().sort_values()
+    senders = [(int(l), int(h)) for l, h in per_sender.index[:N_SENDERS]]
+    print("  senders by their summed effect over the writers:",
+          ", ".join(f"{name(h)} {v:+.3f}" for h, v in zip(senders, per_sender.iloc[:N_SENDERS])))
+    attention = attention_from_end(model, test.clean, test.positions, senders)
+    for head in senders:
+        print(f"  {name(head)} attends from the last token (test prompts): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in attention[head].items()))
+
+    def cut(heads) -> float:  # the clean run with only these heads' writes into the writers' queries corrupted
+        edges = edges_of(model, heads, writers, "q")
+        return circuit_values(model, test.clean, test.corrupted, test.metric, edges,
+                              [np.zeros(len(edges), dtype=bool)])[0].item()
+
+    others = [(l, h) for l in range(min(w[0] for w in writers)) for h in range(model.cfg.n_heads)
+              if (l, h) not in senders]
+    controls = [cut(random.Random(seed).sample(others, N_SENDERS)) for seed in range(5)]
+    value = cut(senders)
+    print(f"  intervention on the test prompts (clean {test.clean_value:.2f}): only the {N_SENDERS} senders' writes "
+          f"into the {len(writers)} writers' queries corrupted -> {value:.2f} ({value - test.clean_value:+.2f}); "
+          f"{N_SENDERS} random earlier heads' instead -> mean {np.mean(controls):.2f} "
+          f"(min {min(controls):.2f}, max {max(controls):.2f}, 5 draws)")
+
+
+def rankings(model, choose, candidates_frame) -> dict[str, np.ndarray]:
+    """|score| of every candidate edge by each method, in ``edges_of`` order."""
+    nodes = sorted({*zip(candidates_frame.sender_layer, candidates_frame.sender_head)})
+    common = dict(senders=nodes, receivers=nodes, direction="noise", progress=False)
+    exact = path_patch(model, choose.clean, choose.corrupted, choose.metric, **common)
+    eap = path_patch(model, choose.clean, choose.corrupted, choose.metric, method="eap", **common)
+    eap_ig = path_patch(model, choose.clean, choose.corrupted, choose.metric, method="eap_ig", steps=IG_STEPS, **common)
+    return {"exact": exact["effect"].to_numpy(), "EAP": eap["attribution"].to_numpy(),
+            "EAP-IG": eap_ig["attribution"].to_numpy(), "frame": exact}
+
+
+def figure(curves, n_edges, path: Path) -> None:
+    fig = new_figure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for (method, curve), colour in zip(curves.items(), ("black", "tab:blue", "tab:orange", "tab:green")):
+        ax.plot(curve["size"], curve["faithfulness"], "-o", ms=3, color=colour, label=f"{method}: top k kept")
+        ax.plot(curve["size"], curve["complement"], "--", color=colour, label=f"{method}: all but the top k")
+    ax.axvline(0.05 * n_edges, color="0.6", lw=0.8)
+    ax.axhline(0.8, color="0.6", lw=0.8)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(0, n_edges)
+    ax.set_xlabel(f"edges kept, k (of {n_edges} candidate edges; grey line: 5%)")
+    ax.set_ylabel("faithfulness (0: every candidate edge corrupted, 1: clean)")
+    ax.set_title("SmolLM2-135M IOI: circuits of the top-k edges by each ranking (held-out prompts)")
+    ax.legend(fontsize=8, frameon=False)
+    fig.savefig(path, dpi=110)
+
+
+class Half:
+    """One half of the prompts as tokens, its metric and its two ends."""
+
+    def __init__(self, model, task):
+        batch = task_batch(model, task)
+        self.clean, self.corrupted, self.metric = batch.clean, batch.corrupted, task_metric(task, batch.last)
+        self.positions = name_positions(task, batch)
+        with torch.no_grad():
+            self.clean_value = self.metric(model(self.clean)).item()
+            self.corrupted_value = self.metric(model(self.corrupted)).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=24, help="IOI prompts, half to choose and half to test")
+    parser.add_argument("--nodes", type=int, default=20, help="heads whose edges are the candidates")
+    parser.add_argument("--figure", type=Path, default=FIGURE)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = load()
+    task = ioi_task(model, n=args.prompts, seed=0)
+    choose_task, test_task = halves(task)
+    choose, test = Half(model, choose_task), Half(model, test_task)
+    print(f"IOI, {len(choose_task)} prompts to choose on (logit difference clean {choose.clean_value:.2f}, "
+          f"corrupted {choose.corrupted_value:.2f}), {len(test_task)} to test on (clean {test.clean_value:.2f}, "
+          f"corrupted {test.corrupted_value:.2f})")
+
+    writers = [h for h, _ in head_writers(model, choose_task)[:N_WRITERS]]
+    print("answer writers (direct logit attribution, choosing prompts):", ", ".join(map(name, writers)))
+    writer_queries(model, choose, test, writers)
+
+    drop = patch_heads(model, choose.clean, choose.corrupted, choose.metric, direction="noise",
+                       progress=False) - choose.clean_value
+    order = drop.abs().flatten().argsort(descending=True)[:args.nodes].tolist()
+    nodes = sorted((i // model.cfg.n_heads, i % model.cfg.n_heads) for i in order)
+    print("  largest head-patching changes (noising, choosing prompts):",
+          ", ".join(f"{name(divmod(i, model.cfg.n_heads))} {drop.flatten()[i]:+.2f}" for i in order[:8]))
+    candidates = edges_of(model, nodes, nodes)
+    every = len(edges_of(model))
+    print(f"\n2. nodes: the top {args.nodes} heads by |head patching| (noising: each head's output from the corrupted run; {', '.join(map(name, nodes))}); "
+          f"{len(candidates)} candidate edges (q/k/v among them, and to the logits), of {every} head edges in all")
+
+    scores = rankings(model, choose, candidates.frame())
+    frame = scores.pop("frame")
+    top = frame.assign(abs_effect=frame["effect"].abs()).sort_values("abs_effect", ascending=False)
+    print("  strongest edges by exact path patching (noising, choosing prompts):",
+          ", ".join(f"{edge_name(r)} {r.effect:+.3f}" for r in top.head(6).itertuples()))
+    five = int(0.05 * len(candidates))
+    sizes = sorted({0, 1, 2, 5, 10, 20, five, 2 * five, 100, 200, len(candidates) // 2, len(candidates)}
+                   & set(range(len(candidates) + 1)))
+    curves = {method: faithfulness_curve(model, test.clean, test.corrupted, test.metric, candidates,
+                                         np.argsort(-np.abs(score), kind="stable"), sizes)
+              for method, score in scores.items()}
+    curves["exact, signed"] = faithfulness_curve(model, test.clean, test.corrupted, test.metric, candidates,
+                                                 np.argsort(scores["exact"], kind="stable"), sizes)
+    ends = curves["exact"].attrs
+    span = test.clean_value - test.corrupted_value
+    print(f"  test prompts: every candidate edge corrupted {ends['empty']:.2f} (clean {ends['full']:.2f}, corrupted "
+          f"run {test.corrupted_value:.2f}): the candidate edges carry "
+          f"{(ends['full'] - ends['empty']) / span:.0%} of the logit difference")
+    print("  faithfulness (top k kept / all but the top k), test prompts:")
+    print("    k      " + "".join(f"{method:>18}" for method in curves))
+    for i, k in enumerate(sizes):
+        print(f"    {k:<6} " + "".join(f"{c['faithfulness'].iloc[i]:>10.2f} / {c['complement'].iloc[i]:>5.2f}"
+                                       for c in curves.values()))
+    for method in ("exact", "exact, signed"):
+        curve = curves[method]
+        reached = curve[curve["faithfulness"] >= 0.8]
+        at_five = curve[curve["size"] == five].iloc[0]
+        print(f"  {method} ranking at 5% ({five} edges): faithfulness {at_five.faithfulness:.2f} "
+              f"({(at_five.value - test.corrupted_value) / span:.0%} of the clean - corrupted logit difference), "
+              f"complement {at_five.complement:.2f}; 0.8 first reached at k = "
+              f"{int(reached['size'].iloc[0]) if len(reached) else 'never'}")
+    print(f"\n3. agreement with exact path patching on the {len(candidates)} candidate edges (choosing prompts):")
+    for method in ("EAP", "EAP-IG"):
+        pair = frame.assign(attribution=scores[method])
+        for k in (20, five):
+            found = edge_agreement(pair, top_k=k)
+            print(f"  {method}: Spearman {found['spearman']:.2f}, Pearson {found['pearson']:.2f}, "
+                  f"top-{k} overlap {found['top_k_overlap']:.0%}")
+    figure(curves, len(candidates), args.figure)
+    print(f"figure: {args.figure}")
+
+
+if __name__ == "__main__":
+    main()
