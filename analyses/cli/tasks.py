@@ -29,7 +29,8 @@ from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.tasks.task import BUILT_IN, make_task, task_batch, task_metric, task_scores
 from interp.errors import UserError
-from analyses.report.task_page import analyse_task, task_inputs, write_task_page
+from analyses.interventions.attribution import Screen
+from analyses.report.task_page import DEFAULT_SCREEN, analyse_task, task_inputs, write_task_page
 from analyses.tasks.tracing import STATES, causal_trace, trace_figure
 
 
@@ -91,6 +92,15 @@ def register_task(subparsers) -> None:
     task.add_argument("--n", type=int, help="number of prompts (default: the generator's, or every row)")
     task.add_argument("--top", type=int, default=3, help="path-patch from this many top heads (default 3)")
     task.add_argument("--seed", type=int, default=0)
+    task.add_argument("--exact-all", action="store_true",
+                      help="measure every patching cell and path-patching edge exactly (default: attribution "
+                           "estimates every one and only those the screen chooses are measured exactly)")
+    task.add_argument("--screen-top", type=int, default=DEFAULT_SCREEN.top_k, metavar="K",
+                      help=f"the screen measures exactly the K cells (edges) of each sweep with the largest "
+                           f"estimated effect (default {DEFAULT_SCREEN.top_k})")
+    task.add_argument("--screen-share", type=float, default=DEFAULT_SCREEN.share, metavar="S",
+                      help="... and every cell whose estimated effect reaches S x |clean - corrupted| "
+                           f"(default {DEFAULT_SCREEN.share:g})")
     task.add_argument("--out", type=Path, required=True, help="output directory")
     task.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT: reuse its finished "
                                                             "steps (same model, task and options), compute the rest")
@@ -105,8 +115,9 @@ def run_task(args) -> int:
         task = make_task(model, args.name, args.n, args.seed)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
-        steps = Steps(args.out, task_inputs(task, meta, args.top), resume=args.resume)
-        analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
+        screen = None if args.exact_all else Screen(args.screen_top, args.screen_share)
+        steps = Steps(args.out, task_inputs(task, meta, args.top, screen), resume=args.resume)
+        analysis = analyse_task(model, task, top=args.top, screen=screen, memory_mb=args.memory_mb,
                                 progress=args.progress, steps=steps)
         out = write_task_page(analysis, args.out, meta)
     values = analysis.values
