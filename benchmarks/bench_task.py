@@ -144,6 +144,7 @@ def main() -> None:
           f"{model.cfg.n_layers} layers x {model.cfg.n_heads} heads; screen: {DEFAULT_SCREEN.describe()}",
           flush=True)
     screened, counter = measured(model, task, DEFAULT_SCREEN, args.top)
+    print(f"metric clean {screened.values['clean']:.4f}, corrupted {screened.values['corrupted']:.4f}")
     print(f"{'step':<16}{'FE':>10}{'wall s':>9}{'CPU s':>9}")
     for step in [*STEPS, "setup"]:
         print(f"{step:<16}{counter.fe(step):>10.2f}{counter.wall[step]:>9.1f}{counter.cpu[step]:>9.1f}")

@@ -338,6 +338,15 @@ def test_the_screened_page_measures_exactly_the_cells_its_rule_names_and_says_so
     assert "Screened by attribution" in page and "Screened by EAP" in page and meta["rule"] in page
 
 
+def test_a_screen_that_is_no_rule_is_refused_in_one_line(tmp_path, capsys):
+    from analyses.cli import main
+
+    for option, value in (("--screen-top", "-1"), ("--screen-share", "0")):
+        assert main(["task", "ioi", option, value, "--out", str(tmp_path / "out")]) == 2
+        error = capsys.readouterr().err
+        assert f"screen {option[9:].replace('-', '_')}" in error and error.count("\n") == 1
+
+
 def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):
     from analyses.report.task_page import task_dla
 

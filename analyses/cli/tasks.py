@@ -10,7 +10,9 @@ most-attended token is decisive under intervention: ``scores.csv``, ``agreement.
 ``interp task NAME|FILE``: a task (``analyses.tasks.task``) on a model -- the metric on the clean and
 corrupted runs, head and MLP patching (all positions and by position), direct logit attribution,
 path patching from the top senders with edge attribution beside it -- as one offline page
-(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs. Each step's result is
+(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs. The sweeps are screened
+by attribution (``--screen-top``, ``--screen-share``: which cells are measured exactly, the others
+estimated, said on the page and in meta.json) unless ``--exact-all``. Each step's result is
 kept in ``DIR/steps/`` as it finishes (``analyses.core.steps``), so ``--resume`` after an
 interruption computes only the steps not yet done; the run holds ``DIR/.lock`` while it runs."""
 
@@ -108,6 +110,7 @@ def register_task(subparsers) -> None:
 
 
 def run_task(args) -> int:
+    screen = None if args.exact_all else Screen(args.screen_top, args.screen_share)  # refused before any load
     args.out.mkdir(parents=True, exist_ok=True)
     with directory_lock(args.out, "task run"):
         check_steps_dir(args.out, args.resume)  # before any model loads
@@ -115,7 +118,6 @@ def run_task(args) -> int:
         task = make_task(model, args.name, args.n, args.seed)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
-        screen = None if args.exact_all else Screen(args.screen_top, args.screen_share)
         steps = Steps(args.out, task_inputs(task, meta, args.top, screen), resume=args.resume)
         analysis = analyse_task(model, task, top=args.top, screen=screen, memory_mb=args.memory_mb,
                                 progress=args.progress, steps=steps)
