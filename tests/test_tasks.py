@@ -10,6 +10,7 @@ import torch
 from analyses.tasks.task import (
     NAMES, Task, greater_than_task, induction_text_task, ioi_task, load_task, make_task, task_batch, task_metric,
 )
+from analyses.core.metrics import metric_part
 from analyses.core.tokens import encode
 from interp import UserError, load_model
 from interp.random_models import make_random_gpt2
@@ -139,6 +140,16 @@ def test_task_metrics_equal_a_naive_per_prompt_computation_on_a_ragged_batch(mak
     with torch.no_grad():
         value = task_metric(task, batch.last)(model(batch.clean)).item()
     assert value == pytest.approx(naive_value(model, task), abs=1e-5)
+    # in chunks of prompts (what an intervention within a memory budget runs), each part given the
+    # logits of its own prompts at the read positions only: the weighted parts are the batch's value
+    metric = task_metric(task, batch.last)
+    read, parts = metric.read_positions, [slice(0, 1), slice(1, len(task) // 2), slice(len(task) // 2, len(task))]
+    with torch.no_grad():
+        logits = model(batch.clean)[:, read]
+    found = [metric_part(metric, rows, read) for rows in parts]
+    assert [weight for _, weight in found] == [rows.stop - rows.start for rows in parts]
+    assert sum(weight * part(logits[rows]).item() for (part, weight), rows in zip(found, parts)) / len(task) == (
+        pytest.approx(naive_value(model, task), abs=1e-5))
 
 
 def test_the_metric_reads_only_the_positions_it_declares(toy):
