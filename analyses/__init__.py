@@ -7,8 +7,8 @@ from analyses.roles.tl_compat import detect_heads
 from analyses.report.build import build_report, write_report
 from analyses.report.attention_map import attention_map
 from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
-from analyses.interventions.attribution import (attribution_agreement, attribution_patch_heads, attribution_patch_mlps,
-                                                shortlist_patch_heads)
+from analyses.interventions.attribution import (Screen, attribution_agreement, attribution_patch_heads,
+                                                attribution_patch_mlps, screened_patches, shortlist_patch_heads)
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.interventions.patching import (patch_components, patch_heads, patch_mlps, patch_patterns, patch_residual,
                                              patching_frame)
@@ -20,7 +20,8 @@ from analyses.roles.backup import backup_report, direct_and_total_effects, pairw
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
 from analyses.report.calibration_figures import calibration_frames, calibration_section
 from analyses.circuits.composition import composition_figure, composition_scores
-from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch, shortlist_path_patch
+from analyses.circuits.path_patching import (eap_ig, edge_attribution, path_patch, screened_path_patch,
+                                             shortlist_path_patch)
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores

@@ -47,7 +47,7 @@ def whole(gpt2_dir, tmp_path_factory):
 
 def counting(monkeypatch, calls: Counter) -> None:
     """Count the calls of each step's library function (each ``attribution`` method by its column)."""
-    for name in ("patch_heads", "patch_mlps", "task_dla", "path_patch"):
+    for name in ("patch_sweep", "task_dla", "edge_sweep"):
         function = getattr(task_page, name)
         monkeypatch.setattr(task_page, name, lambda *a, _f=function, _n=name, **k: calls.update([_n]) or _f(*a, **k))
     for column, method in task_page.ATTRIBUTIONS.items():
@@ -60,7 +60,7 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
         stop, gpt2_dir, whole, tmp_path, monkeypatch):
     out = tmp_path / "page"
     # the step's function, and how many of its calls finish before it is interrupted
-    interrupted = {"mlps_by_pos": ("patch_mlps", 1), "attribution_ig": ("attribution_ig", 0)}[stop]
+    interrupted = {"mlps_by_pos": ("patch_sweep", 3), "attribution_ig": ("attribution_ig", 0)}[stop]
     calls = Counter()
     with monkeypatch.context() as patched:
         counting(patched, calls)
@@ -85,8 +85,8 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
     with monkeypatch.context() as patched:
         counting(patched, calls)
         assert main(task_args(gpt2_dir, out, "--resume")) == 0
-    step_calls = {"heads": "patch_heads", "heads_by_pos": "patch_heads", "mlps": "patch_mlps",
-                  "mlps_by_pos": "patch_mlps", "dla": "task_dla", "path_patching": "path_patch",
+    step_calls = {"heads": "patch_sweep", "heads_by_pos": "patch_sweep", "mlps": "patch_sweep",
+                  "mlps_by_pos": "patch_sweep", "dla": "task_dla", "path_patching": "edge_sweep",
                   "attribution": "attribution", "attribution_ig": "attribution_ig"}
     expected = Counter(step_calls[s] for s in task_page.STEPS[task_page.STEPS.index(stop):])
     assert calls == expected  # the finished steps were read, not computed
@@ -94,27 +94,27 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
 
 
 def test_a_killed_task_run_resumes_with_the_same_bytes(gpt2_dir, whole, tmp_path, monkeypatch):
-    """SIGKILL of the process (no chance to clean up) once DLA is on disk and path patching has begun."""
+    """SIGKILL of the process (no chance to clean up) once EAP is on disk and path patching has begun."""
     out = tmp_path / "page"
     code = ("import sys, time; import analyses.report.task_page as page; from analyses.cli import main\n"
-            "slow = page.path_patch\n"
-            "page.path_patch = lambda *a, **k: time.sleep(60) or slow(*a, **k)\n"
+            "slow = page.edge_sweep\n"
+            "page.edge_sweep = lambda *a, **k: time.sleep(60) or slow(*a, **k)\n"
             "main(sys.argv[1:])")
     process = subprocess.Popen([sys.executable, "-c", code, *task_args(gpt2_dir, out)], cwd=ROOT,
                                env=os.environ | {"OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (out / "steps" / "dla.json").exists():
+        while time.monotonic() < deadline and not (out / "steps" / "attribution.json").exists():
             time.sleep(0.05)
         os.kill(process.pid, signal.SIGKILL)
     finally:
         process.wait()
     assert process.returncode == -signal.SIGKILL
-    assert sorted(p.stem for p in (out / "steps").glob("*.json")) == sorted(task_page.STEPS[:6])
+    assert sorted(p.stem for p in (out / "steps").glob("*.json")) == sorted(task_page.STEPS[:7])
     calls = Counter()
     counting(monkeypatch, calls)
     assert main(task_args(gpt2_dir, out, "--resume")) == 0  # the kernel dropped the dead run's lock
-    assert calls == Counter(["path_patch", "attribution", "attribution_ig"])
+    assert calls == Counter(["edge_sweep", "attribution_ig"])
     assert files(out) == files(whole)
 
 

@@ -10,6 +10,7 @@ import torch
 from analyses.tasks.task import (
     NAMES, Task, greater_than_task, induction_text_task, ioi_task, load_task, make_task, task_batch, task_metric,
 )
+from analyses.core.metrics import metric_part
 from analyses.core.tokens import encode
 from interp import UserError, load_model
 from interp.random_models import make_random_gpt2
@@ -139,6 +140,16 @@ def test_task_metrics_equal_a_naive_per_prompt_computation_on_a_ragged_batch(mak
     with torch.no_grad():
         value = task_metric(task, batch.last)(model(batch.clean)).item()
     assert value == pytest.approx(naive_value(model, task), abs=1e-5)
+    # in chunks of prompts (what an intervention within a memory budget runs), each part given the
+    # logits of its own prompts at the read positions only: the weighted parts are the batch's value
+    metric = task_metric(task, batch.last)
+    read, parts = metric.read_positions, [slice(0, 1), slice(1, len(task) // 2), slice(len(task) // 2, len(task))]
+    with torch.no_grad():
+        logits = model(batch.clean)[:, read]
+    found = [metric_part(metric, rows, read) for rows in parts]
+    assert [weight for _, weight in found] == [rows.stop - rows.start for rows in parts]
+    assert sum(weight * part(logits[rows]).item() for (part, weight), rows in zip(found, parts)) / len(task) == (
+        pytest.approx(naive_value(model, task), abs=1e-5))
 
 
 def test_the_metric_reads_only_the_positions_it_declares(toy):
@@ -252,7 +263,7 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     from analyses.circuits.path_patching import path_patch
 
     out = tmp_path / "ioi"
-    assert main(["task", "ioi", "--n", "6", "--top", "2", "--out", str(out), "--quiet"]) == 0
+    assert main(["task", "ioi", "--n", "6", "--top", "2", "--exact-all", "--out", str(out), "--quiet"]) == 0
     task = make_task(toy, "ioi", n=6)
     batch = task_batch(toy, task)
     metric = task_metric(task, batch.last)
@@ -279,6 +290,72 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     page = (out / "index.html").read_text()
     assert f"{clean:.4f}" in page and "Direct logit attribution" in page and "Circuit" in page
     assert "http://" not in page.split("<script>")[0] and "https://" not in page.split("<script>")[0]
+    assert "Every cell measured exactly" in page and "Screened" not in page
+    assert json.loads((out / "meta.json").read_text())["screen"]["exact"] == "every cell and edge"
+    assert all(read_csv(out / name)["exact"].all() for name in ("heads.csv", "heads_by_pos.csv", "edges.csv"))
+
+
+def screen_rule(effect: torch.Tensor, gap: float, top_k: int = 20, share: float = 0.02) -> torch.Tensor:
+    """What the default screen says it measures exactly, written out: the ``top_k`` cells of largest
+    |estimated effect| and every cell whose |estimated effect| reaches ``share`` x |gap|."""
+    size = effect.abs().flatten()
+    chosen = size >= share * abs(gap)
+    chosen[torch.topk(size, top_k).indices] = True
+    return chosen
+
+
+def test_the_screened_page_measures_exactly_the_cells_its_rule_names_and_says_so(toy, tmp_path):
+    """At its defaults ``interp task`` screens: the cells (edges) measured exactly are the rule's,
+    computed here from attribution patching (EAP); each equals the exhaustive sweep (path patching)
+    to 1e-5, every other cell holds the estimate; the page and meta.json name the rule."""
+    from analyses.cli import main
+    from analyses.circuits.path_patching import edge_attribution, path_patch
+    from analyses.interventions.patching import patch_heads
+
+    out = tmp_path / "ioi"
+    assert main(["task", "ioi", "--n", "6", "--top", "2", "--out", str(out), "--quiet"]) == 0
+    task = make_task(toy, "ioi", n=6)
+    batch = task_batch(toy, task)
+    metric = task_metric(task, batch.last)
+    pair = (toy, batch.clean, batch.corrupted, metric)
+    with torch.no_grad():
+        clean, corrupted = metric(toy(batch.clean)).item(), metric(toy(batch.corrupted)).item()
+    estimate = patch_heads(*pair, by_position=True, method="attribution").flatten()
+    exhaustive = patch_heads(*pair, by_position=True).flatten()
+    by_pos = read_csv(out / "heads_by_pos.csv")
+    chosen = screen_rule(estimate - corrupted, clean - corrupted)
+    assert by_pos["exact"].tolist() == chosen.tolist() and 20 <= chosen.sum() < len(chosen) / 4
+    values = torch.tensor(by_pos["metric"].to_numpy(), dtype=torch.float32)
+    torch.testing.assert_close(values[chosen], exhaustive[chosen], atol=1e-5, rtol=0)
+    torch.testing.assert_close(values[~chosen], estimate[~chosen], atol=1e-5, rtol=0)
+    # the top heads by exact patching are the exhaustive sweep's (the senders of path patching)
+    heads = read_csv(out / "heads.csv")
+    assert heads["exact"].all()  # 16 heads: every one is among the top 20
+    torch.testing.assert_close(torch.tensor(heads["metric"].to_numpy(), dtype=torch.float32),
+                               patch_heads(*pair).flatten(), atol=1e-5, rtol=0)
+    edges = read_csv(out / "edges.csv")
+    senders = sorted(set(zip(edges["sender_layer"], edges["sender_head"])))
+    attributed = torch.tensor(edge_attribution(*pair, senders=senders)["attribution"].to_numpy(), dtype=torch.float32)
+    exact = torch.tensor(path_patch(*pair, senders=senders)["effect"].to_numpy(), dtype=torch.float32)
+    chosen = screen_rule(attributed, clean - corrupted)
+    effect = torch.tensor(edges["effect"].to_numpy(), dtype=torch.float32)
+    assert edges["exact"].tolist() == chosen.tolist() and chosen.sum() < len(chosen)
+    torch.testing.assert_close(effect[chosen], exact[chosen], atol=1e-5, rtol=0)
+    torch.testing.assert_close(effect[~chosen], attributed[~chosen], atol=1e-5, rtol=0)
+    meta = json.loads((out / "meta.json").read_text())["screen"]
+    assert (meta["top_k"], meta["share"]) == (20, 0.02)
+    assert meta["exact_of_all"]["heads_by_pos"] == [int(by_pos["exact"].sum()), len(by_pos)]
+    page = (out / "index.html").read_text()
+    assert "Screened by attribution" in page and "Screened by EAP" in page and meta["rule"] in page
+
+
+def test_a_screen_that_is_no_rule_is_refused_in_one_line(tmp_path, capsys):
+    from analyses.cli import main
+
+    for option, value in (("--screen-top", "-1"), ("--screen-share", "0")):
+        assert main(["task", "ioi", option, value, "--out", str(tmp_path / "out")]) == 2
+        error = capsys.readouterr().err
+        assert f"screen {option[9:].replace('-', '_')}" in error and error.count("\n") == 1
 
 
 def test_dla_averages_answer_and_distractor_sets_and_adds_up_to_the_metric(toy):

@@ -36,6 +36,7 @@ layer's receivers.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
@@ -53,6 +54,7 @@ from analyses.circuits.edges import QKV, VIAS, Edge, Edges, Head, edges_of, outp
 from analyses.interventions.engine import (check_choice, collect_variants, evaluate_variants, rows_per_chunk,
                                           runs_suffix_only)
 from analyses.core.metrics import Metric
+from analyses.interventions.attribution import Screen
 from analyses.interventions.patching import base_and_source
 from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.progress import progress_bar
@@ -89,23 +91,35 @@ def path_reads(model, edges: Edges) -> list[str]:
     return [*z_names(model), *names, *([final_resid_name(model)] if logits.any() else [])]
 
 
+def sender_reads(model, edges: Edges) -> list[str]:
+    """The hooks of the source run that path patching of ``edges`` reads: the ``hook_z`` of every
+    layer up to the last sender's (the senders' writes)."""
+    return z_names(model)[:int(edges.table[:, 0].max()) + 1]
+
+
 def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str, *,
-                  base_run: Run | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> PathSetup:
+                  base_run: Run | None = None, source_run: Run | None = None,
+                  memory_mb: float = DEFAULT_MEMORY_MB) -> PathSetup:
     """Run clean and corrupted once each (in chunks of prompts within ``memory_mb``); cache what
     the edges' patched runs read (``base_run``: a ``Run`` of the base prompts, corrupted when
     denoising, that serves instead of a forward; what it lacks is read by a forward of only the
-    blocks it needs) and the writes of the edges' senders only."""
+    blocks it needs) and the writes of the edges' senders only. ``source_run``: a ``Run`` of the
+    source prompts that serves instead of a forward (what it lacks of ``sender_reads`` is read as
+    ``base_run``'s is)."""
     base, source = base_and_source(model, clean, corrupted, direction)
     names = path_reads(model, edges)
     senders = sorted({(layer, head) for layer, head in edges.table[:, :2].tolist()})
-    sender_z = z_names(model)[:max(layer for layer, _ in senders) + 1]
-    source_run = Run.make(model, source, metric, sender_z, starts=False, memory_mb=memory_mb)
+    sender_z = sender_reads(model, edges)
+    if source_run is None:
+        source_run = Run.make(model, source, metric, sender_z, starts=False, memory_mb=memory_mb)
+    source_run.check_tokens(source)
     if base_run is None:
         base_run = Run.make(model, base, metric, names, memory_mb=memory_mb)
     base_run.check_tokens(base)
     cache = base_run.read(names)
-    writes = head_writes(model, senders, [source_run.cache[n] for n in sender_z], [cache[n] for n in sender_z])
-    return PathSetup(base_run, metric, {}, base_run.value(metric), source_run.baseline, direction, cache, writes)
+    source_z = source_run.read(sender_z)
+    writes = head_writes(model, senders, [source_z[n] for n in sender_z], [cache[n] for n in sender_z])
+    return PathSetup(base_run, metric, {}, base_run.value(metric), source_run.value(metric), direction, cache, writes)
 
 
 def _write(setup: PathSetup, head: Head) -> torch.Tensor:
@@ -189,6 +203,7 @@ def path_patch(
     steps: int | None = None,
     options: Options | None = None,
     base_run: Run | None = None,
+    source_run: Run | None = None,
     **keywords,
 ) -> pd.DataFrame:
     """Path patching of every edge (see the module docstring) -> one row per edge, sorted by
@@ -210,7 +225,8 @@ def path_patch(
     None for all heads; ``via``: "q", "k", "v", "logits" or a sequence of them; ``direction``:
     "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse); it, ``normalize``,
     ``memory_mb`` and ``progress`` come as ``options`` (``analyses.interventions.run.Options``) or as keywords.
-    ``base_run``: a ``Run`` of the base prompts (see ``prepare_paths``), exact only.
+    ``base_run`` / ``source_run``: ``Run``s of the base / source prompts (see ``prepare_paths``),
+    exact only.
     """
     check_choice("method", method, METHODS)
     if steps is not None and method != "eap_ig":
@@ -228,7 +244,7 @@ def path_patch(
         return edges.frame(attribution=scores.float())
     require_path_edits(model, edges, "path_patch")
     setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
-                          memory_mb=options.memory_mb)
+                          source_run=source_run, memory_mb=options.memory_mb)
     values = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
     return path_frame(setup, edges, values, options.normalize)
 
@@ -247,26 +263,57 @@ def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **keyword
     return path_patch(model, clean, corrupted, metric, method="eap_ig", steps=steps, **keywords)
 
 
+def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Screen = Screen(),
+                        attribution: torch.Tensor | np.ndarray | None = None, base_run: Run | None = None,
+                        source_run: Run | None = None, **keywords) -> pd.DataFrame:
+    """Path patching screened by edge attribution: every edge's effect estimated (EAP,
+    ``edge_attribution``; or ``attribution``, the estimated effects given in ``edges_of``'s order),
+    the edges ``screen`` chooses (``analyses.interventions.attribution.Screen``) path-patched
+    exactly, the others left at their estimate -> ``path_patch``'s frame of every edge (unnormalised)
+    with ``attribution`` and ``exact`` beside ``value`` and ``effect`` (exact where ``exact``, the
+    base run's metric plus the estimate elsewhere). ``keywords``: ``senders``, ``receivers``, ``via``
+    and the options, as ``path_patch`` takes them; ``base_run`` and ``source_run`` as there."""
+    selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
+    options = Options.of(keywords.pop("options", None), keywords)
+    every_edge = edges_of(model, **selection)
+    require_path_edits(model, every_edge, "screened_path_patch")
+    if attribution is None:
+        attribution = edge_attribution(model, clean, corrupted, metric, **selection, options=options)["attribution"]
+    estimate = torch.from_numpy(np.array(attribution, dtype=np.float32))
+    if estimate.shape != (len(every_edge),):
+        raise UserError(f"{tuple(estimate.shape)} attributions for {len(every_edge)} edges")
+    base, source = base_and_source(model, clean, corrupted, options.direction)
+    if base_run is None:
+        base_run = Run.make(model, base, metric, memory_mb=options.memory_mb)
+    if source_run is None:
+        source_run = Run.make(model, source, metric, sender_reads(model, every_edge), starts=False,
+                              memory_mb=options.memory_mb)
+    source_run.check_tokens(source)
+    exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
+    chosen = exact.nonzero()[:, 0].numpy()
+    baseline = base_run.value(metric)
+    values = baseline + estimate.double()
+    if len(chosen):
+        edges = every_edge.take(chosen)
+        setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
+                              source_run=source_run, memory_mb=options.memory_mb)
+        values[chosen] = path_values(model, setup, metric, edges, memory_mb=options.memory_mb,
+                                     progress=options.progress).double()
+    return every_edge.frame(value=values.float(), effect=(values - baseline).float(), attribution=estimate,
+                            exact=exact)
+
+
 def shortlist_path_patch(model, clean, corrupted, metric: Metric, *, top_k: int = 20, **keywords) -> pd.DataFrame:
     """Edge attribution ranks every edge; exact path patching confirms the ``top_k`` by
-    |attribution| -> those edges, strongest attribution first: the key columns, ``attribution``,
-    and ``path_patch``'s ``value`` and ``effect`` (unnormalised). ``keywords``: ``senders``,
-    ``receivers``, ``via`` and the options, as ``path_patch`` takes them."""
-    if not isinstance(top_k, int) or top_k < 1:
+    |attribution| (``screened_path_patch`` with ``Screen(top_k, math.inf)``) -> those edges,
+    strongest attribution first: the key columns, ``attribution``, and ``path_patch``'s ``value``
+    and ``effect`` (unnormalised). ``keywords``: ``senders``, ``receivers``, ``via`` and the
+    options, as ``path_patch`` takes them."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise UserError(f"top_k={top_k!r} must be a positive integer")
-    selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
-    options = Options.of(None, keywords)
-    every_edge = edges_of(model, **selection)  # the rows of ``scored``, in order
-    require_path_edits(model, every_edge, "shortlist_path_patch")
-    scored = edge_attribution(model, clean, corrupted, metric, **selection, options=options)
-    order = scored["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
-    edges = every_edge.take(order)
-    setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, memory_mb=options.memory_mb)
-    exact = path_frame(setup, edges, path_values(model, setup, metric, edges, memory_mb=options.memory_mb,
-                                                 progress=options.progress), normalize=False)
-    return exact.assign(attribution=scored["attribution"].to_numpy()[order]).reset_index(drop=True)[
-        [*exact.columns[:5], "attribution", "value", "effect"]
-    ]
+    every = screened_path_patch(model, clean, corrupted, metric, screen=Screen(top_k, math.inf), **keywords)
+    order = every["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
+    return every.loc[order].reset_index(drop=True)[[*every.columns[:5], "attribution", "value", "effect"]]
 
 
 def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:

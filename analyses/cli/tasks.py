@@ -10,7 +10,9 @@ most-attended token is decisive under intervention: ``scores.csv``, ``agreement.
 ``interp task NAME|FILE``: a task (``analyses.tasks.task``) on a model -- the metric on the clean and
 corrupted runs, head and MLP patching (all positions and by position), direct logit attribution,
 path patching from the top senders with edge attribution beside it -- as one offline page
-(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs. Each step's result is
+(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs. The sweeps are screened
+by attribution (``--screen-top``, ``--screen-share``: which cells are measured exactly, the others
+estimated, said on the page and in meta.json) unless ``--exact-all``. Each step's result is
 kept in ``DIR/steps/`` as it finishes (``analyses.core.steps``), so ``--resume`` after an
 interruption computes only the steps not yet done; the run holds ``DIR/.lock`` while it runs."""
 
@@ -29,7 +31,8 @@ from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.tasks.task import BUILT_IN, make_task, task_batch, task_metric, task_scores
 from interp.errors import UserError
-from analyses.report.task_page import analyse_task, task_inputs, write_task_page
+from analyses.interventions.attribution import Screen
+from analyses.report.task_page import DEFAULT_SCREEN, analyse_task, task_inputs, write_task_page
 from analyses.tasks.tracing import STATES, causal_trace, trace_figure
 
 
@@ -91,6 +94,15 @@ def register_task(subparsers) -> None:
     task.add_argument("--n", type=int, help="number of prompts (default: the generator's, or every row)")
     task.add_argument("--top", type=int, default=3, help="path-patch from this many top heads (default 3)")
     task.add_argument("--seed", type=int, default=0)
+    task.add_argument("--exact-all", action="store_true",
+                      help="measure every patching cell and path-patching edge exactly (default: attribution "
+                           "estimates every one and only those the screen chooses are measured exactly)")
+    task.add_argument("--screen-top", type=int, default=DEFAULT_SCREEN.top_k, metavar="K",
+                      help=f"the screen measures exactly the K cells (edges) of each sweep with the largest "
+                           f"estimated effect (default {DEFAULT_SCREEN.top_k})")
+    task.add_argument("--screen-share", type=float, default=DEFAULT_SCREEN.share, metavar="S",
+                      help="... and every cell whose estimated effect reaches S x |clean - corrupted| "
+                           f"(default {DEFAULT_SCREEN.share:g})")
     task.add_argument("--out", type=Path, required=True, help="output directory")
     task.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT: reuse its finished "
                                                             "steps (same model, task and options), compute the rest")
@@ -98,6 +110,7 @@ def register_task(subparsers) -> None:
 
 
 def run_task(args) -> int:
+    screen = None if args.exact_all else Screen(args.screen_top, args.screen_share)  # refused before any load
     args.out.mkdir(parents=True, exist_ok=True)
     with directory_lock(args.out, "task run"):
         check_steps_dir(args.out, args.resume)  # before any model loads
@@ -105,8 +118,8 @@ def run_task(args) -> int:
         task = make_task(model, args.name, args.n, args.seed)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
-        steps = Steps(args.out, task_inputs(task, meta, args.top), resume=args.resume)
-        analysis = analyse_task(model, task, top=args.top, memory_mb=args.memory_mb,
+        steps = Steps(args.out, task_inputs(task, meta, args.top, screen), resume=args.resume)
+        analysis = analyse_task(model, task, top=args.top, screen=screen, memory_mb=args.memory_mb,
                                 progress=args.progress, steps=steps)
         out = write_task_page(analysis, args.out, meta)
     values = analysis.values

@@ -1,11 +1,16 @@
 """Attribution patching, judged (Nanda 2023; Syed et al. 2023): the estimate itself is
 ``patch_components(method="attribution")`` (exact patching linearised, about three
 forward-equivalents for every cell); here are its shortcuts, how well it agrees with exact
-patching (measured, never assumed), and the shortlist that ranks every head by attribution and
-confirms the top ones exactly.
+patching (measured, never assumed), and the screen that measures exactly only the cells the
+estimate says matter (``Screen``, ``screened_patches``; path patching's edges take the same rule,
+``analyses.circuits.path_patching.screened_path_patch``), with the shortlist that ranks every head
+by attribution and confirms the top ones exactly.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -14,9 +19,9 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
 from analyses.core.metrics import Metric
-from analyses.interventions.patching import (COMPONENTS, base_and_source, linearised_patches, patch_components,
-                                            patch_specific_heads, prepare)
-from analyses.interventions.run import Options, Run
+from analyses.interventions.engine import check_choice
+from analyses.interventions.patching import COMPONENTS, base_and_source, patch_components, prepare
+from analyses.interventions.run import Contrast, Options, Run
 from interp.errors import UserError
 
 
@@ -61,6 +66,81 @@ def unpatched_value(model, clean_tokens, corrupted_tokens, metric: Metric, *, di
     return Run.make(model, base, metric, starts=False, memory_mb=memory_mb).baseline
 
 
+@dataclass(frozen=True)
+class Screen:
+    """Which cells of a sweep (patching cells, path-patching edges) are measured exactly when
+    attribution screens it: every cell's effect is first estimated to first order (its estimated
+    metric minus the unpatched run's); measured exactly are the ``top_k`` cells of largest
+    |estimated effect| and every cell whose |estimated effect| reaches ``share`` x |clean -
+    corrupted| (``math.inf``: none by share); the other cells keep their estimate. Where clean and
+    corrupted give the same metric, every cell reaches the share: all are measured."""
+
+    top_k: int = 20
+    share: float = 0.02
+
+    def __post_init__(self):
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise UserError(f"screen top_k={self.top_k!r} must be a whole number >= 0")
+        if not self.share > 0:
+            raise UserError(f"screen share={self.share!r} must be > 0 (a share of |clean - corrupted|, or inf)")
+
+    def chosen(self, effect: torch.Tensor, gap: float) -> torch.Tensor:
+        """The cells measured exactly: ``effect`` (any shape) the estimated effects, ``gap`` clean
+        minus corrupted -> bool, ``effect``'s shape."""
+        size = effect.detach().abs().flatten().cpu()
+        keep = size >= self.share * abs(gap) if math.isfinite(self.share) else torch.zeros_like(size, dtype=torch.bool)
+        keep[size.argsort(descending=True, stable=True)[:self.top_k]] = True
+        return keep.reshape(effect.shape).to(effect.device)
+
+    def describe(self, unit: str = "cells") -> str:
+        """The rule in words, e.g. for a page: "the 20 cells of largest |estimated effect| and every
+        cell whose |estimated effect| reaches 0.02 of |clean - corrupted|"."""
+        by_share = (f" and every {unit[:-1]} whose |estimated effect| reaches {self.share:g} of |clean - corrupted|"
+                    if math.isfinite(self.share) else "")
+        return f"the {self.top_k} {unit} of largest |estimated effect|{by_share}"
+
+
+@dataclass
+class Screened:
+    """A screened sweep, each of the sweep's shape: ``values`` (the exact patched metric where
+    ``exact``, the estimate elsewhere), ``exact`` (bool) and ``estimate`` (every cell's)."""
+
+    values: torch.Tensor
+    exact: torch.Tensor
+    estimate: torch.Tensor
+
+
+def screened_patches(model, clean_tokens, corrupted_tokens, metric: Metric, component: str = "heads", *,
+                     by_position: bool = False, screen: Screen = Screen(), estimate: torch.Tensor | None = None,
+                     contrast: Contrast | None = None, options: Options | None = None, **keywords) -> Screened:
+    """``patch_components`` screened by attribution: every cell estimated (``method="attribution"``,
+    or ``estimate``, the unnormalised estimate given), the cells ``screen`` chooses measured
+    exactly (one suffix run each, batched as ``patch_components`` batches them), the others left at
+    their estimate. Same shapes and options as ``patch_components``; ``contrast``: one ``prepare``
+    made already for the component's hooks (else made here). The exact cells equal
+    ``patch_components``'s."""
+    check_choice("component", component, COMPONENTS)
+    options = Options.of(options, keywords)
+    raw = options.but(normalize=False)
+    if estimate is None:
+        estimate = patch_components(model, clean_tokens, corrupted_tokens, metric, component, by_position=by_position,
+                                    method="attribution", options=raw)
+    if contrast is None:
+        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
+                           options.direction, memory_mb=options.memory_mb)
+    variants, shape = COMPONENTS[component].variants(model, contrast.tokens.shape[1], by_position)
+    if tuple(estimate.shape) != shape:
+        raise UserError(f"the estimate has shape {tuple(estimate.shape)}, the sweep {shape}")
+    exact = screen.chosen(estimate - contrast.baseline, contrast.clean_value - contrast.corrupted_value)
+    chosen = exact.flatten().nonzero()[:, 0].tolist()
+    values = estimate.detach().clone().float()
+    values.view(-1)[chosen] = contrast.evaluate([variants[i] for i in chosen], raw,
+                                                f"patch {component} (screened)").to(values.device)
+    if options.normalize:
+        values, estimate = contrast.normalize(values), contrast.normalize(estimate)
+    return Screened(values, exact, estimate)
+
+
 def shortlist_patch_heads(
     model,
     clean_tokens,
@@ -73,7 +153,8 @@ def shortlist_patch_heads(
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
 ) -> pd.DataFrame:
-    """Attribution ranks every head; exact patching confirms the ``k`` with the largest estimated effect.
+    """Attribution ranks every head; exact patching confirms the ``k`` with the largest estimated
+    effect (``screened_patches`` with ``Screen(k, math.inf)``).
 
     Returns one row per head, by rank: ``rank, layer, head, attribution`` (estimated patched
     metric), ``value`` (exact where ``exact`` is True, else the attribution estimate), ``exact``.
@@ -84,18 +165,15 @@ def shortlist_patch_heads(
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= k <= n_layers * n_heads:
         raise UserError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
+    options = Options(direction, normalize, memory_mb, progress)
     contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction, memory_mb=memory_mb)
-    estimate = linearised_patches(model, clean_tokens, corrupted_tokens, metric, COMPONENTS["heads"], False,
-                                  Options(direction, False, memory_mb, progress)).cpu()
-    order = (estimate - contrast.baseline).abs().flatten().argsort(descending=True, stable=True)
-    heads = [divmod(int(i), n_heads) for i in order]
-    frame = pd.DataFrame(heads, columns=["layer", "head"])
+    screened = screened_patches(model, clean_tokens, corrupted_tokens, metric, "heads", screen=Screen(k, math.inf),
+                                contrast=contrast, options=options)
+    baseline = contrast.normalize(torch.tensor(contrast.baseline)) if normalize else contrast.baseline
+    order = (screened.estimate - baseline).abs().flatten().argsort(descending=True, stable=True).cpu()
+    frame = pd.DataFrame([divmod(int(i), n_heads) for i in order], columns=["layer", "head"])
     frame.insert(0, "rank", range(len(frame)))
-    frame["attribution"] = estimate.flatten()[order].cpu().numpy()
-    exact = patch_specific_heads(contrast, heads[:k], Options(direction, normalize, memory_mb, progress))
-    frame["value"] = torch.cat([exact, estimate.flatten()[order][k:]]).cpu().numpy()
-    frame["exact"] = frame["rank"] < k
-    if normalize:
-        for column in ("attribution", "value"):
-            frame[column] = contrast.normalize(torch.tensor(frame[column].to_numpy())).cpu().numpy()
+    frame["attribution"] = screened.estimate.flatten()[order].cpu().numpy()
+    frame["value"] = screened.values.flatten()[order].cpu().numpy()
+    frame["exact"] = screened.exact.flatten()[order].cpu().numpy()
     return frame

@@ -3,6 +3,13 @@ runs, head and MLP patching (all positions and by position), direct logit attrib
 patching from the top senders with edge attribution (EAP, EAP-IG) beside it, as one offline page
 built with the report's machinery (``analyses/report/page.py``).
 
+By default the four patching sweeps and path patching are screened by attribution
+(``analyses.interventions.attribution.Screen``, ``DEFAULT_SCREEN``): every cell (edge) is estimated
+to first order, those the rule chooses are measured exactly and the others keep their estimate
+(column ``exact``); the page and ``meta.json`` say so and give the rule. ``screen=None`` measures
+every cell and edge exactly. Either way the clean and corrupted runs are made once and read by
+every sweep.
+
 Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps``, keyed by
 ``task_inputs``: the model's weights hash, the task's contents, the options), ``analyse_task``
 reads the steps already finished from it and writes each other step to it as soon as it is done,
@@ -13,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -25,9 +33,10 @@ from analyses.components.decompose import components_cache, direct_logit_attribu
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.hook_names import has_mlps
-from analyses.core.metrics import evaluate_metric
-from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch
-from analyses.interventions.patching import patch_heads, patch_mlps, patching_frame
+from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch, screened_path_patch
+from analyses.interventions.attribution import Screen, screened_patches
+from analyses.interventions.patching import COMPONENTS, component_patches, patch_components, patching_frame, prepare
+from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
 from analyses.tasks.task import Task, TaskBatch, task_batch, task_metric
@@ -46,7 +55,10 @@ class TaskAnalysis:
     ``top`` senders by |head patching - corrupted| to every later head's q/k/v and the logits, with
     edge attribution beside it (``ATTRIBUTIONS``: EAP in column ``attribution``, EAP-IG in
     ``attribution_ig``); agreement: for each of those columns, ``edge_agreement`` with path patching,
-    or {"refused": why} where the model cannot take that method's edits."""
+    or {"refused": why} where the model cannot take that method's edits; screen: the rule that chose
+    the cells and edges measured exactly (None: every one was), each frame's ``exact`` column saying
+    which were (the others hold their first-order estimate: attribution patching's, EAP's); the
+    agreement is then over the exactly measured edges."""
 
     task: Task
     values: dict
@@ -57,6 +69,7 @@ class TaskAnalysis:
     dla: pd.DataFrame | None
     edges: pd.DataFrame
     agreement: dict
+    screen: Screen | None = None
 
 
 # edge attribution methods beside path patching: frame column -> method (same edges, same frame)
@@ -64,20 +77,32 @@ ATTRIBUTIONS = {"attribution": edge_attribution, "attribution_ig": eap_ig}
 ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": "EAP-IG"}
 # the steps of a task's analysis, in the order they run (the MLP steps only where the model has
 # MLPs, DLA only for the logit difference)
-STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "path_patching", *ATTRIBUTIONS)
+# (EAP comes before path patching, whose screen it is)
+STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "attribution", "path_patching",
+         "attribution_ig")
 Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
+# measured on SmolLM2-135M's IOI against every cell and edge exact (benchmarks/README.md, issue 35)
+DEFAULT_SCREEN = Screen(top_k=20, share=0.02)
 
 
-def task_inputs(task: Task, record: dict[str, str], top: int) -> dict:
+def screen_record(screen: Screen | None) -> dict:
+    """The screen as data (meta.json, the step store's options): the rule, or that there was none."""
+    if screen is None:
+        return {"exact": "every cell and edge"}
+    return {"top_k": screen.top_k, "share": screen.share, "rule": screen.describe()}
+
+
+def task_inputs(task: Task, record: dict[str, str], top: int, screen: Screen | None = DEFAULT_SCREEN) -> dict:
     """What a task's analysis depends on, for a step store (``analyses.core.steps.Steps``): the
     model's ``record`` (``interp.provenance``: family, impl, weights hash), the task's contents
-    (its name, size, metric, and the SHA-256 of its prompts, answers and distractors) and ``top``.
-    The memory budget and the device say how, not what, and are left out, as a study's are."""
+    (its name, size, metric, and the SHA-256 of its prompts, answers and distractors), ``top`` and
+    the ``screen``. The memory budget and the device say how, not what, and are left out, as a
+    study's are."""
     contents = json.dumps([task.clean, task.corrupted, task.answers, task.distractors, task.metric])
     return {"model": {key: record[key] for key in ("family", "impl", "weights_hash")},
             "task": {"name": task.name, "prompts": len(task), "metric": task.metric,
                      "sha256": hashlib.sha256(contents.encode()).hexdigest()},
-            "options": {"top": top}}
+            "options": {"top": top, "screen": screen_record(screen)}}
 
 
 def _compute(name: str, compute: Callable[[], object]) -> object:
@@ -105,46 +130,117 @@ def task_dla(model, task: Task, batch: TaskBatch) -> pd.DataFrame:
     return per_prompt.groupby(keys, dropna=False, sort=False)["dla"].mean().reset_index()
 
 
-def analyse_task(model, task: Task, *, top: int = 3, memory_mb: float = DEFAULT_MEMORY_MB,
-                 progress: bool | None = None, steps: Step | None = None) -> TaskAnalysis:
-    """The ``TaskAnalysis`` of ``task`` on ``model``. ``steps``: a store of finished steps
-    (``analyses.core.steps.Steps`` made for ``task_inputs``), called ``steps(name, compute)`` for each
-    of ``STEPS``: it gives the finished value or computes it and keeps it; None computes every step."""
+class TaskRuns:
+    """What several steps of a task's analysis read, each made once, on first use (so a resumed run
+    makes only what its unfinished steps need): the corrupted run (the base every denoising sweep
+    edits, its residual starts kept), the clean run (its metric and the heads' and MLPs' outputs,
+    the sources), and each component's first-order estimate by position (attribution patching: one
+    forward and backward for both of its sweeps)."""
+
+    def __init__(self, model, batch: TaskBatch, metric, options: Options):
+        self.model, self.batch, self.metric, self.options = model, batch, metric, options
+        self.estimates: dict[str, torch.Tensor] = {}
+
+    def names(self) -> list[str]:
+        return [name for component in ("heads", "mlps") if component == "heads" or has_mlps(self.model)
+                for name in COMPONENTS[component].names(self.model)]
+
+    @cached_property
+    def clean(self) -> Run:
+        return Run.make(self.model, self.batch.clean, self.metric, self.names(), starts=False,
+                        memory_mb=self.options.memory_mb)
+
+    @cached_property
+    def corrupted(self) -> Run:
+        return Run.make(self.model, self.batch.corrupted, self.metric, memory_mb=self.options.memory_mb)
+
+    def contrast(self, component: str) -> Contrast:
+        return prepare(self.model, self.batch.clean, self.batch.corrupted, self.metric,
+                       COMPONENTS[component].names(self.model), base_run=self.corrupted, clean_run=self.clean,
+                       memory_mb=self.options.memory_mb)
+
+    def estimate(self, component: str, by_position: bool) -> torch.Tensor:
+        """The component's attribution-patching estimate, [n_layers, pos(, n_heads)] by position, its
+        sum over positions (the estimate of patching every position: it is linear) without."""
+        if component not in self.estimates:
+            self.estimates[component] = patch_components(self.model, self.batch.clean, self.batch.corrupted,
+                                                         self.metric, component, by_position=True,
+                                                         method="attribution", options=self.options)
+        found = self.estimates[component]
+        return found if by_position else self.corrupted.baseline + (found - self.corrupted.baseline).sum(dim=1)
+
+
+def patch_sweep(runs: TaskRuns, component: str, by_position: bool, screen: Screen | None) -> pd.DataFrame:
+    """One patching sweep of the task as a frame (``patching_frame``'s, with ``exact``): every cell
+    exact without a ``screen``, else screened (``screened_patches`` on the shared runs)."""
+    contrast = runs.contrast(component)
+    if screen is None:
+        values = component_patches(contrast, component, runs.options, by_position=by_position)
+        exact = torch.ones_like(values, dtype=torch.bool)
+    else:
+        found = screened_patches(runs.model, runs.batch.clean, runs.batch.corrupted, runs.metric, component,
+                                 by_position=by_position, screen=screen, estimate=runs.estimate(component, by_position),
+                                 contrast=contrast, options=runs.options)
+        values, exact = found.values, found.exact
+    dims = {"heads": ("layer", "pos", "head") if by_position else ("layer", "head"),
+            "mlps": ("layer", "pos") if by_position else ("layer",)}[component]
+    return patching_frame(values, dims).assign(exact=exact.flatten().cpu().numpy())
+
+
+def edge_sweep(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | None,
+               attribution: pd.DataFrame | dict) -> pd.DataFrame:
+    """Path patching from ``senders`` to every later head and the logits -> ``path_patch``'s frame
+    with ``exact``: every edge exact without a ``screen`` or where EAP was refused (``attribution``
+    a dict), else screened by EAP's ``attribution`` (``screened_path_patch``)."""
+    pair = (runs.model, runs.batch.clean, runs.batch.corrupted, runs.metric)
+    if screen is None or isinstance(attribution, dict):
+        return path_patch(*pair, senders=senders, options=runs.options, base_run=runs.corrupted,
+                          source_run=runs.clean).assign(exact=True)
+    found = screened_path_patch(*pair, senders=senders, screen=screen, attribution=attribution["attribution"],
+                                base_run=runs.corrupted, source_run=runs.clean, options=runs.options)
+    return found.drop(columns="attribution")
+
+
+def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEFAULT_SCREEN,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                 steps: Step | None = None) -> TaskAnalysis:
+    """The ``TaskAnalysis`` of ``task`` on ``model``. ``screen``: the rule choosing the patching
+    cells and path-patching edges measured exactly (see the module docstring); None: all of them.
+    ``steps``: a store of finished steps (``analyses.core.steps.Steps`` made for ``task_inputs``),
+    called ``steps(name, compute)`` for each of ``STEPS``: it gives the finished value or computes
+    it and keeps it; None computes every step. The senders of path patching are the ``top`` heads
+    by |exact head patching - corrupted| (among those measured exactly)."""
     step = steps or _compute
     batch = task_batch(model, task)
     metric = task_metric(task, batch.last)
-    pair = (model, batch.clean, batch.corrupted, metric)
-    options = dict(memory_mb=memory_mb, progress=progress)
-
-    def unpatched() -> dict:
-        with torch.no_grad():
-            return {"clean": evaluate_metric(metric, model(batch.clean)).item(),
-                    "corrupted": evaluate_metric(metric, model(batch.corrupted)).item()}
-
-    values = step("metric", unpatched)
-    heads = step("heads", lambda: patching_frame(patch_heads(*pair, **options), ("layer", "head")))
-    heads_by_pos = step("heads_by_pos", lambda: patching_frame(patch_heads(*pair, by_position=True, **options),
-                                                               ("layer", "pos", "head")))
+    runs = TaskRuns(model, batch, metric, Options(memory_mb=memory_mb, progress=progress))
+    values = step("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
+    heads = step("heads", lambda: patch_sweep(runs, "heads", False, screen))
+    heads_by_pos = step("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
     with_mlps = has_mlps(model)
-    mlps = step("mlps", lambda: patching_frame(patch_mlps(*pair, **options), ("layer",))) if with_mlps else None
-    mlps_by_pos = step("mlps_by_pos", lambda: patching_frame(patch_mlps(*pair, by_position=True, **options),
-                                                             ("layer", "pos"))) if with_mlps else None
+    mlps = step("mlps", lambda: patch_sweep(runs, "mlps", False, screen)) if with_mlps else None
+    mlps_by_pos = step("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen)) if with_mlps else None
     dla = step("dla", lambda: task_dla(model, task, batch)) if task.metric == "logit_diff" else None
-    ranked = heads.assign(size=(heads["metric"] - values["corrupted"]).abs()).sort_values("size", ascending=False,
-                                                                                          kind="stable")
+    measured = heads[heads["exact"].astype(bool)]
+    ranked = measured.assign(size=(measured["metric"] - values["corrupted"]).abs()).sort_values(
+        "size", ascending=False, kind="stable")
     senders = [tuple(map(int, cell)) for cell in ranked[["layer", "head"]].head(top).to_numpy()]
-    edges = step("path_patching", lambda: path_patch(*pair, senders=senders, **options))
+    pair = (model, batch.clean, batch.corrupted, metric)
+    found = {"attribution": step("attribution", lambda: _attribution(ATTRIBUTIONS["attribution"], pair, senders))}
+    edges = step("path_patching", lambda: edge_sweep(runs, senders, screen, found["attribution"]))
+    found["attribution_ig"] = step("attribution_ig", lambda: _attribution(ATTRIBUTIONS["attribution_ig"], pair,
+                                                                          senders))
     agreement = {}
-    for column, method in ATTRIBUTIONS.items():
-        found = step(column, lambda method=method: _attribution(method, pair, senders))
-        if isinstance(found, dict):  # e.g. a bridge that cannot split q/k/v per head: said on the page
-            agreement[column] = found
+    for column, result in found.items():
+        if isinstance(result, dict):  # e.g. a bridge that cannot split q/k/v per head: said on the page
+            agreement[column] = result
             continue
-        edges[column] = found["attribution"].to_numpy()
-        if len(edges) >= 2:
-            scored = edges[["effect", column]].rename(columns={column: "attribution"})
-            agreement[column] = edge_agreement(scored, top_k=min(5, len(edges)))
-    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement)
+        edges[column] = result["attribution"].to_numpy()
+        scored = edges[edges["exact"].astype(bool)]
+        if len(scored) >= 2:
+            scored = scored[["effect", column]].rename(columns={column: "attribution"})
+            agreement[column] = edge_agreement(scored, top_k=min(5, len(scored)))
+    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement, screen)
 
 
 def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.DataFrame | dict:
@@ -178,8 +274,8 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
         patched += [_figure("mlps_by_pos", "denoising: each MLP's output at each position",
                             patching_figure(analysis.mlps_by_pos, "metric", "MLP patching by position"))]
     sections.append(Section("Patching", f"Corrupted-run metric {values['corrupted']:.4f}, clean {values['clean']:.4f}; "
-                                        "each cell is the metric with one component patched from the clean run.",
-                            figures=patched, table=analysis.heads))
+                                        "each cell is the metric with one component patched from the clean run."
+                                        + screen_note(analysis), figures=patched, table=analysis.heads))
     if analysis.mlps is not None:
         sections.append(Section("MLP patching", "Each MLP's output patched from the clean run (all positions).",
                                 table=analysis.mlps))
@@ -192,12 +288,36 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
         f" {ATTRIBUTION_NAMES[column]} not computed: {found['refused']}" if "refused" in found else
         f" {ATTRIBUTION_NAMES[column]} vs path patching: Spearman {found['spearman']:.3f}, top-{found['top_k']} "
         f"overlap {found['top_k_overlap']:.2f}." for column, found in analysis.agreement.items())
-    sections.append(Section("Circuit", "Path patching from the heads whose patching moves the metric most." + agreement
-                            + "\n\n" + "\n".join(edge_lines_plain(analysis.edges)),
+    measured = analysis.edges[analysis.edges["exact"].astype(bool)]
+    screened = (f" Screened by EAP: {len(measured)} of {len(analysis.edges)} edges path-patched exactly "
+                f"({analysis.screen.describe('edges')}), the others at their EAP estimate (column exact); the "
+                "agreement, the list and the figure are of the exact edges."
+                if analysis.screen is not None and len(measured) < len(analysis.edges) else "")
+    sections.append(Section("Circuit", "Path patching from the heads whose patching moves the metric most." + screened
+                            + agreement + "\n\n" + "\n".join(edge_lines_plain(measured)),
                             figures=[_figure("circuit", "strongest path-patched edges",
-                                             circuit_figure(analysis.edges, title="task circuit"))],
+                                             circuit_figure(measured, title="task circuit"))],
                             table=analysis.edges))
     return sections
+
+
+def sweep_counts(analysis: TaskAnalysis) -> dict[str, list[int]]:
+    """For each patching sweep and the edges: [cells measured exactly, cells]."""
+    frames = {"heads": analysis.heads, "heads_by_pos": analysis.heads_by_pos, "mlps": analysis.mlps,
+              "mlps_by_pos": analysis.mlps_by_pos, "edges": analysis.edges}
+    return {name: [int(frame["exact"].astype(bool).sum()), len(frame)] for name, frame in frames.items()
+            if frame is not None}
+
+
+def screen_note(analysis: TaskAnalysis) -> str:
+    """The patching sections' sentence on the screen: its rule and what it measured exactly."""
+    if analysis.screen is None:
+        return " Every cell measured exactly."
+    counts = sweep_counts(analysis)
+    measured = ", ".join(f"{name} {done} of {total}" for name, (done, total) in counts.items() if name != "edges")
+    return (f" **Screened by attribution**: every cell estimated to first order (attribution patching), measured "
+            f"exactly in each sweep {analysis.screen.describe()} ({measured}); the other cells show their estimate "
+            "(column exact). `--exact-all` measures every cell.")
 
 
 def edge_lines_plain(edges: pd.DataFrame, top: int = 5) -> list[str]:
@@ -218,4 +338,5 @@ def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
     if analysis.dla is not None:
         tables["dla.csv"] = analysis.dla
     title = f"interp task {analysis.task.name}"
+    meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)}}
     return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta, tables)

@@ -37,7 +37,7 @@ import csv
 import io
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -207,13 +207,24 @@ def task_scores(task: Task, last: torch.Tensor):
 def task_metric(task: Task, last: torch.Tensor) -> Metric:
     """The task's metric: logits (batch, pos, d_vocab) -> scalar, the mean over prompts of
     ``task_scores``. Differentiable; declares the positions it reads (``read_positions``) so
-    interventions unembed only those."""
+    interventions unembed only those, and how it splits over chunks of prompts (``part``, see
+    ``analyses.core.metrics.metric_part``: a part's mean weighted by its prompts), so an
+    intervention holds a chunk of prompts at a time, not the whole batch."""
     scores = task_scores(task, last)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return scores(logits).mean()
 
+    def part(rows: slice, read: torch.Tensor | None) -> tuple[Metric, float]:
+        """The metric on the prompts ``rows`` alone, its logits (rows, pos or len(read), d_vocab)."""
+        at = last[rows].cpu() if read is None else torch.searchsorted(read, last[rows].cpu())
+        sliced = replace(task, clean=task.clean[rows], corrupted=task.corrupted[rows], answers=task.answers[rows],
+                         distractors=task.distractors[rows])
+        part_scores = task_scores(sliced, at)
+        return (lambda logits: part_scores(logits).mean()), float(len(sliced))
+
     metric.read_positions = torch.unique(last).cpu()
+    metric.part = part
     return metric
 
 
