@@ -14,6 +14,9 @@ from analyses import cli
 from analyses.circuits.circuit import (VIA_COLOURS, circuit_edges, circuit_figure, circuit_section, edge_lines, induction_pair,
                               role_heads, with_roles)
 from analyses.roles.classify import assign_roles, classify_heads
+from analyses.circuits.path_patching import edge_attribution
+from analyses.interventions.attribution import Screen
+from analyses.report.build import circuit_report_section, screen_meta
 from analyses.circuits.composition import composition_scores
 from analyses.core.probes import probes_for
 from interp import load_model
@@ -213,3 +216,35 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("interp circuit: error: ") and message in errors[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_screened_circuit_is_exact_where_its_rule_says_and_the_page_says_it_is_screened(toy):
+    """circuit_edges with a Screen: the edges it path-patched equal the exhaustive run's (1e-5), they
+    are the rule's own choice from the attribution (recomputed here from edge_attribution), the
+    others are the estimate; the report's circuit page names the screen and meta.json counts it."""
+    model, probes, table = toy
+    clean, corrupted, metric = induction_pair(probes)
+    heads = role_heads(table, skip=("bos",))
+    options = dict(senders=heads, receivers=heads, baseline_samples=4)
+    every = circuit_edges(model, clean, corrupted, metric, **options)
+    screen = Screen(top_k=3, share=0.05)
+    screened = circuit_edges(model, clean, corrupted, metric, screen=screen, **options)
+    assert every["exact"].all() and 3 <= screened["exact"].sum() < len(screened)
+    assert screened[KEYS].equals(every[KEYS])
+    exact = screened["exact"].to_numpy()
+    assert screened["value"][exact].to_numpy() == pytest.approx(every["value"][exact].to_numpy(), abs=1e-5)
+    attribution = edge_attribution(model, clean, corrupted, metric, senders=heads, receivers=heads,
+                                   direction="noise").merge(every[KEYS], on=KEYS, how="right")["attribution"]
+    gap = metric(model(corrupted)).item() - metric(model(clean)).item()
+    chosen = (attribution.abs() >= 0.05 * abs(gap)).to_numpy().copy()
+    chosen[attribution.abs().to_numpy().argsort()[::-1][:3]] = True
+    assert (exact == chosen).all()
+    assert screened["effect"][~exact].to_numpy() == pytest.approx(attribution[~exact].to_numpy(), abs=1e-5)
+
+    section = circuit_section(model, table, probes, baseline_samples=4, skip_roles=("bos",), screen=screen)
+    page = circuit_report_section(section).text
+    assert f"{int(section.edges['exact'].sum())} were path-patched exactly" in page
+    lines = edge_lines(screened, top=len(screened))
+    assert sum(line.endswith("(estimate)") or "(estimate)," in line for line in lines) == (~exact).sum()
+    assert screen_meta(section) == {"top_k": 3, "share": 0.05, "edges": len(section.edges),
+                                    "exact": int(section.edges["exact"].sum())}

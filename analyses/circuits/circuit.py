@@ -36,8 +36,9 @@ from analyses.roles.classify import ALL_ROLES, ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
 from analyses.core.metrics import Metric, loss_metric
 from analyses.circuits.edges import KEY_COLUMNS, VIAS, check_vias
-from analyses.circuits.path_patching import path_patch
+from analyses.circuits.path_patching import path_patch, screened_path_patch
 from analyses.core.probes import RepeatedProbes, corrupt_first_copy
+from analyses.interventions.attribution import Screen
 from analyses.interventions.run import Run
 from analyses.core.plots import new_figure
 from interp.errors import UserError
@@ -45,7 +46,7 @@ from interp.errors import UserError
 Head = tuple[int, int]
 VIA_COLOURS = {"q": "tab:blue", "k": "tab:orange", "v": "tab:green", "logits": "tab:gray"}
 VIA_BEND = {"q": 0.25, "k": 0.0, "v": -0.25, "logits": 0.1}  # arcs, so parallel q/k/v edges stay apart
-_COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", "effect"]
+_COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", "effect", "exact"]
 # the roles of the mechanism the report's probes test (induction: a previous-token head writes where
 # the key of an induction head reads; duplicate-token heads find the earlier copy); the report's circuit
 # leaves out heads with none of these (a real model has many attention sinks, ``bos``: 110 of
@@ -57,7 +58,7 @@ CIRCUIT_ROLES = ("previous_token", "duplicate_token", "induction")
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
                   via: str | Sequence[str] = VIAS, direction: str = "noise", baseline_samples: int = 100,
                   seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                  base_run: Run | None = None) -> pd.DataFrame:
+                  base_run: Run | None = None, screen: Screen | None = None) -> pd.DataFrame:
     """Every edge from ``senders`` to later ``receivers`` through each of ``via``, one row each.
 
     Args:
@@ -69,15 +70,22 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
         direction: "noise" (default: the clean run, one edge corrupted) or "denoise".
         baseline_samples, seed: the composition scores' random baseline.
         base_run: a ``Run`` of the prompts path patching edits (clean when noising), see ``path_patch``.
+        screen: None path-patches every edge exactly; a ``Screen`` estimates every edge by edge
+            attribution and path-patches exactly only those it chooses (``screened_path_patch``).
 
     Returns ``sender_layer, sender_head, receiver_layer, receiver_head, via`` (a logits edge's
     receiver is ``(n_layers, -1)``), ``composition``, ``composition_minus_baseline`` (NaN for
     logits edges), ``value`` (the metric with the edge patched) and ``effect`` (value minus the
-    unpatched run's), sorted by sender, receiver, via.
+    unpatched run's), ``exact`` (False where ``screen`` left the edge at its estimate), sorted by
+    sender, receiver, via.
     """
     vias = check_vias(via)
-    paths = path_patch(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=vias,
-                       direction=direction, memory_mb=memory_mb, progress=progress, base_run=base_run)
+    options = dict(senders=senders, receivers=receivers, via=vias, direction=direction, memory_mb=memory_mb,
+                   progress=progress, base_run=base_run)
+    if screen is None:
+        paths = path_patch(model, clean, corrupted, metric, **options).assign(exact=True)
+    else:
+        paths = screened_path_patch(model, clean, corrupted, metric, screen=screen, **options)
     kinds = [v for v in vias if v in KINDS]
     if not kinds:
         return paths.assign(composition=float("nan"), composition_minus_baseline=float("nan"))[_COLUMNS]
@@ -134,7 +142,7 @@ def edge_lines(edges: pd.DataFrame, top: int = 5, value: str = "effect") -> list
     (role) via input, the value and, for q/k/v, the composition score."""
     lines = []
     for row in strongest(edges.dropna(subset=[value]), top, value).itertuples():
-        scored = f"{value} {getattr(row, value):+.4f}"
+        scored = f"{value} {getattr(row, value):+.4f}" + ("" if getattr(row, "exact", True) else " (estimate)")
         if row.via in KINDS:
             scored += f", composition {row.composition:.3f} ({row.composition_minus_baseline:+.3f} over random)"
         lines.append(f"- {_endpoint(row, 'sender')} -> {_endpoint(row, 'receiver')} via {row.via}: {scored}")
@@ -232,6 +240,7 @@ class CircuitSection:
     figure: ``circuit_figure`` of the strongest edges; None when no head was chosen.
     senders, receivers: the chosen heads.
     skipped: the role heads left out because their only roles are the skipped ones (``skip_roles``).
+    screen: the ``Screen`` that chose which edges were path-patched exactly (None: every edge).
     """
 
     edges: pd.DataFrame
@@ -239,6 +248,7 @@ class CircuitSection:
     senders: list[Head]
     receivers: list[Head]
     skipped: list[Head] = field(default_factory=list)
+    screen: Screen | None = None
 
 
 def induction_pair(probes: RepeatedProbes, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, Metric]:
@@ -253,7 +263,8 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
                     receiver_role: str | None = None, via: str | Sequence[str] = VIAS, direction: str = "noise",
                     top: int = 12, baseline_samples: int = 100, seed: int = 0,
                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                    run: Run | None = None, skip_roles: Sequence[str] = ()) -> CircuitSection:
+                    run: Run | None = None, skip_roles: Sequence[str] = (),
+                    screen: Screen | None = None) -> CircuitSection:
     """The circuit among a head-role table's heads on the probes' induction pair.
 
     ``table``: ``layer, head, role`` (``analyses.assign_roles``, or the report's head table);
@@ -262,7 +273,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     every role outside ``CIRCUIT_ROLES``). The metric is the loss on the probes' predictable tokens, so an edge's
     ``effect`` > 0 under noising means the loss rises without it. With no head chosen the section
     has no edges and no figure. ``run``: a ``Run`` of the probes, which noising path patching edits
-    (it runs the clean probes) instead of running them again.
+    (it runs the clean probes) instead of running them again. ``screen``: as ``circuit_edges``.
     """
     senders, receivers = role_heads(table, sender_role, skip_roles), role_heads(table, receiver_role, skip_roles)
     skipped = sorted(set(role_heads(table)) - set(role_heads(table, skip=skip_roles)))
@@ -272,7 +283,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     clean, corrupted, metric = induction_pair(probes, seed)
     edges = circuit_edges(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                           direction=direction, baseline_samples=baseline_samples, seed=seed, memory_mb=memory_mb,
-                          progress=progress, base_run=run if direction == "noise" else None)
+                          progress=progress, base_run=run if direction == "noise" else None, screen=screen)
     edges = with_roles(edges, table)
     title = f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"
-    return CircuitSection(edges, circuit_figure(edges, top=top, title=title), senders, receivers, skipped)
+    return CircuitSection(edges, circuit_figure(edges, top=top, title=title), senders, receivers, skipped, screen)

@@ -9,6 +9,7 @@ from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 from analyses.core.tokens import read_text_lines
 from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, PROMPTS_NEEDED_BY, build_report, write_report
+from analyses.report.task_page import DEFAULT_SCREEN
 from analyses.report.truth_page import write_truth_report
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
                           seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
                           intervention_prompts=args.intervention_prompts, memory_mb=args.memory_mb,
-                          progress=args.progress)
+                          progress=args.progress, circuit_screen=None if args.exact_all else DEFAULT_SCREEN)
     print(write_report(report, args.out))
     return 0
 
@@ -55,6 +56,9 @@ def register(subparsers) -> None:
                         help=f"the per-head interventions (total and direct effects, backup, path patching, the "
                              f"components' patching) run on the first this many probes (default "
                              f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are read from every probe")
+    parser.add_argument("--exact-all", action="store_true",
+                        help="path-patch every edge of the circuit exactly (default: edge attribution estimates "
+                             f"every edge and {DEFAULT_SCREEN.describe('edges')} are path-patched exactly)")
     parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
     parser.add_argument("--threshold", type=optional_float, default=DEFAULT_THRESHOLD,
                         help="a role's minimum score (default 0.4); 'none': significance alone decides")

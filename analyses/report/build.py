@@ -43,6 +43,7 @@ from analyses.core.progress import progress_bar
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
                                   head_table_html, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
+from analyses.interventions.attribution import Screen
 from analyses.interventions.run import Run
 from analyses.core.tokens import leading_tokens
 from interp.memory import release_freed_memory
@@ -86,7 +87,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                  texts: Sequence[str] | None = None,
                  thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
                  intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float = DEFAULT_MEMORY_MB,
-                 progress: bool | None = None) -> HeadReport:
+                 progress: bool | None = None, circuit_screen: Screen | None = None) -> HeadReport:
     """Classify every head (on probes, or on ``texts``), calibrate the scores and run the causal
     checks on the probes, find the edges among the role heads, store every head's pattern on a
     probe and on a text, draw the figures. The probes are drawn once and serve all of it.
@@ -98,7 +99,9 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     The interventions run on the first ``intervention_prompts`` probes (all where there are fewer).
     ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: what the report
     may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
-    stays taken, each step gets the rest (``analyses.core.budget.left_after``)."""
+    stays taken, each step gets the rest (``analyses.core.budget.left_after``); ``circuit_screen``: None
+    path-patches every edge of the circuit exactly, a ``Screen`` only those it chooses by edge
+    attribution (the others show their estimate, and the page says so)."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
@@ -121,14 +124,15 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.begin("circuit")
     circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
-                              skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES])
+                              skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES], screen=circuit_screen)
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
                                             "texts": len(texts) if texts else None, "thresholds": thresholds,
                                             "fdr": fdr if calibrated else None,
                                             "intervention_prompts": first.probes.n_prompts,
-                                            "null_seeds": list(DEFAULT_NULL_SEEDS)}
+                                            "null_seeds": list(DEFAULT_NULL_SEEDS),
+                                            "circuit_screen": screen_meta(circuit)}
     steps.begin("figures")
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
     calibration_page, circuit_page = calibration_report_section(calibration), circuit_report_section(circuit)
@@ -165,6 +169,14 @@ class ReportSteps:
     def close(self) -> None:
         self.bar.update()
         self.bar.close()
+
+
+def screen_meta(circuit: CircuitSection) -> dict | None:
+    """meta.json's record of the circuit's screen: its rule and how many edges it measured exactly."""
+    if circuit.screen is None:
+        return None
+    return {"top_k": circuit.screen.top_k, "share": circuit.screen.share, "edges": len(circuit.edges),
+            "exact": int(circuit.edges["exact"].sum())}
 
 
 def total_effects(calibration: CalibrationSection) -> pd.DataFrame:
@@ -264,6 +276,10 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
                 f"of the roles {', '.join(CIRCUIT_ROLES)} (attention sinks, self, copying) are left out.")
     if circuit.figure is None:
         return Section("Circuit", how + "\n\nNo head has a role the circuit covers, so there is no edge to show.")
+    if circuit.screen is not None:
+        how += (f" Screened: edge attribution (EAP) estimated all {len(circuit.edges)} edges and "
+                f"{int(circuit.edges['exact'].sum())} were path-patched exactly ({circuit.screen.describe('edges')}); "
+                "the others show their estimate, marked as such (`--exact-all` patches every edge).")
     return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)),
                    figures=[ReportFigure("circuit", FIGURE_CAPTIONS["circuit"], png_bytes(circuit.figure))])
 
