@@ -10,7 +10,7 @@ the same GGUF file:
    and whether any named head's pattern score is near zero;
 2. zeroes the named induction heads with hand-written forward hooks on each layer's ``o_proj``
    input (Hugging Face's modules, not interp's hooks) and compares the loss on the predictable tokens
-   of the report's intervention probes with zeroing as many random heads (20 draws).
+   of the report's first 16 probes with zeroing as many random heads (20 draws).
 
     python examples/smollm2/report_check.py /path/to/report [--top 5] [--near-zero 0.05]
 """
@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("report", type=Path)
     parser.add_argument("--top", type=int, default=5, help="the strongest heads by the patterns to look for")
     parser.add_argument("--near-zero", type=float, default=0.05, help="a pattern score at most this is 'near zero'")
+    parser.add_argument("--ablation-prompts", type=int, default=16, help="the first this many probes for the ablation")
     args = parser.parse_args()
     torch.set_num_threads(2)
     table = pd.read_csv(args.report / "head_roles.csv", keep_default_na=False)
@@ -107,7 +108,7 @@ def main() -> None:
               f"{len(found)} ({', '.join(found) or 'none'}); the lowest pattern score of a named head {lowest:.3f}; "
               f"named heads at or under {args.near_zero}: {sum(float(score[h]) <= args.near_zero for h in heads)}")
     induction = named(table, "induction")
-    n = meta["intervention_prompts"]
+    n = args.ablation_prompts
     tokens, predictable = probe.tokens[:n], probe.predictable[:n]
     clean = hf_loss(hf_model, tokens, predictable, [])
     ablated = hf_loss(hf_model, tokens, predictable, induction)
