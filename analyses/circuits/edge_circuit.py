@@ -131,8 +131,8 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edge
     values = circuit_values(model, clean, corrupted, metric, candidates, [*full_empty, *circuits])
     full, empty, kept, complement = values[0].item(), values[1].item(), values[2::2], values[3::2]
     span = full - empty
-    frame = pd.DataFrame({"size": list(sizes), "value": kept.numpy(), "faithfulness": ((kept - empty) / span).numpy(),
-                          "complement_value": complement.numpy(),
-                          "complement": ((complement - empty) / span).numpy()})
+    frame = pd.DataFrame({"size": list(sizes), "value": kept.cpu().numpy(), "faithfulness": ((kept - empty) / span).cpu().numpy(),
+                          "complement_value": complement.cpu().numpy(),
+                          "complement": ((complement - empty) / span).cpu().numpy()})
     frame.attrs.update(full=full, empty=empty)
     return frame

@@ -290,7 +290,7 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
                               memory_mb=options.memory_mb)
     source_run.check_tokens(source)
     exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
-    chosen = exact.nonzero()[:, 0].numpy()
+    chosen = exact.nonzero()[:, 0].cpu().numpy()
     baseline = base_run.value(metric)
     values = baseline + estimate.double()
     if len(chosen):
