@@ -29,7 +29,8 @@ import pandas as pd
 import torch
 
 from analyses.interventions.run import Options
-from analyses.report.task_page import DEFAULT_SCREEN, STEPS, TaskRuns, analyse_task, edge_sweep, patch_sweep
+from analyses.interventions.attribution import DEFAULT_SCREEN
+from analyses.report.task_page import STEPS, TaskRuns, analyse_task, edge_sweep, patch_sweep
 from analyses.tasks.task import make_task, task_batch, task_metric
 from interp import GPTConfig, GPTModel, load_model
 

@@ -9,7 +9,7 @@ from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.core.probes import check_prompt_count, check_seq_len
 from analyses.core.tokens import read_text_lines
 from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, PROMPTS_NEEDED_BY, build_report, write_report
-from analyses.report.task_page import DEFAULT_SCREEN
+from analyses.interventions.attribution import DEFAULT_SCREEN
 from analyses.report.truth_page import write_truth_report
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
 

@@ -31,8 +31,8 @@ from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.tasks.task import BUILT_IN, make_task, task_batch, task_metric, task_scores
 from interp.errors import UserError
-from analyses.interventions.attribution import Screen
-from analyses.report.task_page import DEFAULT_SCREEN, analyse_task, task_inputs, write_task_page
+from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
+from analyses.report.task_page import analyse_task, task_inputs, write_task_page
 from analyses.tasks.tracing import STATES, causal_trace, trace_figure
 
 

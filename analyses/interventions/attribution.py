@@ -100,6 +100,11 @@ class Screen:
         return f"the {self.top_k} {unit} of largest |estimated effect|{by_share}"
 
 
+# the screen of `interp task` and of the report's circuit, measured on SmolLM2-135M's IOI against every
+# cell and edge exact (benchmarks/README.md, issue 35)
+DEFAULT_SCREEN = Screen(top_k=20, share=0.02)
+
+
 @dataclass
 class Screened:
     """A screened sweep, each of the sweep's shape: ``values`` (the exact patched metric where

@@ -34,7 +34,7 @@ from analyses.circuits.edge_attribution import edge_agreement
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.hook_names import has_mlps
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch, screened_path_patch
-from analyses.interventions.attribution import Screen, screened_patches
+from analyses.interventions.attribution import DEFAULT_SCREEN, Screen, screened_patches
 from analyses.interventions.patching import COMPONENTS, component_patches, patch_components, patching_frame, prepare
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
@@ -81,8 +81,6 @@ ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": 
 STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "attribution", "path_patching",
          "attribution_ig")
 Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
-# measured on SmolLM2-135M's IOI against every cell and edge exact (benchmarks/README.md, issue 35)
-DEFAULT_SCREEN = Screen(top_k=20, share=0.02)
 
 
 def screen_record(screen: Screen | None) -> dict:
