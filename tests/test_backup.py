@@ -293,9 +293,12 @@ def test_split_readout_equals_the_unembedding(knobs):
     final, dz = torch.randn(4, 5, 24), torch.randn(4, 5, 8)
     W_O = model.blocks[0].attn.W_O[1].detach()  # (d_head, d_model)
     moved = final + dz @ W_O
-    split = readout.logits(readout.linear(final) + dz @ readout.head_readout(W_O), readout.scale(moved))
+    split = readout.logits(readout.linear(final), dz, readout.head_readout(W_O), readout.scale(moved))
+    change = torch.randn(4, 5, 24)  # a residual change (an MLP's) through the whole readout
+    whole = readout.logits(readout.linear(final), readout.centre(change), readout.readout, readout.scale(final + change))
     with torch.no_grad():
         assert (split - model.unembed(moved)).abs().max() < 1e-4
+        assert (whole - model.unembed(final + change)).abs().max() < 1e-4
     assert not FinalReadout.exact_for(model.to(torch.bfloat16))
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from analyses.interventions.ablation import ablate_heads, head_importance, prepare_ablation, pruning_curve
 from analyses.cli import main
-from analyses.core.metrics import logit_diff_metric, loss_metric, read_positions
+from analyses.core.metrics import logit_diff_metric, loss_metric, metric_part, metric_rows, read_positions
 from analyses.core.probes import probes_for
 from analyses.studies.runner import run_study
 from analyses.studies.spec import load_spec
@@ -101,6 +101,28 @@ def test_loss_metric_on_ragged_texts_counts_real_tokens_only(scratch_gpt2):
                               reduction="none") for text in TEXTS]
     value = ablate_heads(scratch_gpt2, TEXTS, [(1, 0)], "zero", loss_metric(batch.tokens))
     assert value == pytest.approx(torch.cat(losses).mean().item(), abs=1e-5)
+
+
+def test_a_metric_of_some_prompts_reads_only_their_positions_and_splits_again():
+    """``metric_rows``: the loss (and logit difference) of the first prompts as a metric of its own:
+    by hand on those prompts' logits, declaring only the positions those prompts count (the report's
+    interventions unembed just these), and splitting over prompts again, its weighted parts its value."""
+    torch.manual_seed(3)
+    tokens, logits = torch.randint(0, 10, (4, 6)), torch.randn(4, 6, 10)
+    counted = torch.zeros(4, 6, dtype=torch.bool)
+    counted[0, 2], counted[1, 3], counted[1, 4], counted[3, 5] = True, True, True, True  # prompt 3 is left out
+    first = metric_rows(loss_metric(tokens, counted), slice(0, 2))
+    by_hand = torch.cat([F.cross_entropy(logits[0, 1:2], tokens[0, 2:3], reduction="none"),
+                         F.cross_entropy(logits[1, 2:4], tokens[1, 3:5], reduction="none")]).mean()
+    torch.testing.assert_close(first(logits[:2]), by_hand)
+    read = read_positions(first, 6)
+    assert read.tolist() == [1, 2, 3]  # not 4, which only prompt 3 reads
+    parts = [metric_part(first, rows, read) for rows in (slice(0, 1), slice(1, 2))]
+    pooled = sum(weight * part(logits[rows][:, read]) for (part, weight), rows in zip(parts, (slice(0, 1), slice(1, 2))))
+    torch.testing.assert_close(pooled / sum(weight for _, weight in parts), by_hand)
+    diff = metric_rows(logit_diff_metric(torch.tensor([1, 2, 3, 4]), 0, lengths=torch.tensor([6, 4, 5, 6])), slice(1, 3))
+    torch.testing.assert_close(diff(logits[1:3]), ((logits[1, 3, 2] - logits[1, 3, 0]) + (logits[2, 4, 3] - logits[2, 4, 0])) / 2)
+    assert metric_rows(lambda logits: logits.mean(), slice(0, 1)) is None
 
 
 def test_a_ragged_batch_with_a_fixed_position_metric_of_unknown_make_is_refused(scratch_gpt2):

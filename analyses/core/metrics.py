@@ -65,6 +65,7 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
     metric.read_positions = None if mask is None else torch.nonzero(mask.any(dim=0))[:, 0].cpu()
     metric.for_lengths = for_lengths
     metric.part = part
+    metric.rows = lambda rows: loss_metric(tokens[rows], None if positions is None else positions[rows])
     return metric
 
 
@@ -140,6 +141,8 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
 
     metric.read_positions = position if at is None else torch.unique(at)
     metric.for_lengths = for_lengths
+    metric.rows = lambda rows: logit_diff_metric(*(ids[rows] if ids.ndim else ids for ids in (correct, incorrect)),
+                                                 position, lengths=None if lengths is None else torch.as_tensor(lengths)[rows])
     return metric
 
 
@@ -166,6 +169,15 @@ def metric_part(metric: Metric, rows: slice, read: torch.Tensor | None) -> tuple
     d_vocab). The weight: the part's prompts (logit difference) or counted tokens (loss)."""
     part = getattr(metric, "part", None)
     return None if part is None else part(rows, read)
+
+
+def metric_rows(metric: Metric, rows: slice) -> Metric | None:
+    """``metric`` on the prompts ``rows`` alone as a metric of its own (its read positions and parts
+    those of these prompts), for an analysis that keeps only some prompts; None for a metric that
+    does not say how (any callable not built here). Unlike ``metric_part``, whose part takes the
+    logits of the whole batch's read positions and splits no further."""
+    restrict = getattr(metric, "rows", None)
+    return None if restrict is None else restrict(rows)
 
 
 def metric_for_batch(metric: Metric, lengths: torch.Tensor, n_pos: int) -> Metric:

@@ -273,8 +273,9 @@ def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], mem
     """The forwards of a sweep within ``memory_mb``: the variants grouped by where their runs may
     start (``start_of``, so a suffix run starts as late as it can), each group cut into chunks of
     variants over every prompt; where even one variant over every prompt exceeds the budget (and
-    ``split_rows``), one variant over as many prompts as fit. ``read``: positions unembedded per
-    row (None: all, see ``analyses.core.budget.row_bytes``)."""
+    ``split_rows``), one variant over as many prompts as fit, a group's variants one after another
+    on the same prompts before the next prompts (what a chunk keeps of its prompts serves the whole
+    group). ``read``: positions unembedded per row (None: all, see ``analyses.core.budget.row_bytes``)."""
     if any(len(variant) == 0 for variant in variants):
         raise UserError("every intervention needs at least one cell to edit")
     by_start = defaultdict(list)
@@ -284,7 +285,7 @@ def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], mem
     fit = rows_within(model, tokens.shape[1], memory_mb, logits=logits, read=read)
     if fit < batch and split_rows:
         return [Chunk([v], slice(start, min(start + fit, batch)))
-                for _, members in sorted(by_start.items()) for v in members for start in range(0, batch, fit)]
+                for _, members in sorted(by_start.items()) for start in range(0, batch, fit) for v in members]
     chunk = max(1, fit // batch)
     return [Chunk(members[i:i + chunk], slice(0, batch))
             for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)]

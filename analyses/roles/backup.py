@@ -36,7 +36,7 @@ import torch
 
 from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_reads, check_components, component_cells,
                                              component_label, component_layer, prepare_ablation, prompts_run)
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb
 from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
 from analyses.interventions.engine import (Edit, activation_gradients, check_heads, evaluate_chunks, evaluate_variants,
@@ -295,19 +295,21 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
 
     Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights) and
-    its readouts take at most half of ``memory_mb`` (``FinalReadout.held_mb``; the chunks get the
-    rest), the logits come from ``readout_logits``: the clean residual's linear part made once per
-    chunk of prompts, a head's change through its own (d_head, vocab) readout, the norm's scale
-    recomputed (``analyses.roles.readout``); elsewhere each changed residual is unembedded whole
-    (``unembedded_logits``)."""
+    its readouts fit beside the chunks' quarter of ``memory_mb``, the logits come from
+    ``readout_logits``: the clean residual's linear part made once per chunk of prompts (and kept
+    for later components in what the readouts leave of the budget), a head's change through its own
+    (d_head, vocab) readout, the norm's scale recomputed (``analyses.roles.readout``). Elsewhere each
+    changed residual is unembedded whole (``unembedded_logits``)."""
     model = ablation.model
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components))])
-    split = FinalReadout.exact_for(model) and FinalReadout.held_mb(model) <= memory_mb / 2
-    chunk_logits = (readout_logits if split else unembedded_logits)(ablation, clean, components)
+    spare = 0.75 * memory_mb - FinalReadout.held_mb(model)  # what the readouts leave beside the chunks' quarter
+    split = FinalReadout.exact_for(model) and spare >= 0
+    chunk_logits = (readout_logits(ablation, clean, components, keep_mb=spare) if split
+                    else unembedded_logits(ablation, clean, components))
     with torch.no_grad():
         return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
                                chunk_logits, read_only=True, progress=progress, desc="direct effects",
-                               memory_mb=memory_mb - FinalReadout.held_mb(model) if split else memory_mb)
+                               memory_mb=memory_mb / 4 if split else memory_mb)
 
 
 def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
@@ -327,15 +329,17 @@ def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Comp
     return chunk_logits
 
 
-def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
+def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component], keep_mb: float = 0.0):
     """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
     unembedding (``FinalReadout``): logits ``scale(final + change) * (linear(final) + linear(change))
     + offset`` at the read positions, where a head's ``linear(change)`` is its z change (n, d_head)
     times its (d_head, vocab) readout (kept for the heads of one layer at a time, as the chunks come
-    layer by layer); equal to ``unembedded_logits`` up to float rounding."""
+    layer by layer) and ``linear(final)`` is made once per chunk of prompts and kept for the
+    components after (the latest chunks' within ``keep_mb``, at least the last one's); equal to
+    ``unembedded_logits`` up to float rounding."""
     model = ablation.model
     readout = FinalReadout(model)
-    clean_linear: dict[tuple, torch.Tensor] = {}  # the last chunk's prompts -> linear(final_clean) there
+    clean_linear: dict[tuple, torch.Tensor] = {}  # a chunk's prompts -> linear(final_clean) there (rows, n, vocab)
 
     @lru_cache(maxsize=model.cfg.n_heads)
     def head_readout(layer: int, head: int) -> torch.Tensor:  # (d_head, vocab)
@@ -346,20 +350,20 @@ def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Compone
         final = clean[final_resid_name(model)][rows][:, at].float()  # (rows, n, d_model)
         key = (rows.start, rows.stop)
         if key not in clean_linear:
-            clean_linear.clear()
-            clean_linear[key] = readout.linear(final)
+            made = readout.linear(final)
+            while clean_linear and held_mb([*clean_linear.values(), made]) > keep_mb:
+                del clean_linear[next(iter(clean_linear))]  # the oldest
+            clean_linear[key] = made
         base = clean_linear[key]  # (rows, n, vocab)
         logits = base.new_empty((len(members), *base.shape))
         for out, v in zip(logits, members):
             component = components[v]
-            change = own_change(ablation, clean, component, rows, at)  # (rows or 1, n, d_head or d_model)
+            change = own_change(ablation, clean, component, rows, at)  # (rows, n, d_head or d_model)
             if isinstance(component, MLP):
-                torch.matmul(readout.centre(change), readout.readout, out=out)
-                write = change
+                readout.logits(base, readout.centre(change), readout.readout, readout.scale(final + change), out=out)
             else:
-                torch.matmul(change, head_readout(*component), out=out)
                 write = change @ head_W_O(ablation, component)
-            readout.logits(out.add_(base), readout.scale(final + write))
+                readout.logits(base, change, head_readout(*component), readout.scale(final + write), out=out)
         if positions is None or compact:
             return logits
         full = logits.new_full((*logits.shape[:2], ablation.tokens.shape[1], logits.shape[-1]), torch.nan)

@@ -80,6 +80,14 @@ class FinalReadout:
             return torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + self.eps)
         return torch.ones_like(x[..., :1])
 
-    def logits(self, linear: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """``scale * linear + offset`` -> logits (..., vocab) (``linear`` is overwritten)."""
-        return linear.mul_(scale).add_(self.offset)
+    def logits(self, base: torch.Tensor, change: torch.Tensor, readout: torch.Tensor, scale: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits ``scale * (base + change @ readout) + offset`` (..., vocab), written into ``out``
+        where given: ``base`` (..., vocab) the clean residual's ``linear``, ``change`` (..., k) what a
+        change feeds ``readout`` (k, vocab) (a head's z change and its ``head_readout``, or a residual
+        change centred and ``self.readout``), ``scale`` (..., 1) the changed residual's. One
+        elementwise pass and one product (the scale multiplies ``change`` before it: equal up to float
+        rounding)."""
+        out = torch.addcmul(self.offset, base, scale, out=out)
+        out.view(-1, out.shape[-1]).addmm_((change * scale).reshape(-1, change.shape[-1]), readout)
+        return out
