@@ -52,6 +52,9 @@ from interp.weights import expand_kv_heads
 
 DEFAULT_TOP_K = 5
 DEFAULT_N_TOKENS = 2048
+# the rows of a chunk of tokens and their comparisons within this many MB stay near the CPU's cache: on
+# SmolLM2 (49,152 tokens) 32-48 rows at a time count 3x faster than the 1,820 a 1 GB budget allowed
+CACHED_ROWS_MB = 12
 
 
 def ov_eigenvalues(model, *, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
@@ -113,7 +116,7 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     half = memory_mb * 2**20 / 2
     group = max(1, int(half // (4 * d_head * n_vocab)))  # heads whose W_O W_U are held at once
     step = max(1, int(half // (4 * d_model)))  # vocabulary columns of W_U made float32 at once
-    chunk = max(1, int(half // (6 * n_vocab)))  # tokens whose rows (and their comparisons) are held at once
+    chunk = max(1, int(min(half, CACHED_ROWS_MB * 2**20) // (6 * n_vocab)))  # tokens whose rows (and comparisons) are held at once
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     top, bottom = (torch.zeros(n_layers, n_heads, device=W_E.device) for _ in range(2))
     for first in progress_bar(range(0, len(heads), group), progress=progress, desc="OV circuits", unit="head group"):
