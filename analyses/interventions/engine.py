@@ -269,13 +269,15 @@ class Chunk:
 
 
 def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], memory_mb: float,
-                   *, logits: bool = True, read: int | None = None, split_rows: bool = True) -> list[Chunk]:
+                   *, logits: bool = True, read: int | None = None, split_rows: bool = True,
+                   by_prompts: bool = False) -> list[Chunk]:
     """The forwards of a sweep within ``memory_mb``: the variants grouped by where their runs may
     start (``start_of``, so a suffix run starts as late as it can), each group cut into chunks of
     variants over every prompt; where even one variant over every prompt exceeds the budget (and
-    ``split_rows``), one variant over as many prompts as fit, a group's variants one after another
-    on the same prompts before the next prompts (what a chunk keeps of its prompts serves the whole
-    group). ``read``: positions unembedded per row (None: all, see ``analyses.core.budget.row_bytes``)."""
+    ``split_rows``), one variant over as many prompts as fit, each variant's prompts one after
+    another, or with ``by_prompts`` a group's variants one after another on the same prompts before
+    the next prompts (so that what a chunk keeps of its prompts serves the whole group). ``read``:
+    positions unembedded per row (None: all, see ``analyses.core.budget.row_bytes``)."""
     if any(len(variant) == 0 for variant in variants):
         raise UserError("every intervention needs at least one cell to edit")
     by_start = defaultdict(list)
@@ -284,8 +286,11 @@ def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], mem
     batch = tokens.shape[0]
     fit = rows_within(model, tokens.shape[1], memory_mb, logits=logits, read=read)
     if fit < batch and split_rows:
-        return [Chunk([v], slice(start, min(start + fit, batch)))
-                for _, members in sorted(by_start.items()) for start in range(0, batch, fit) for v in members]
+        cells = [(v, start) for _, members in sorted(by_start.items()) for v in members for start in range(0, batch, fit)]
+        if by_prompts:  # stable: the groups stay in order, and each variant's prompts too
+            groups = {v: i for i, (_, members) in enumerate(sorted(by_start.items())) for v in members}
+            cells.sort(key=lambda cell: (groups[cell[0]], cell[1]))
+        return [Chunk([v], slice(start, min(start + fit, batch))) for v, start in cells]
     chunk = max(1, fit // batch)
     return [Chunk(members[i:i + chunk], slice(0, batch))
             for _, members in sorted(by_start.items()) for i in range(0, len(members), chunk)]
@@ -338,19 +343,20 @@ def evaluate_variants(
 
 def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
                     read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                    desc: str = "interventions") -> torch.Tensor:
+                    desc: str = "interventions", by_prompts: bool = False) -> torch.Tensor:
     """``metric`` under each variant -> (n_variants,) float tensor, however a chunk's logits are
     made: ``chunk_logits(members, rows, positions, compact)`` gives the logits of the variants
     ``members`` (indices) on the prompts ``rows`` -> (len(members), rows, n, d_vocab), ``n`` being
     ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where given).
-    The chunks, metric parts and their weighting are ``evaluate_variants``'s (see there); with
-    ``read_only`` the logits are asked for at the metric's read positions only."""
+    The chunks, metric parts and their weighting are ``evaluate_variants``'s (see there; ``by_prompts``:
+    ``variant_chunks``'); with ``read_only`` the logits are asked for at the metric's read positions only."""
     batch, n_pos = tokens.shape
     positions = read_positions(metric, n_pos) if read_only else None
     split = metric_part(metric, slice(0, batch), positions) is not None
     sums, weights = accumulator(model, len(variants)), accumulator(model, len(variants))
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
-                            else len(positions), split_rows=split)
+                            else len(positions), split_rows=split,
+                            by_prompts=by_prompts)
     with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
         for chunk in chunks:
             part, weight = metric_part(metric, chunk.rows, positions) if split else (metric, 1.0)

@@ -309,7 +309,7 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     with torch.no_grad():
         return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
                                chunk_logits, read_only=True, progress=progress, desc="direct effects",
-                               memory_mb=memory_mb / 4 if split else memory_mb)
+                               memory_mb=memory_mb / 4 if split else memory_mb, by_prompts=split)
 
 
 def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
