@@ -286,10 +286,10 @@ def variant_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], mem
     batch = tokens.shape[0]
     fit = rows_within(model, tokens.shape[1], memory_mb, logits=logits, read=read)
     if fit < batch and split_rows:
-        cells = [(v, start) for _, members in sorted(by_start.items()) for v in members for start in range(0, batch, fit)]
-        if by_prompts:  # stable: the groups stay in order, and each variant's prompts too
-            groups = {v: i for i, (_, members) in enumerate(sorted(by_start.items())) for v in members}
-            cells.sort(key=lambda cell: (groups[cell[0]], cell[1]))
+        starts = range(0, batch, fit)
+        groups = [members for _, members in sorted(by_start.items())]
+        cells = ([(v, start) for members in groups for start in starts for v in members] if by_prompts
+                 else [(v, start) for members in groups for v in members for start in starts])
         return [Chunk([v], slice(start, min(start + fit, batch))) for v, start in cells]
     chunk = max(1, fit // batch)
     return [Chunk(members[i:i + chunk], slice(0, batch))
