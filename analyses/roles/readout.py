@@ -19,9 +19,6 @@ order of the same sums); ``exact_for`` says where that holds to float32 precisio
 from __future__ import annotations
 
 import torch
-from torch import nn
-
-from interp.model import RMSNorm
 
 
 class FinalReadout:
@@ -32,8 +29,8 @@ class FinalReadout:
         W_U = (model.embed.weight if cfg.tie_word_embeddings else model.lm_head.weight).detach().float()  # (vocab, d_model)
         weight = getattr(norm, "weight", None)
         weight = torch.ones(cfg.d_model, device=W_U.device) if weight is None else weight.detach().float()
-        self.centred = isinstance(norm, nn.LayerNorm)
-        self.rms = isinstance(norm, RMSNorm)
+        self.centred = cfg.normalization_type == "LN"  # GPTModel's norms (interp.model.NORMS): "LN", "RMS", None
+        self.rms = cfg.normalization_type == "RMS"
         self.eps = getattr(norm, "eps", 0.0)
         self.readout = (W_U * weight).T.contiguous()  # (d_model, vocab): the norm's weight folded in
         offset = torch.zeros(W_U.shape[0], device=W_U.device)
@@ -45,11 +42,10 @@ class FinalReadout:
 
     @staticmethod
     def exact_for(model) -> bool:
-        """Whether this split reproduces ``model.unembed`` to float32 precision: a float32 (or
-        float64) ``GPTModel`` whose final norm is LayerNorm, RMSNorm or none (a lower precision
-        rounds the normed residual, which the split does not)."""
-        return (model.embed.weight.dtype in (torch.float32, torch.float64)
-                and isinstance(model.ln_final, (nn.LayerNorm, RMSNorm, nn.Identity)))
+        """Whether this split reproduces ``model.unembed`` of a ``GPTModel`` to float32 precision:
+        where its weights are float32 or float64 (a lower precision rounds the normed residual, which
+        the split does not). Every norm a ``GPTModel`` can have (LayerNorm, RMSNorm, none) is split."""
+        return model.embed.weight.dtype in (torch.float32, torch.float64)
 
     @staticmethod
     def held_mb(model) -> float:
