@@ -125,6 +125,29 @@ def test_a_metric_of_some_prompts_reads_only_their_positions_and_splits_again():
     assert metric_rows(lambda logits: logits.mean(), slice(0, 1)) is None
 
 
+def test_a_loss_part_names_the_entries_it_counts_and_takes_their_logits_alone():
+    """A part of the loss at read positions says which (prompt, position) entries it counts
+    (``entries``) and takes the logits of those alone, row-major, with the value it has on the
+    whole positions' logits (by hand: cross-entropy of the counted tokens); other lengths refused."""
+    torch.manual_seed(4)
+    tokens, logits = torch.randint(0, 10, (3, 6)), torch.randn(3, 6, 10)
+    counted = torch.zeros(3, 6, dtype=torch.bool)
+    counted[0, 2], counted[1, 4], counted[1, 5], counted[2, 3] = True, True, True, True
+    metric = loss_metric(tokens, counted)
+    read = read_positions(metric, 6)
+    assert read.tolist() == [1, 2, 3, 4]
+    part, weight = metric_part(metric, slice(0, 2), read)
+    assert weight == 3 and part.entries.tolist() == [[True, False, False, False], [False, False, True, True]]
+    by_hand = F.cross_entropy(torch.stack([logits[0, 1], logits[1, 3], logits[1, 4]]), torch.tensor(
+        [tokens[0, 2], tokens[1, 4], tokens[1, 5]]))
+    at_read = logits[:2][:, read]  # (rows, n, d_vocab)
+    torch.testing.assert_close(part(at_read), by_hand)
+    torch.testing.assert_close(part(at_read[part.entries]), by_hand)  # (3, d_vocab)
+    with pytest.raises(UserError, match=r"reads 3 entries, but got logits of shape \(2, 10\)"):
+        part(at_read[part.entries][:2])
+    assert not hasattr(metric_part(metric, slice(0, 2), None)[0], "entries")  # every position: no entries
+
+
 def test_a_ragged_batch_with_a_fixed_position_metric_of_unknown_make_is_refused(scratch_gpt2):
     metric = lambda logits: logits[:, -1, 0].mean()  # noqa: E731
     metric.read_positions = -1

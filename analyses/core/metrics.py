@@ -55,11 +55,21 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
         at = slice(None) if read is None else read.to(tokens.device)
         part_targets, part_mask = targets[rows][:, at], kept[rows][:, at]
 
-        def part_metric(logits: torch.Tensor) -> torch.Tensor:  # (rows, len(read) or pos, d_vocab)
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:
+            """logits (rows, len(read) or pos, d_vocab), or with ``read`` (m, d_vocab): those of the
+            m entries of ``part_metric.entries`` alone, in row-major order."""
+            if read is not None and logits.ndim == 2:
+                if logits.shape[0] != len(counted):
+                    raise UserError(f"the loss metric's part reads {len(counted)} entries, but got logits of "
+                                    f"shape {tuple(logits.shape)}")
+                return _mean_loss_rows(logits, counted)
             _check_logits(logits, (len(part_targets), tokens.shape[1] if read is None else len(read)),
                           "the loss metric's part")
             return _mean_loss(logits if read is not None else logits[:, :-1], part_targets, part_mask)
 
+        counted = part_targets[part_mask]  # (m,): the targets of the entries the part counts
+        if read is not None:
+            part_metric.entries = part_mask  # (rows, n) bool: an intervention may unembed these alone
         return part_metric, float(part_mask.sum())
 
     metric.read_positions = None if mask is None else torch.nonzero(mask.any(dim=0))[:, 0].cpu()
@@ -72,14 +82,18 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
 def _mean_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Mean -log p(target) over the ``mask``ed places (all where None): ``logits`` (batch, n,
     d_vocab) each predicting ``targets`` (batch, n) at the same place."""
+    if mask is None:
+        return _mean_loss_rows(logits, targets)
+    return _mean_loss_rows(logits[mask], targets[mask])  # only the rows that count: (m, d_vocab)
+
+
+def _mean_loss_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean -log p(target): ``logits`` (..., d_vocab), each row predicting its ``targets`` (...)."""
     if int(targets.max()) >= logits.shape[-1]:  # e.g. a Tracr model's own output space
         raise UserError(f"the loss metric needs logits over the input vocabulary, but these have {logits.shape[-1]} "
                         f"outputs and the tokens reach id {int(targets.max())}; use a metric on the model's outputs")
-    if mask is None:
-        log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)  # float32 whatever the model's
-        return -log_probs.gather(-1, targets[..., None]).mean()
-    log_probs = logits[mask].log_softmax(dim=-1, dtype=torch.float32)  # only the rows that count: (n, d_vocab)
-    return -log_probs.gather(-1, targets[mask][:, None]).mean()
+    log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)  # float32 whatever the model's
+    return -log_probs.gather(-1, targets[..., None]).mean()
 
 
 def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int, position: int = -1, *,
@@ -166,7 +180,10 @@ def metric_part(metric: Metric, rows: slice, read: torch.Tensor | None) -> tuple
     predicted tokens), so the batch's value is the weight-averaged mean of its parts' values,
     exactly (up to float rounding). With ``read`` (n,), the positions ``read_positions`` gave, the
     part's metric takes logits (rows, n, d_vocab) of only those positions; otherwise (rows, pos,
-    d_vocab). The weight: the part's prompts (logit difference) or counted tokens (loss)."""
+    d_vocab). A part that reads only some entries of those positions (the loss: each prompt's own
+    counted tokens) says which in ``part.entries`` (rows, n) bool, and also takes logits (m, d_vocab)
+    of those m entries alone, row-major. The weight: the part's prompts (logit difference) or
+    counted tokens (loss)."""
     part = getattr(metric, "part", None)
     return None if part is None else part(rows, read)
 

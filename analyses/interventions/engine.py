@@ -192,11 +192,13 @@ def start_of(variant: Variant) -> tuple[int, bool]:
 
 
 def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, starts: Mapping | None,
-                     positions: torch.Tensor | None = None, *, compact: bool = False):
+                     positions: torch.Tensor | None = None, *, compact: bool = False,
+                     entries: torch.Tensor | None = None):
     """One forward of ``tokens`` repeated once per variant (variant-major) under ``hooks``; with
     ``starts`` it begins at the variants' earliest edit (``start_of``) and, given ``positions``,
-    unembeds only those: logits (rows, len(positions), d_vocab) with ``compact``, else
-    ``partial_logits``."""
+    unembeds only those: logits (rows, len(positions), d_vocab) with ``compact``, and with
+    ``entries`` (batch, len(positions)) bool too, only those entries of each variant (rows m,
+    d_vocab); else ``partial_logits``."""
     k = len(variants)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         if starts is None:
@@ -211,7 +213,10 @@ def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, s
         if positions is None:
             return model(resid, **at)
         final = model(resid, **at, stop_at_layer=model.cfg.n_layers)
-        return model.unembed(final[:, positions]) if compact else partial_logits(model, final, positions)
+        if not compact:
+            return partial_logits(model, final, positions)
+        read = final[:, positions]
+        return model.unembed(read if entries is None else read[entries.repeat(k, 1)])
 
 
 def nearest_start(starts: Mapping, layer: int, after_attention: bool = False) -> tuple[str, int, bool] | None:
@@ -240,17 +245,18 @@ def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch
 
 def run_variants(
     model, tokens, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None = None,
-    positions: torch.Tensor | None = None, *, compact: bool = False,
+    positions: torch.Tensor | None = None, *, compact: bool = False, entries: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits (variants, batch, pos, d_vocab) of ``tokens`` under each variant, in one forward.
 
     ``sources`` maps every edited hook name to its source (batch, ...). With ``starts`` (from
     ``base_run``) the forward begins at the chunk's earliest edited layer, and ``positions`` (n,),
     if given, are the only ones unembedded: (variants, batch, n, d_vocab) with ``compact``, NaN
-    elsewhere without.
+    elsewhere without; with ``compact`` and ``entries`` (batch, n) bool, only those entries:
+    (variants, m, d_vocab), row-major (a metric part's ``entries``, ``analyses.core.metrics.metric_part``).
     """
     logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts, positions,
-                               compact=compact)
+                               compact=compact, entries=entries)
     return logits.unflatten(0, (len(variants), -1))
 
 
@@ -332,10 +338,12 @@ def evaluate_variants(
     and only those positions' logits are made (for a metric that cannot take them alone, the
     others are NaN). ``progress``: see ``analyses.core.progress``. Deterministic in its inputs.
     """
-    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
+                     entries: torch.Tensor | None) -> torch.Tensor:
         edits, part_sources, part_starts = chunk_edits([variants[v] for v in members], sources, starts, rows,
                                                        tokens.shape[0])
-        return run_variants(model, tokens[rows], edits, part_sources, part_starts, positions, compact=compact)
+        return run_variants(model, tokens[rows], edits, part_sources, part_starts, positions, compact=compact,
+                            entries=entries)
 
     return evaluate_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None,
                            memory_mb=memory_mb, progress=progress, desc=desc)
@@ -345,9 +353,11 @@ def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], me
                     read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
                     desc: str = "interventions", by_prompts: bool = False) -> torch.Tensor:
     """``metric`` under each variant -> (n_variants,) float tensor, however a chunk's logits are
-    made: ``chunk_logits(members, rows, positions, compact)`` gives the logits of the variants
-    ``members`` (indices) on the prompts ``rows`` -> (len(members), rows, n, d_vocab), ``n`` being
-    ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where given).
+    made: ``chunk_logits(members, rows, positions, compact, entries)`` gives the logits of the
+    variants ``members`` (indices) on the prompts ``rows`` -> (len(members), rows, n, d_vocab), ``n``
+    being ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where
+    given); where the metric's part reads only some entries of those positions (``entries``
+    (rows, n) bool, not None), those alone -> (len(members), m, d_vocab), row-major.
     The chunks, metric parts and their weighting are ``evaluate_variants``'s (see there; ``by_prompts``:
     ``variant_chunks``'); with ``read_only`` the logits are asked for at the metric's read positions only."""
     batch, n_pos = tokens.shape
@@ -361,7 +371,8 @@ def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], me
         for chunk in chunks:
             part, weight = metric_part(metric, chunk.rows, positions) if split else (metric, 1.0)
             if weight > 0:  # a part with no token the metric counts adds nothing
-                logits = chunk_logits(chunk.members, chunk.rows, positions, split)
+                entries = getattr(part, "entries", None) if split else None
+                logits = chunk_logits(chunk.members, chunk.rows, positions, split, entries)
                 for v, variant_logits in zip(chunk.members, logits):
                     sums[v] += weight * evaluate_metric(part, variant_logits).double()
                     weights[v] += weight

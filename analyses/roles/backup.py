@@ -314,15 +314,20 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
 
 def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
     """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects``: each component's changed
-    final residual through ``model.unembed`` (every position, NaN off the read ones, where the
-    metric cannot take the read positions alone)."""
+    final residual through ``model.unembed`` (the read positions, or the metric part's ``entries``
+    alone; every position, NaN off the read ones, where the metric cannot take the read positions
+    alone)."""
     model = ablation.model
 
-    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
+                     entries: torch.Tensor | None) -> torch.Tensor:
         at = positions if compact else slice(None)
         final = clean[final_resid_name(model)][rows][:, at]  # (rows, n, d_model)
         moved = torch.stack([final.float() + write_change(ablation, clean, components[v], rows, at)
-                             for v in members]).to(final.dtype).flatten(0, 1)
+                             for v in members]).to(final.dtype)  # (members, rows, n, d_model)
+        if entries is not None:
+            moved = moved[:, entries]  # (members, m, d_model): the entries the metric reads
+        moved = moved.flatten(0, 1)
         logits = model.unembed(moved) if compact or positions is None else partial_logits(model, moved, positions)
         return logits.unflatten(0, (len(members), -1))
 
@@ -332,33 +337,39 @@ def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Comp
 def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component], keep_mb: float = 0.0):
     """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
     unembedding (``FinalReadout``): logits ``scale(final + change) * (linear(final) + linear(change))
-    + offset`` at the read positions, where a head's ``linear(change)`` is its z change (n, d_head)
+    + offset`` at the read positions (at the metric part's ``entries`` alone where it has them), where
+    a head's ``linear(change)`` is its z change (n, d_head)
     times its (d_head, vocab) readout (kept for the heads of one layer at a time, as the chunks come
     layer by layer) and ``linear(final)`` is made once per chunk of prompts and kept for the
     components after (the latest chunks' within ``keep_mb``, at least the last one's); equal to
     ``unembedded_logits`` up to float rounding."""
     model = ablation.model
     readout = FinalReadout(model)
-    clean_linear: dict[tuple, torch.Tensor] = {}  # a chunk's prompts -> linear(final_clean) there (rows, n, vocab)
+    clean_linear: dict[tuple, torch.Tensor] = {}  # a chunk's prompts -> linear(final_clean) there (rows, n or m, vocab)
 
     @lru_cache(maxsize=model.cfg.n_heads)
     def head_readout(layer: int, head: int) -> torch.Tensor:  # (d_head, vocab)
         return readout.head_readout(model.blocks[layer].attn.W_O[head])
 
-    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool) -> torch.Tensor:
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
+                     entries: torch.Tensor | None) -> torch.Tensor:
         at = slice(None) if positions is None else positions
-        final = clean[final_resid_name(model)][rows][:, at].float()  # (rows, n, d_model)
+
+        def read(x: torch.Tensor) -> torch.Tensor:  # (rows, n, ...) -> (rows, n, ...), or (m, ...) at ``entries``
+            return x if entries is None else x[entries]
+
+        final = read(clean[final_resid_name(model)][rows][:, at].float())  # (rows, n, d_model) or (m, d_model)
         key = (rows.start, rows.stop)
         if key not in clean_linear:
             made = readout.linear(final)
             while clean_linear and held_mb([*clean_linear.values(), made]) > keep_mb:
                 del clean_linear[next(iter(clean_linear))]  # the oldest
             clean_linear[key] = made
-        base = clean_linear[key]  # (rows, n, vocab)
+        base = clean_linear[key]  # (rows, n, vocab) or (m, vocab)
         logits = base.new_empty((len(members), *base.shape))
         for out, v in zip(logits, members):
             component = components[v]
-            change = own_change(ablation, clean, component, rows, at)  # (rows, n, d_head or d_model)
+            change = read(own_change(ablation, clean, component, rows, at))  # (rows, n, d_head or d_model) or (m, ...)
             if isinstance(component, MLP):
                 readout.logits(base, readout.centre(change), readout.readout, readout.scale(final + change), out=out)
             else:
