@@ -1,5 +1,6 @@
-"""Interventions unembed only the positions a metric reads (on GPTModel, which starts mid-stream):
-the values equal full-logit runs, the unembedding sees only those rows, and a metric that reads
+"""Interventions unembed only the positions a metric reads (on GPTModel, which starts mid-stream),
+for a loss only each prompt's counted tokens: the values equal full-logit runs, the unembedding
+sees only those rows, and a metric that reads
 beyond what it declares is refused rather than fed NaN silently."""
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def test_declared_positions():
 
 
 def _unembedded_rows(model, run) -> list[int]:
-    """The number of positions ``ln_final`` (the unembedding's input) saw on each call of ``run``."""
+    """The number of residual rows (every axis but d_model) ``ln_final`` (the unembedding's input)
+    saw on each call of ``run``."""
     seen = []
-    handle = model.ln_final.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+    handle = model.ln_final.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[:-1].numel()))
     try:
         run()
     finally:
@@ -61,7 +63,14 @@ def test_patching_unembeds_only_read_positions_with_equal_values(model, pair, wh
     full_metric = lambda logits: metric(logits)  # noqa: E731  -- undeclared: every position is unembedded
     full = patch_heads(model, probes.tokens, corrupted, full_metric, progress=False)  # runs the hook self-test too
     rows = _unembedded_rows(model, lambda: patch_heads(model, probes.tokens, corrupted, metric, progress=False))
-    assert n_read in rows and set(rows) <= {n_read, probes.tokens.shape[1]}  # the patched runs: n_read rows only
+    batch, n_pos = probes.tokens.shape
+    # a patched variant unembeds what the metric reads: the loss each prompt's own counted tokens
+    # (fewer than every prompt at the union of read positions), the logit difference its position
+    per_variant = int(probes.predictable[:, 1:].sum()) if which == "loss" else batch * n_read
+    assert per_variant < batch * n_read if which == "loss" else True
+    base = (batch * n_read, batch * n_pos)  # the clean and corrupted runs: the read positions, or every one
+    assert all(r % per_variant == 0 or r in base for r in rows), (rows, per_variant)
+    assert any(r % per_variant == 0 and r < batch * n_pos for r in rows), (rows, per_variant)
     partial = patch_heads(model, probes.tokens, corrupted, metric, progress=False)
     assert (full - full.mean()).abs().max() > 1e-3  # patches move the metric: not a vacuous comparison
     torch.testing.assert_close(partial, full, atol=1e-5, rtol=0)
