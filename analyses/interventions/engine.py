@@ -197,8 +197,8 @@ def _forward_variants(model, tokens, variants: Sequence[Variant], hooks: list, s
     """One forward of ``tokens`` repeated once per variant (variant-major) under ``hooks``; with
     ``starts`` it begins at the variants' earliest edit (``start_of``) and, given ``positions``,
     unembeds only those: logits (rows, len(positions), d_vocab) with ``compact``, and with
-    ``entries`` (batch, len(positions)) bool too, only those entries of each variant (rows m,
-    d_vocab); else ``partial_logits``."""
+    ``entries`` (batch, len(positions)) bool too, only those entries of each variant (variants x m,
+    d_vocab), variant-major; else ``partial_logits``."""
     k = len(variants)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         if starts is None:
