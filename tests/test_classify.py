@@ -12,9 +12,9 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 from analyses.roles.causal_check import ablation_effects
+from analyses.core.stats import bootstrap_ratio
 from analyses.roles.classify import (
     assign_roles,
-    bootstrap_ratio,
     classify_heads,
     head_table,
     probe_targets,

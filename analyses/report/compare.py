@@ -25,7 +25,8 @@ from matplotlib.figure import Figure
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.causal_check import ablation_effects
-from analyses.roles.classify import (DEFAULT_THRESHOLD, MEASURES, ROLES, bootstrap_ratio, head_table, pattern_chunks,
+from analyses.core.stats import bootstrap_ratio
+from analyses.roles.classify import (DEFAULT_THRESHOLD, MEASURES, ROLES, head_table, pattern_chunks,
                                per_prompt_scores, probe_targets, prompt_counts_and_chance, scores_frame)
 from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run

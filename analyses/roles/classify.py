@@ -34,6 +34,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run
 from analyses.core.probes import RepeatedProbes, probes_for
+from analyses.core.stats import bootstrap_ratio
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import Run
 from analyses.core.tokens import encode
@@ -215,26 +216,6 @@ def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measure
     run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, memory_mb=memory_mb,
                    progress=progress, desc="classify heads")
     return run.reduced["prompt_sums"]
-
-
-def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = 1000, seed: int = 0,
-                    level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pooled ratio sum(sums) / sum(counts) with a percentile bootstrap over prompts.
-
-    sums: (batch, ...) per-prompt numerators; counts: (batch,) per-prompt denominators.
-    Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:].
-    """
-    batch = sums.shape[0]
-    flat = sums.reshape(batch, -1).double()
-    estimate = flat.sum(0) / counts.double().sum()
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(batch, (n_boot, batch), generator=generator)
-    weights = torch.zeros(n_boot, batch, dtype=torch.double).scatter_add_(1, draws, torch.ones(n_boot, batch, dtype=torch.double))
-    resampled = (weights @ flat.cpu()) / (weights @ counts.double().cpu())[:, None]  # (n_boot, cells)
-    tail = (1 - level) / 2
-    bounds = torch.nanquantile(resampled, torch.tensor([tail, 1 - tail], dtype=torch.double), dim=0)
-    shape = sums.shape[1:]
-    return estimate.reshape(shape).cpu(), bounds[0].reshape(shape), bounds[1].reshape(shape)
 
 
 def classify_heads(

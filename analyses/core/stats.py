@@ -1,0 +1,80 @@
+"""Intervals over prompts: the statistics every printed effect stands on (DESIGN 4.12).
+
+An effect measured on a batch is a pooled mean over prompts: per prompt a numerator (the summed
+change of the metric over the entries the prompt counts) and a denominator (how many entries it
+counts: 1 for a logit difference read at one position, the number of counted tokens for a loss).
+Its interval is a seeded percentile bootstrap over prompts (Efron's percentile interval, which is
+what TransformerLens's peers do not print and what Wang et al. 2022 report): prompts are drawn with
+replacement, the pooled mean recomputed, and the 2.5% and 97.5% quantiles of the resamples kept.
+
+``bootstrap_ratio`` is the one resampler; ``effect_columns`` names the columns it fills in a frame;
+``ratio_to_control`` bootstraps the ratio of a tested effect to a control's mean effect over the
+same prompts (paired), for "these heads matter N times as much as random heads".
+"""
+
+from __future__ import annotations
+
+import torch
+
+N_BOOT = 1000  # bootstrap resamples over prompts, everywhere an interval is printed
+LEVEL = 0.95  # the intervals' coverage
+EFFECT_COLUMNS = ("ci_low", "ci_high", "n_prompts")  # beside each effect's mean, in every effect frame
+
+
+def resample_weights(n_prompts: int, n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:
+    """How often each prompt is drawn in each bootstrap resample: (n_boot, n_prompts) float64, each
+    row summing to n_prompts. Seeded, and the same for every quantity resampled with the same seed,
+    so intervals of paired quantities (an effect and its control) use the same prompts."""
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(n_prompts, (n_boot, n_prompts), generator=generator)
+    return torch.zeros(n_boot, n_prompts, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones(n_boot, n_prompts, dtype=torch.float64))
+
+
+def percentile_bounds(resampled: torch.Tensor, level: float = LEVEL) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (low, high) percentile bounds over the first dim of ``resampled`` (n_boot, ...)."""
+    tail = (1 - level) / 2
+    bounds = torch.nanquantile(resampled.double(), torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=0)
+    return bounds[0], bounds[1]
+
+
+def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0,
+                    level: float = LEVEL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pooled ratio sum(sums) / sum(counts) with a percentile bootstrap over prompts.
+
+    sums: (batch, ...) per-prompt numerators; counts: (batch,) per-prompt denominators.
+    Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:], float64 on the CPU.
+    """
+    batch = sums.shape[0]
+    flat = sums.reshape(batch, -1).cpu().double()
+    counts = counts.cpu().double()
+    estimate = flat.sum(0) / counts.sum()
+    weights = resample_weights(batch, n_boot, seed)
+    resampled = (weights @ flat) / (weights @ counts)[:, None]  # (n_boot, cells)
+    low, high = percentile_bounds(resampled, level)
+    shape = sums.shape[1:]
+    return estimate.reshape(shape), low.reshape(shape), high.reshape(shape)
+
+
+def ratio_to_control(tested: torch.Tensor, control: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0,
+                     level: float = LEVEL) -> tuple[float, float, float]:
+    """How many times the control's mean effect the tested effect is, with a paired bootstrap.
+
+    tested: (batch,) the tested set's per-prompt effect; control: (batch, draws) each random draw's
+    per-prompt effect on the same prompts. Resampled over prompts (both together) and over draws,
+    so the interval carries both sources of noise. Returns (ratio, ci_low, ci_high); the ratio is
+    mean(tested) / mean(control), infinite or undefined (nan) where the control's mean is 0.
+    """
+    tested, control = tested.cpu().double(), control.cpu().double()
+    batch, draws = control.shape
+    prompts = resample_weights(batch, n_boot, seed)  # (n_boot, batch)
+    of_draws = resample_weights(draws, n_boot, seed + 1)  # (n_boot, draws)
+    tested_means = prompts @ tested / batch
+    control_means = torch.einsum("bp,pd,bd->b", prompts, control, of_draws) / (batch * draws)
+    low, high = percentile_bounds(tested_means / control_means, level)
+    return float(tested.mean() / control.mean()), float(low), float(high)
+
+
+def excludes_zero(low, high):
+    """Whether an interval [low, high] lies wholly on one side of 0 (works on floats, arrays, Series)."""
+    return (low > 0) | (high < 0)
