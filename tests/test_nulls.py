@@ -277,3 +277,41 @@ def test_a_mechanism_spread_over_several_heads_shows_as_partial_roles():
     assert page.count("partial: previous_token") == 3
     fixed = head_table(scores, thresholds=0.4)  # the fixed rule has no nulls, so no partial roles
     assert (fixed["partial_role"] == "").all()
+
+
+def test_a_partial_role_needs_an_effect_size_not_only_a_small_p():
+    """Three previous-token heads beside a strong one, all with q-values below 1e-12 against a null
+    with next to no spread (random-init heads attend alike): L0H1 at about 0.34 goes most of the way
+    from the null (about 0.10) to the 0.4 threshold, a partial role; L0H2 and L0H3 (about 0.12 and
+    0.21) barely move off the null and are not partial roles, though their p-values are as small."""
+    model = spread_previous_token_model([12.0, 1.8, 0.3, 1.0])
+    probes = probes_for(model, N_PROMPTS, seq_len=32, seed=0)
+    scores = classify_heads(model, probes=probes, n_boot=50, progress=False)
+    calibration = calibrate_roles(model, probes, progress=False)
+    table = head_table(scores, thresholds=0.4, calibration=calibration).set_index(["layer", "head"])
+    previous = table["previous_token"]
+    center = calibration[calibration["role"] == "previous_token"]["null_center"].iloc[0]
+    assert 0.09 < center < 0.11 and (table["previous_token_q"] < 1e-12).all()
+    assert 0.3 < previous[(0, 1)] < 0.4 and previous[(0, 2)] < 0.15 and 0.18 < previous[(0, 3)] < 0.24
+    assert table["role"].tolist() == ["previous_token", "", "", ""]
+    assert table["partial_role"].tolist() == ["", "previous_token", "", ""]
+
+
+def test_partial_roles_read_the_lower_bound_and_the_weights_scores():
+    """By hand: the rule is ci_low - null_center >= PARTIAL_SHARE (threshold - null_center) for the
+    attention roles, score - null_center for the meaning roles (no interval: read from the weights)."""
+    from analyses.roles.classify import PARTIAL_SHARE
+    assert PARTIAL_SHARE == 0.5
+    heads = [(0, 0), (0, 1), (0, 2), (0, 3)]
+    #                 score, ci_low  (null centre 0.1, threshold 0.4: partial needs ci_low >= 0.25)
+    attention = {(0, 0): (0.30, 0.26), (0, 1): (0.30, 0.24), (0, 2): (0.20, 0.19), (0, 3): (0.45, 0.44)}
+    scores = pd.DataFrame([{"layer": l, "head": h, "measure": "previous_token", "score": s, "ci_low": lo,
+                            "ci_high": s + 0.01, "chance": 0.1} for (l, h), (s, lo) in attention.items()])
+    copying = {(0, 0): 0.26, (0, 1): 0.24, (0, 2): 0.5, (0, 3): 0.3}
+    rows = [{"layer": l, "head": h, "role": "previous_token", "q": 1e-9, "null_center": 0.1, "score": s}
+            for (l, h), (s, _) in attention.items()]
+    rows += [{"layer": l, "head": h, "role": "copying", "q": 1e-9, "null_center": 0.1, "score": copying[(l, h)]}
+             for l, h in heads]
+    roles = assign_roles(scores, 0.4, calibration=pd.DataFrame(rows)).set_index(["layer", "head"])
+    assert roles["role"].tolist() == ["", "", "copying", "previous_token"]
+    assert roles["partial_role"].tolist() == ["previous_token;copying", "", "", "copying"]

@@ -50,6 +50,9 @@ ALL_ROLES = (*ROLES, *MEANING_ROLES)
 TEXT_MEASURES = ("previous_token", "duplicate_token", "self", "bos", "entropy", "distance")
 DEFAULT_THRESHOLD = 0.4
 DEFAULT_FDR = 0.05  # Benjamini-Hochberg false discovery rate of calibrated roles (analyses.roles.nulls)
+# a partial role: its score's interval lower bound goes at least this share of the way from its
+# null's centre to the role's threshold (an effect size, which significance alone is not; see assign_roles)
+PARTIAL_SHARE = 0.5
 NO_EFFECT_BELOW = 0.01  # nats: a smaller |ablation effect| is reported as "no causal effect"
 NO_EFFECT = "no causal effect"
 
@@ -291,8 +294,13 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
                  calibration: pd.DataFrame | None = None, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
     """One row per head with ``role``: its roles in ``ALL_ROLES`` order joined by ';' ('' for none),
     and ``partial_role``, likewise: with ``calibration`` and ``thresholds``, the roles whose score
-    beats its nulls at ``fdr`` but stays below the threshold (a mechanism spread over several heads
-    shows as several partial heads, none strong enough for the role); '' under the fixed rule.
+    beats its nulls at ``fdr``, stays below the threshold, and is large beside the null: its lower
+    bound (``ci_low``; the score itself for the ``MEANING_ROLES``, read from the weights without
+    sampling) at least ``PARTIAL_SHARE`` of the way from the null's centre (``null_center``) to the
+    threshold. A mechanism spread over several heads shows as several partial heads, none strong
+    enough for the role; a head a hair above a null with next to no spread (random-init heads that
+    all attend alike: any trained head passes, however little it does) is significant but not
+    partial. '' under the fixed rule.
 
     Two rules (DESIGN 4.7):
     - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``, or that joined with
@@ -309,16 +317,22 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
     roles = scores[scores["measure"].isin(ROLES)].rename(columns={"measure": "role"})
     if calibration is not None:
         check_fdr(fdr)
-        roles = roles.merge(calibration[["layer", "head", "role", "q"]], on=["layer", "head", "role"])
-        meaning = calibration[calibration["role"].isin(MEANING_ROLES)][["layer", "head", "role", "score", "q"]]
+        nulls = ["layer", "head", "role", "q", "null_center"]
+        roles = roles.merge(calibration[nulls], on=["layer", "head", "role"])
+        meaning = calibration[calibration["role"].isin(MEANING_ROLES)][[*nulls, "score"]]
         roles = pd.concat([roles, meaning], ignore_index=True)
         beats = roles["q"] <= fdr
     else:
         beats = roles["ci_low"] > roles["chance"]
     strong = beats.copy()
+    partial = pd.Series(False, index=roles.index)
     if limits is not None:
-        strong &= roles["score"] >= roles["role"].map(limits).fillna(-float("inf"))
-    partial = beats & ~strong if calibration is not None else pd.Series(False, index=roles.index)
+        limit = roles["role"].map(limits).fillna(-float("inf"))
+        strong &= roles["score"] >= limit
+        if calibration is not None:
+            lower = roles["ci_low"].where(roles["role"].isin(ROLES), roles["score"])
+            center = roles["null_center"]
+            partial = beats & ~strong & (lower - center >= PARTIAL_SHARE * (limit - center))
     heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
     for column, chosen in (("role", roles[strong]), ("partial_role", roles[partial])):
         joined = chosen.assign(rank=chosen["role"].map(ROLE_RANK)).sort_values(["layer", "head", "rank"]) \
