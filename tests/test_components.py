@@ -286,8 +286,12 @@ def test_attention_vs_mlp_rows(scratch_gpt2):
     heads = patch_heads(scratch_gpt2, clean, corrupted, metric, normalize=True, progress=False)
     mlps = patch_mlps(scratch_gpt2, clean, corrupted, metric, normalize=True, progress=False)
     assert frame["total"].tolist() == pytest.approx([*heads[0].tolist(), mlps[0].item(), *heads[1].tolist(), mlps[1].item()])
-    dla = direct_logit_attribution(scratch_gpt2, clean, answers, positions=positions)
-    assert frame.set_index("component").loc["L1H2", "direct"] == pytest.approx(dla[dla["component"] == "L1H2"]["dla"].mean())
+    from analyses.components.decompose import dla_effects  # onto the centred logit, tested in test_dla_intervals
+    dla = dla_effects(scratch_gpt2, clean, answers, positions=positions).set_index("component")
+    row = frame.set_index("component").loc["L1H2"]
+    assert (row["direct"], row["direct_ci_low"], row["direct_ci_high"], row["n_prompts"]) == pytest.approx(
+        tuple(dla.loc["L1H2", ["dla", "ci_low", "ci_high", "n_prompts"]]))
+    assert row["direct_ci_low"] < row["direct"] < row["direct_ci_high"]
     cached = attention_vs_mlp(scratch_gpt2, clean, corrupted, metric, answers, positions=positions,
                               cache=components_cache(scratch_gpt2, clean), progress=False)
     assert cached.equals(frame)  # the clean run's cache serves the direct effects

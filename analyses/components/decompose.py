@@ -57,6 +57,8 @@ from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_n
 from analyses.interventions.engine import cache_run, check_choice
 from analyses.interventions.patching import patch_heads, patch_mlps
 from analyses.core.plots import new_figure
+from analyses.core.stats import N_BOOT, bootstrap_ratio
+from analyses.core.tokens import accumulator
 from interp.errors import UserError
 
 EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"
@@ -267,10 +269,33 @@ def _frame(labels: list[dict], values: torch.Tensor, index: torch.Tensor, value:
     return frame
 
 
+def _direct_values(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor, direction: torch.Tensor,
+                   constant: torch.Tensor) -> tuple[list[dict], torch.Tensor]:
+    """Each part's direct contribution along ``direction`` (batch, n, d_model) float32, a combination
+    of unembedding columns, whose logit is ``direction . normed + constant`` (constant (batch, n): the
+    same combination of ``b_U``), at positions ``index`` (n,), the final norm frozen at the clean run's
+    scale -> (labels, values (component, batch, n)); the last component, ``unembed bias``, holds
+    what no part writes (the constant and the norm's bias), so the components add up to the logit."""
+    norm = final_norm(model, cache[final_resid_name(model)][:, index])
+    constant = constant + direction @ norm.bias
+    reader = direction * norm.weight
+    if norm.centre:  # centre(part) . u == part . centre(u)
+        reader = reader - reader.mean(-1, keepdim=True)
+    reader = reader / norm.scale
+    labels, values = [], []
+    for group_labels, group_values in _part_groups(model, cache, index, reader):
+        labels += group_labels
+        values.append(group_values)
+    labels.append(_label(UNEMBED_BIAS, "unembed_bias"))
+    values.append(constant[None])
+    return labels, torch.cat(values)
+
+
 @torch.no_grad()
 def direct_logit_attribution(model, source, answers, distractors=None, *,
                              positions: Sequence[int] | None = None) -> pd.DataFrame:
-    """Each part's direct contribution to the logit of ``answers`` (minus that of ``distractors``).
+    """Each part's direct contribution to the logit of ``answers`` (minus that of ``distractors``),
+    per prompt and position (``dla_effects``: as a task measures it, a mean over prompts with its interval).
 
     ``source``: a cache or token ids (batch, pos). ``answers``/``distractors``: token ids (batch, n)
     read at ``positions`` (n of them; None: every position, n = pos) or (batch,) read at one position
@@ -292,19 +317,145 @@ def direct_logit_attribution(model, source, answers, distractors=None, *,
             raise UserError(f"distractors of shape {tuple(distractors.shape)} must match answers {tuple(answers.shape)}")
         _check_tokens(model, distractors, "distractors")
         direction, constant = direction - W_U.T[distractors].float(), constant - b_U[distractors].float()
-    norm = final_norm(model, cache[final_name][:, index])
-    constant = constant + direction @ norm.bias
-    reader = direction * norm.weight
-    if norm.centre:  # centre(part) . u == part . centre(u)
-        reader = reader - reader.mean(-1, keepdim=True)
-    reader = reader / norm.scale
-    labels, values = [], []
-    for group_labels, group_values in _part_groups(model, cache, index, reader):
-        labels += group_labels
-        values.append(group_values)
-    labels.append(_label(UNEMBED_BIAS, "unembed_bias"))
-    values.append(constant[None])
-    return _frame(labels, torch.cat(values), index, "dla")
+    labels, values = _direct_values(model, cache, index, direction, constant)
+    return _frame(labels, values, index, "dla")
+
+
+# ---- DLA as a task measures it: a mean over prompts with its interval --------------------------------
+
+DLA_ONTO = ("logit_diff", "centred_logit")  # with distractors; without
+DLA_PARTS = {"logit_diff": ("dla_answer", "dla_distractor"), "centred_logit": ("dla_answer", "dla_vocab_mean")}
+
+
+def _id_sets(ids, n_batch: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-prompt token-id sets (a sequence of ``n_batch`` sequences of ids, ragged) -> (ids (batch, k),
+    weights (batch, k)): each set's ids, padded with its first, weighted 1 / its size (its mean), 0 on
+    the padding."""
+    sets = [list(s) for s in ids]
+    if len(sets) != n_batch or any(len(s) == 0 for s in sets):
+        raise UserError(f"{name}: {len(sets)} id sets for {n_batch} prompts; each prompt needs a non-empty set")
+    width = max(map(len, sets))
+    padded = torch.tensor([s + s[:1] * (width - len(s)) for s in sets], dtype=torch.long)
+    weights = torch.tensor([[1 / len(s)] * len(s) + [0.0] * (width - len(s)) for s in sets])
+    return padded, weights
+
+
+def _read_targets(ids, n_batch: int, n_pos: int, positions: Sequence[int] | None, at: torch.Tensor | None,
+                  name: str) -> tuple[torch.Tensor, torch.Tensor, Sequence[int] | None]:
+    """``ids`` (a tensor (batch,) / (batch, n) as ``direct_logit_attribution`` reads, or per-prompt id
+    sets read at one position) -> (ids (batch, n, k), weights (batch, n, k), positions): each entry's
+    logit is the weighted sum of its ids' logits. With ``at``, the n positions are ``at``'s distinct
+    values and every entry reads the same ids."""
+    if isinstance(ids, torch.Tensor) or (len(ids) and not isinstance(ids[0], Sequence)):
+        if at is not None and torch.as_tensor(ids).ndim != 1:
+            raise UserError(f"with at=, {name} must be (batch,) ids or one id set per prompt")
+        ids, positions = _targets(ids, n_batch, n_pos, positions if at is None else [-1])
+        ids, weights = ids[..., None], torch.ones(*ids.shape, 1)
+    else:
+        ids, weights = _id_sets(ids, n_batch, name)
+        ids, weights = ids[:, None], weights[:, None]
+        positions = [-1] if positions is None and at is None else positions
+        if positions is not None and len(positions) != 1:
+            raise UserError(f"{name} given as id sets are read at one position per prompt, not {list(positions)}")
+    if at is not None:
+        positions = torch.unique(at).tolist()
+        ids, weights = ids.expand(-1, len(positions), -1), weights.expand(-1, len(positions), -1)
+    return ids, weights, positions
+
+
+def _vocab_mean(model, memory_mb: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unembedding's mean column (d_model,) and bias, float32: the direction and constant of the
+    mean logit over the vocabulary. Summed ``memory_mb`` worth of float32 columns at a time (a 128k
+    vocabulary's W_U is never made float32 whole)."""
+    W_U = model.W_U.detach()
+    step = max(1, int(memory_mb * 2**20 // (4 * W_U.shape[0])))
+    total = accumulator(model, W_U.shape[0])
+    for start in range(0, W_U.shape[1], step):
+        total += W_U[:, start:start + step].to(total.dtype).sum(1)
+    return (total / W_U.shape[1]).float(), model.b_U.detach().double().mean().float()
+
+
+@torch.no_grad()
+def dla_effects(model, source, answers, distractors=None, *, positions: Sequence[int] | None = None,
+                at: torch.Tensor | None = None, counted: torch.Tensor | None = None, n_boot: int = N_BOOT,
+                seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+    """Each component's direct logit attribution as a task measures it: a mean over prompts with its
+    95% interval (DESIGN 4.12).
+
+    Onto (``onto``) the logit difference, the answers' mean logit minus the distractors', where
+    ``distractors`` are given, split into ``dla_answer`` (onto the answers' mean logit) and
+    ``dla_distractor`` (onto minus the distractors'); else onto the centred logit, the answer's logit
+    minus the mean logit over the vocabulary (a write that lifts every logit alike moves no
+    probability and scores 0), split into ``dla_answer`` and ``dla_vocab_mean`` (onto minus the mean
+    logit). Each part is a ``direct_logit_attribution`` (final norm frozen at the clean run's scale),
+    and per prompt ``dla`` is exactly their sum.
+
+    ``source``: a cache or token ids (batch, pos). ``answers`` / ``distractors``: a tensor of ids
+    (batch, n) read at ``positions`` or (batch,) read at one position, as ``direct_logit_attribution``
+    reads them; or per prompt a set of ids (a sequence of ``batch`` sequences, ragged: a task's
+    answers), whose logits are averaged, read at one position. ``at``: (batch,) each prompt's own read
+    position instead of ``positions`` (a task's last real tokens). ``counted``: (batch, n) bool, the
+    entries that count (None: all; with ``at``, each prompt's own position). A prompt's value is the
+    sum over its counted entries; the mean pools them over prompts (``analyses.core.stats.bootstrap_ratio``,
+    ``n_boot`` resamples of the prompts with at least one counted entry, seeded by ``seed``).
+
+    Returns one row per component (``component, kind, layer, head``), with ``onto``, ``dla``,
+    ``ci_low``, ``ci_high``, ``n_prompts`` and, per part, the part and ``{part}_ci_low``,
+    ``{part}_ci_high``. Over the components (``unembed bias`` included) ``dla`` adds up to the mean
+    logit difference (centred logit) over the counted entries, the parts to the answers' mean logit and
+    minus the distractors' (the mean logit).
+    """
+    cache = _cache(model, source)
+    n_batch, n_pos = cache[final_resid_name(model)].shape[:2]
+    if at is not None:
+        if positions is not None or counted is not None:
+            raise UserError("pass at= (each prompt's position) or positions=/counted=, not both")
+        at = torch.as_tensor(at, dtype=torch.long).cpu()
+        if at.shape != (n_batch,) or ((at < 0) | (at >= n_pos)).any():
+            raise UserError(f"at= must be (batch={n_batch},) positions in [0, {n_pos}), got shape {tuple(at.shape)}")
+    ids, weights, read_positions = _read_targets(answers, n_batch, n_pos, positions, at, "answers")
+    index = _positions(cache, model, read_positions)
+    _check_tokens(model, ids, "answers")
+    W_U, b_U = model.W_U.detach(), model.b_U.detach()
+    device = cache[final_resid_name(model)].device
+
+    def combination(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights = weights.to(device)
+        return (einops.einsum(W_U.T[ids.to(W_U.device)].float().to(device), weights, "b n k m, b n k -> b n m"),
+                (b_U[ids.to(b_U.device)].float().to(device) * weights).sum(-1))
+
+    answer = combination(ids, weights)
+    if distractors is not None:
+        other_ids, other_weights, _ = _read_targets(distractors, n_batch, n_pos, positions, at, "distractors")
+        if other_ids.shape[:2] != ids.shape[:2]:
+            raise UserError(f"distractors are read at {other_ids.shape[1]} positions for the answers' {ids.shape[1]}")
+        _check_tokens(model, other_ids, "distractors")
+        onto, against = "logit_diff", combination(other_ids, other_weights)
+    else:
+        onto, (mean_column, mean_bias) = "centred_logit", _vocab_mean(model, memory_mb)
+        against = (mean_column.to(device).expand_as(answer[0]), mean_bias.to(device).expand_as(answer[1]))
+    labels, plus = _direct_values(model, cache, index, *answer)
+    _, minus = _direct_values(model, cache, index, -against[0], -against[1])
+    if at is not None:
+        counted = index[None].to(at.device) == at[:, None]
+    counted = torch.ones(n_batch, len(index), dtype=torch.bool) if counted is None else torch.as_tensor(counted).cpu()
+    if counted.shape != (n_batch, len(index)):
+        raise UserError(f"counted= of shape {tuple(counted.shape)} must be (batch={n_batch}, positions={len(index)})")
+    prompts = counted.any(1)
+    if not prompts.any():
+        raise UserError("counted= counts no entry")
+    mask = counted.to(plus.device, plus.dtype)
+    parts = torch.stack([plus + minus, plus, minus], dim=-1)  # (component, batch, n, 3)
+    sums = einops.einsum(parts, mask, "c b n p, b n -> b c p")[prompts.to(plus.device)]
+    estimate, low, high = bootstrap_ratio(sums, counted.sum(1)[prompts].double(), n_boot=n_boot, seed=seed)
+    frame = _components_frame(labels).assign(onto=onto)
+    for column, part in enumerate(("dla", *DLA_PARTS[onto])):
+        prefix = "" if part == "dla" else f"{part}_"
+        frame[part] = estimate[:, column].numpy()
+        frame[f"{prefix}ci_low"], frame[f"{prefix}ci_high"] = low[:, column].numpy(), high[:, column].numpy()
+        if part == "dla":
+            frame["n_prompts"] = int(prompts.sum())
+    return frame
 
 
 @torch.no_grad()
@@ -430,16 +581,18 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
                      distractors=None, *, positions: Sequence[int] | None = None, cache=None, clean_run=None,
                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Each head and each MLP, its direct and its total effect: one row per component with
-    ``component, kind, layer, head, direct`` (its mean direct logit attribution to ``answers`` (minus
-    ``distractors``) on the clean run, ``direct_logit_attribution``) and ``total`` (exact denoising
-    patch of its output from the clean into the corrupted run, normalised: 0 = corrupted, 1 = clean;
-    ``patch_heads`` / ``patch_mlps``). A component with a large total and a small direct effect acts
-    through later components. ``cache``: the clean run's (``components_cache``), else one is made;
-    ``clean_run``: a ``Run`` of the clean prompts, which the patching reads instead of running them again."""
-    dla = direct_logit_attribution(model, clean_tokens if cache is None else cache, answers, distractors,
-                                   positions=positions)
-    direct = dla[dla["kind"].isin(["head", "mlp"])].groupby("component", sort=False).agg(
-        kind=("kind", "first"), layer=("layer", "first"), head=("head", "first"), direct=("dla", "mean")).reset_index()
+    ``component, kind, layer, head, direct, direct_ci_low, direct_ci_high, n_prompts`` (its direct
+    logit attribution on the clean run, a mean over prompts with its interval, ``dla_effects``: onto
+    the logit difference with ``distractors``, onto the centred logit of ``answers`` without) and
+    ``total`` (exact denoising patch of its output from the clean into the corrupted run, normalised:
+    0 = corrupted, 1 = clean; ``patch_heads`` / ``patch_mlps``; no interval: the patching returns the
+    batch's mean alone). A component with a large total and a small direct effect acts through later
+    components. ``cache``: the clean run's (``components_cache``), else one is made; ``clean_run``: a
+    ``Run`` of the clean prompts, which the patching reads instead of running them again."""
+    dla = dla_effects(model, clean_tokens if cache is None else cache, answers, distractors, positions=positions)
+    direct = dla[dla["kind"].isin(["head", "mlp"])].rename(
+        columns={"dla": "direct", "ci_low": "direct_ci_low", "ci_high": "direct_ci_high"})
+    direct = direct[[*COMPONENT_COLUMNS, "direct", "direct_ci_low", "direct_ci_high", "n_prompts"]].reset_index(drop=True)
     options = dict(normalize=True, memory_mb=memory_mb, progress=progress, clean_run=clean_run)
     heads = patch_heads(model, clean_tokens, corrupted_tokens, metric, **options)
     has_mlps = (direct["kind"] == "mlp").any()
