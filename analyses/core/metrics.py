@@ -12,10 +12,15 @@ On a right-padded batch of texts of unequal lengths the metrics built here never
 the interventions bind the batch's lengths to them (``metric_for_batch``), so a logit difference is
 read at each prompt's own last real token and a loss counts real tokens only; a position past a
 prompt's end is refused, never wrapped. Guide: docs/guides/metrics.md.
+
+The metrics built here are pooled means over prompts, and their parts also give each prompt's
+numerator and count (``metric_part``, ``evaluate_part``, ``PromptScores``), from which an effect
+gets its bootstrap interval over prompts (``analyses.core.stats``); any other callable gets none.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -55,21 +60,32 @@ def loss_metric(tokens: torch.Tensor, positions: torch.Tensor | None = None) -> 
         at = slice(None) if read is None else read.to(tokens.device)
         part_targets, part_mask = targets[rows][:, at], kept[rows][:, at]
 
-        def part_metric(logits: torch.Tensor) -> torch.Tensor:
+        def entry_losses(logits: torch.Tensor) -> torch.Tensor:
             """logits (rows, len(read) or pos, d_vocab), or with ``read`` (m, d_vocab): those of the
-            m entries of ``part_metric.entries`` alone, in row-major order."""
+            m entries of ``part_metric.entries`` alone, in row-major order -> each counted entry's
+            loss (m,), row-major."""
             if read is not None and logits.ndim == 2:
                 if logits.shape[0] != len(counted):
                     raise UserError(f"the loss metric's part reads {len(counted)} entries, but got logits of "
                                     f"shape {tuple(logits.shape)}")
-                return _mean_loss_rows(logits, counted)
+                return _token_losses(logits, counted)
             _check_logits(logits, (len(part_targets), tokens.shape[1] if read is None else len(read)),
                           "the loss metric's part")
-            return _mean_loss(logits if read is not None else logits[:, :-1], part_targets, part_mask)
+            return _token_losses((logits if read is not None else logits[:, :-1])[part_mask], counted)
+
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:
+            return entry_losses(logits).mean()
+
+        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            losses = entry_losses(logits)
+            sums = torch.zeros(len(part_targets), dtype=losses.dtype, device=losses.device)
+            return losses.mean(), sums.index_add_(0, entry_rows.to(losses.device), losses)
 
         counted = part_targets[part_mask]  # (m,): the targets of the entries the part counts
+        entry_rows = part_mask.nonzero()[:, 0]  # (m,): the prompt of each, row-major
         if read is not None:
             part_metric.entries = part_mask  # (rows, n) bool: an intervention may unembed these alone
+        part_metric.per_prompt, part_metric.counts = per_prompt, part_mask.sum(dim=1)
         return part_metric, float(part_mask.sum())
 
     metric.read_positions = None if mask is None else torch.nonzero(mask.any(dim=0))[:, 0].cpu()
@@ -89,11 +105,16 @@ def _mean_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor |
 
 def _mean_loss_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean -log p(target): ``logits`` (..., d_vocab), each row predicting its ``targets`` (...)."""
+    return _token_losses(logits, targets).mean()
+
+
+def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log p(target) (...) in float32: ``logits`` (..., d_vocab), each row predicting its ``targets`` (...)."""
     if int(targets.max()) >= logits.shape[-1]:  # e.g. a Tracr model's own output space
         raise UserError(f"the loss metric needs logits over the input vocabulary, but these have {logits.shape[-1]} "
                         f"outputs and the tokens reach id {int(targets.max())}; use a metric on the model's outputs")
     log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)  # float32 whatever the model's
-    return -log_probs.gather(-1, targets[..., None]).mean()
+    return -log_probs.gather(-1, targets[..., None])[..., 0]
 
 
 def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int, position: int = -1, *,
@@ -131,7 +152,7 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
     def part(rows: slice, read: torch.Tensor | None) -> tuple[Metric, float]:
         part_ids = [ids[rows] if ids.ndim else ids for ids in (correct, incorrect)]
 
-        def part_metric(logits: torch.Tensor) -> torch.Tensor:  # (rows, len(read) or pos, d_vocab)
+        def diffs(logits: torch.Tensor) -> torch.Tensor:  # (rows, len(read) or pos, d_vocab) -> (rows,)
             n_rows, n_pos = rows.stop - rows.start, logits.shape[1]
             _check_logits(logits, (n_rows, None if read is None else len(read)), "the metric's part")
             if at is None and read is None:
@@ -141,8 +162,16 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
             if read is None and int(rows_at.max()) >= n_pos:
                 raise UserError(f"logit_diff_metric: its prompts have up to {int(rows_at.max()) + 1} real tokens "
                                 f"but the logits only {n_pos} positions")
-            return _mean_diff(logits, rows_at if read is None else torch.searchsorted(read, rows_at), *part_ids)
+            return _diffs(logits, rows_at if read is None else torch.searchsorted(read, rows_at), *part_ids)
 
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:
+            return diffs(logits).mean()
+
+        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            each = diffs(logits)
+            return each.mean(), each
+
+        part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(rows.stop - rows.start)
         return part_metric, float(rows.stop - rows.start)
 
     metric.part = part
@@ -162,14 +191,20 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
 
 def _mean_diff(logits: torch.Tensor, rows_at: torch.Tensor, correct: torch.Tensor,
                incorrect: torch.Tensor) -> torch.Tensor:
-    """Mean over rows b of ``logits[b, rows_at[b], correct[b]] - logits[b, rows_at[b], incorrect[b]]``
+    """The mean over rows of ``_diffs``."""
+    return _diffs(logits, rows_at, correct, incorrect).mean()
+
+
+def _diffs(logits: torch.Tensor, rows_at: torch.Tensor, correct: torch.Tensor,
+           incorrect: torch.Tensor) -> torch.Tensor:
+    """(batch,) ``logits[b, rows_at[b], correct[b]] - logits[b, rows_at[b], incorrect[b]]``
     (logits (batch, n, d_vocab); rows_at (batch,) on the CPU; ids one or one per row), in float32."""
     batch, _, d_vocab = logits.shape
     rows = torch.arange(batch, device=logits.device)
     good_ids, bad_ids = (_ids_per_prompt(ids, name, batch, d_vocab).to(logits.device)
                          for name, ids in (("correct", correct), ("incorrect", incorrect)))
     last = logits[rows, rows_at.to(logits.device)]  # (batch, d_vocab)
-    return (last[rows, good_ids].float() - last[rows, bad_ids].float()).mean()  # float32 whatever the model's
+    return last[rows, good_ids].float() - last[rows, bad_ids].float()  # float32 whatever the model's
 
 
 def metric_part(metric: Metric, rows: slice, read: torch.Tensor | None) -> tuple[Metric, float] | None:
@@ -183,9 +218,39 @@ def metric_part(metric: Metric, rows: slice, read: torch.Tensor | None) -> tuple
     d_vocab). A part that reads only some entries of those positions (the loss: each prompt's own
     counted tokens) says which in ``part.entries`` (rows, n) bool, and also takes logits (m, d_vocab)
     of those m entries alone, row-major. The weight: the part's prompts (logit difference) or
-    counted tokens (loss)."""
+    counted tokens (loss).
+
+    The part also has a per-prompt form, so an effect can get an interval over prompts from the
+    same logits: ``part.per_prompt(logits)`` -> (the part's value, exactly ``part(logits)``; each
+    prompt's numerator (rows,): its difference, or the summed loss of its counted tokens), and
+    ``part.counts`` (rows,): each prompt's denominator (1, or its counted tokens), summing to the
+    weight. See ``evaluate_part``."""
     part = getattr(metric, "part", None)
     return None if part is None else part(rows, read)
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """A metric pooled over prompts, and what it pools: ``values`` (...) the metric (one per variant
+    of an intervention, or a 0-d tensor for one run); ``numerators`` (..., batch) each prompt's
+    numerator and ``counts`` (batch,) its denominator, so that a value is sum(numerators) /
+    sum(counts) over the batch (up to float rounding), or both None for a metric without a
+    per-prompt form (any callable not built here). A prompt that counts nothing has count 0."""
+
+    values: torch.Tensor
+    numerators: torch.Tensor | None
+    counts: torch.Tensor | None
+
+
+def evaluate_part(part: Metric, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A metric part (``metric_part``) on its logits -> (its value, a 0-d float tensor, exactly what
+    ``evaluate_metric`` gives; each prompt's numerator (rows,) float32, or None for a part without a
+    per-prompt form), from one evaluation."""
+    per_prompt = getattr(part, "per_prompt", None)
+    if per_prompt is None:
+        return evaluate_metric(part, logits), None
+    value, numerators = per_prompt(logits)
+    return value.float(), numerators.float()
 
 
 def metric_rows(metric: Metric, rows: slice) -> Metric | None:

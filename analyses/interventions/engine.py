@@ -33,7 +33,7 @@ from einops import einsum, repeat
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
-from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
+from analyses.core.metrics import Metric, PromptScores, evaluate_metric, evaluate_part, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
@@ -316,7 +316,14 @@ def chunk_edits(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor]
             None if starts is None else {name: start[rows] for name, start in starts.items()})
 
 
-def evaluate_variants(
+def evaluate_variants(model, tokens: torch.Tensor, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor],
+                      metric: Metric, **keywords) -> torch.Tensor:
+    """``metric`` under each variant -> (n_variants,) float tensor, in the order given: the values
+    of ``score_variants`` (which see, with its keywords)."""
+    return score_variants(model, tokens, variants, sources, metric, **keywords).values
+
+
+def score_variants(
     model,
     tokens: torch.Tensor,
     variants: Sequence[Variant],
@@ -327,8 +334,10 @@ def evaluate_variants(
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
     desc: str = "interventions",
-) -> torch.Tensor:
-    """``metric`` under each variant -> (n_variants,) float tensor, in the order given.
+) -> PromptScores:
+    """``metric`` under each variant -> ``PromptScores``: values (n_variants,) float, in the order
+    given, and, for a metric with a per-prompt form (those of ``analyses.core.metrics``), each
+    prompt's numerator (n_variants, batch) and count (batch,) from the same forwards.
 
     Variants run in the chunks of ``variant_chunks``: several variants over every prompt per
     forward, or where one variant over every prompt exceeds ``memory_mb``, one variant over a chunk
@@ -345,25 +354,36 @@ def evaluate_variants(
         return run_variants(model, tokens[rows], edits, part_sources, part_starts, positions, compact=compact,
                             entries=entries)
 
-    return evaluate_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None,
-                           memory_mb=memory_mb, progress=progress, desc=desc)
+    return score_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None,
+                        memory_mb=memory_mb, progress=progress, desc=desc)
 
 
-def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
-                    read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                    desc: str = "interventions", by_prompts: bool = False) -> torch.Tensor:
-    """``metric`` under each variant -> (n_variants,) float tensor, however a chunk's logits are
-    made: ``chunk_logits(members, rows, positions, compact, entries)`` gives the logits of the
+def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits,
+                    **keywords) -> torch.Tensor:
+    """``metric`` under each variant -> (n_variants,) float tensor: the values of ``score_chunks``
+    (which see, with its keywords)."""
+    return score_chunks(model, tokens, variants, metric, chunk_logits, **keywords).values
+
+
+def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
+                 read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                 desc: str = "interventions", by_prompts: bool = False) -> PromptScores:
+    """``metric`` under each variant -> ``PromptScores`` (as ``score_variants``'), however a chunk's
+    logits are made: ``chunk_logits(members, rows, positions, compact, entries)`` gives the logits of the
     variants ``members`` (indices) on the prompts ``rows`` -> (len(members), rows, n, d_vocab), ``n``
     being ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where
     given); where the metric's part reads only some entries of those positions (``entries``
     (rows, n) bool, not None), those alone -> (len(members), m, d_vocab), row-major.
-    The chunks, metric parts and their weighting are ``evaluate_variants``'s (see there; ``by_prompts``:
-    ``variant_chunks``'); with ``read_only`` the logits are asked for at the metric's read positions only."""
+    The chunks, metric parts and their weighting are ``score_variants``'s (see there; ``by_prompts``:
+    ``variant_chunks``'); with ``read_only`` the logits are asked for at the metric's read positions only.
+    Each value is the weighted mean of its parts' values, as without the per-prompt numerators,
+    which each part gives from the same logits (``analyses.core.metrics.evaluate_part``)."""
     batch, n_pos = tokens.shape
     positions = read_positions(metric, n_pos) if read_only else None
     split = metric_part(metric, slice(0, batch), positions) is not None
     sums, weights = accumulator(model, len(variants)), accumulator(model, len(variants))
+    numerators, counts = accumulator(model, len(variants), batch), accumulator(model, batch)
+    per_prompt = split  # until a part without a per-prompt form turns up
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
                             else len(positions), split_rows=split,
                             by_prompts=by_prompts)
@@ -374,15 +394,22 @@ def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], me
                 entries = getattr(part, "entries", None) if split else None
                 logits = chunk_logits(chunk.members, chunk.rows, positions, split, entries)
                 for v, variant_logits in zip(chunk.members, logits):
-                    sums[v] += weight * evaluate_metric(part, variant_logits).double()
+                    value, each = evaluate_part(part, variant_logits)
+                    sums[v] += weight * value.to(sums.dtype)
                     weights[v] += weight
+                    if each is None:
+                        per_prompt = False
+                    else:
+                        numerators[v, chunk.rows] = each.to(numerators.dtype)
+                if per_prompt:
+                    counts[chunk.rows] = part.counts.to(counts.device, counts.dtype)
             bar.update(len(chunk.members) if chunk.rows.stop == batch else 0)  # a variant is done at its last rows
     values = (sums / weights).float()
     if positions is not None and values.isnan().any():
         raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
                         f"({positions.tolist()}; give it the right read_positions, or none), or the model's "
                         "output is not finite")
-    return values
+    return PromptScores(values, numerators if per_prompt else None, counts if per_prompt else None)
 
 
 def collect_variants(

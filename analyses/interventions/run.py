@@ -27,9 +27,11 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
-from analyses.interventions.engine import _Collected, evaluate_variants, nearest_start, runs_suffix_only, start_names
-from analyses.core.metrics import Metric, evaluate_metric, metric_part, read_positions
+from analyses.interventions.engine import _Collected, nearest_start, runs_suffix_only, score_variants, start_names
+from analyses.core.metrics import Metric, PromptScores, evaluate_metric, evaluate_part, metric_part, read_positions
 from analyses.core.progress import progress_bar
+from analyses.core.stats import N_BOOT, bootstrap_ratio
+from analyses.core.tokens import accumulator
 from interp.errors import UserError
 
 Consumer = Callable[[torch.Tensor, slice], None]  # (activation of a chunk of prompts, its rows) -> None
@@ -81,6 +83,7 @@ class Run:
     silent: frozenset = frozenset()
     memory_mb: float = DEFAULT_MEMORY_MB
     stored: int | None = None
+    scored: list = field(default_factory=list)  # [(metric, its PromptScores on this run)], by identity
 
     @classmethod
     def make(cls, model, tokens: torch.Tensor, metric: Metric | None = None, names: Sequence[str] = (), *,
@@ -137,11 +140,12 @@ class Run:
         silent = frozenset(name for name, parts in kept.items() if not parts)
         cache = {name: _joined(parts) for name, parts in kept.items() if parts}
         baseline = scored.value() if metric is not None else None
+        scores = [(metric, scored.scores())] if metric is not None else []
         run_starts = {name: cache.pop(name) for name in resid_names if name not in names} if resid_names else None
         if run_starts is not None:
             run_starts |= {name: cache[name] for name in resid_names if name in names}
         return cls(model, tokens, metric, baseline, cache, run_starts,
-                   {key: reducer.result() for key, reducer in reducers.items()}, silent, memory_mb, keep_rows)
+                   {key: reducer.result() for key, reducer in reducers.items()}, silent, memory_mb, keep_rows, scores)
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """{name: activation (batch, ...)} for ``names``: from the cache, and what is missing from one
@@ -212,6 +216,15 @@ class Run:
         logits of a forward of the last block only (the whole model where it cannot start there)."""
         if metric is self.metric:
             return self.baseline
+        return float(self.scores(metric).values)
+
+    def scores(self, metric: Metric) -> PromptScores:
+        """The metric on this run with each prompt's numerator and count (``PromptScores``, values
+        0-d): kept from ``make`` for the run's own metric, else scored as ``value`` says once and
+        kept (by the metric's identity)."""
+        for known, scores in self.scored:
+            if known is metric:
+                return scores
         self._refuse_partial("score another metric on")
         last = resid_pre_name(self.model.cfg.n_layers - 1)
         from_last = self.starts is not None and last in self.starts
@@ -221,7 +234,8 @@ class Run:
             for start in range(0, len(self.tokens), size):
                 rows = slice(start, min(start + size, len(self.tokens)))
                 scored.add(rows, self.starts[last][rows] if from_last else None, self.model.cfg.n_layers - 1)
-        return scored.value()
+        self.scored.append((metric, scored.scores()))
+        return self.scored[-1][1]
 
 
 def _first_rows(activation: torch.Tensor, rows: slice, keep_rows: int | None) -> torch.Tensor:
@@ -263,6 +277,8 @@ class MetricParts:
         self.read = None if self.positions is None else len(self.positions)
         self.stop = {} if unembeds else {"stop_at_layer": model.cfg.n_layers}  # without a metric: no logits
         self.total, self.weight, self.logits = 0.0, 0.0, []
+        self.numerators, self.counts = accumulator(model, len(tokens)), accumulator(model, len(tokens))
+        self.per_prompt = self.split  # until a part without a per-prompt form turns up
 
     def add(self, rows: slice, resid: torch.Tensor | None = None, layer: int = 0) -> None:
         """Run the prompts ``rows`` (a slice start:stop of the batch), from their tokens or from
@@ -283,14 +299,27 @@ class MetricParts:
             return
         part, weight = metric_part(self.metric, rows, self.positions)
         if weight > 0:  # a part with no token the metric counts adds nothing
-            self.total += weight * evaluate_metric(part, logits).item()
+            value, each = evaluate_part(part, logits)
+            self.total += weight * value.item()
             self.weight += weight
+            if each is None:
+                self.per_prompt = False
+            else:
+                self.numerators[rows] = each.to(self.numerators.dtype)
+                self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
 
     def value(self) -> float:
         """The metric over every prompt added."""
         if not self.split:
             return evaluate_metric(self.metric, _joined(self.logits)).item()
         return self.total / self.weight
+
+    def scores(self) -> PromptScores:
+        """The metric over every prompt added (values 0-d float64) with each prompt's numerator and
+        count (batch,) where the metric has a per-prompt form."""
+        known = self.per_prompt
+        return PromptScores(torch.tensor(self.value(), dtype=torch.float64), self.numerators if known else None,
+                            self.counts if known else None)
 
 
 class FirstRows:
@@ -335,7 +364,8 @@ class Contrast:
 
     metric: what each edited run is scored by; baseline: its value on the unedited base run;
     source_value: its value on the source run, where there is one (patching); direction: "denoise"
-    (the base run is the corrupted one) or "noise" (the base run is the clean one)."""
+    (the base run is the corrupted one) or "noise" (the base run is the clean one); source_scores
+    (keyword only): the source run's ``PromptScores``, for the intervals of normalised effects."""
 
     base: Run
     metric: Metric
@@ -343,6 +373,7 @@ class Contrast:
     baseline: float
     source_value: float | None = None
     direction: str = "denoise"
+    source_scores: PromptScores | None = field(default=None, kw_only=True)
 
     @property
     def model(self):
@@ -370,8 +401,64 @@ class Contrast:
         return normalize_values(values, self.clean_value, self.corrupted_value)
 
     def evaluate(self, variants, options: Options | None = None, desc: str = "interventions") -> torch.Tensor:
-        """The metric under each variant (``analyses.interventions.engine.evaluate_variants`` on the base
-        run, from its starts) -> (len(variants),). ``options`` default: the base run's ``memory_mb``."""
+        """The metric under each variant -> (len(variants),): the values of ``score``."""
+        return self.score(variants, options, desc).values
+
+    def score(self, variants, options: Options | None = None, desc: str = "interventions") -> PromptScores:
+        """The metric under each variant with each prompt's numerator and count
+        (``analyses.interventions.engine.score_variants`` on the base run, from its starts): values
+        (len(variants),). ``options`` default: the base run's ``memory_mb``."""
         options = Options(memory_mb=self.base.memory_mb) if options is None else options
-        return evaluate_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
-                                 memory_mb=options.memory_mb, progress=options.progress, desc=desc)
+        return score_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
+                              memory_mb=options.memory_mb, progress=options.progress, desc=desc)
+
+    def baseline_scores(self) -> PromptScores:
+        """The metric on the unedited base run, per prompt (``Run.scores``; no forward where the base
+        run was made with this metric or has scored it already)."""
+        return self.base.scores(self.metric)
+
+    def intervals(self, scores: PromptScores, *, normalize: bool = False,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The 95% intervals of the effects ``scores.values - baseline`` -> (ci_low, ci_high), each of
+        ``scores.values``' shape, float64 on the CPU, and n_prompts (see ``effect_intervals``). With
+        ``normalize`` the effects are in ``normalize``'s units: (value - baseline) / (clean - corrupted)."""
+        baseline, scale = self.baseline_scores(), None
+        if normalize:
+            if self.source_scores is None:
+                raise UserError("this contrast was made without its source run's scores (source_scores), so its "
+                                "normalised effects have no interval; make it with analyses.interventions.patching.prepare")
+            clean, corrupted = ((self.source_scores, baseline) if self.direction == "denoise"
+                                else (baseline, self.source_scores))
+            if clean.numerators is not None and corrupted.numerators is not None:
+                scale = clean.numerators - corrupted.numerators
+        return effect_intervals(scores, baseline, len(self.tokens), scale=scale, seed=seed)
+
+
+def effect_intervals(scores: PromptScores, baseline: PromptScores, n_batch: int, *,
+                     scale: torch.Tensor | None = None, seed: int = 0,
+                     n_boot: int = N_BOOT) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Seeded 95% percentile bootstrap intervals over prompts (``analyses.core.stats.bootstrap_ratio``)
+    of the effects ``scores.values - baseline.values`` of one metric on the same ``n_batch`` prompts
+    -> (ci_low, ci_high), each of ``scores.values``' shape, float64 on the CPU, and n_prompts.
+
+    Each prompt's effect numerator is its numerator under the intervention minus its baseline
+    numerator, over its count (the same in both: one metric, one batch), so a resample's effect is
+    sum(differences) / sum(counts) over the prompts drawn, the pooled mean the effect itself is.
+    For a normalised effect, (value - baseline) / (clean - corrupted), the denominators are ``scale``
+    (batch,) instead: each prompt's clean minus corrupted numerator. Prompts that
+    count nothing are left out; n_prompts counts the rest. A metric without a per-prompt form (any
+    callable not built in ``analyses.core.metrics``) gets NaN intervals and n_prompts ``n_batch``."""
+    shape = scores.values.shape
+    if scores.numerators is None or baseline.numerators is None:
+        nan = torch.full(shape, float("nan"), dtype=torch.float64)
+        return nan, nan.clone(), n_batch
+    counted = (baseline.counts > 0).cpu()
+    differences = (scores.numerators - baseline.numerators).reshape(-1, n_batch).T.cpu()[counted]  # (n, cells)
+    denominators = (baseline.counts if scale is None else scale).cpu()[counted]
+    low, high = torch.empty(differences.shape[1], dtype=torch.float64), torch.empty(differences.shape[1],
+                                                                                    dtype=torch.float64)
+    step = max(1, 2**22 // n_boot)  # cells per resampling: (n_boot, step) float64, about 32 MB
+    for start in range(0, differences.shape[1], step):
+        cells = slice(start, start + step)
+        _, low[cells], high[cells] = bootstrap_ratio(differences[:, cells], denominators, n_boot=n_boot, seed=seed)
+    return low.reshape(shape), high.reshape(shape), int(counted.sum())
