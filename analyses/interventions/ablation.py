@@ -54,8 +54,9 @@ from analyses.interventions.engine import (
     linear_effects,
     rows_of,
 )
-from analyses.core.metrics import Metric, loss_metric, metric_for_batch
+from analyses.core.metrics import Metric, PromptScores, loss_metric, metric_for_batch
 from analyses.core.probes import RepeatedProbes
+from analyses.core.stats import EFFECT_COLUMNS
 from analyses.interventions.patching import mlp_out_names
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.tokens import accumulator, as_batch
@@ -174,14 +175,27 @@ class Ablation(Contrast):
         ``mlps``) ablated together -> (len(head_sets),) float64, as the baseline is kept: a table's
         metric and baseline columns then print alike, and an empty set (which gives the baseline)
         has an effect of exactly 0, also once read back from a CSV. ``memory_mb``: the budget of
-        its forwards (default: the one it was prepared with)."""
+        its forwards (default: the one it was prepared with). The values of ``scores``."""
+        return self.scores(head_sets, memory_mb=memory_mb, progress=progress, desc=desc).values
+
+    def scores(self, head_sets: Sequence[Sequence[Component]], *, memory_mb: float | None = None,
+               progress: bool | None = None, desc="ablations") -> PromptScores:
+        """``run``'s values with each prompt's numerator (len(head_sets), batch) and count (batch,)
+        from the same forwards (``Contrast.score``; an empty set's are the baseline's), for
+        ``Contrast.intervals``; None for a metric without a per-prompt form."""
         values = accumulator(self.model, len(head_sets)) + self.baseline
+        baseline = self.baseline_scores()
+        numerators = (None if baseline.numerators is None
+                      else baseline.numerators.expand(len(head_sets), -1).clone())  # (sets, batch)
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
             variants = [self.variant(head_sets[i]) for i in todo]
             budget = self.base.memory_mb if memory_mb is None else memory_mb
-            values[todo] = self.evaluate(variants, Options(memory_mb=budget, progress=progress), desc).double()
-        return values
+            scored = self.score(variants, Options(memory_mb=budget, progress=progress), desc)
+            values[todo] = scored.values.to(values.dtype)
+            numerators = None if scored.numerators is None or numerators is None else numerators.index_copy(
+                0, torch.tensor(todo, device=numerators.device), scored.numerators.to(numerators.dtype))
+        return PromptScores(values, numerators, None if numerators is None else baseline.counts)
 
     def importance(self) -> torch.Tensor:
         """Michel et al. (2019) head importance -> [n_layers, n_heads]: per prompt, the first-order
@@ -351,7 +365,9 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
 
 def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,
                  preserve_patterns: bool = False, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB) -> float:
-    """The metric with all of ``heads`` [(layer, head), ...] ablated together, within ``memory_mb``."""
+    """The metric with all of ``heads`` [(layer, head), ...] ablated together, within ``memory_mb``:
+    a value, not an effect. The effect with its interval over prompts is ``ablation_sweep``'s row for
+    the same group (``ablation_sweep(model, tokens, [heads], ...)``)."""
     heads = check_heads(model, heads)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
                                 preserve_patterns=preserve_patterns, seed=seed, memory_mb=memory_mb)
@@ -395,14 +411,25 @@ def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", met
     row per target: ``target`` (name), ``layer`` (where every component is of one layer), ``head``
     (for a single head), ``position`` (for a single MLP at one position), ``n_heads`` and
     ``n_mlps`` (how many of each it ablates), ``metric`` (ablated), ``baseline`` (unablated),
-    ``effect`` (metric - baseline)."""
+    ``effect`` (metric - baseline) and its interval over prompts (``effect_columns``: ``ci_low``,
+    ``ci_high``, ``n_prompts``; the bootstrap seeded by ``seed``)."""
     n_pos = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens).tokens.shape[1]
     named = sweep_targets(model, targets, n_pos)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
                                 preserve_patterns=preserve_patterns, seed=seed,
                                 mlps=any(isinstance(c, MLP) for _, group in named for c in group), memory_mb=memory_mb)
-    values = ablation.run([group for _, group in named], memory_mb=memory_mb, progress=progress, desc="ablate")
-    return target_frame(named, values, ablation.baseline)
+    scores = ablation.scores([group for _, group in named], memory_mb=memory_mb, progress=progress, desc="ablate")
+    return target_frame(named, scores.values, ablation.baseline).assign(**effect_columns(ablation, scores, seed))
+
+
+def effect_columns(ablation: Ablation, scores: PromptScores, seed: int = 0) -> dict:
+    """The columns beside an ablation frame's ``effect`` (``analyses.core.stats.EFFECT_COLUMNS``):
+    ``ci_low``, ``ci_high``, its 95% interval over prompts (a percentile bootstrap seeded by
+    ``seed``, ``analyses.interventions.run.effect_intervals``; NaN for a metric without a per-prompt
+    form, any callable not built in ``analyses.core.metrics``), and ``n_prompts``, the prompts the
+    metric counts. ``scores``: ``Ablation.scores`` of the frame's rows."""
+    low, high, n_prompts = ablation.intervals(scores, seed=seed)
+    return dict(zip(EFFECT_COLUMNS, (low.numpy(), high.numpy(), n_prompts)))
 
 
 def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: float) -> pd.DataFrame:
@@ -445,13 +472,14 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
     """Cumulative ablation: step i ablates the first i heads of ``order`` (default: increasing
     ``head_importance``, the least important pruned first) -> rows ``step`` (0 = nothing
     ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
-    ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect``."""
+    ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect`` and its interval
+    (``effect_columns``)."""
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
                                 preserve_patterns=preserve_patterns, seed=seed, memory_mb=memory_mb)
     importance = ablation.importance()
     order = check_heads(model, pruning_order(importance) if order is None else order)
-    values = ablation.run([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
-                          desc="prune")
+    scores = ablation.scores([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
+                             desc="prune")
     n_total = model.cfg.n_layers * model.cfg.n_heads
     frame = pd.DataFrame({
         "step": range(len(order) + 1),
@@ -461,7 +489,7 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
         "n_heads": range(len(order) + 1),
     })
     frame["fraction"] = frame["n_heads"] / n_total
-    frame["metric"] = values.cpu().numpy()
+    frame["metric"] = scores.values.cpu().numpy()
     frame["baseline"] = ablation.baseline
     frame["effect"] = frame["metric"] - ablation.baseline
-    return frame
+    return frame.assign(**effect_columns(ablation, scores, seed))

@@ -69,14 +69,15 @@ def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direct
         base_run = clean_run
     if clean_run is not None and direction == "denoise":
         clean_run.check_tokens(source)
-        source_cache, source_value = clean_run.read(names), clean_run.value(metric)
+        source_cache, source_scores = clean_run.read(names), clean_run.scores(metric)
     else:
         source_run = Run.make(model, source, metric, names, starts=False, memory_mb=memory_mb)
-        source_cache, source_value = source_run.cache, source_run.baseline
+        source_cache, source_scores = source_run.cache, source_run.scores(metric)
     if base_run is None:
         base_run = Run.make(model, base, metric, memory_mb=memory_mb)
     base_run.check_tokens(base)
-    return Contrast(base_run, metric, source_cache, base_run.value(metric), source_value, direction)
+    return Contrast(base_run, metric, source_cache, base_run.value(metric), float(source_scores.values), direction,
+                    source_scores=source_scores)
 
 
 def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options, desc: str) -> torch.Tensor:
@@ -115,6 +116,13 @@ class Component:
                     for name, *cell in product(names, *(axes[axis] for axis in order))]
         sizes = {"pos": n_pos if by_position else None, "unit": len(axes["unit"]) if self.units else None}
         return variants, (len(names), *(sizes[axis] for axis in order if sizes[axis] is not None))
+
+    def dims(self, by_position: bool) -> tuple[str, ...]:
+        """The names of the dims of this component's results (``variants``' shape), e.g. ("layer", "head")."""
+        self.check(by_position)
+        unit = ("head",) if self.units else ()
+        pos = ("pos",) if by_position else ()
+        return ("layer", *unit, *pos) if self.heads_first else ("layer", *pos, *unit)
 
     def as_units(self, activation: torch.Tensor) -> torch.Tensor:
         """An activation of this component's hook viewed as (batch, pos, unit, d): a whole MLP output
@@ -190,6 +198,43 @@ def component_patches(contrast: Contrast, component: str, options: Options, *, b
     """Exact ``patch_components`` on a ``Contrast`` made already (its sources hold the component's hooks)."""
     variants, shape = COMPONENTS[component].variants(contrast.model, contrast.tokens.shape[1], by_position)
     return _sweep(contrast, variants, shape, options, f"patch {component}")
+
+
+def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, component: str = "heads", *,
+                  by_position: bool = False, options: Options | None = None, clean_run: Run | None = None,
+                  seed: int = 0, **keywords) -> pd.DataFrame:
+    """Exact patching of each ``component`` (as ``patch_components``: the same cells, values and
+    options) as a tidy frame with each effect's interval over prompts: one row per cell, its dims
+    (``Component.dims``: ``layer, head``; ``layer, pos, head``; ``layer, pos``; ...), ``metric``
+    (the patched run's, normalised with ``normalize``: the ``patch_components`` value), ``baseline``
+    (the unpatched run's, in the same units: 0 denoising and 1 noising when normalised), ``effect``
+    (metric - baseline), ``ci_low``, ``ci_high`` (its 95% interval, a percentile bootstrap over
+    prompts seeded by ``seed``: ``analyses.interventions.run.effect_intervals``) and ``n_prompts``.
+    A metric without a per-prompt form (any callable not built in ``analyses.core.metrics``) gets
+    NaN intervals. Attribution patching has no intervals (it is a first-order estimate)."""
+    check_choice("component", component, COMPONENTS)
+    options = Options.of(options, keywords)
+    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
+                       options.direction, clean_run=clean_run, memory_mb=options.memory_mb)
+    return component_effects(contrast, component, options, by_position=by_position, seed=seed)
+
+
+def component_effects(contrast: Contrast, component: str, options: Options, *, by_position: bool = False,
+                      seed: int = 0) -> pd.DataFrame:
+    """``patch_effects`` on a ``Contrast`` made already (``prepare``: its sources hold the component's hooks)."""
+    kind = COMPONENTS[component]
+    variants, shape = kind.variants(contrast.model, contrast.tokens.shape[1], by_position)
+    scores = contrast.score(variants, options, f"patch {component}")
+    values, baseline = scores.values.reshape(shape), torch.tensor(contrast.baseline, dtype=torch.float64)
+    if options.normalize:  # as patch_components normalises
+        values, baseline = contrast.normalize(values), contrast.normalize(baseline)
+    low, high, n_prompts = contrast.intervals(scores, normalize=options.normalize, seed=seed)
+    frame = patching_frame(values, kind.dims(by_position))
+    frame["baseline"] = baseline.item()
+    frame["effect"] = frame["metric"] - frame["baseline"]
+    frame["ci_low"], frame["ci_high"] = low.numpy(), high.numpy()
+    frame["n_prompts"] = n_prompts
+    return frame
 
 
 def linearised_patches(model, clean_tokens, corrupted_tokens, metric: Metric, kind: Component, by_position: bool,
