@@ -36,7 +36,6 @@ import pandas as pd
 import seaborn as sns
 import torch
 from matplotlib.figure import Figure
-from scipy.stats import spearmanr
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_check import require_edit
@@ -155,8 +154,15 @@ def rank_agreement(left: torch.Tensor, right: torch.Tensor, last: torch.Tensor) 
     for b, at in enumerate(last.tolist()):
         x, y = left[b, 1: at + 1].cpu().numpy(), right[b, 1: at + 1].cpu().numpy()
         constant = len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0
-        values.append(float("nan") if constant else float(spearmanr(x, y).statistic))
+        values.append(float("nan") if constant else spearman(x, y))
     return values
+
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation of two (n,) arrays: Pearson's correlation of their ranks, ties
+    given their average rank (scipy's ``spearmanr`` statistic, without depending on scipy)."""
+    return float(np.corrcoef(pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy())[0, 1])
 
 
 @dataclass
