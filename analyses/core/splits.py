@@ -1,0 +1,84 @@
+"""Selection apart from measurement (DESIGN 4.12): heads chosen on one split of the prompts, their
+effects measured on another.
+
+Choosing the heads with the largest effect and then printing that effect on the same prompts prints
+the winner's luck with it: on a model with no real effect, the best of many heads has an interval
+that excludes 0 on the prompts it was chosen on and covers 0 on fresh ones (``tests/test_splits.py``
+shows both). ``split_prompts`` draws the two disjoint splits, seeded; where prompts come from
+templates (or any other groups), each group is split in the same proportion, so neither split holds
+templates the other lacks. ``PromptSplit.record`` is the split as data for ``meta.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import torch
+
+from interp.errors import UserError
+
+DEFAULT_SELECTION_SHARE = 0.5  # of the prompts, for choosing; the rest measure
+
+
+@dataclass(frozen=True)
+class PromptSplit:
+    """Two disjoint sets of prompt indices covering ``n_prompts``: ``selection`` (to choose heads,
+    circuits, thresholds on) and ``measurement`` (to report their effects on), each (n,) long, sorted;
+    how they were drawn: ``seed``, ``share`` (the selection's target share), ``stratified``."""
+
+    selection: torch.Tensor
+    measurement: torch.Tensor
+    n_prompts: int
+    seed: int
+    share: float
+    stratified: bool
+
+    def record(self) -> dict:
+        """The split for ``meta.json``: how it was drawn, the sizes, the selection's indices (the
+        measurement holds the others) and the SHA-256 of both index lists."""
+        selection, measurement = self.selection.tolist(), self.measurement.tolist()
+        digest = hashlib.sha256(json.dumps([selection, measurement]).encode()).hexdigest()
+        return {"seed": self.seed, "share": self.share, "stratified": self.stratified, "n_prompts": self.n_prompts,
+                "sizes": {"selection": len(selection), "measurement": len(measurement)},
+                "selection": selection, "sha256": digest}
+
+
+def split_prompts(n_prompts: int, share: float = DEFAULT_SELECTION_SHARE, seed: int = 0,
+                  strata: Sequence[Hashable] | None = None) -> PromptSplit:
+    """Split prompts 0..n_prompts-1 into a selection and a disjoint measurement split, seeded.
+
+    The selection gets round(share * n_prompts) prompts (at least 1, at most n_prompts - 1).
+    ``strata``: a label per prompt (its template, say); each stratum gives the selection the floor
+    of share x its size, and the prompts still owed go one each to the strata with the largest
+    remainders (ties drawn at random), so every stratum is split within one prompt of the share.
+    Within a stratum the prompts are drawn at random.
+    """
+    if not isinstance(n_prompts, int) or n_prompts < 2:
+        raise UserError(f"n_prompts={n_prompts}: a selection and a measurement split need at least 2 prompts")
+    if not 0 < share < 1:
+        raise UserError(f"share={share} must be in (0, 1): the selection's share of the prompts")
+    labels = [0] * n_prompts if strata is None else list(strata)
+    if len(labels) != n_prompts:
+        raise UserError(f"strata has {len(labels)} labels for {n_prompts} prompts; give one per prompt")
+    groups: dict[Hashable, list[int]] = {}
+    for index, label in enumerate(labels):
+        groups.setdefault(label, []).append(index)
+    generator = torch.Generator().manual_seed(seed)
+    wanted = min(max(math.floor(share * n_prompts + 0.5), 1), n_prompts - 1)
+    exact = [share * len(members) for members in groups.values()]
+    taken = [math.floor(value) for value in exact]
+    tie_breaks = torch.rand(len(groups), generator=generator).tolist()
+    by_remainder = sorted(range(len(groups)), key=lambda g: (taken[g] - exact[g], tie_breaks[g]))
+    for g in by_remainder[:wanted - sum(taken)]:
+        taken[g] += 1
+    selection = []
+    for members, count in zip(groups.values(), taken):
+        order = torch.randperm(len(members), generator=generator)[:count]
+        selection += [members[i] for i in order.tolist()]
+    chosen = torch.zeros(n_prompts, dtype=torch.bool)
+    chosen[selection] = True
+    return PromptSplit(chosen.nonzero()[:, 0], (~chosen).nonzero()[:, 0], n_prompts, seed, share, strata is not None)
