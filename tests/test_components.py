@@ -292,6 +292,7 @@ def test_attention_vs_mlp_rows(scratch_gpt2):
     assert (row["direct"], row["direct_ci_low"], row["direct_ci_high"], row["n_prompts"]) == pytest.approx(
         tuple(dla.loc["L1H2", ["dla", "ci_low", "ci_high", "n_prompts"]]))
     assert row["direct_ci_low"] < row["direct"] < row["direct_ci_high"]
+    assert (frame["total_ci_low"] <= frame["total"] + 1e-9).all() and (frame["total"] <= frame["total_ci_high"] + 1e-9).all()
     cached = attention_vs_mlp(scratch_gpt2, clean, corrupted, metric, answers, positions=positions,
                               cache=components_cache(scratch_gpt2, clean), progress=False)
     assert cached.equals(frame)  # the clean run's cache serves the direct effects

@@ -55,7 +55,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
 from analyses.interventions.engine import cache_run, check_choice
-from analyses.interventions.patching import patch_heads, patch_mlps
+from analyses.interventions.patching import patch_effects
 from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.core.tokens import accumulator
@@ -585,8 +585,7 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
     logit attribution on the clean run, a mean over prompts with its interval, ``dla_effects``: onto
     the logit difference with ``distractors``, onto the centred logit of ``answers`` without) and
     ``total`` (exact denoising patch of its output from the clean into the corrupted run, normalised:
-    0 = corrupted, 1 = clean; ``patch_heads`` / ``patch_mlps``; no interval: the patching returns the
-    batch's mean alone). A component with a large total and a small direct effect acts through later
+    0 = corrupted, 1 = clean; ``patch_effects``, with ``total_ci_low``, ``total_ci_high``). A component with a large total and a small direct effect acts through later
     components. ``cache``: the clean run's (``components_cache``), else one is made; ``clean_run``: a
     ``Run`` of the clean prompts, which the patching reads instead of running them again."""
     dla = dla_effects(model, clean_tokens if cache is None else cache, answers, distractors, positions=positions)
@@ -594,12 +593,15 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
         columns={"dla": "direct", "ci_low": "direct_ci_low", "ci_high": "direct_ci_high"})
     direct = direct[[*COMPONENT_COLUMNS, "direct", "direct_ci_low", "direct_ci_high", "n_prompts"]].reset_index(drop=True)
     options = dict(normalize=True, memory_mb=memory_mb, progress=progress, clean_run=clean_run)
-    heads = patch_heads(model, clean_tokens, corrupted_tokens, metric, **options)
-    has_mlps = (direct["kind"] == "mlp").any()
-    mlps = patch_mlps(model, clean_tokens, corrupted_tokens, metric, **options) if has_mlps else None
-    totals = [float(heads[layer, head]) if kind == "head" else float(mlps[layer])
-              for kind, layer, head in zip(direct["kind"], direct["layer"], direct["head"])]
-    return direct.assign(total=totals)
+    kinds = ["heads", *(["mlps"] if (direct["kind"] == "mlp").any() else [])]
+    totals = pd.concat([patch_effects(model, clean_tokens, corrupted_tokens, metric, kind, **options).assign(
+        kind=kind[:-1]) for kind in kinds], ignore_index=True)  # normalised denoising: the baseline is 0
+    totals = totals.rename(columns={"metric": "total", "ci_low": "total_ci_low", "ci_high": "total_ci_high"})
+    if "head" not in totals:
+        totals["head"] = pd.NA
+    totals = totals.astype({"layer": "Int64", "head": "Int64"})[["kind", "layer", "head", "total", "total_ci_low",
+                                                                  "total_ci_high"]]
+    return direct.merge(totals, on=["kind", "layer", "head"], how="left")
 
 
 def attention_vs_mlp_figure(frame: pd.DataFrame) -> Figure:
