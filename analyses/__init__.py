@@ -10,8 +10,8 @@ from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_i
 from analyses.interventions.attribution import (Screen, attribution_agreement, attribution_patch_heads,
                                                 attribution_patch_mlps, screened_patches, shortlist_patch_heads)
 from analyses.core.metrics import logit_diff_metric, loss_metric
-from analyses.interventions.patching import (patch_components, patch_heads, patch_mlps, patch_patterns, patch_residual,
-                                             patching_frame)
+from analyses.interventions.patching import (patch_components, patch_effects, patch_heads, patch_mlps, patch_patterns,
+                                             patch_residual, patching_frame)
 from analyses.report.intervention_figures import ablation_figure, patching_figure
 from analyses.studies.runner import run_study
 from analyses.interventions.attribution import unpatched_value
