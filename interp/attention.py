@@ -107,7 +107,9 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
     Positions, each optional:
     - ``rotary_dim``: rotary embeddings (RoPE) on the first ``rotary_dim`` dims of every query and
       key head (all of them: ``head_dim``; fewer: GPT-NeoX / Phi's partial rotary), in Hugging
-      Face's rotate-half convention with frequencies ``rotary_base ** (-2i / rotary_dim)``;
+      Face's rotate-half convention with frequencies ``rotary_base ** (-2i / rotary_dim)``, each
+      divided by its ``rotary_divisors[i]`` where given (Llama 3's scaled RoPE; a GGUF file's
+      ``rope_freqs``);
     - ``alibi``: ALiBi, added to the scores as BLOOM adds it: ``slope_h * key_position`` (equal,
       after the softmax, to the paper's ``-slope_h * distance``);
     - ``sliding_window``: each query sees only its last ``sliding_window`` positions (Mistral).
@@ -133,7 +135,7 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
                  num_kv_groups: int, qkv_bias: bool = False, *, head_dim: int | None = None,
                  out_bias: bool = True, rotary_dim: int = 0, rotary_base: float = 10_000.0,
-                 alibi: bool = False, sliding_window: int | None = None, causal: bool = True,
+                 rotary_divisors: tuple[float, ...] | None = None, alibi: bool = False, sliding_window: int | None = None, causal: bool = True,
                  scale: float | None = None):
         super().__init__()
         if num_kv_groups <= 0 or num_heads % num_kv_groups:
@@ -153,7 +155,7 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_out, bias=out_bias)
         self.dropout = nn.Dropout(dropout)
-        self.rotary = Rotary(rotary_dim, self.head_dim, rotary_base) if rotary_dim else None
+        self.rotary = Rotary(rotary_dim, self.head_dim, rotary_base, rotary_divisors) if rotary_dim else None
         self.register_buffer("alibi_slopes", alibi_slopes(num_heads) if alibi else None, persistent=False)
         self._add_hook_points()
         if self.rotary is not None:
@@ -293,16 +295,20 @@ class Rotary(Float32Buffers):
     """Rotary position embeddings (RoPE) as Hugging Face computes them: ``inv_freq`` in float32 on
     the CPU at creation (and float32 after any ``.to()``: ``Float32Buffers``), angles ``position *
     inv_freq`` in float32, each frequency used for a dim of the first half and its twin in the
-    second half of the rotated dims (``rotate_half``)."""
+    second half of the rotated dims (``rotate_half``). ``divisors`` (rotary_dim // 2,), optional:
+    each frequency divided by its own, in float32 (Llama 3's scaled RoPE, llama.cpp's
+    ``rope_freqs``)."""
 
     FLOAT32_BUFFERS = ("inv_freq",)
 
-    def __init__(self, rotary_dim: int, head_dim: int, base: float):
+    def __init__(self, rotary_dim: int, head_dim: int, base: float, divisors: tuple[float, ...] | None = None):
         super().__init__()
         if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
             raise UserError(f"rotary_dim={rotary_dim} must be even and in (0, head_dim={head_dim}]")
         self.rotary_dim = rotary_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        inv_freq = rotary_frequencies(rotary_dim, base)
+        if divisors is not None:
+            inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def cos_sin(self, offset: int, n_pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,6 +317,12 @@ class Rotary(Float32Buffers):
         freqs = positions[:, None].float() * self.inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+
+
+def rotary_frequencies(rotary_dim: int, base: float) -> torch.Tensor:
+    """RoPE's unscaled frequencies (rotary_dim // 2,) in float32, ``base ** (-2i / rotary_dim)``,
+    computed as Hugging Face computes them."""
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -248,7 +248,9 @@ def load_gguf(path: Path, impl: str | None = None, device_map: str | dict | None
 
 def _gguf_bridge(file: GGUFFile, config, device_map, dtype: torch.dtype):
     """The TransformerLens bridge over transformers' own load of a GGUF file; an architecture the
-    bridge has no adapter for is refused in one line naming it."""
+    bridge has no adapter for is refused in one line naming it, as is a file transformers reads
+    only in part (``GGUFFile.check_transformers_load``)."""
+    file.check_transformers_load(config)
     hf_model = _gguf_hf_model(file, device_map, dtype)
     try:
         return boot_bridge(hf_model, file.tokenizer(config), name=str(file.path), copy=False)

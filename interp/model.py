@@ -107,6 +107,9 @@ class GPTConfig:
     positional_embedding_type: str = "standard"  # "standard" (learned) | "rotary" | "alibi"
     rotary_dim: int | None = None  # rotated dims of each head (rotary only); default d_head
     rotary_base: float = 10_000.0
+    # each rotary frequency divided by its own of these (rotary_dim // 2 floats, applied in float32):
+    # Llama 3's scaled RoPE, a GGUF file's rope_freqs; None: the original RoPE
+    rotary_divisors: tuple[float, ...] | None = None
     sliding_window: int | None = None  # a query sees only its last sliding_window positions
     use_attn_scale: bool = True  # scores times d_head ** -0.5; False: unscaled (GPT-2's scale_attn_weights=False)
     scale_attn_by_inverse_layer_idx: bool = False  # block l's scores also divided by l + 1 (GPT-2's option)
@@ -148,6 +151,13 @@ class GPTConfig:
             raise UserError(f"n_key_value_heads={n_kv} must divide n_heads={self.n_heads}")
         if self.positional_embedding_type == "rotary" and self.rotary_dim is None:
             self.rotary_dim = self.d_head
+        if self.rotary_divisors is not None:
+            self.rotary_divisors = tuple(float(d) for d in self.rotary_divisors)  # a checkpoint's JSON list too
+            if self.positional_embedding_type != "rotary" or len(self.rotary_divisors) != self.rotary_dim // 2 \
+                    or not all(0 < d < math.inf for d in self.rotary_divisors):
+                raise UserError(f"rotary_divisors of {len(self.rotary_divisors)} values must be rotary_dim // 2 = "
+                                f"{(self.rotary_dim or 0) // 2} positive finite numbers, with rotary positions "
+                                f"(positional_embedding_type={self.positional_embedding_type!r})")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise UserError(f"sliding_window={self.sliding_window} must be a positive number of positions (or None)")
         if self.unembed_bias and self.tie_word_embeddings:
@@ -244,6 +254,7 @@ def _attention(cfg: GPTConfig, layer: int) -> GroupedQueryAttention:
         cfg.d_model, cfg.d_model, cfg.n_ctx, cfg.dropout, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
         cfg.qkv_bias, head_dim=cfg.d_head, out_bias=cfg.attn_out_bias,
         rotary_dim=cfg.rotary_dim if cfg.positional_embedding_type == "rotary" else 0, rotary_base=cfg.rotary_base,
+        rotary_divisors=cfg.rotary_divisors,
         alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window, causal=cfg.causal,
         scale=scale,
     )

@@ -1,7 +1,8 @@
 """Small GGUF files for the tests, written with the ``gguf`` package's own writer from a randomly
 initialised Hugging Face model, as llama.cpp's converter would write them: its tensor names
 (``gguf``'s table), its layout changes (Llama's rotary rows interleaved per head, BLOOM's packed
-projections grouped, GPT-2's ``Conv1D`` weights transposed, Gemma's norms stored as ``1 + weight``),
+projections grouped, GPT-2's ``Conv1D`` weights transposed, Gemma's norms stored as ``1 + weight``, Llama 3's scaled
+RoPE as the ``rope_freqs`` tensor),
 the hyper-parameters under the keys transformers reads (its own table, inverted) and a byte-level
 BPE tokenizer. Every 2-D weight is stored in the quantization type asked for; vectors stay F32, as
 llama.cpp keeps them.
@@ -50,6 +51,9 @@ def write_gguf(model, tokenizer, path: str | Path, kind: str = "F32", name: str 
             continue  # a buffer (rotary frequencies, a causal mask)
         values = _as_llama_cpp(arch, gguf_name, tensor.detach().float(), config).numpy()
         _add(writer, gguf_name, values, kind if values.ndim == 2 else "F32", seed)
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") == "llama3":  # llama.cpp keeps Llama 3's scaled RoPE as this tensor alone
+        writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -79,6 +83,23 @@ def _as_llama_cpp(arch: str, name: str, tensor: torch.Tensor, config) -> torch.T
     if arch in ("gemma2", "gemma3", "nemotron") and name.endswith("norm.weight"):
         return tensor + 1
     return tensor
+
+
+def _llama3_rope_factors(config) -> np.ndarray:
+    """What llama.cpp's converter stores as ``rope_freqs.weight`` for ``rope_type="llama3"``: per
+    rotary frequency the number llama.cpp divides it by, float32 (head_dim // 2,)."""
+    rope = config.rope_parameters
+    dim = config.head_dim
+    frequencies = 1.0 / rope["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    wavelengths = 2 * np.pi / frequencies
+    old_context = rope["original_max_position_embeddings"]
+    low_wavelength = old_context / rope["low_freq_factor"]
+    high_wavelength = old_context / rope["high_freq_factor"]
+    smooth = (old_context / wavelengths - rope["low_freq_factor"]) / (rope["high_freq_factor"] - rope["low_freq_factor"])
+    middle = 1 / ((1 - smooth) / rope["factor"] + smooth)
+    factors = np.where(wavelengths < high_wavelength, 1.0,
+                       np.where(wavelengths > low_wavelength, rope["factor"], middle))
+    return factors.astype(np.float32)
 
 
 def _add(writer, name: str, values: np.ndarray, kind: str, rng) -> None:

@@ -14,6 +14,7 @@ one does not have.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -22,11 +23,15 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from interp.attention import rotary_frequencies
+from interp.convert.gguf import ROPE_DIVISORS
 from interp.errors import UserError
 from interp.hub import refuse_mismatched_tensors
 from interp.model import GPTConfig, GPTModel
 from interp.tokenizer import as_tokenizer
 
+# the rope_types implemented (transformers' names)
+_ROPE_TYPES = ("default", "llama3")
 # Hugging Face activation names -> ours (``interp.model.ACTIVATIONS``)
 _ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "silu": "silu"}
 
@@ -93,14 +98,42 @@ def shape(hf_cfg) -> dict:
 def rotary(hf_cfg, d_head: int, partial: bool = False) -> dict:
     """The rotary knobs from ``rope_parameters``: the base and the rotated dims: all of a head's
     ``d_head``, or with ``partial`` (GPT-NeoX, Phi: the families whose code reads it)
-    ``partial_rotary_factor`` of them; Llama's layout ignores that key, and so do we. Only the
-    original RoPE is implemented: a scaled one (linear, dynamic, yarn, llama3, ...) is refused."""
+    ``partial_rotary_factor`` of them; Llama's layout ignores that key, and so do we. The original
+    RoPE and Llama 3's (``llama3``: each frequency divided by its ``llama3_divisors``) are
+    implemented; another scaled one (linear, dynamic, yarn, ...) is refused."""
     rope = hf_cfg.rope_parameters
-    if rope.get("rope_type", "default") != "default":
-        raise UserError(f"{hf_cfg.model_type} rope_type={rope['rope_type']!r} is not implemented from scratch (only "
-                        "the default RoPE); use impl='transformer_lens'")
+    kind = rope.get("rope_type", "default")
+    if kind not in _ROPE_TYPES:
+        raise UserError(f"{hf_cfg.model_type} rope_type={kind!r} is not implemented from scratch (only "
+                        f"{', '.join(_ROPE_TYPES)}); use impl='transformer_lens'")
     factor = rope.get("partial_rotary_factor", 1.0) if partial else 1.0
-    return dict(positional_embedding_type="rotary", rotary_base=rope["rope_theta"], rotary_dim=int(d_head * factor))
+    knobs = dict(positional_embedding_type="rotary", rotary_base=rope["rope_theta"], rotary_dim=int(d_head * factor))
+    if kind == "llama3":
+        knobs["rotary_divisors"] = llama3_divisors(rope, rotary_frequencies(knobs["rotary_dim"], rope["rope_theta"]))
+    return knobs
+
+
+def llama3_divisors(rope: Mapping, frequencies: torch.Tensor) -> tuple[float, ...]:
+    """Llama 3's scaled RoPE as one divisor per frequency (``frequencies``: (rotary_dim // 2,), the
+    unscaled ones), rounded to float32, from ``rope`` (``factor``, ``low_freq_factor``,
+    ``high_freq_factor``, ``original_max_position_embeddings``): 1 for a wavelength under the
+    original context / ``high_freq_factor``, ``factor`` over the original context /
+    ``low_freq_factor``, and between them the reciprocal of a blend, ``1 / ((1 - s) / factor + s)``
+    with ``s = (context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``
+    (Meta's reference code; transformers' ``_compute_llama3_parameters``; the ``rope_freqs``
+    tensor llama.cpp's converter writes)."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    context = rope["original_max_position_embeddings"]
+    divisors = []
+    for wavelength in (2 * math.pi / frequencies.double()).tolist():
+        if wavelength < context / high:
+            divisors.append(1.0)
+        elif wavelength > context / low:
+            divisors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return tuple(torch.tensor(divisors, dtype=torch.float32).tolist())
 
 
 @dataclass(frozen=True)
@@ -186,12 +219,16 @@ def convert(family: Family, hf_cfg, hf, tokenizer=None) -> GPTModel:
     """A ``GPTModel`` of ``family`` (a row of the table) from its Hugging Face config ``hf_cfg`` and
     weights ``hf``: an ``HFWeights`` (a state dict in memory), or an
     ``interp.convert.stream.FileWeights`` (a directory, read tensor by tensor);
-    ``tokenizer``: the HF tokenizer (the byte tokenizer when None). Refused in one line: an option
-    ``family.refused`` names, a config value its ``config`` cannot honour, a weight the table does
-    not read."""
+    ``tokenizer``: the HF tokenizer (the byte tokenizer when None). A GGUF file's ``rope_freqs``
+    divisors (on ``hf_cfg`` as ``gguf_rope_divisors``: ``GGUFFile.hf_config``) become
+    ``rotary_divisors``. Refused in one line: an option ``family.refused`` names, a config value
+    its ``config`` cannot honour, a weight the table does not read."""
     name = hf_cfg.model_type
     refuse_options(hf_cfg, name, family.refused)
-    cfg = GPTConfig(**{"model_name": getattr(hf_cfg, "name_or_path", "") or name, **family.config(hf_cfg)})
+    knobs = family.config(hf_cfg)
+    if getattr(hf_cfg, ROPE_DIVISORS, None) is not None:  # a GGUF file's rope_freqs (GGUFFile.hf_config)
+        knobs["rotary_divisors"] = getattr(hf_cfg, ROPE_DIVISORS)
+    cfg = GPTConfig(**{"model_name": getattr(hf_cfg, "name_or_path", "") or name, **knobs})
     return scratch_model(cfg, family.state(hf, cfg), tokenizer, name, hf)
 
 

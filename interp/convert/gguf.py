@@ -21,7 +21,10 @@ Q4_1, the K-quants, ...). Reading one:
   ``gguf``'s own table of names (``TensorNameMap``), and the layout changes llama.cpp's converter
   makes undone (``UNDO``): the rows of Llama's rotary query and key weights are interleaved per
   head, BLOOM's packed query/key/value rows are grouped by projection, GPT-2's ``Conv1D`` weights
-  are stored transposed.
+  are stored transposed;
+- Llama 3's scaled RoPE, which llama.cpp keeps only as the tensor ``rope_freqs.weight`` (one
+  divisor per rotary frequency), put on the config (``GGUFFile.hf_config``) for the conversion to
+  divide the frequencies by; transformers' own load drops it (``check_transformers_load``).
 
 The result is the Hugging Face state dict the family table (``interp.convert.CONVERTERS``) reads,
 so a family the from-scratch model implements is built from it directly; other architectures go
@@ -48,9 +51,11 @@ from interp.errors import UserError, first_line
 
 SUFFIX = ".gguf"
 ROWS_BYTES = 1 << 24  # a tensor is dequantized this many float32 bytes of rows at a time
-# tensors a GGUF file may carry beside the weights that transformers reads from the metadata instead
-# (llama.cpp stores Llama 3's scaled rotary frequencies; transformers rebuilds them from rope_scaling)
-DERIVED_TENSORS = ("rope_freqs.weight",)
+# llama.cpp stores Llama 3's scaled RoPE only as this tensor: one divisor per rotary frequency (the
+# metadata names no scaling); ``GGUFFile.hf_config`` puts it on the config as ``ROPE_DIVISORS``,
+# which the conversion reads (``interp.convert.common.convert``)
+ROPE_FREQS = "rope_freqs.weight"
+ROPE_DIVISORS = "gguf_rope_divisors"
 # llama.cpp architectures transformers reads from GGUF whose checkpoints have no place in a hooked
 # attention model: encoder-decoders, state-space models, and mixtures of experts (their experts are
 # stacked in one tensor that transformers splits by hand)
@@ -187,10 +192,24 @@ class GGUFFile:
         return {"path": str(self.path), "sha256": self.sha256(), "quantization": self.quantization()}
 
     def hf_config(self):
-        """The Hugging Face config transformers rebuilds from the metadata."""
+        """The Hugging Face config transformers rebuilds from the metadata, with the file's
+        ``rope_freqs`` divisors (a list of rotary_dim // 2 floats) as ``gguf_rope_divisors`` where
+        it has them (transformers reads no such tensor)."""
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        config = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        if ROPE_FREQS in self.entries:
+            setattr(config, ROPE_DIVISORS, read_tensor(self.path, self.entries[ROPE_FREQS], torch.float32).tolist())
+        return config
+
+    def check_transformers_load(self, hf_cfg) -> None:
+        """Raise when transformers' own load of the file (``hf_cfg``: ``hf_config()``) would run
+        another model than llama.cpp's: it drops the ``rope_freqs`` divisors, so a file whose
+        divisors are not all 1 is refused in one line."""
+        divisors = getattr(hf_cfg, ROPE_DIVISORS, None)
+        if divisors is not None and any(d != 1.0 for d in divisors):
+            raise UserError(f"{self.path} scales its rotary frequencies ({ROPE_FREQS}, divisors {min(divisors):g} to "
+                            f"{max(divisors):g}), which transformers' GGUF load drops; use impl='scratch'")
 
     def tokenizer(self, hf_cfg):
         """The Hugging Face tokenizer transformers rebuilds from the metadata, for the model of
@@ -247,7 +266,7 @@ class GGUFWeights:
             meta = AutoModelForCausalLM.from_config(hf_cfg)
         expected = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
         ours = _hf_names(file.architecture, hf_cfg.num_hidden_layers, expected)
-        nameless = [name for name in file.entries if name not in ours and name not in DERIVED_TENSORS]
+        nameless = [name for name in file.entries if name not in ours and name != ROPE_FREQS]  # in hf_cfg
         if nameless:
             raise UserError(f"{file.path}: tensor {nameless[0]!r} has no place in the {hf_cfg.model_type} model "
                             f"its metadata describes ({len(nameless)} such tensors)")
