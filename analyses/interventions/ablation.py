@@ -20,7 +20,8 @@ what they read (values) changes, which isolates the ablated head's direct role.
 Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
 suffix-only on ``GPTModel``): every single head, every layer, every MLP (at all positions, or at
 each position), named groups of heads and MLPs, and the cumulative pruning curve of Michel et al.
-(2019), heads removed in increasing order of importance.
+(2019), heads removed in increasing order of importance. Each effect carries its 95% interval over
+prompts (``effect_columns``: a bootstrap of the per-prompt effects the same forwards give).
 
 Prompts are token ids (batch, pos), texts, or ``RepeatedProbes``; texts of unequal lengths are
 right-padded, and the padding is kept out of the metric (``analyses.core.metrics.metric_for_batch``: a

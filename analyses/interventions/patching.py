@@ -11,6 +11,8 @@ stream, attention patterns), exactly or by its first-order estimate (attribution
 ``normalize=True`` rescales to (value - corrupted) / (clean - corrupted): 0 = the corrupted
 run's metric, 1 = the clean run's. Exact patches go through ``evaluate_variants`` (batched,
 chunked to ``memory_mb``; on ``GPTModel`` only the layers from the patched one on are rerun).
+``patch_effects`` gives exact patching as a tidy frame with each effect's 95% interval over prompts
+(DESIGN 4.12); the tensors stay TransformerLens's.
 """
 
 from __future__ import annotations

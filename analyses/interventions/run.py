@@ -15,7 +15,9 @@ forward of only the blocks it needs, from the latest cached start before it.
 
 Interventions run on a ``Run``: the base run is the one that gets patched (its tokens, starts and
 baseline), the sources what gets written in (``analyses.interventions.engine.evaluate_variants``).
-Options shared by the intervention functions are one ``Options`` object.
+Options shared by the intervention functions are one ``Options`` object. Beside each pooled value a
+run and a sweep keep each prompt's numerator and count (``PromptScores``), from which
+``effect_intervals`` bootstraps every effect's interval over prompts (DESIGN 4.12).
 """
 
 from __future__ import annotations
