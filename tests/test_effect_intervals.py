@@ -4,6 +4,7 @@ prompts run one at a time through hand-written hooks and a bootstrap written out
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -181,3 +182,30 @@ def test_intervals_cover_a_known_effect():
         excluded_zero += int(low.item() > 0)
     assert covered >= 180
     assert excluded_zero >= 150
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_intervals_on_a_gpu_are_the_cpus(toy, batch, device):
+    """With the model on a (simulated) GPU, the per-prompt numerators stay on it (float32 on mps, which
+    has no float64) and the frames come out as on the CPU."""
+    from simulated_device import CUDA, MPS, SimulatedDevice
+
+    placed = CUDA if device == "cuda" else MPS
+
+    def frames(on):
+        tokens, mask = (tensor.to(on) for tensor in batch)  # the prompts on the model's device, as a user's
+        metric = loss_metric(tokens, mask)
+        return (ablation_sweep(toy, tokens, [[(1, 3)], [(0, 1), (1, 2)]], "mean", metric, progress=False),
+                patch_effects(toy, tokens, tokens.flip(0), metric, "heads", normalize=True, progress=False))
+
+    on_cpu = frames("cpu")
+    simulated = SimulatedDevice()
+    simulated.place_model(toy, placed)
+    try:
+        with simulated:
+            on_gpu = frames(placed)
+    finally:
+        simulated.place_model(toy, "cpu")
+    for gpu, cpu in zip(on_gpu, on_cpu):
+        assert gpu["ci_low"].notna().all()
+        pd.testing.assert_frame_equal(gpu, cpu, check_exact=False, atol=1e-5, rtol=1e-5, check_dtype=False)

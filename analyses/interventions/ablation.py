@@ -430,7 +430,7 @@ def effect_columns(ablation: Ablation, scores: PromptScores, seed: int = 0) -> d
     form, any callable not built in ``analyses.core.metrics``), and ``n_prompts``, the prompts the
     metric counts. ``scores``: ``Ablation.scores`` of the frame's rows."""
     low, high, n_prompts = ablation.intervals(scores, seed=seed)
-    return dict(zip(EFFECT_COLUMNS, (low.numpy(), high.numpy(), n_prompts)))
+    return dict(zip(EFFECT_COLUMNS, (low.cpu().numpy(), high.cpu().numpy(), n_prompts)))
 
 
 def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: float) -> pd.DataFrame:

@@ -234,7 +234,7 @@ def component_effects(contrast: Contrast, component: str, options: Options, *, b
     frame = patching_frame(values, kind.dims(by_position))
     frame["baseline"] = baseline.item()
     frame["effect"] = frame["metric"] - frame["baseline"]
-    frame["ci_low"], frame["ci_high"] = low.numpy(), high.numpy()
+    frame["ci_low"], frame["ci_high"] = low.cpu().numpy(), high.cpu().numpy()
     frame["n_prompts"] = n_prompts
     return frame
 
