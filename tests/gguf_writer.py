@@ -2,7 +2,7 @@
 initialised Hugging Face model, as llama.cpp's converter would write them: its tensor names
 (``gguf``'s table), its layout changes (Llama's rotary rows interleaved per head, BLOOM's packed
 projections grouped, GPT-2's ``Conv1D`` weights transposed, Gemma's norms stored as ``1 + weight``, Llama 3's scaled
-RoPE as the ``rope_freqs`` tensor),
+RoPE as the ``rope_freqs`` tensor, BLOOM's embeddings copied into ``output.weight`` tied or not),
 the hyper-parameters under the keys transformers reads (its own table, inverted) and a byte-level
 BPE tokenizer. Every 2-D weight is stored in the quantization type asked for; vectors stay F32, as
 llama.cpp keeps them.
@@ -26,6 +26,7 @@ ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gpt2": "gpt2", 
 # where the f16 scales lie in a block of each K-quant type (random bytes elsewhere are valid values)
 K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 Q = gguf.GGMLQuantizationType
+COPIES_EMBEDDINGS = ("bloom",)  # architectures llama.cpp writes with output.weight, tied or not
 
 
 def write_gguf(model, tokenizer, path: str | Path, kind: str = "F32", name: str = "test model") -> Path:
@@ -41,7 +42,8 @@ def write_gguf(model, tokenizer, path: str | Path, kind: str = "F32", name: str 
     table = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
                                      config.num_hidden_layers)
     state = model.state_dict()
-    tied = getattr(config, "tie_word_embeddings", False)
+    # a tied unembedding is left out, but for BLOOM: llama.cpp's converter always writes its copy
+    tied = getattr(config, "tie_word_embeddings", False) and arch not in COPIES_EMBEDDINGS
     seed = np.random.default_rng(0)
     for hf_name, tensor in state.items():
         if tied and hf_name == "lm_head.weight":

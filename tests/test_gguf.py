@@ -98,6 +98,32 @@ def test_a_float32_gguf_file_holds_the_very_model_it_was_written_from(tmp_path, 
         torch.testing.assert_close(ours(PROBE), original(PROBE).logits, atol=1e-5, rtol=0)
 
 
+def bloom(tie: bool = True):
+    return other_family("bloom", n_layer=2, hidden_size=64, n_head=4, tie_word_embeddings=tie)
+
+
+def test_a_bloom_file_with_llama_cpps_copy_of_the_embeddings_loads_tied(tmp_path):
+    """llama.cpp's converter writes BLOOM's embeddings twice, as token_embd and output; the config
+    is tied (transformers reads every BLOOM file so), and the copy equal to the embeddings is accepted."""
+    original, tokenizer = bloom()
+    path = write_gguf(original, tokenizer, tmp_path / "bloom.gguf", "Q8_0")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert np.array_equal(tensors["output.weight"].data, tensors["token_embd.weight"].data)
+    ours = load_model(path)
+    assert ours.family == "bloom" and ours.cfg.tie_word_embeddings
+    with torch.no_grad():
+        torch.testing.assert_close(ours(PROBE), transformers_load(path)(PROBE).logits, atol=1e-4, rtol=0)
+
+
+def test_a_tied_models_output_weight_unlike_its_embeddings_is_refused(tmp_path):
+    """An untied BLOOM written to GGUF: its output.weight is its own, but transformers reads every
+    BLOOM file as tied, so the from-scratch model would unembed with the embeddings: refused."""
+    original, tokenizer = bloom(tie=False)
+    path = write_gguf(original, tokenizer, tmp_path / "untied.gguf")
+    assert "tensor 'output.weight' differs from 'token_embd.weight', but the bloom model its metadata describes " \
+           "ties its unembedding to its embeddings" in refusal(path)
+
+
 def test_dequantized_weights_are_the_quantized_values_of_the_original(tmp_path):
     """Q8_0 keeps each weight within half a quantization step of the original (the step is its
     block's max / 127, stored as float16: up to 127 steps of float16 rounding more): a check of the

@@ -56,6 +56,8 @@ ROWS_BYTES = 1 << 24  # a tensor is dequantized this many float32 bytes of rows 
 # which the conversion reads (``interp.convert.common.convert``)
 ROPE_FREQS = "rope_freqs.weight"
 ROPE_DIVISORS = "gguf_rope_divisors"
+# llama.cpp's unembedding and embeddings: a tied model's file may hold both (BLOOM's always does)
+OUTPUT, EMBEDDINGS = "output.weight", "token_embd.weight"
 # llama.cpp architectures transformers reads from GGUF whose checkpoints have no place in a hooked
 # attention model: encoder-decoders, state-space models, and mixtures of experts (their experts are
 # stacked in one tensor that transformers splits by hand)
@@ -257,7 +259,9 @@ class GGUFWeights:
     in place of a state dict in memory. The names come from ``gguf``'s table of tensor names,
     matched against the Hugging Face model the config describes (built on the meta device: no
     memory). A file tensor with no Hugging Face name, or of another shape than it, is refused in
-    one line; ``unread()`` lists those the family table never read."""
+    one line; so is a tied model's unembedding (``output.weight``) unless it is a copy of the
+    embeddings (the same type and bytes), which is then left out. ``unread()`` lists the tensors
+    the family table never read."""
 
     def __init__(self, file: GGUFFile, hf_cfg, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
@@ -270,8 +274,14 @@ class GGUFWeights:
         if nameless:
             raise UserError(f"{file.path}: tensor {nameless[0]!r} has no place in the {hf_cfg.model_type} model "
                             f"its metadata describes ({len(nameless)} such tensors)")
+        copy = OUTPUT if hf_cfg.tie_word_embeddings and OUTPUT in file.entries else None
+        if copy is not None and (EMBEDDINGS not in file.entries
+                                 or not _same_bytes(file.path, file.entries[OUTPUT], file.entries[EMBEDDINGS])):
+            raise UserError(f"{file.path}: tensor {OUTPUT!r} differs from {EMBEDDINGS!r}, but the "
+                            f"{hf_cfg.model_type} model its metadata describes ties its unembedding to its embeddings")
         self.file, self.config, self.dtype, self.read = file, hf_cfg, dtype, set()
-        self.names = {ours[name]: name for name in file.entries if name in ours}  # HF name -> GGUF name
+        # HF name -> GGUF name
+        self.names = {ours[name]: name for name in file.entries if name in ours and name != copy}
         self.undo = UNDO.get(file.architecture, {})
         misshaped = [hf for hf, name in self.names.items()
                      if _undone_shape(file.entries[name].shape, self._undo_of(name)) != expected[hf]]
@@ -299,6 +309,22 @@ class GGUFWeights:
     def unread(self) -> list[str]:
         """The file's tensors (as Hugging Face names) that were never read."""
         return [name for name in self.names if name not in self.read]
+
+
+def _same_bytes(path: Path, first: Entry, second: Entry) -> bool:
+    """Whether two of the file's tensors are stored alike: one type, one shape, the same bytes
+    (compared ``ROWS_BYTES`` at a time)."""
+    if (first.kind, first.shape, first.n_bytes) != (second.kind, second.shape, second.n_bytes):
+        return False
+    with open(path, "rb") as file:
+        for start in range(0, first.n_bytes, ROWS_BYTES):
+            size = min(ROWS_BYTES, first.n_bytes - start)
+            file.seek(first.offset + start)
+            chunk = file.read(size)
+            file.seek(second.offset + start)
+            if chunk != file.read(size):
+                return False
+    return True
 
 
 def _undone_shape(shape: tuple[int, ...], undo) -> tuple[int, ...]:
