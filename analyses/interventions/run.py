@@ -423,7 +423,7 @@ class Contrast:
                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The 95% intervals of the effects ``scores.values - baseline`` -> (ci_low, ci_high), each of
         ``scores.values``' shape, float64 on the CPU, and n_prompts (see ``effect_intervals``). With
-        ``normalize`` the effects are in ``normalize``'s units: (value - baseline) / (clean - corrupted)."""
+        ``normalize`` the effects are in the units of ``normalize``: (value - baseline) / (clean - corrupted)."""
         baseline, scale = self.baseline_scores(), None
         if normalize:
             if self.source_scores is None:
@@ -447,9 +447,10 @@ def effect_intervals(scores: PromptScores, baseline: PromptScores, n_batch: int,
     numerator, over its count (the same in both: one metric, one batch), so a resample's effect is
     sum(differences) / sum(counts) over the prompts drawn, the pooled mean the effect itself is.
     For a normalised effect, (value - baseline) / (clean - corrupted), the denominators are ``scale``
-    (batch,) instead: each prompt's clean minus corrupted numerator. Prompts that
-    count nothing are left out; n_prompts counts the rest. A metric without a per-prompt form (any
-    callable not built in ``analyses.core.metrics``) gets NaN intervals and n_prompts ``n_batch``."""
+    (batch,) instead: each prompt's clean minus corrupted numerator. Prompts that count nothing are
+    left out; n_prompts counts the rest. A metric without a per-prompt form (any callable not built
+    in ``analyses.core.metrics``) gets NaN intervals and n_prompts ``n_batch``. The cells are
+    resampled a few thousand at a time, each time with the same draws (``seed``)."""
     shape = scores.values.shape
     if scores.numerators is None or baseline.numerators is None:
         nan = torch.full(shape, float("nan"), dtype=torch.float64)
@@ -457,8 +458,8 @@ def effect_intervals(scores: PromptScores, baseline: PromptScores, n_batch: int,
     counted = (baseline.counts > 0).cpu()
     differences = (scores.numerators - baseline.numerators).reshape(-1, n_batch).T.cpu()[counted]  # (n, cells)
     denominators = (baseline.counts if scale is None else scale).cpu()[counted]
-    low, high = torch.empty(differences.shape[1], dtype=torch.float64), torch.empty(differences.shape[1],
-                                                                                    dtype=torch.float64)
+    low = torch.empty(differences.shape[1], dtype=torch.float64)
+    high = torch.empty_like(low)
     step = max(1, 2**22 // n_boot)  # cells per resampling: (n_boot, step) float64, about 32 MB
     for start in range(0, differences.shape[1], step):
         cells = slice(start, start + step)
