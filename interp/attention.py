@@ -121,6 +121,13 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
     ``causal=False`` drops the causal mask: every query sees every key (Tracr's programs compiled
     without ``causal=True``).
 
+    ``soft_cap``: the scaled scores become ``soft_cap * tanh(scores / soft_cap)`` before the mask
+    (Gemma 2; ``hook_attn_scores`` sees them capped). ``qk_norms``: two modules (a query's and a
+    key's norm over head_dim, Gemma 3's ``q_norm``/``k_norm``) applied to every query and key head
+    after ``hook_q``/``hook_k`` (which see the projections, as the bridge's do) and before the
+    rotation. ``out_hook``: a ``hook_out`` (batch, pos, d_out) on the output, for a block that norms
+    it before the residual (as the bridge's ``attn.hook_out``).
+
     Hooks: ``hook_q`` (batch, pos, head, head_dim) and ``hook_k``/``hook_v`` (batch, pos, kv_head,
     head_dim) as projected; with rotary, ``hook_rot_q``/``hook_rot_k`` after rotation (same shapes);
     ``hook_attn_scores``/``hook_pattern`` (batch, head, q, k); ``hook_z`` (batch, pos, head, head_dim).
@@ -136,7 +143,8 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
                  num_kv_groups: int, qkv_bias: bool = False, *, head_dim: int | None = None,
                  out_bias: bool = True, rotary_dim: int = 0, rotary_base: float = 10_000.0,
                  rotary_divisors: tuple[float, ...] | None = None, alibi: bool = False, sliding_window: int | None = None, causal: bool = True,
-                 scale: float | None = None):
+                 scale: float | None = None, soft_cap: float | None = None,
+                 qk_norms: tuple[nn.Module, nn.Module] | None = None, out_hook: bool = False):
         super().__init__()
         if num_kv_groups <= 0 or num_heads % num_kv_groups:
             raise UserError(f"num_heads={num_heads} must be divisible by num_kv_groups={num_kv_groups} "
@@ -150,6 +158,7 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         self.context_length = context_length
         self.sliding_window = sliding_window
         self.causal = causal
+        self.soft_cap = soft_cap
         self.W_query = nn.Linear(d_in, num_heads * self.head_dim, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
@@ -157,10 +166,12 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         self.dropout = nn.Dropout(dropout)
         self.rotary = Rotary(rotary_dim, self.head_dim, rotary_base, rotary_divisors) if rotary_dim else None
         self.register_buffer("alibi_slopes", alibi_slopes(num_heads) if alibi else None, persistent=False)
+        self.q_norm, self.k_norm = qk_norms if qk_norms is not None else (None, None)
         self._add_hook_points()
         if self.rotary is not None:
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()
+        self.hook_out = HookPoint() if out_hook else None
         self.setup()
 
     @property
@@ -221,6 +232,8 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         -> rotated, attended, hooked z, projected: (batch, pos, d_out)."""
         offset = 0 if past is None else past.length
         _check_context(offset + queries.shape[1], self.context_length)
+        if self.q_norm is not None:
+            queries, keys = self.q_norm(queries), self.k_norm(keys)
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(offset, queries.shape[1], like=queries)
             queries = self.hook_rot_q(apply_rotary(queries, cos, sin))
@@ -235,7 +248,12 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
             z = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=is_causal,
                                                scale=self.scale, enable_gqa=group_size > 1)
         z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, head_dim)
-        return self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
+        out = self.out_proj(rearrange(z, "b p h d -> b p (h d)"))
+        return out if self.hook_out is None else self.hook_out(out)
+
+    def _needs_pattern(self) -> bool:
+        """As ``_Instrumented``'s, and always with soft-capped scores (the fast path cannot cap them)."""
+        return self.soft_cap is not None or super()._needs_pattern()
 
     def _heads(self, x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         """(batch, pos, heads * head_dim) -> hooked (batch, pos, heads, head_dim)."""
@@ -267,11 +285,15 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         the bias of ``_score_bias`` (batch, head, q, k). The query heads of a group are stacked on
         the query axis, so one ``bmm`` serves the group without repeating its keys. The product is
         scaled by ``scale`` after it is rounded, as Hugging Face's eager attention does, so the
-        scores agree with it to the bit; one ``add`` scales and adds the bias."""
+        scores agree with it to the bit; one ``add`` scales and adds the bias (with ``soft_cap``, the
+        scaled scores are capped first, in Gemma 2's order: divided by the cap, tanh, times the cap)."""
         stacked = torch.bmm(rearrange(queries, "b (kv g) q d -> (b kv) (g q) d", g=group_size),
                             rearrange(keys, "b kv k d -> (b kv) d k"))
         raw = rearrange(stacked, "(b kv) (g q) k -> b (kv g) q k", b=queries.shape[0], g=group_size)
-        return torch.add(self._score_bias(offset, queries, keys.shape[2]), raw, alpha=self.scale)
+        bias = self._score_bias(offset, queries, keys.shape[2])
+        if self.soft_cap is None:
+            return torch.add(bias, raw, alpha=self.scale)
+        return torch.tanh(raw * self.scale / self.soft_cap) * self.soft_cap + bias
 
     def _grouped_attend(self, scores: torch.Tensor, values: torch.Tensor, group_size: int) -> torch.Tensor:
         """scores (batch, head, q, k), values (batch, head // group_size, k, d) -> z (batch, head, q, d)."""

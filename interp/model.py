@@ -22,6 +22,9 @@ embedding. Hook names follow TransformerLens (DESIGN section 2), so every analys
     blocks.{l}.attn.hook_attn_scores / hook_pattern                (batch, head, q_pos, k_pos)
     blocks.{l}.hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post   (batch, pos, d_model)
     blocks.{l}.mlp.hook_post  (the MLP's hidden activation, one value per neuron)  (batch, pos, d_mlp)
+    blocks.{l}.attn.hook_out, blocks.{l}.mlp.hook_out               (batch, pos, d_model)
+        (only with ``use_normalization_before_and_after``: the outputs before the norm on them;
+        ``hook_attn_out`` / ``hook_mlp_out`` are after it, what the residual receives)
     blocks.{l}.hook_q_input / hook_k_input / hook_v_input          (batch, pos, head, d_model)
         (only after ``set_use_split_qkv_input(True)``: each query head's own copy of resid_pre)
 
@@ -69,6 +72,7 @@ NORMS = ("LN", "RMS", None)  # None: no normalisation (Tracr's compiled models)
 ACTIVATIONS = {"gelu_tanh": partial(F.gelu, approximate="tanh"), "gelu_new": gelu_new, "gelu": F.gelu,
                "silu": F.silu, "relu": F.relu}
 POSITIONS = ("standard", "rotary", "alibi")
+ATTN_TYPES = ("global", "local")  # a layer's attention: over the whole context, or a sliding window
 
 
 @dataclass
@@ -79,7 +83,11 @@ class GPTConfig:
     Llama / Mistral / Qwen2: RMS norm, SwiGLU (``gated_mlp`` + silu), rotary, fewer key/value
     heads, no biases (Qwen2: qkv biases), an untied unembedding (Mistral: a sliding window).
     Gemma: as Llama with GeGLU (``gated_mlp`` + gelu_tanh), ``embed_scale = sqrt(d_model)``, its
-    own ``d_head``, tied. GPT-NeoX: LayerNorm, exact GELU, partial rotary, parallel attention + MLP,
+    own ``d_head``, tied. Gemma 2: as Gemma with a norm on the attention and on the MLP output too
+    (``use_normalization_before_and_after``), scores divided by ``attn_scale`` and soft-capped,
+    soft-capped logits, a sliding window on every other layer (``attn_types``). Gemma 3: as Gemma 2
+    with an RMSNorm on every query and key head (``use_qk_norm``), no score cap, and local layers
+    with their own rotary base (``rotary_base_local``). GPT-NeoX: LayerNorm, exact GELU, partial rotary, parallel attention + MLP,
     biases, untied. Phi: as GPT-NeoX with ``gelu_new`` and an unembedding bias. BLOOM: ALiBi
     (``positional_embedding_type="alibi"``), a LayerNorm on the embeddings, GELU-tanh, biases, tied.
     """
@@ -110,9 +118,20 @@ class GPTConfig:
     # each rotary frequency divided by its own of these (rotary_dim // 2 floats, applied in float32):
     # Llama 3's scaled RoPE, a GGUF file's rope_freqs; None: the original RoPE
     rotary_divisors: tuple[float, ...] | None = None
-    sliding_window: int | None = None  # a query sees only its last sliding_window positions
+    sliding_window: int | None = None  # a query sees only its last sliding_window positions (on "local" layers)
+    # per layer "global" or "local": only local layers have the sliding_window and rotary_base_local (Gemma 2,
+    # Gemma 3); None: every layer is local
+    attn_types: list[str] | None = None
+    rotary_base_local: float | None = None  # the rotary base of "local" layers; None: rotary_base
     use_attn_scale: bool = True  # scores times d_head ** -0.5; False: unscaled (GPT-2's scale_attn_weights=False)
     scale_attn_by_inverse_layer_idx: bool = False  # block l's scores also divided by l + 1 (GPT-2's option)
+    attn_scale: float | None = None  # with use_attn_scale, what the scores are divided by; None: sqrt(d_head)
+    attn_scores_soft_cap: float | None = None  # scaled scores -> cap * tanh(scores / cap), before the mask
+    output_logits_soft_cap: float | None = None  # logits -> cap * tanh(logits / cap)
+    use_qk_norm: bool = False  # an RMSNorm (over d_head) on every query and key head, before the rotation
+    # a norm on the attention's and on the MLP's output too, before each is added to the residual
+    # (ln1_post, ln2_post: Gemma 2 and 3's sandwich)
+    use_normalization_before_and_after: bool = False
     parallel_attn_mlp: bool = False  # resid + attn(ln1(resid)) + mlp(ln2(resid))
     attn_out_bias: bool = True
     mlp_bias: bool = True
@@ -160,6 +179,15 @@ class GPTConfig:
                                 f"(positional_embedding_type={self.positional_embedding_type!r})")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise UserError(f"sliding_window={self.sliding_window} must be a positive number of positions (or None)")
+        if self.attn_types is not None:
+            self.attn_types = list(self.attn_types)
+            if len(self.attn_types) != self.n_layers or not set(self.attn_types) <= set(ATTN_TYPES):
+                raise UserError(f"attn_types={self.attn_types} must name one of {', '.join(ATTN_TYPES)} for each of "
+                                f"the n_layers={self.n_layers} layers (or be None)")
+        for name in ("attn_scale", "attn_scores_soft_cap", "output_logits_soft_cap", "rotary_base_local"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise UserError(f"GPTConfig.{name}={value!r} must be a positive number (or None)")
         if self.unembed_bias and self.tie_word_embeddings:
             raise UserError("unembed_bias=True needs a separate unembedding (tie_word_embeddings=False)")
         if self.d_vocab_out is None:
@@ -167,6 +195,11 @@ class GPTConfig:
         if self.d_vocab_out <= 0 or self.d_vocab_out != self.d_vocab and self.tie_word_embeddings:
             raise UserError(f"d_vocab_out={self.d_vocab_out} must be positive, and differ from d_vocab={self.d_vocab} "
                             "only with a separate unembedding (tie_word_embeddings=False)")
+
+    def is_local(self, layer: int) -> bool:
+        """Whether block ``layer``'s attention is "local" (``attn_types``): it has the sliding window
+        and the local rotary base, where the config sets them."""
+        return self.attn_types is None or self.attn_types[layer] == "local"
 
     def to_json(self) -> str:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in _RUNTIME_FIELDS}
@@ -224,7 +257,9 @@ class MLP(nn.Module):
 
     ``hook_post`` sees the hidden activation that ``proj`` reads, (batch, pos, d_mlp): one value per
     neuron, TransformerLens's ``blocks.{l}.mlp.hook_post``. Neuron i writes ``hook_post[..., i]``
-    times row i of ``proj.weight.T`` into the residual stream."""
+    times row i of ``proj.weight.T`` into the residual stream (through ``ln2_post`` where the block
+    norms the MLP's output: then ``hook_out`` (batch, pos, d_model) sees the output before that norm,
+    as the bridge's ``mlp.hook_out``)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -233,10 +268,12 @@ class MLP(nn.Module):
         self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias) if cfg.gated_mlp else None
         self.act = ACTIVATIONS[cfg.act_fn]
         self.hook_post = HookPoint()
+        self.hook_out = HookPoint() if cfg.use_normalization_before_and_after else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.act(self.fc(x)) if self.gate is None else self.act(self.gate(x)) * self.fc(x)
-        return self.proj(self.hook_post(hidden))
+        out = self.proj(self.hook_post(hidden))
+        return out if self.hook_out is None else self.hook_out(out)
 
     @property
     def W_out(self) -> torch.Tensor:
@@ -246,24 +283,34 @@ class MLP(nn.Module):
 
 
 def _attention(cfg: GPTConfig, layer: int) -> GroupedQueryAttention:
-    """Block ``layer``'s attention, with the config's heads, biases, positions and score scale."""
-    scale = cfg.d_head ** -0.5 if cfg.use_attn_scale else 1.0
+    """Block ``layer``'s attention, with the config's heads, biases, positions (the local ones on a
+    local layer: ``GPTConfig.is_local``), score scale and cap, and query/key norms."""
+    scale = (cfg.d_head ** -0.5 if cfg.attn_scale is None else 1.0 / cfg.attn_scale) if cfg.use_attn_scale else 1.0
     if cfg.scale_attn_by_inverse_layer_idx:
         scale /= float(layer + 1)
+    local = cfg.is_local(layer)
+    base = cfg.rotary_base_local if local and cfg.rotary_base_local is not None else cfg.rotary_base
     return GroupedQueryAttention(
         cfg.d_model, cfg.d_model, cfg.n_ctx, cfg.dropout, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
         cfg.qkv_bias, head_dim=cfg.d_head, out_bias=cfg.attn_out_bias,
-        rotary_dim=cfg.rotary_dim if cfg.positional_embedding_type == "rotary" else 0, rotary_base=cfg.rotary_base,
+        rotary_dim=cfg.rotary_dim if cfg.positional_embedding_type == "rotary" else 0, rotary_base=base,
         rotary_divisors=cfg.rotary_divisors,
-        alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window, causal=cfg.causal,
-        scale=scale,
+        alibi=cfg.positional_embedding_type == "alibi", sliding_window=cfg.sliding_window if local else None,
+        causal=cfg.causal, scale=scale, soft_cap=cfg.attn_scores_soft_cap,
+        qk_norms=(RMSNorm(cfg.d_head, cfg.ln_eps), RMSNorm(cfg.d_head, cfg.ln_eps)) if cfg.use_qk_norm else None,
+        out_hook=cfg.use_normalization_before_and_after,
     )
 
 
 class TransformerBlock(nn.Module):
     """Pre-norm block. Sequential: resid_mid = resid_pre + attn(ln1(resid_pre)), resid_post =
     resid_mid + mlp(ln2(resid_mid)). Parallel (``parallel_attn_mlp``): resid_post = resid_pre +
-    attn(ln1(resid_pre)) + mlp(ln2(resid_pre)), with no resid_mid.
+    attn(ln1(resid_pre)) + mlp(ln2(resid_pre)), with no resid_mid. With
+    ``use_normalization_before_and_after`` (Gemma 2 and 3) the outputs are normed too before they
+    are added: attn -> ln1_post(attn), mlp -> ln2_post(mlp). ``hook_attn_out`` / ``hook_mlp_out``
+    are then what is added to the residual (after the norm, as in TransformerLens and its bridge),
+    and ``attn.hook_out`` / ``mlp.hook_out`` the outputs before it (the heads' z @ W_O plus b_O sum
+    to ``attn.hook_out``).
 
     With ``split_inputs`` (none by default; ``GPTModel.set_split_qkv_inputs``) every query head
     reads its own copy of resid_pre for each of those inputs ("q", "k", "v"), hooked before ln1
@@ -285,9 +332,11 @@ class TransformerBlock(nn.Module):
         self.hook_q_input = HookPoint()
         self.hook_k_input = HookPoint()
         self.hook_v_input = HookPoint()
+        self.ln1_post = _norm(cfg) if cfg.use_normalization_before_and_after else None
         if not cfg.attn_only:
             self.ln2 = _norm(cfg)
             self.mlp = MLP(cfg)
+            self.ln2_post = _norm(cfg) if cfg.use_normalization_before_and_after else None
             if not cfg.parallel_attn_mlp:
                 self.hook_resid_mid = HookPoint()
             self.hook_mlp_out = HookPoint()
@@ -315,6 +364,12 @@ class TransformerBlock(nn.Module):
         return not (self.attn_only or self.parallel)
 
     def _attention(self, resid: torch.Tensor, past: LayerKV | None) -> torch.Tensor:
+        """The attention's contribution to the residual (batch, pos, d_model), through ``ln1_post``
+        where the block has it."""
+        out = self._attention_output(resid, past)
+        return out if self.ln1_post is None else self.ln1_post(out)
+
+    def _attention_output(self, resid: torch.Tensor, past: LayerKV | None) -> torch.Tensor:
         if not self.split_inputs:
             return self.attn(self.ln1(resid), past)
         if past is not None:
@@ -327,7 +382,8 @@ class TransformerBlock(nn.Module):
         return self.attn.forward_split(*inputs)
 
     def _mlp_out(self, resid: torch.Tensor) -> torch.Tensor:
-        return self.hook_mlp_out(self.dropout(self.mlp(self.ln2(resid))))
+        out = self.mlp(self.ln2(resid))
+        return self.hook_mlp_out(self.dropout(out if self.ln2_post is None else self.ln2_post(out)))
 
 
 class GPTModel(HeadWeights, HookedModule):
@@ -441,9 +497,12 @@ class GPTModel(HeadWeights, HookedModule):
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
         """Final residual (batch, pos, d_model) -> logits (batch, pos, d_vocab_out): the final norm, then
-        ``embed.weight`` transposed (tied) or ``lm_head``."""
+        ``embed.weight`` transposed (tied) or ``lm_head``, then ``cap * tanh(logits / cap)`` where
+        ``output_logits_soft_cap`` sets a cap (Gemma 2 and 3)."""
         normed = self.ln_final(resid)
-        return normed @ self.embed.weight.T if self.cfg.tie_word_embeddings else self.lm_head(normed)
+        logits = normed @ self.embed.weight.T if self.cfg.tie_word_embeddings else self.lm_head(normed)
+        cap = self.cfg.output_logits_soft_cap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(
         self,

@@ -37,6 +37,9 @@ SPECIALS = {
     "llama": Specials(front=("<unk>", "<s>", "</s>"), bos="<s>", eos="</s>", unk="<unk>"),
     "mistral": Specials(front=("<unk>", "<s>", "</s>"), bos="<s>", eos="</s>", unk="<unk>"),
     "gemma": Specials(front=("<pad>", "<eos>", "<bos>", "<unk>"), bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>"),
+    "gemma2": Specials(front=("<pad>", "<eos>", "<bos>", "<unk>"), bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>"),
+    "gemma3_text": Specials(front=("<pad>", "<eos>", "<bos>", "<unk>"), bos="<bos>", eos="<eos>", pad="<pad>",
+                            unk="<unk>"),
     "opt": Specials(front=("<s>", "<pad>", "</s>", "<unk>"), bos="</s>", eos="</s>", pad="<pad>", unk="<unk>"),
     "gpt_neox": Specials(front=(_ENDOFTEXT, "<|padding|>"), bos=_ENDOFTEXT, eos=_ENDOFTEXT, pad="<|padding|>",
                          unk=_ENDOFTEXT),
@@ -57,6 +60,13 @@ _SHAPES = {
                   intermediate_size=_MLP),
     "gemma": dict(hidden_size=_D, num_hidden_layers=2, num_attention_heads=_HEADS, num_key_value_heads=1,
                   head_dim=_D // _HEADS, intermediate_size=_MLP),
+    # Gemma 2: layer 0 local, layer 1 global (its every-other-layer rule); scores and logits soft-capped
+    "gemma2": dict(hidden_size=_D, num_hidden_layers=2, num_attention_heads=_HEADS, num_key_value_heads=2,
+                   head_dim=_D // _HEADS, intermediate_size=_MLP, query_pre_attn_scalar=_D // _HEADS),
+    # Gemma 3: a global layer after each local one (its own default is five local layers, then one global)
+    "gemma3_text": dict(hidden_size=_D, num_hidden_layers=2, num_attention_heads=_HEADS, num_key_value_heads=2,
+                        head_dim=_D // _HEADS, intermediate_size=_MLP, query_pre_attn_scalar=_D // _HEADS,
+                        sliding_window_pattern=2),
     "gpt_neox": dict(hidden_size=_D, num_hidden_layers=2, num_attention_heads=_HEADS, intermediate_size=_MLP,
                      rotary_pct=0.25, use_parallel_residual=True),
     "phi": dict(hidden_size=_D, num_hidden_layers=2, num_attention_heads=_HEADS, intermediate_size=_MLP),
@@ -112,6 +122,8 @@ def random_hf_model(family: str, *, seed: int = 0, n_ctx: int = 128, d_vocab: in
     config = AutoConfig.for_model(family, **(size | ids | _SHAPES[family] | shape))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    # as save_pretrained records it: the bridge finds a family by it (it has no entry for gemma3_text)
+    model.config.architectures = [type(model).__name__]
     return model.eval(), tokenizer
 
 

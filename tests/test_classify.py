@@ -304,8 +304,8 @@ def test_probes_of_byte_level_models_are_unchanged(which, scratch):
 
 
 # The start token each family's sequences begin with: its BOS, else its EOS (Qwen2 has no BOS).
-START_TOKENS = {"gpt2": 256, "phi": 256, "gpt_neo": 256, "llama": 1, "mistral": 1, "gemma": 2, "opt": 2,
-                "gpt_neox": 0, "qwen2": 256}
+START_TOKENS = {"gpt2": 256, "phi": 256, "gpt_neo": 256, "llama": 1, "mistral": 1, "gemma": 2, "gemma2": 2,
+                "gemma3_text": 2, "opt": 2, "gpt_neox": 0, "qwen2": 256}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

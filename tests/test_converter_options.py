@@ -66,6 +66,7 @@ def rows(families, *options) -> list[tuple]:
 
 LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "gemma")
 ROTARY = (*LLAMA_LAYOUT, "gpt_neox", "phi")
+SANDWICH = ("gemma2", "gemma3_text")  # Gemma's layout with norms after the attention and the MLP too
 
 OPTIONS = [
     # every family: fields no forward reads
@@ -139,6 +140,29 @@ OPTIONS = [
     ("gemma", {"mlp_bias": True}, INERT),
     ("gemma", {"num_key_value_heads": 2}, SAME),
     ("gemma", {"use_bidirectional_attention": True}, refused("gemma", "use_bidirectional_attention=True")),
+    # Gemma 2 and 3 (interp.random_models: layer 0 local, layer 1 global)
+    *rows(SANDWICH, ({"hidden_size": 96}, SAME), ({"intermediate_size": 96}, SAME), ({"num_hidden_layers": 3}, SAME),
+          ({"num_attention_heads": 8}, SAME), ({"num_key_value_heads": 4}, SAME), ({"head_dim": 32}, SAME),
+          ({"rms_norm_eps": 0.5}, SAME), ({"max_position_embeddings": 256}, INERT), ({"attention_dropout": 0.5}, INERT),
+          ({"hidden_activation": "silu"}, SAME),
+          ({"hidden_activation": "relu"}, "{family} hidden_activation='relu' is not implemented from scratch"),
+          ({"tie_word_embeddings": False}, SAME), ({"attention_bias": True}, SAME),
+          ({"query_pre_attn_scalar": 64}, SAME), ({"sliding_window": 4}, SAME),  # layer 0's window
+          ({"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]}, SAME),  # layer 1's
+          ({"final_logit_softcapping": 3.0}, SAME),
+          ({"use_bidirectional_attention": True}, refused("{family}", "use_bidirectional_attention=True"))),
+    ("gemma2", {"final_logit_softcapping": None}, SAME),  # its default caps at 30
+    ("gemma2", {"attn_logit_softcapping": 2.0}, SAME),
+    ("gemma2", {"attn_logit_softcapping": None}, SAME),  # its default caps at 50
+    ("gemma2", {"rope_parameters": rope(100.0)}, SAME),
+    ("gemma2", {"rope_parameters": scaled_rope("linear")}, "gemma2 rope_type='linear' is not implemented"),
+    ("gemma3_text", {"attn_logit_softcapping": 2.0}, INERT),  # Gemma 3's attention never reads it
+    ("gemma3_text", {"sliding_window_pattern": 3}, SAME),  # both layers local: layer 1's RoPE base is 10,000
+    ("gemma3_text", {"rope_parameters": {"sliding_attention": rope(100.0), "full_attention": rope(1e6)}}, SAME),
+    ("gemma3_text", {"rope_parameters": {"sliding_attention": rope(1e4), "full_attention": rope(100.0)}}, SAME),
+    ("gemma3_text", {"rope_parameters": {"sliding_attention": rope(1e4),
+                                         "full_attention": {**scaled_rope("linear"), "rope_theta": 1e6}}},
+     "gemma3_text rope_type='linear' is not implemented from scratch on its full_attention layers"),
     # GPT-NeoX and Phi
     *rows(("gpt_neox", "phi"), ({"layer_norm_eps": 0.5}, SAME), ({"tie_word_embeddings": True}, SAME),
           ({"rope_parameters": rope(partial_rotary_factor=1.0)}, SAME)),

@@ -132,7 +132,8 @@ def test_our_checkpoint_cannot_be_bridged(tmp_path):
 
 
 # the families GPTModel implements; the bridge runs the rest
-EXPECTED_IMPL = {family: "scratch" for family in ("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi")}
+EXPECTED_IMPL = {family: "scratch" for family in ("gpt2", "llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text",
+                                                  "gpt_neox", "phi")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

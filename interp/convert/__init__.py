@@ -17,7 +17,7 @@ import copy
 import torch
 
 from interp.convert.common import HFWeights, convert
-from interp.convert.families import CONVERTERS
+from interp.convert.families import CONVERTERS, NOT_FROM_SCRATCH
 from interp.convert.gguf import GGUFFile, GGUFWeights
 from interp.convert.stream import FileWeights
 from interp.errors import UserError
@@ -32,7 +32,8 @@ def scratch_families() -> tuple[str, ...]:
 def check_scratch_family(family: str) -> None:
     """One line naming ``family`` and the ones the from-scratch model implements."""
     if family not in CONVERTERS:
-        raise UserError(f"impl='scratch' does not implement the {family!r} family (it implements: "
+        reason = f", {NOT_FROM_SCRATCH[family]}" if family in NOT_FROM_SCRATCH else ""
+        raise UserError(f"impl='scratch' does not implement the {family!r} family{reason} (it implements: "
                         f"{', '.join(CONVERTERS)}); use impl='transformer_lens' or leave impl unset")
 
 

@@ -155,7 +155,8 @@ class Family:
             BLOOM) or ``"three h d"`` (side by side, GPT-2).
         conv1d: the layer modules' weights are stored (in, out) (GPT-2's ``Conv1D``): transposed
             into ``nn.Linear``'s (out, in).
-        norm_offset: added to every norm weight (Gemma's RMSNorm multiplies by ``1 + weight``).
+        norm_offset: added to every norm weight (Gemma's RMSNorm multiplies by ``1 + weight``), the
+            query and key norms' too.
     """
 
     config: Callable[[object], dict]
@@ -195,8 +196,9 @@ class Family:
                     ours[f"{our_name}.{kind}"] = (tensor.t() if transposed else tensor).contiguous()
         if self.packed_qkv is not None:
             ours |= self._unpack_qkv(hf, cfg)
-        if self.norm_offset:  # our norms are the modules named ln*: ln1, ln2, ln_final
-            for name in [n for n in ours if n.split(".")[-2].startswith("ln") and n.endswith(".weight")]:
+        if self.norm_offset:  # our norms: ln1, ln2, ln_final (and ln1_post, ln2_post), attn.q_norm, attn.k_norm
+            for name in [n for n in ours if n.split(".")[-2].startswith("ln") or n.split(".")[-2].endswith("_norm")
+                         if n.endswith(".weight")]:
                 ours[name] = ours[name] + self.norm_offset
         return ours
 

@@ -17,6 +17,16 @@ row; a new family is a new row (and its lines in tests/test_converter_options.py
   width, attention biases where ``attention_bias`` says, and an RMSNorm that multiplies by
   ``1 + weight`` (folded into the weight: ``norm_offset``). Each reads a bias flag only where its
   Hugging Face code does (Mistral's ignores ``attention_bias``, Qwen2's and Gemma's ``mlp_bias``).
+- Gemma 2 and Gemma 3 (text: ``gemma3_text``, ``Gemma3ForCausalLM``): Gemma's layout with a norm on
+  the attention's and on the MLP's output too (``post_attention_layernorm``,
+  ``post_feedforward_layernorm``; the MLP's input norm is ``pre_feedforward_layernorm``), scores
+  times ``query_pre_attn_scalar ** -0.5``, logits soft-capped by ``final_logit_softcapping``, and
+  each layer global or local by ``layer_types`` (the config fills it: Gemma 2 every other layer,
+  Gemma 3 by ``sliding_window_pattern``), the local ones with the sliding window. Gemma 2
+  soft-caps its scores (``attn_logit_softcapping``; Gemma 3's code never reads that key). Gemma 3
+  norms every query and key head (``q_norm``, ``k_norm``: ``1 + weight`` too) and gives each kind
+  of layer its own RoPE (``rope_parameters`` per layer type: 10,000 local, 1,000,000 global); a
+  scaled one is refused. Their activation is ``hidden_activation`` (Gemma's is ``hidden_act``).
 - GPT-NeoX (Pythia): LayerNorm, partial rotary, attention and MLP in parallel
   (``use_parallel_residual``), exact GELU, biases where ``attention_bias`` says (always in the MLP),
   untied. ``query_key_value`` packs the projections per head. A head is ``hidden_size /
@@ -85,6 +95,37 @@ def _gemma(c) -> dict:
                          attn_out_bias=c.attention_bias)
 
 
+_LAYER_TYPES = {"full_attention": "global", "sliding_attention": "local"}  # Hugging Face's layer_types -> attn_types
+
+
+def _gemma_sandwich(c, **knobs) -> dict:
+    """What Gemma 2 and 3 share (the module docstring); ``knobs``: each one's own (positions, caps)."""
+    unknown = sorted(set(c.layer_types) - set(_LAYER_TYPES))
+    if unknown:
+        raise UserError(f"{c.model_type} layer_types {unknown} are not implemented from scratch (only "
+                        f"{', '.join(_LAYER_TYPES)}); use impl='transformer_lens'")
+    return shape(c) | dict(ln_eps=c.rms_norm_eps, normalization_type="RMS", act_fn=activation(c, "hidden_activation"),
+                           gated_mlp=True, qkv_bias=c.attention_bias, attn_out_bias=c.attention_bias, mlp_bias=False,
+                           embed_scale=c.hidden_size ** 0.5, use_normalization_before_and_after=True,
+                           attn_scale=c.query_pre_attn_scalar ** 0.5, output_logits_soft_cap=c.final_logit_softcapping,
+                           sliding_window=_window(c), attn_types=[_LAYER_TYPES[kind] for kind in c.layer_types]) | knobs
+
+
+def _gemma2(c) -> dict:
+    return _gemma_sandwich(c, attn_scores_soft_cap=c.attn_logit_softcapping, **rotary(c, shape(c)["d_head"]))
+
+
+def _gemma3(c) -> dict:
+    """Gemma 3: its own RoPE base for each layer type (a scaled RoPE on either is refused)."""
+    for kind, rope in c.rope_parameters.items():
+        if rope.get("rope_type", "default") != "default":
+            raise UserError(f"{c.model_type} rope_type={rope['rope_type']!r} is not implemented from scratch on its "
+                            f"{kind} layers (only the default RoPE); use impl='transformer_lens'")
+    return _gemma_sandwich(c, use_qk_norm=True, positional_embedding_type="rotary",
+                           rotary_base=c.rope_parameters["full_attention"]["rope_theta"],
+                           rotary_base_local=c.rope_parameters["sliding_attention"]["rope_theta"])
+
+
 def _gpt_neox(c) -> dict:
     fields = shape(c) | dict(d_head=c.hidden_size // c.num_attention_heads)
     return fields | dict(ln_eps=c.layer_norm_eps, act_fn=activation(c), parallel_attn_mlp=c.use_parallel_residual,
@@ -113,6 +154,18 @@ def _llama_row(config, **options) -> Family:
     return Family(config, "model.embed_tokens", "model.norm", "model.layers.", _LLAMA_LAYERS, **options)
 
 
+# Gemma 2 and 3: the norms around the attention and the MLP (ln1_post and ln2_post: TransformerLens's names)
+_SANDWICH_LAYERS = _LLAMA_LAYERS | {"ln1_post": "post_attention_layernorm", "ln2": "pre_feedforward_layernorm",
+                                   "ln2_post": "post_feedforward_layernorm"}
+_QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+
+# model_types that impl='scratch' refuses with a reason (impl=None gives them the bridge)
+NOT_FROM_SCRATCH = {
+    "gemma3": "Gemma3ForConditionalGeneration, images and text; its text model alone, gemma3_text "
+              "(Gemma3ForCausalLM), is implemented",
+}
+
+
 # Hugging Face model_type -> its row. Each passes tests/test_scratch_families.py (logits vs Hugging
 # Face, every hook vs the TransformerLens bridge) and tests/test_converter_options.py (every config field).
 CONVERTERS = {
@@ -125,6 +178,10 @@ CONVERTERS = {
     "mistral": _llama_row(_mistral),
     "qwen2": _llama_row(_qwen2),
     "gemma": _llama_row(_gemma, refused={"use_bidirectional_attention": None}, norm_offset=1.0),
+    "gemma2": Family(_gemma2, "model.embed_tokens", "model.norm", "model.layers.", _SANDWICH_LAYERS,
+                     refused={"use_bidirectional_attention": None}, norm_offset=1.0),
+    "gemma3_text": Family(_gemma3, "model.embed_tokens", "model.norm", "model.layers.", _SANDWICH_LAYERS | _QK_NORMS,
+                          refused={"use_bidirectional_attention": False}, norm_offset=1.0),
     "gpt_neox": Family(_gpt_neox, "gpt_neox.embed_in", "gpt_neox.final_layer_norm", "gpt_neox.layers.",
                        _NORMS | _DENSE_MLP | {"attn.out_proj": "attention.dense"},
                        packed_qkv="attention.query_key_value"),

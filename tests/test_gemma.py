@@ -1,0 +1,75 @@
+"""Gemma 2 and Gemma 3 (text) from scratch, beyond what tests/test_scratch_families.py checks on every
+family (logits against Hugging Face eager, every hook against the bridge, generation, the fast path)
+and tests/test_converter_options.py on every config field: what these two add to the block (a norm
+on the attention's and the MLP's output), where their hooks sit, their embedding scale in bfloat16,
+and the refusal of Gemma 3's image-and-text model. Tiny random models, no network.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from einops import einsum
+from transformers import AutoModelForCausalLM
+
+from interp import from_hf, load_model
+from interp.errors import UserError
+from interp.random_models import random_hf_model, save_random_model
+
+SANDWICH = ("gemma2", "gemma3_text")
+
+
+def tokens(batch: int = 2, pos: int = 20) -> torch.Tensor:
+    return torch.randint(4, 300, (batch, pos), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("family", SANDWICH)
+@torch.no_grad()
+def test_the_attention_hooks_of_a_block_that_norms_its_output(family):
+    """hook_attn_out / hook_mlp_out are what the residual receives (after the norm on each output);
+    attn.hook_out / mlp.hook_out the outputs before it, where the heads' z @ W_O and b_O add up;
+    Hugging Face's own post-norms map the one onto the other."""
+    hf, tokenizer = random_hf_model(family, seed=2, initializer_range=0.2, attention_bias=True, sliding_window=4)
+    ours = from_hf(hf, tokenizer)
+    _, cache = ours.run_with_cache(tokens())
+    for layer, hf_layer in enumerate(hf.model.layers):
+        block = f"blocks.{layer}"
+        attn_out, pre_norm = cache[f"{block}.hook_attn_out"], cache[f"{block}.attn.hook_out"]
+        torch.testing.assert_close(attn_out, cache[f"{block}.hook_resid_mid"] - cache[f"{block}.hook_resid_pre"],
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(attn_out, hf_layer.post_attention_layernorm(pre_norm), atol=1e-6, rtol=0)
+        attention = ours.blocks[layer].attn
+        heads = einsum(cache[f"{block}.attn.hook_z"], attention.W_O, "b p h d, h d o -> b p o") + attention.b_O
+        torch.testing.assert_close(heads, pre_norm, atol=1e-5, rtol=0)
+        assert not torch.allclose(heads, attn_out, atol=1e-2), "the norm on the output changes it"
+        torch.testing.assert_close(cache[f"{block}.hook_mlp_out"],
+                                   hf_layer.post_feedforward_layernorm(cache[f"{block}.mlp.hook_out"]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", SANDWICH)
+@torch.no_grad()
+def test_bfloat16_loads_as_hugging_face_loads_it(tmp_path, family):
+    """sqrt(d_model) rounded to bfloat16 once, as Gemma's scaled embedding is when made in bfloat16
+    (sqrt(48) = 6.93 -> 6.9375): the embeddings equal Hugging Face's bit for bit. The logits of the
+    hooked path (eager attention, as Hugging Face's) agree to less than a bfloat16 step (equal, as
+    measured); the fast path (SDPA) rounds its scores otherwise, and is within a few steps."""
+    directory = save_random_model(family, tmp_path, seed=1, hidden_size=48, head_dim=12, initializer_range=0.2)
+    ours = load_model(directory, dtype="bfloat16")
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    _, cache = ours.run_with_cache(tokens(), names_filter="hook_embed")
+    assert torch.equal(cache["hook_embed"], hf.model.embed_tokens(tokens()))
+    expected = hf(tokens()).logits.float()
+    hooked = ours.run_with_hooks(tokens(), fwd_hooks=[(lambda name: name.endswith("hook_pattern"), lambda x, hook: x)])
+    torch.testing.assert_close(hooked.float(), expected, atol=1e-2, rtol=0)
+    torch.testing.assert_close(ours(tokens()).float(), expected, atol=0.15, rtol=0)
+
+
+def test_gemma3s_image_and_text_model_is_refused_from_scratch_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures":
+                                                      ["Gemma3ForConditionalGeneration"]}))
+    with pytest.raises(UserError) as refusal:
+        load_model(tmp_path, impl="scratch")
+    message = str(refusal.value)
+    assert "'gemma3'" in message and "gemma3_text" in message and "\n" not in message, message
