@@ -202,8 +202,16 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path):
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"not a gguf file at all" * 10)
     assert "is not a readable GGUF file" in refusal(corrupt)
-    assert "architecture 'nonesuch' is not one transformers reads" in refusal(
-        _minimal(tmp_path / "nonesuch.gguf", arch="nonesuch"))
+    # an unknown name, one transformers reads but llama.cpp never writes (Mistral is "llama"), one
+    # transformers has no model for: each refused naming what interp reads
+    for arch in ("nonesuch", "mistral", "deci"):
+        message = refusal(_minimal(tmp_path / f"{arch}.gguf", arch=arch))
+        assert f"{arch}.gguf: GGUF architecture '{arch}' is not one interp reads (it reads: " in message
+        reads = set(message.split("(it reads: ")[1].rstrip(")").split(", "))
+        # llama.cpp's spellings of families the scratch model and the bridge load; none interp refuses
+        assert {"llama", "qwen2", "gpt2", "bloom", "qwen3", "phi3", "gemma2", "stablelm", "falcon"} <= reads
+        assert reads <= set(gguf.MODEL_ARCH_NAMES.values())
+        assert not reads & {"t5", "umt5", "mamba", "lfm2", "qwen2moe", "qwen2_moe", "mistral", "deci"}
     assert "'mamba' is a state-space model" in refusal(_minimal(tmp_path / "mamba.gguf", arch="mamba"))
     assert "'qwen2moe' is a mixture of experts" in refusal(_minimal(tmp_path / "moe.gguf", arch="qwen2moe"))
     assert "'qwen35' is a hybrid of linear" in refusal(_minimal(tmp_path / "qwen35.gguf", arch="qwen35"))

@@ -8,8 +8,8 @@ Q4_1, the K-quants, ...). Reading one:
 
 - the header and table with the ``gguf`` package's ``GGUFReader`` (llama.cpp's own reader), once,
   checked before any weight is read: a file that is not GGUF or is truncated, an architecture
-  transformers cannot read, a tensor type ``gguf`` cannot dequantize, no tokenizer in the metadata,
-  each refused in one line (``GGUFFile``);
+  interp does not read (``readable_architectures``), a tensor type ``gguf`` cannot dequantize, no
+  tokenizer in the metadata, each refused in one line (``GGUFFile``);
 - the config and the tokenizer as transformers rebuilds them from that metadata
   (``AutoConfig``/``AutoTokenizer.from_pretrained(folder, gguf_file=name)``), so a model reads the
   file's hyper-parameters exactly as transformers' own GGUF load does;
@@ -115,11 +115,19 @@ def dequantizable() -> frozenset:
     return frozenset(found)
 
 
-def supported_architectures() -> tuple[str, ...]:
-    """The llama.cpp architectures transformers reads from GGUF (``general.architecture``)."""
+@functools.cache
+def readable_architectures() -> tuple[str, ...]:
+    """The llama.cpp architectures (``general.architecture``, llama.cpp's spelling) interp loads:
+    those transformers reads from GGUF and has a config class for, whose tensor names ``gguf``
+    knows, but for the ones ``REFUSED``. (transformers' list also holds names llama.cpp never
+    writes, as "mistral", and others it has no model for, as "deci".)"""
+    import gguf
+    from transformers import CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    return tuple(name for name in GGUF_SUPPORTED_ARCHITECTURES if name not in ("general", "tokenizer"))
+    named = set(gguf.MODEL_ARCH_NAMES.values())
+    return tuple(name for name in GGUF_SUPPORTED_ARCHITECTURES
+                 if name in named and name in CONFIG_MAPPING and name not in REFUSED)
 
 
 @dataclass(frozen=True)
@@ -135,8 +143,9 @@ class Entry:
 
 class GGUFFile:
     """A GGUF file's header and tensor table, read once and checked: every tensor lies within the
-    file and is of a type ``gguf`` can dequantize, the architecture is one transformers reads (and
-    one a hooked model can hold), and the metadata has a tokenizer. Each failure is one line.
+    file and is of a type ``gguf`` can dequantize, the architecture is one interp reads
+    (``readable_architectures``: transformers reads it, and a hooked model can hold it), and the
+    metadata has a tokenizer. Each failure is one line.
 
     Attributes:
         path: the file.
@@ -170,9 +179,9 @@ class GGUFFile:
         if self.architecture in REFUSED:
             raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is {REFUSED[self.architecture]}, "
                             "which interp cannot hook as an attention model")
-        if self.architecture not in supported_architectures():
-            raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is not one transformers reads "
-                            f"(it reads: {', '.join(supported_architectures())})")
+        if self.architecture not in readable_architectures():
+            raise UserError(f"{self.path}: GGUF architecture {self.architecture!r} is not one interp reads "
+                            f"(it reads: {', '.join(readable_architectures())})")
         odd = sorted({entry.kind.name for entry in self.entries.values() if entry.kind not in dequantizable()})
         if odd:
             raise UserError(f"{self.path} holds tensors of type {', '.join(odd)}, which the gguf package cannot "
