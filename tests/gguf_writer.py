@@ -125,8 +125,9 @@ def _write_config(writer, arch: str, config) -> None:
     family = "mistral" if config.model_type == "mistral" else arch
     for key, attribute in GGUF_CONFIG_MAPPING[family if family in GGUF_CONFIG_MAPPING else arch].items():
         value = getattr(config, attribute, None) if isinstance(attribute, str) else None
-        if attribute == "rope_theta":
-            value = config.rope_parameters["rope_theta"]
+        if attribute == "rope_theta":  # Gemma 3: the full-attention layers' (llama.cpp fixes the local ones')
+            rope = config.rope_parameters
+            value = rope["rope_theta"] if "rope_theta" in rope else rope["full_attention"]["rope_theta"]
         if isinstance(value, bool) or value is None:
             continue
         if isinstance(value, int):

@@ -51,13 +51,14 @@ SCRATCH_CASES = {  # id -> (how to make the model, the ggml type of its 2-D weig
     "qwen2-Q5_1": (lambda: random_hf_model("qwen2"), "Q5_1"),
     "gpt2-F16": (lambda: random_hf_model("gpt2", n_ctx=1024), "F16"),  # transformers reads no GPT-2 context length
     "bloom-Q8_0": (lambda: other_family("bloom", n_layer=2, hidden_size=64, n_head=4), "Q8_0"),
+    "gemma2-F16": (lambda: other_family("gemma2", head_dim=16, **SMALL), "F16"),
+    "gemma3_text-Q8_0": (lambda: other_family("gemma3_text", head_dim=16, **SMALL), "Q8_0"),
     **{f"llama-{kind}": (lambda: random_hf_model("llama", **K_WIDE), kind)
        for kind in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},
 }
 BRIDGE_CASES = {
     "qwen3-Q8_0": (lambda: other_family("qwen3", **SMALL), "Q8_0"),
     "stablelm-F32": (lambda: other_family("stablelm", **SMALL), "F32"),
-    "gemma2-F16": (lambda: other_family("gemma2", head_dim=16, **SMALL), "F16"),
     "starcoder2-F32": (lambda: other_family("starcoder2", **SMALL), "F32"),
     "falcon-F32": (lambda: other_family("falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4), "F32"),
     "phi3-Q8_0": (lambda: other_family("phi3", vocab=32064, pad_token_id=0, **SMALL), "Q8_0"),  # pad id 32000 by default
@@ -82,7 +83,8 @@ def test_a_gguf_file_of_a_scratch_family_loads_from_scratch_with_transformers_lo
 
 ROUND_TRIP = {"llama-F32": SCRATCH_CASES["llama-F32"], "mistral-F32": (lambda: random_hf_model("mistral"), "F32"),
               "gpt2-F32": (lambda: random_hf_model("gpt2", n_ctx=1024), "F32"),
-              "bloom-F32": (lambda: other_family("bloom", n_layer=2, hidden_size=64, n_head=4), "F32")}
+              "bloom-F32": (lambda: other_family("bloom", n_layer=2, hidden_size=64, n_head=4), "F32"),
+              "gemma3_text-F32": SCRATCH_CASES["gemma3_text-Q8_0"][:1] + ("F32",)}
 
 
 @pytest.mark.parametrize("case", list(ROUND_TRIP))

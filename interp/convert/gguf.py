@@ -21,7 +21,7 @@ Q4_1, the K-quants, ...). Reading one:
   ``gguf``'s own table of names (``TensorNameMap``), and the layout changes llama.cpp's converter
   makes undone (``UNDO``): the rows of Llama's rotary query and key weights are interleaved per
   head, BLOOM's packed query/key/value rows are grouped by projection, GPT-2's ``Conv1D`` weights
-  are stored transposed;
+  are stored transposed, Gemma 2 and 3's norm weights are stored plus 1;
 - Llama 3's scaled RoPE, which llama.cpp keeps only as the tensor ``rope_freqs.weight`` (one
   divisor per rotary frequency), put on the config (``GGUFFile.hf_config``) for the conversion to
   divide the frequencies by; transformers' own load drops it (``check_transformers_load``).
@@ -90,6 +90,15 @@ def _transposed(tensor: torch.Tensor, config) -> torch.Tensor:
     return tensor.t()
 
 
+def _less_one(tensor: torch.Tensor, config) -> torch.Tensor:
+    """Gemma's RMSNorms multiply by ``1 + weight``; llama.cpp stores ``1 + weight`` (its norm
+    multiplies by the weight): Hugging Face's weight is the stored one less 1."""
+    return tensor - 1
+
+
+# the RMSNorm weights of Gemma 2 and 3 (the last two: Gemma 3's query and key norms)
+_GEMMA_NORMS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_norm.weight", "post_ffw_norm.weight",
+                "output_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight")
 # llama.cpp architecture -> {the end of a GGUF tensor name: what undoes llama.cpp's change to it}
 UNDO = {
     "llama": {"attn_q.weight": _interleaved_rotary("num_attention_heads"),
@@ -97,6 +106,8 @@ UNDO = {
     "bloom": {"attn_qkv.weight": _per_head_qkv, "attn_qkv.bias": _per_head_qkv},
     "gpt2": {name: _transposed for name in ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight",
                                              "ffn_down.weight")},
+    "gemma2": {name: _less_one for name in _GEMMA_NORMS},
+    "gemma3": {name: _less_one for name in _GEMMA_NORMS},
 }
 
 
@@ -300,7 +311,7 @@ class GGUFWeights:
                             f"{misshaped[0]} in the model its metadata describes")
 
     def _undo_of(self, name: str):
-        return next((undo for end, undo in self.undo.items() if name.endswith("." + end)), None)
+        return next((undo for end, undo in self.undo.items() if f".{name}".endswith(f".{end}")), None)
 
     def __contains__(self, name: str) -> bool:
         return name in self.names
