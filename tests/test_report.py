@@ -81,7 +81,7 @@ def test_report_on_texts_scores_text_roles(gpt2_dir, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["report", "--prompts", "0"], "--prompts 0: at least 1 prompt is needed"),
+    (["report", "--prompts", "1"], "--prompts 1: at least 2 prompts are needed"),
     (["report", "--model", "/nonexistent/model"], "/nonexistent/model"),
     (["report", "--impl", "transformer_lens", "--model", "/nonexistent/model"], "/nonexistent/model"),
     (["report", "--text-file", "/nonexistent/texts.txt"], "texts.txt"),

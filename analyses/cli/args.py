@@ -5,10 +5,14 @@ in which precision it runs (``--device``, ``--dtype``), the memory an analysis m
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Callable
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.probes import MIN_SEQ_LEN
 from analyses.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV
 from interp import load_model
+from interp.errors import UserError
 from interp.loading import DTYPES
 
 IMPL_CHOICES = ("auto", "scratch", "transformer_lens")
@@ -29,7 +33,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="precision of the weights and the forward (default float32); scores are float32 always")
     parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N, mps")
-    parser.add_argument("--memory-mb", type=_positive_float, default=DEFAULT_MEMORY_MB,
+    parser.add_argument("--memory-mb", type=number(above=0), default=DEFAULT_MEMORY_MB,
                         help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
     add_progress_args(parser)
 
@@ -47,20 +51,56 @@ def add_progress_args(parser: argparse.ArgumentParser) -> None:
 def add_probe_args(parser: argparse.ArgumentParser, prompts: int) -> None:
     """``--prompts`` (default ``prompts``), ``--seq-len`` and ``--seed``: the repeated-segment probes
     a command runs the model on."""
-    parser.add_argument("--prompts", type=int, default=prompts, help=f"number of probe prompts (default {prompts})")
-    parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the probes (default 0)")
+    parser.add_argument("--prompts", type=whole(1), default=prompts, help=f"number of probe prompts (default {prompts})")
+    parser.add_argument("--seq-len", type=whole(MIN_SEQ_LEN), default=None, help="probe length (default min(n_ctx, 128))")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the probes (default 0)")
 
 
-def _positive_float(text: str) -> float:
-    """An argparse type: a number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
+# Argparse types: a bad value is refused while the command line is parsed, before any model loads or
+# any work starts, in one line naming the option, the value and what is allowed, e.g.
+# "argument --top: -1 is not a whole number >= 1".
+def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [minimum, maximum] (no maximum: >= minimum)."""
+    allowed = f"a whole number >= {minimum}" if maximum is None else f"a whole number in [{minimum}, {maximum}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
+        return value
+
+    parse.__name__ = allowed  # argparse's name for the type
+    return parse
+
+
+SEED = whole(0, 2**32 - 1)  # what every generator (torch, numpy, random) takes
+
+
+def number(above: float = -math.inf, below: float = math.inf, *, infinite: bool = False,
+           none: bool = False) -> Callable[[str], float | None]:
+    """An argparse type: a number strictly between ``above`` and ``below`` (never nan, nor an
+    infinity unless ``infinite``: then also +inf); with ``none``, also the word 'none' -> None."""
+    bounds = [f"above {above:g}"] * math.isfinite(above) + [f"below {below:g}"] * math.isfinite(below)
+    allowed = (f"a number in ({above:g}, {below:g})" if len(bounds) == 2 else
+               " ".join(["a", "number" if infinite else "finite number", *bounds]))
+    allowed += ", or inf" * infinite + ", or none" * none
+
+    def parse(text: str) -> float | None:
+        if none and text.strip().lower() == "none":
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}") from None
+        if not (above < value < below and math.isfinite(value) or infinite and value == math.inf):
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
+        return value
+
+    parse.__name__ = allowed
+    return parse
 
 
 def add_impl_arg(parser: argparse.ArgumentParser) -> None:
@@ -74,3 +114,11 @@ def load_cli_model(args: argparse.Namespace, spec: str | None = None):
     in eval mode."""
     return load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl,
                       dtype=args.dtype, device=args.device).eval()
+
+
+def check_head_count(model, count: int, option: str) -> None:
+    """Refuse a count of heads (``--top``, ``--shortlist``) beyond the model's, which would silently
+    take them all, right after the model loads and before any sweep."""
+    heads = model.cfg.n_layers * model.cfg.n_heads
+    if count > heads:
+        raise UserError(f"{option} {count} is more than the model's {heads} heads; allowed: 1 to {heads}")

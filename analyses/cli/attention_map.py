@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from analyses.cli.args import add_model_args, load_cli_model
+from analyses.cli.args import add_model_args, load_cli_model, whole
 from analyses.report.attention_map import attention_map, check_text
 from analyses.report.meta import model_meta
 from analyses.core.plots import png_bytes
@@ -42,6 +42,6 @@ def register(subparsers) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the text to look at (the start token is prepended)")
     source.add_argument("--text-file", help="a UTF-8 file whose whole text (newlines included) to look at")
-    parser.add_argument("--layer", type=int, default=0, help="which layer (default 0)")
+    parser.add_argument("--layer", type=whole(0), default=0, help="which layer (default 0)")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.set_defaults(func=run)

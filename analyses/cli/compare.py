@@ -6,13 +6,12 @@ import argparse
 
 from analyses.roles.classify import DEFAULT_THRESHOLD
 from analyses.report.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
-from analyses.cli.args import add_impl_arg, add_probe_args, add_run_args, load_cli_model
-from analyses.core.probes import check_prompt_count, check_seq_len
+from analyses.cli.args import add_impl_arg, add_probe_args, add_run_args, load_cli_model, number
+from analyses.core.probes import check_prompt_count
 
 
 def run(args: argparse.Namespace) -> int:
     check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the models load
-    check_seq_len(args.seq_len, "--seq-len ")
     model_a, model_b = (load_cli_model(args, spec) for spec in (args.a, args.b))
     comparison = compare_models(model_a, model_b, names=(str(args.a), str(args.b)), n_prompts=args.prompts,
                                 seq_len=args.seq_len, seed=args.seed, thresholds=args.threshold,
@@ -29,6 +28,6 @@ def register(subparsers) -> None:
     add_impl_arg(parser)
     add_run_args(parser)
     add_probe_args(parser, prompts=64)
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="role score threshold (default 0.4)")
+    parser.add_argument("--threshold", type=number(), default=DEFAULT_THRESHOLD, help="role score threshold (default 0.4)")
     parser.add_argument("--out", default="reports/compare", help="output directory (default reports/compare)")
     parser.set_defaults(func=run)

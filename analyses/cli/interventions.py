@@ -13,10 +13,10 @@ from analyses.interventions.attribution import (attribution_agreement, attributi
                                                 shortlist_patch_heads, unpatched_value)
 from analyses.report.intervention_figures import ablation_figure, bars, patching_figure, save_csv, save_figure
 from analyses.core.metrics import logit_diff_metric, loss_metric
-from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
+from analyses.cli.args import add_model_args, add_probe_args, check_head_count, load_cli_model, whole
 from analyses.report.meta import model_meta, write_meta
 from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
-from analyses.core.probes import check_prompt_count, check_seq_len, corrupt_first_copy, probes_for
+from analyses.core.probes import check_prompt_count, corrupt_first_copy, probes_for
 from analyses.core.tokens import as_tokens, single_token_id
 from interp.errors import UserError
 
@@ -62,7 +62,7 @@ def register(subparsers) -> None:
     patch.add_argument("--correct", help="with --incorrect: metric = logit difference at the last position")
     patch.add_argument("--incorrect")
     patch.add_argument("--attribution", action="store_true", help="also attribution patching, and its agreement")
-    patch.add_argument("--shortlist", type=int, metavar="K",
+    patch.add_argument("--shortlist", type=whole(1), metavar="K",
                        help="attribution ranks all heads, exact patching confirms the top K")
     patch.set_defaults(func=run_patch)
 
@@ -96,8 +96,6 @@ def _ablation_prompts(model, args):
 def run_ablate(args) -> int:
     what = f"{len(args.text)} --text prompt(s)" if args.text else f"--prompts {args.prompts}"
     check_prompt_count(len(args.text) if args.text else args.prompts, what, FROM_OTHER_PROMPTS.get(args.method))
-    if not args.text:
-        check_seq_len(args.seq_len, "--seq-len ")
     model = load_cli_model(args)
     prompts, metric = _ablation_prompts(model, args)
     common = dict(preserve_patterns=args.preserve_patterns, seed=args.seed, memory_mb=args.memory_mb,
@@ -136,10 +134,9 @@ def _patch_pair(model, args):
 
 
 def run_patch(args) -> int:
-    if args.clean is None:  # the built-in probes
-        check_prompt_count(args.prompts, f"--prompts {args.prompts}")
-        check_seq_len(args.seq_len, "--seq-len ")
     model = load_cli_model(args)
+    if args.shortlist is not None:
+        check_head_count(model, args.shortlist, "--shortlist")
     clean, corrupted, metric = _patch_pair(model, args)
     options = dict(direction=args.direction, normalize=args.normalize)
     value = "normalized" if args.normalize else "metric"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from analyses.circuits.ground_truth import read_truth
-from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
-from analyses.core.probes import check_prompt_count, check_seq_len
+from analyses.cli.args import add_model_args, add_probe_args, load_cli_model, number, whole
+from analyses.core.probes import check_prompt_count
 from analyses.core.tokens import read_text_lines
 from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, PROMPTS_NEEDED_BY, build_report, write_report
 from analyses.interventions.attribution import DEFAULT_SCREEN
@@ -19,21 +19,10 @@ def read_texts(path: str) -> list[str]:
     return read_text_lines(path, "text file")
 
 
-def optional_float(text: str) -> float | None:
-    """An argparse type: a number, or 'none'."""
-    if text.lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'none'") from None
-
-
 def run(args: argparse.Namespace) -> int:
     check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
     check_prompt_count(args.intervention_prompts, f"--intervention-prompts {args.intervention_prompts}",
                        PROMPTS_NEEDED_BY)
-    check_seq_len(args.seq_len, "--seq-len ")
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
     truth = read_truth(args.model)  # a known circuit (``interp tracr``): its logits are a program's outputs
@@ -52,7 +41,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
     add_model_args(parser)
     add_probe_args(parser, prompts=64)
-    parser.add_argument("--intervention-prompts", type=int, default=DEFAULT_INTERVENTION_PROMPTS,
+    parser.add_argument("--intervention-prompts", type=whole(1), default=DEFAULT_INTERVENTION_PROMPTS,
                         help=f"the per-head interventions (total and direct effects, backup, path patching, the "
                              f"components' patching) run on the first this many probes (default "
                              f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are read from every probe")
@@ -60,9 +49,9 @@ def register(subparsers) -> None:
                         help="path-patch every edge of the circuit exactly (default: edge attribution estimates "
                              f"every edge and {DEFAULT_SCREEN.describe('edges')} are path-patched exactly)")
     parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
-    parser.add_argument("--threshold", type=optional_float, default=DEFAULT_THRESHOLD,
+    parser.add_argument("--threshold", type=number(none=True), default=DEFAULT_THRESHOLD,
                         help="a role's minimum score (default 0.4); 'none': significance alone decides")
-    parser.add_argument("--fdr", type=optional_float, default=DEFAULT_FDR,
+    parser.add_argument("--fdr", type=number(0, 1, none=True), default=DEFAULT_FDR,
                         help="false-discovery rate of roles against their nulls (default 0.05); "
                              "'none': the fixed rule (threshold and an interval above chance)")
     parser.add_argument("--out", default="reports/toy", help="output directory (default reports/toy)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analyses.cli.args import add_progress_args
+from analyses.cli.args import add_progress_args, whole
 from analyses.studies.runner import run_study
 
 
@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                      help="compute rows on Ray actors (pip install 'interp[ray]'): a cluster's HOST:PORT, "
                           "or none for the spec's [run].address, else a local instance")
-    run.add_argument("--workers", type=int, help="with --ray: at most this many actors (default: one per GPU, "
+    run.add_argument("--workers", type=whole(1), help="with --ray: at most this many actors (default: one per GPU, "
                                                     "else as many as each node's CPUs and memory hold)")
     add_progress_args(run)
     run.set_defaults(func=run_study_command)

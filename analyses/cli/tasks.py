@@ -26,7 +26,7 @@ from analyses.components.explanation import decisive_attention, explain, explana
 from analyses.core.metrics import evaluate_metric
 from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
-from analyses.cli.args import add_model_args, load_cli_model
+from analyses.cli.args import SEED, add_model_args, check_head_count, load_cli_model, number, whole
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.tasks.task import BUILT_IN, make_task, task_batch, task_metric, task_scores
@@ -51,11 +51,11 @@ def register(subparsers) -> None:
     trace.add_argument("--subject", required=True, help="the text in the prompt whose tokens are noised")
     trace.add_argument("--answer", help="the exact one-token continuation to trace, e.g. ' Paris' (default: the "
                                         "clean run's top token)")
-    trace.add_argument("--samples", type=int, default=10, help="noise samples (default 10)")
-    trace.add_argument("--noise", type=float, default=3.0, help="noise std in embedding stds (default 3)")
+    trace.add_argument("--samples", type=whole(1), default=10, help="noise samples (default 10)")
+    trace.add_argument("--noise", type=number(above=0), default=3.0, help="noise std in embedding stds (default 3)")
     trace.add_argument("--state", default="resid_post", choices=STATES,
                        help="the hidden state restored: a layer's output (resid_post, default) or input")
-    trace.add_argument("--seed", type=int, default=0)
+    trace.add_argument("--seed", type=SEED, default=0)
     trace.add_argument("--out", type=Path, required=True, help="output directory")
     trace.set_defaults(func=run_trace)
     register_task(subparsers)
@@ -91,16 +91,16 @@ def register_task(subparsers) -> None:
     task.add_argument("name", help=f"{', '.join(BUILT_IN)}, or a .jsonl / .csv file of clean, corrupted, answer, "
                                    "distractor rows")
     add_model_args(task)
-    task.add_argument("--n", type=int, help="number of prompts (default: the generator's, or every row)")
-    task.add_argument("--top", type=int, default=3, help="path-patch from this many top heads (default 3)")
-    task.add_argument("--seed", type=int, default=0)
+    task.add_argument("--n", type=whole(1), help="number of prompts (default: the generator's, or every row)")
+    task.add_argument("--top", type=whole(1), default=3, help="path-patch from this many top heads (default 3)")
+    task.add_argument("--seed", type=SEED, default=0)
     task.add_argument("--exact-all", action="store_true",
                       help="measure every patching cell and path-patching edge exactly (default: attribution "
                            "estimates every one and only those the screen chooses are measured exactly)")
-    task.add_argument("--screen-top", type=int, default=DEFAULT_SCREEN.top_k, metavar="K",
+    task.add_argument("--screen-top", type=whole(0), default=DEFAULT_SCREEN.top_k, metavar="K",
                       help=f"the screen measures exactly the K cells (edges) of each sweep with the largest "
                            f"estimated effect (default {DEFAULT_SCREEN.top_k})")
-    task.add_argument("--screen-share", type=float, default=DEFAULT_SCREEN.share, metavar="S",
+    task.add_argument("--screen-share", type=number(above=0, infinite=True), default=DEFAULT_SCREEN.share, metavar="S",
                       help="... and every cell whose estimated effect reaches S x |clean - corrupted| "
                            f"(default {DEFAULT_SCREEN.share:g})")
     task.add_argument("--out", type=Path, required=True, help="output directory")
@@ -110,11 +110,15 @@ def register_task(subparsers) -> None:
 
 
 def run_task(args) -> int:
+    if not args.exact_all and args.screen_top == 0 and args.screen_share == float("inf"):
+        raise UserError("--screen-top 0 with --screen-share inf measures no cell exactly; give --screen-top >= 1, "
+                        "a finite --screen-share, or --exact-all")
     screen = None if args.exact_all else Screen(args.screen_top, args.screen_share)  # refused before any load
     args.out.mkdir(parents=True, exist_ok=True)
     with directory_lock(args.out, "task run"):
         check_steps_dir(args.out, args.resume)  # before any model loads
         model = load_cli_model(args)
+        check_head_count(model, args.top, "--top")
         task = make_task(model, args.name, args.n, args.seed)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
@@ -136,15 +140,15 @@ def register_explain(subparsers) -> None:
                         "gradients, occlusion) beside attention, rollout and flow; is the attended token decisive?")
     explain_parser.add_argument("name", help=f"{', '.join(BUILT_IN)}, or a .jsonl / .csv task file")
     add_model_args(explain_parser)
-    explain_parser.add_argument("--n", type=int, default=8, help="number of prompts (default 8)")
-    explain_parser.add_argument("--top", type=int, default=3,
+    explain_parser.add_argument("--n", type=whole(1), default=8, help="number of prompts (default 8)")
+    explain_parser.add_argument("--top", type=whole(1), default=3,
                                 help="read the attention of this many heads, the strongest by exact head patching "
                                      "(default 3)")
     explain_parser.add_argument("--heads", help="the heads to read instead, e.g. 9.1,10.0 (layer.head)")
-    explain_parser.add_argument("--steps", type=int, default=32, help="integrated gradients' steps (default 32)")
+    explain_parser.add_argument("--steps", type=whole(1), default=32, help="integrated gradients' steps (default 32)")
     explain_parser.add_argument("--no-flow", action="store_true", help="skip attention flow (a max-flow per position "
                                                                        "and layer)")
-    explain_parser.add_argument("--seed", type=int, default=0)
+    explain_parser.add_argument("--seed", type=SEED, default=0)
     explain_parser.add_argument("--out", type=Path, required=True, help="output directory")
     explain_parser.set_defaults(func=run_explain)
 
@@ -168,6 +172,8 @@ def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float)
 
 def run_explain(args) -> int:
     model = load_cli_model(args)
+    if not args.heads:
+        check_head_count(model, args.top, "--top")
     task = make_task(model, args.name, args.n, args.seed)
     batch = task_batch(model, task)
     metric, scores = task_metric(task, batch.last), task_scores(task, batch.last)

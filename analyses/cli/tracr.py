@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from analyses.circuits.circuit_eval import METRIC_NAME, PAIRINGS, curve_figure, evaluate_known, program_inputs
-from analyses.cli.args import add_progress_args
+from analyses.cli.args import SEED, add_progress_args, whole
 from analyses.circuits.ground_truth import KnownTruth, compile_with_graph, ground_truth, write_truth
 from interp.errors import UserError
 from interp.files import write_atomic
@@ -43,8 +43,6 @@ def write_discovery(out: Path, scores, curves, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     vocab = parse_vocab(args.vocab)
-    if args.prompts < 2:
-        raise UserError(f"--prompts {args.prompts}: a patching task needs at least 2")
     # the passes of Tracr's compile_rasp_to_model, with the graph kept for the truth
     compilation = compile_with_graph(args.program, vocab, args.max_seq_len, causal=args.causal)
     model = from_tracr(compilation.assembled)
@@ -72,19 +70,20 @@ def register(subparsers) -> None:
                         help=f"one of {', '.join(sorted(PROGRAMS))}")
     parser.add_argument("--vocab", default="a,b,c", help="comma-separated input tokens (default a,b,c; "
                                                          "integers where all are, as sort needs)")
-    parser.add_argument("--max-seq-len", type=int, default=5, help="longest input, start token excluded (default 5)")
+    parser.add_argument("--max-seq-len", type=whole(1), default=5, help="longest input, start token excluded (default 5)")
     parser.add_argument("--causal", action="store_true", help="compile with causal attention (default: bidirectional)")
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--evaluate", action="store_true",
                         help="also score circuit discovery against the true circuit now (discovery.csv, "
                              "discovery_curves.csv, faithfulness_vs_size.png in --out; `interp circuit --model OUT` "
                              "does the same later)")
-    parser.add_argument("--prompts", type=int, default=128,
-                        help="the task's inputs, stored with the truth: at most this many (default 128)")
+    parser.add_argument("--prompts", type=whole(2), default=128,
+                        help="the task's inputs, stored with the truth: at most this many (default 128; at least 2, "
+                             "since a patching task pairs them)")
     parser.add_argument("--pairs", choices=PAIRINGS, default="every",
                         help="the task's (clean, corrupted) pairs: every ordered pair of two inputs (default; the "
                              "strongest corruption) or one seeded derangement")
-    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps in the stored task (default 5)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ig-steps", type=whole(1), default=5, help="EAP-IG's steps in the stored task (default 5)")
+    parser.add_argument("--seed", type=SEED, default=0)
     add_progress_args(parser)  # accepted as by every command; compiling and --evaluate have no long loops to show
     parser.set_defaults(func=run)
