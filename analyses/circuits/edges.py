@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.core.hook_check import check_hooks
+from analyses.core.hook_check import HEAD_WRITES, check_hooks
 from analyses.interventions.engine import check_heads
 from interp.errors import UserError
 
@@ -108,11 +108,9 @@ def output_weights(model, n_layers: int) -> list[torch.Tensor]:
     """The first ``n_layers`` layers' ``W_O`` (head, d_head, d_model), detached: a head's write to
     the residual stream is its z times its slice. Refused in one line where the hook self-test did
     not find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
-    check = check_hooks(model)
-    if not check.sums_ok:
-        found = "is not reachable" if check.sums_ok is None else "does not give hook_attn_out"
-        raise UserError(f"path patching needs each head's write z @ W_O, and on this {check.family} model "
-                        f"({check.impl}) blocks.{{l}}.attn.W_O {found}; see `interp check`")
+    reason = check_hooks(model).refusal(HEAD_WRITES, "path patching")
+    if reason is not None:
+        raise UserError(reason)
     return [model.blocks[layer].attn.W_O.detach() for layer in range(n_layers)]
 
 

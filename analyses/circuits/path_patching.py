@@ -47,7 +47,7 @@ import torch
 from einops import einsum, rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.hook_check import require_edit
+from analyses.core.hook_check import HEAD_WRITES, require
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.circuits.edge_attribution import eap_scores
 from analyses.circuits.edges import QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
@@ -179,11 +179,19 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
     return values
 
 
+def path_needs(vias: Sequence[str]) -> list[str]:
+    """What path patching through ``vias`` needs of a model (``analyses.core.hook_check.NEEDS``):
+    edits of ``hook_z`` and of the receivers' q/k/v hooks reaching the output, and each sender's
+    write being its z @ W_O (``HEAD_WRITES``). A command plans its circuit from this list, and
+    ``require_path_edits`` refuses by it."""
+    return ["hook_z", *(f"hook_{via}" for via in QKV if via in vias), HEAD_WRITES]
+
+
 def require_path_edits(model, edges: Edges, needed_by: str) -> None:
-    """Refuse, in one line, path patching whose edits (``hook_z``, and the receivers' q/k/v
-    hooks) would not reach this model's output (the hook self-test)."""
-    for hook in ["hook_z", *(f"hook_{VIAS[rank]}" for rank in np.unique(edges.table[:, 4]) if VIAS[rank] in QKV)]:
-        require_edit(model, hook, needed_by)
+    """Refuse, in one line, path patching that this model cannot take (``path_needs``: the hook
+    self-test)."""
+    for need in path_needs([VIAS[rank] for rank in np.unique(edges.table[:, 4])]):
+        require(model, need, needed_by)
 
 
 METHODS = ("exact", "eap", "eap_ig")

@@ -9,7 +9,8 @@ Heads are classified on repeated-segment probes (``analyses.roles.classify``) an
 report gives them (against their nulls, ``analyses.roles.nulls``, and the threshold); the senders and
 receivers are the heads with the roles asked for (every role head by default); path patching
 runs on the same probes against their first-copy-corrupted twins, with the loss on the
-predictable tokens as the metric.
+predictable tokens as the metric. A model whose hooks or output projection cannot carry path
+patching (the hook self-test, ``interp check``) is refused in one line before any sweep.
 
 On a model whose true circuit is stored beside it (``interp tracr`` writes ``ground_truth/``),
 the command scores every discovery method against that truth instead, on the stored task
@@ -32,6 +33,8 @@ from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
 from analyses.report.meta import model_meta, write_meta
 from analyses.circuits.edges import VIAS, check_vias
+from analyses.circuits.path_patching import path_needs
+from analyses.core.hook_check import require
 from analyses.interventions.patching import DIRECTIONS
 from analyses.core.probes import check_prompt_count, check_seq_len, probes_for
 from interp.errors import UserError
@@ -68,6 +71,8 @@ def run_circuit(args: argparse.Namespace) -> int:
         write_discovery(args.out, *evaluate_known(model, truth), f"{truth.task['program']} (ground truth)")
         print(f"scored against the true circuit in {args.model}/{TRUTH_DIR}; wrote {args.out}/discovery.csv")
         return 0
+    for need in path_needs(vias):  # the hook self-test, before any sweep: without these no edge can be scored
+        require(model, need, "interp circuit")
     probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
     scores = classify_heads(model, probes=probes, seed=args.seed, memory_mb=args.memory_mb, progress=args.progress)
     # the report's rule: a score that beats its nulls at FDR 0.05 and reaches the threshold

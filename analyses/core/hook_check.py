@@ -24,11 +24,21 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
   first, then the earlier ones, so a layer whose weights ignore the edit (a head with zero value
   weights) does not decide alone;
 - where the output projection is reachable (``blocks.{l}.attn.W_O`` / ``b_O``), the heads' outputs
-  plus its bias add up to ``hook_attn_out``.
+  plus its bias add up to ``hook_attn_out``; in a block that norms its attention output before the
+  residual (``blocks.{l}.ln1_post``: Gemma 2 and 3), they add up to the output before that norm
+  (``attn.hook_out``), and ``hook_attn_out`` is linear in them given the norm's scale from the
+  clean run, frozen: weight * (heads + b_O) / scale, scale (batch, pos, 1) fitted per row as the
+  final norm's is for direct logit attribution. An analysis that takes a head's write to be its
+  ``z @ W_O`` (``HEAD_WRITES``) is refused on such a block: the write the residual receives is
+  that map of it.
 
 ``require_edit`` is what interventions call: it refuses, in one line naming the hook and the
 family, an intervention whose edit would not reach the output, instead of returning numbers from
-an edit that did nothing.
+an edit that did nothing. A *need* is one of those facts by name (a hook of ``EDITABLE``, or
+``HEAD_WRITES``: each head's ``z @ W_O`` plus ``b_O`` gives ``hook_attn_out``), and
+``HookCheck.refusal`` is the one place that turns a need the model lacks into its one-line
+refusal: the steps that need it raise it (``require``), and a command plans its sections from it
+before any sweep (``left_out``).
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ NEURONS = "mlp.hook_post"  # the MLP's hidden activation (batch, pos, d_mlp), ch
 # relative change of the logits below which an edit counts as not reaching the output
 EDIT_TOLERANCE = 1e-6
 SUM_TOLERANCE = 1e-4
+HEAD_WRITES = "head_writes"  # the need: each head's write is z @ W_O (with b_O they give hook_attn_out)
+PRE_NORM_OUT = "attn.hook_out"  # a block that norms its attention output: that output before the norm
+NEEDS = (*EDITABLE, HEAD_WRITES)
 _checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -66,7 +79,11 @@ class HookCheck:
         ``effects`` the largest relative change. sum_error: the largest |sum of head outputs +
         b_O - hook_attn_out| over layers (summed in float32), None where the projection is not
         reachable; sum_tolerance: what it may be (``SUM_TOLERANCE`` in float32; in a narrower
-        dtype, ``hook_attn_out``'s own rounding: 8 epsilons of its largest value).
+        dtype, ``hook_attn_out``'s own rounding: 8 epsilons of its largest value). In blocks that norm
+        their attention output (``output_normed``) the sum is against ``attn.hook_out``, the output
+        before the norm, and norm_error is the largest |weight * (heads + b_O) / scale -
+        hook_attn_out|, scale the norm's from the clean run (frozen), with the same tolerance;
+        None elsewhere.
     """
 
     family: str
@@ -77,6 +94,8 @@ class HookCheck:
     sum_error: float | None
     notes: list[str] = field(default_factory=list)
     sum_tolerance: float = SUM_TOLERANCE
+    output_normed: bool = False
+    norm_error: float | None = None
 
     @property
     def shapes_ok(self) -> bool:
@@ -87,9 +106,35 @@ class HookCheck:
         return None if self.sum_error is None else self.sum_error <= self.sum_tolerance
 
     @property
+    def norm_ok(self) -> bool | None:
+        return None if self.norm_error is None else self.norm_error <= self.sum_tolerance
+
+    @property
     def ok(self) -> bool:
         """Every hook fires as documented and every edit reaches the output."""
-        return self.shapes_ok and all(self.reaches_output.values()) and self.sums_ok is not False
+        return (self.shapes_ok and all(self.reaches_output.values()) and self.sums_ok is not False
+                and self.norm_ok is not False)
+
+    def refusal(self, need: str, needed_by: str) -> str | None:
+        """The one line that refuses ``needed_by`` on this model for want of ``need`` (one of
+        ``NEEDS``: an edit of that hook reaching the output, or ``HEAD_WRITES``), None where the
+        model has it."""
+        if need == HEAD_WRITES:
+            if self.output_normed:
+                return (f"{needed_by} needs each head's write to the residual to be its z @ W_O, and on this "
+                        f"{self.family} model ({self.impl}) a norm lies between them (blocks.{{l}}.ln1_post: the "
+                        "write is weight * z @ W_O / the norm's scale); see `interp check`")
+            if self.sums_ok:
+                return None
+            found = "is not reachable" if self.sums_ok is None else "does not give hook_attn_out"
+            return (f"{needed_by} needs each head's write z @ W_O, and on this {self.family} model ({self.impl}) "
+                    f"blocks.{{l}}.attn.W_O {found}; see `interp check`")
+        if need not in EDITABLE:
+            raise ValueError(f"unknown need {need!r}; allowed: {', '.join(NEEDS)}")
+        if self.reaches_output[need]:
+            return None
+        return (f"{needed_by} needs edits of {need}, which do not reach the output of this {self.family} model "
+                f"({self.impl}); see `interp check`")
 
     def summary(self) -> str:
         """A few lines for a terminal."""
@@ -102,8 +147,13 @@ class HookCheck:
             lines.append(f"edit {hook}: {verdict} (relative change {self.effects[hook]:.2e})")
         if self.sum_error is None:
             lines.append("heads + b_O = hook_attn_out: not checked (output projection not reachable)")
-        else:
+        elif not self.output_normed:
             lines.append(f"heads + b_O = hook_attn_out: {'yes' if self.sums_ok else 'NO'} (max error {self.sum_error:.1e})")
+        else:
+            lines.append(f"heads + b_O = attn.hook_out (before the norm on the attention output): "
+                         f"{'yes' if self.sums_ok else 'NO'} (max error {self.sum_error:.1e})")
+            lines.append(f"hook_attn_out = weight * (heads + b_O) / scale, the norm's scale from the clean run "
+                         f"(frozen): {'yes' if self.norm_ok else 'NO'} (max error {self.norm_error:.1e})")
         return "\n".join(lines + self.notes)
 
 
@@ -131,6 +181,8 @@ def measure_shapes(model, tokens: torch.Tensor) -> tuple[pd.DataFrame, torch.Ten
     expected = documented_shapes(model.cfg, *tokens.shape)
     if has_mlps(model):  # one activation per neuron: as many as the output projection has rows
         expected[NEURONS] = (*tokens.shape, model.blocks[0].mlp.W_out.shape[0])
+    if output_norm(model, 0) is not None:
+        expected[PRE_NORM_OUT] = expected["hook_attn_out"]
     names = {f"blocks.{layer}.{suffix}": (layer, suffix) for layer in range(model.cfg.n_layers) for suffix in expected}
     names["hook_embed"] = (None, "hook_embed")
     expected["hook_embed"] = (*tokens.shape, model.cfg.d_model)
@@ -171,10 +223,10 @@ def added_pattern(activation: torch.Tensor) -> torch.Tensor:
     activation whatever its value, moves a softmax's input by different amounts at different keys
     by as much as the input itself (a saturated softmax too), and moves an attention pattern's
     weights by a positive total."""
-    index = torch.arange(activation.numel(), device=activation.device, dtype=torch.float64)
+    index = torch.arange(activation.numel(), dtype=torch.float64)  # on the CPU: float64 (mps has none)
     pattern = PROBE_LOW + (PROBE_HIGH - PROBE_LOW) * torch.frac(index * _GOLDEN)
     size = max(1.0, float(activation.detach().abs().max())) if activation.numel() else 1.0
-    return activation + (size * pattern).reshape(activation.shape).to(activation.dtype)
+    return activation + (size * pattern).reshape(activation.shape).to(activation.device, activation.dtype)
 
 
 @torch.no_grad()
@@ -198,26 +250,53 @@ def layers_last_first(model, suffix: str) -> list[str]:
     return [f"blocks.{layer}.{suffix}" for layer in reversed(range(model.cfg.n_layers))]
 
 
+def output_norm(model, layer: int):
+    """Block ``layer``'s norm on its attention output before the residual (``ln1_post``: Gemma 2 and
+    3, on our model and the bridge alike), None where it has none."""
+    return getattr(model.blocks[layer], "ln1_post", None)
+
+
 @torch.no_grad()
-def head_sum_error(model, cache: dict) -> tuple[float | None, float]:
-    """(max |sum_h z_h @ W_O[h] + b_O - hook_attn_out| over layers, summed in float32, or None where
-    ``W_O`` is not reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model); the error allowed:
-    ``SUM_TOLERANCE``, or in a dtype narrower than float32, 8 of its epsilons times the largest
-    |hook_attn_out|, the rounding of the output itself)."""
-    errors, tolerance = [], SUM_TOLERANCE
+def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | None]:
+    """(max |sum_h z_h @ W_O[h] + b_O - the attention's output| over layers, summed in float32, or
+    None where ``W_O`` is not reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model); the error
+    allowed: ``SUM_TOLERANCE``, or in a dtype narrower than float32, 8 of its epsilons times the
+    largest |hook_attn_out|, the rounding of the output itself; the norm error). The attention's
+    output is ``hook_attn_out``, or in a block that norms it (``output_norm``) ``attn.hook_out``,
+    before the norm; there the norm error is max |weight * sum / scale - hook_attn_out| with the
+    norm's scale (batch, pos, 1) from the clean run (``frozen_norm_error``), else None."""
+    errors, norm_errors, tolerance = [], [], SUM_TOLERANCE
     for layer in range(model.cfg.n_layers):
         try:
             w_o, b_o = model.blocks[layer].attn.W_O, model.blocks[layer].attn.b_O
         except (AttributeError, TypeError, RuntimeError):
-            return None, tolerance
+            return None, tolerance, None
+        norm = output_norm(model, layer)
         z, out = cache.get(f"blocks.{layer}.attn.hook_z"), cache.get(f"blocks.{layer}.hook_attn_out")
-        if w_o is None or z is None or out is None or tuple(w_o.shape[:2]) != tuple(z.shape[2:]):
-            return None, tolerance
+        pre_norm = out if norm is None else cache.get(f"blocks.{layer}.{PRE_NORM_OUT}")
+        if w_o is None or z is None or pre_norm is None or tuple(w_o.shape[:2]) != tuple(z.shape[2:]):
+            return None, tolerance, None
         total = einsum(z.float(), w_o.float(), "b p h d, h d m -> b p m") + (0 if b_o is None else b_o.float())
-        errors.append(float((total - out.float()).abs().max()))
+        errors.append(float((total - pre_norm.float()).abs().max()))
+        if norm is not None:
+            norm_errors.append(frozen_norm_error(norm, total, pre_norm.float(), out.float()))
         if torch.finfo(out.dtype).eps > torch.finfo(torch.float32).eps:
             tolerance = max(tolerance, 8 * torch.finfo(out.dtype).eps * float(out.abs().max()))
-    return max(errors), tolerance
+    return max(errors), tolerance, max(norm_errors) if norm_errors else None
+
+
+def frozen_norm_error(norm, total: torch.Tensor, pre_norm: torch.Tensor, normed: torch.Tensor) -> float:
+    """max |weight * total / scale - normed| for an RMSNorm ``norm`` with its scale frozen from the
+    clean run: ``pre_norm`` (batch, pos, d_model) went in and ``normed`` came out; scale (batch, pos,
+    1) is fitted per row by least squares, as the final norm's for direct logit attribution (a
+    zero row: an infinite scale, no contribution). ``total``: the heads' sum plus b_O."""
+    weight = norm.weight.detach().float()
+    if getattr(norm, "uses_weight_offset", False):  # a bridge's Gemma norm stores weight - 1
+        weight = 1.0 + weight
+    written = weight * pre_norm
+    squares = (written * written).sum(-1, keepdim=True)
+    scale = torch.where(squares > 0, squares / (written * normed).sum(-1, keepdim=True), torch.inf)
+    return float((weight * total / scale - normed).abs().max())
 
 
 @torch.no_grad()
@@ -244,10 +323,11 @@ def check_hooks(model) -> HookCheck:
     observed = layer_outputs(model, tokens, logits, cache)
     effects = {hook: probe_effect(model, tokens, logits, layers_last_first(model, f"attn.{hook}"), observed)
                for hook in EDITABLE}
-    sum_error, sum_tolerance = head_sum_error(model, cache)
+    sum_error, sum_tolerance, norm_error = head_sum_error(model, cache)
     result = HookCheck(model_family(model), model_impl(model), shapes,
                        {hook: effect > EDIT_TOLERANCE for hook, effect in effects.items()}, effects,
-                       sum_error, sum_tolerance=sum_tolerance)
+                       sum_error, sum_tolerance=sum_tolerance, output_normed=output_norm(model, 0) is not None,
+                       norm_error=norm_error)
     _checked[model] = result
     return result
 
@@ -256,14 +336,28 @@ def require_edit(model, hook: str, needed_by: str) -> None:
     """Refuse ``needed_by`` in one line when an edit of ``hook`` does not reach ``model``'s output."""
     if hook not in EDITABLE:
         raise ValueError(f"require_edit: unknown hook {hook!r}; allowed: {', '.join(EDITABLE)}")
+    require(model, hook, needed_by)
+
+
+def require(model, need: str, needed_by: str) -> None:
+    """Refuse ``needed_by`` in one line (``HookCheck.refusal``) where ``model`` lacks ``need``."""
+    reason = check_hooks(model).refusal(need, needed_by)
+    if reason is not None:
+        raise UserError(reason)
+
+
+def left_out(model, parts: dict[str, Sequence[str]]) -> dict[str, str]:
+    """A command's plan, made before any sweep: of ``parts`` (a part's name -> the ``NEEDS`` its
+    steps ``require``), each part ``model`` cannot run -> the refusal of its first unmet need, the
+    part's name as what needs it; the parts it can run are absent."""
     check = check_hooks(model)
-    if not check.reaches_output[hook]:
-        raise UserError(f"{needed_by} needs edits of {hook}, which do not reach the output of this "
-                        f"{check.family} model ({check.impl}); see `interp check`")
+    reasons = {name: next(filter(None, (check.refusal(need, name) for need in needs)), None)
+               for name, needs in parts.items()}
+    return {name: reason for name, reason in reasons.items() if reason is not None}
 
 
 def describe(model) -> dict:
     """The self-test's verdicts as JSON-able data, with the model's provenance, for ``meta.json``."""
     check = check_hooks(model)
     return {**provenance(model), "hooks_as_documented": check.shapes_ok, "edits_reach_output": check.reaches_output,
-            "heads_sum_to_attn_out": check.sums_ok}
+            "heads_sum_to_attn_out": check.sums_ok, "attn_out_normed": check.output_normed}

@@ -27,8 +27,11 @@ import torch
 
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
+from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import CalibrationSection, FirstProbes, calibration_section, probe_run
 from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
+from analyses.circuits.edges import VIAS
+from analyses.circuits.path_patching import path_needs
 from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
                                            direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
                                            next_token_answers)
@@ -37,6 +40,7 @@ from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, 
                                      classify_heads, head_table)
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
+from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
@@ -66,6 +70,7 @@ FIGURE_CAPTIONS = {
     "rollout": "Attention rollout on the report's text (Abnar & Zuidema 2020)",
     "circuit": "The strongest edges among the role heads (path patching, noising)",
 }
+CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
 
 
 @dataclass
@@ -101,11 +106,17 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
     stays taken, each step gets the rest (``analyses.core.budget.left_after``); ``circuit_screen``: None
     path-patches every edge of the circuit exactly, a ``Screen`` only those it chooses by edge
-    attribution (the others show their estimate, and the page says so)."""
+    attribution (the others show their estimate, and the page says so).
+
+    Before any sweep the hook self-test plans the report (``report_plan``): a part this model
+    cannot run (the circuit, direct logit attribution) is left out, and the page, report.md and
+    meta.json (``left_out``) say which and why; a model whose head ablations cannot run is refused
+    in one line."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
         check_fdr(fdr)
+    left = report_plan(model)
     steps = ReportSteps(progress)
     probes = probes_for(model, n_prompts, seq_len, seed=seed)
     steps.begin("probe run")  # the probes' one forward, which every step below reads
@@ -123,8 +134,9 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
     steps.begin("circuit")
-    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
-                              skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES], screen=circuit_screen)
+    circuit = None if CIRCUIT in left else circuit_section(
+        model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
+        skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES], screen=circuit_screen)
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -132,14 +144,15 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                                             "fdr": fdr if calibrated else None,
                                             "intervention_prompts": first.probes.n_prompts,
                                             "null_seeds": list(DEFAULT_NULL_SEEDS),
-                                            "circuit_screen": screen_meta(circuit)}
+                                            "circuit_screen": screen_meta(circuit), "left_out": left}
     steps.begin("figures")
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
-    calibration_page, circuit_page = calibration_report_section(calibration), circuit_report_section(circuit)
+    circuit_page = [] if circuit is None else [circuit_report_section(circuit)]
     steps.begin("components")
-    sections[2:2] = [calibration_page, circuit_page,
+    sections[2:2] = [calibration_report_section(calibration), *circuit_page,
                      components_report_section(model, first.probes, component_effects(calibration), run=first.run,
-                                               memory_mb=step_mb, progress=progress)]
+                                               memory_mb=step_mb, progress=progress, dla=DLA not in left)]
+    sections[:0] = left_out_section(left)
     steps.close()
     return HeadReport(table, sections, meta)
 
@@ -171,9 +184,19 @@ class ReportSteps:
         self.bar.close()
 
 
-def screen_meta(circuit: CircuitSection) -> dict | None:
-    """meta.json's record of the circuit's screen: its rule and how many edges it measured exactly."""
-    if circuit.screen is None:
+def report_plan(model) -> dict[str, str]:
+    """The report's plan, from the hook self-test, before any sweep: each part this model cannot
+    run (``CIRCUIT``: the composition scores and path patching; ``DLA``) -> why, in one line.
+    Refuses in one line a model whose head ablations cannot run: the head table's ablation
+    effects and the calibration are made of them."""
+    require(model, "hook_z", "the report's head ablations")
+    return left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS})
+
+
+def screen_meta(circuit: CircuitSection | None) -> dict | None:
+    """meta.json's record of the circuit's screen: its rule and how many edges it measured exactly
+    (None without a screen, or where the circuit was left out)."""
+    if circuit is None or circuit.screen is None:
         return None
     return {"top_k": circuit.screen.top_k, "share": circuit.screen.share, "edges": len(circuit.edges),
             "exact": int(circuit.edges["exact"].sum())}
@@ -217,30 +240,38 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
 
 
 def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
-                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Section:
+                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                              dla: bool = True) -> Section:
     """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
     attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
     effect (attention vs MLP: ``effects``, the calibration's ablations of every head and MLP,
     ``component_effects``), and the copying / copy-suppression roles of the OV circuits, on
     ``probes`` (the report's first ``intervention_prompts``). ``run``: a ``Run`` of the probes whose
-    ``component_hooks`` (with the lens) serve instead of a forward."""
+    ``component_hooks`` (with the lens) serve instead of a forward. ``dla=False`` leaves direct logit
+    attribution out (a model whose heads' writes are not z @ W_O: ``analyses.report.plan``)."""
     tokens = probes.tokens
     answers, positions = next_token_answers(tokens)
     predictable = probes.predictable[:, 1:].reshape(-1).cpu()
     cache = (components_cache(model, tokens, lens=True) if run is None else
              run.read(component_hooks(model, lens=True)))
-    dla = direct_logit_attribution(model, cache, answers, positions=positions)
-    dla = dla[predictable.repeat(dla["component"].nunique()).cpu().numpy()]
+    figures, attribution = [], "Which components write the answer."
+    if dla:
+        found = direct_logit_attribution(model, cache, answers, positions=positions)
+        found = found[predictable.repeat(found["component"].nunique()).cpu().numpy()]
+        top = found.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
+        figures.append(ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; "
+                                    "MLPs right)", png_bytes(dla_heatmap(found))))
+        attribution += (
+            " **Direct logit attribution**: each head's, MLP's and embedding's "
+            "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
+            "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
+            "logit). The largest:\n\n" + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items()))
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
     lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
     del cache
     roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
-    top = dla.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
     per_kind = effects.groupby("kind")[["direct", "total"]].sum()
-    text = ("Which components write the answer. **Direct logit attribution**: each head's, MLP's and embedding's "
-            "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
-            "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
-            "logit). The largest:\n\n" + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items())
+    text = (attribution
             + "\n\n**Attention vs MLP**: each head and MLP ablated alone as in the calibration (position-aligned "
             "mean), its direct effect (everything downstream frozen) against its total effect, as the rise in the "
             "loss on the predictable tokens; summed over the heads the direct effects are "
@@ -252,11 +283,10 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
             "W_O W_U; copy suppression is its negative) and the share of tokens whose own logit tops (bottoms) "
             "their row. The roles copying and copy_suppression are in the head table, decided against their "
             "random-initialisation nulls in the same false-discovery family as the attention roles.")
-    figures = [ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; MLPs "
-                            "right)", png_bytes(dla_heatmap(dla))),
-               ReportFigure("logit_lens", "The logit lens on the predictable tokens", png_bytes(logit_lens_figure(lens))),
-               ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
-                            png_bytes(attention_vs_mlp_figure(effects)))]
+    figures += [ReportFigure("logit_lens", "The logit lens on the predictable tokens",
+                             png_bytes(logit_lens_figure(lens))),
+                ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
+                             png_bytes(attention_vs_mlp_figure(effects)))]
     columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
     return Section("Components", text, figures=figures, table=roles[columns].round(3))
 

@@ -13,13 +13,18 @@ every sweep.
 Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps``, keyed by
 ``task_inputs``: the model's weights hash, the task's contents, the options), ``analyse_task``
 reads the steps already finished from it and writes each other step to it as soon as it is done,
-so an interrupted ``interp task --resume`` computes only the rest."""
+so an interrupted ``interp task --resume`` computes only the rest.
+
+Before any step the hook self-test plans the analysis (``task_plan``, ``analyses.report.plan``): the
+circuit (edge attribution, path patching) and direct logit attribution are left out where the model
+cannot run them, and the page and ``meta.json`` (``left_out``) say why; a model whose head
+patching cannot run is refused in one line."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
@@ -31,14 +36,17 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, direct_logit_attribution, dla_heatmap
 from analyses.circuits.edge_attribution import edge_agreement
+from analyses.circuits.edges import VIAS
+from analyses.core.hook_check import left_out, require
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.hook_names import has_mlps
-from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch, screened_path_patch
+from analyses.circuits.path_patching import eap_ig, edge_attribution, path_needs, path_patch, screened_path_patch
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen, screened_patches
 from analyses.interventions.patching import COMPONENTS, component_patches, patch_components, patching_frame, prepare
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
+from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
 from analyses.tasks.task import Task, TaskBatch, task_batch, task_metric
 from interp.errors import UserError
 
@@ -58,7 +66,8 @@ class TaskAnalysis:
     or {"refused": why} where the model cannot take that method's edits; screen: the rule that chose
     the cells and edges measured exactly (None: every one was), each frame's ``exact`` column saying
     which were (the others hold their first-order estimate: attribution patching's, EAP's); the
-    agreement is then over the exactly measured edges."""
+    agreement is then over the exactly measured edges. left_out: each part the model could not run
+    (``task_plan``) -> why; its frame is None (``edges`` for ``CIRCUIT``, ``dla`` for ``DLA``)."""
 
     task: Task
     values: dict
@@ -67,9 +76,10 @@ class TaskAnalysis:
     mlps: pd.DataFrame | None
     mlps_by_pos: pd.DataFrame | None
     dla: pd.DataFrame | None
-    edges: pd.DataFrame
+    edges: pd.DataFrame | None
     agreement: dict
     screen: Screen | None = None
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 # edge attribution methods beside path patching: frame column -> method (same edges, same frame)
@@ -81,6 +91,7 @@ ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": 
 STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "attribution", "path_patching",
          "attribution_ig")
 Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
+CIRCUIT = "circuit (edge attribution and path patching)"  # a part a model may not run (``task_plan``)
 
 
 def screen_record(screen: Screen | None) -> dict:
@@ -101,6 +112,15 @@ def task_inputs(task: Task, record: dict[str, str], top: int, screen: Screen | N
             "task": {"name": task.name, "prompts": len(task), "metric": task.metric,
                      "sha256": hashlib.sha256(contents.encode()).hexdigest()},
             "options": {"top": top, "screen": screen_record(screen)}}
+
+
+def task_plan(model, task: Task) -> dict[str, str]:
+    """The analysis's plan, from the hook self-test, before any step: each part this model cannot
+    run (``CIRCUIT``: EAP, path patching and EAP-IG from the top heads through q, k, v and the
+    logits; ``DLA``, which the logit difference has) -> why, in one line. Refuses in one line a
+    model whose head patching cannot run: the senders of the circuit are chosen by it."""
+    require(model, "hook_z", "the task's head patching")
+    return left_out(model, {CIRCUIT: path_needs(VIAS), **({DLA: DLA_NEEDS} if task.metric == "logit_diff" else {})})
 
 
 def _compute(name: str, compute: Callable[[], object]) -> object:
@@ -207,7 +227,9 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     ``steps``: a store of finished steps (``analyses.core.steps.Steps`` made for ``task_inputs``),
     called ``steps(name, compute)`` for each of ``STEPS``: it gives the finished value or computes
     it and keeps it; None computes every step. The senders of path patching are the ``top`` heads
-    by |exact head patching - corrupted| (among those measured exactly)."""
+    by |exact head patching - corrupted| (among those measured exactly). The parts ``task_plan``
+    leaves out are not computed."""
+    left = task_plan(model, task)
     step = steps or _compute
     batch = task_batch(model, task)
     metric = task_metric(task, batch.last)
@@ -218,7 +240,10 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     with_mlps = has_mlps(model)
     mlps = step("mlps", lambda: patch_sweep(runs, "mlps", False, screen)) if with_mlps else None
     mlps_by_pos = step("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen)) if with_mlps else None
-    dla = step("dla", lambda: task_dla(model, task, batch)) if task.metric == "logit_diff" else None
+    with_dla = task.metric == "logit_diff" and DLA not in left
+    dla = step("dla", lambda: task_dla(model, task, batch)) if with_dla else None
+    if CIRCUIT in left:
+        return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, None, {}, screen, left)
     measured = heads[heads["exact"].astype(bool)]
     ranked = measured.assign(size=(measured["metric"] - values["corrupted"]).abs()).sort_values(
         "size", ascending=False, kind="stable")
@@ -238,7 +263,7 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
         if len(scored) >= 2:
             scored = scored[["effect", column]].rename(columns={column: "attribution"})
             agreement[column] = edge_agreement(scored, top_k=min(5, len(scored)))
-    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement, screen)
+    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement, screen, left)
 
 
 def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.DataFrame | dict:
@@ -262,8 +287,8 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
              *([f"Note: {task.note}."] if task.note else []),
              f"- clean: `{task.clean[0]}`", f"- corrupted: `{task.corrupted[0]}`"]
     metric = pd.DataFrame({"run": list(values), "metric": list(values.values())})
-    sections = [Section("Task", "\n".join(about)), Section("Metric", "The task metric on the unpatched runs.",
-                                                         table=metric)]
+    sections = [*left_out_section(analysis.left_out), Section("Task", "\n".join(about)),
+                Section("Metric", "The task metric on the unpatched runs.", table=metric)]
     patched = [_figure("heads", "denoising: each head's output patched clean into corrupted (all positions)",
                        patching_figure(analysis.heads, "metric", "head patching")),
                _figure("heads_by_pos", "denoising: each head at each position",
@@ -282,6 +307,13 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
                                 "Each component's direct contribution to the logit difference (mean over prompts).",
                                 figures=[_figure("dla", "direct logit attribution", dla_heatmap(analysis.dla))],
                                 table=analysis.dla))
+    if analysis.edges is not None:
+        sections.append(circuit_page(analysis))
+    return sections
+
+
+def circuit_page(analysis: TaskAnalysis) -> Section:
+    """The circuit section: path patching from the top heads, the attributions' agreement with it."""
     agreement = "".join(
         f" {ATTRIBUTION_NAMES[column]} not computed: {found['refused']}" if "refused" in found else
         f" {ATTRIBUTION_NAMES[column]} vs path patching: Spearman {found['spearman']:.3f}, top-{found['top_k']} "
@@ -291,12 +323,11 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
                 f"({analysis.screen.describe('edges')}), the others at their EAP estimate (column exact); the "
                 "agreement, the list and the figure are of the exact edges."
                 if analysis.screen is not None and len(measured) < len(analysis.edges) else "")
-    sections.append(Section("Circuit", "Path patching from the heads whose patching moves the metric most." + screened
-                            + agreement + "\n\n" + "\n".join(edge_lines_plain(measured)),
-                            figures=[_figure("circuit", "strongest path-patched edges",
-                                             circuit_figure(measured, title="task circuit"))],
-                            table=analysis.edges))
-    return sections
+    return Section("Circuit", "Path patching from the heads whose patching moves the metric most." + screened
+                   + agreement + "\n\n" + "\n".join(edge_lines_plain(measured)),
+                   figures=[_figure("circuit", "strongest path-patched edges",
+                                    circuit_figure(measured, title="task circuit"))],
+                   table=analysis.edges)
 
 
 def sweep_counts(analysis: TaskAnalysis) -> dict[str, list[int]]:
@@ -330,11 +361,14 @@ def edge_lines_plain(edges: pd.DataFrame, top: int = 5) -> list[str]:
 def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
     """``out``: index.html (self-contained), report.md, figures/, the tables as CSV, meta.json."""
     tables = {"metric.csv": pd.DataFrame({"run": list(analysis.values), "metric": list(analysis.values.values())}),
-              "heads.csv": analysis.heads, "heads_by_pos.csv": analysis.heads_by_pos, "edges.csv": analysis.edges}
+              "heads.csv": analysis.heads, "heads_by_pos.csv": analysis.heads_by_pos}
+    if analysis.edges is not None:
+        tables["edges.csv"] = analysis.edges
     if analysis.mlps is not None:
         tables |= {"mlps.csv": analysis.mlps, "mlps_by_pos.csv": analysis.mlps_by_pos}
     if analysis.dla is not None:
         tables["dla.csv"] = analysis.dla
     title = f"interp task {analysis.task.name}"
-    meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)}}
+    meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)},
+                   "left_out": analysis.left_out}
     return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta, tables)
