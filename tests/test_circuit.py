@@ -4,6 +4,7 @@ figure, the report section's data, and ``interp circuit``."""
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -248,3 +249,21 @@ def test_a_screened_circuit_is_exact_where_its_rule_says_and_the_page_says_it_is
     assert sum(line.endswith("(estimate)") or "(estimate)," in line for line in lines) == (~exact).sum()
     assert screen_meta(section) == {"top_k": 3, "share": 0.05, "edges": len(section.edges),
                                     "exact": int(section.edges["exact"].sum())}
+
+
+def test_a_screened_circuit_draws_only_its_path_patched_edges(toy):
+    """Under the title "path patching" the figure draws only the edges path-patched exactly: a screen
+    that patches two of them exactly gives a figure of those two, and its title says how many edges
+    at their EAP estimate it left out (the text list still shows them, marked)."""
+    model, probes, table = toy
+    section = circuit_section(model, table, probes, baseline_samples=4, skip_roles=("bos",),
+                              screen=Screen(top_k=2, share=math.inf))
+    exact = section.edges[section.edges["exact"].astype(bool)]
+    assert len(exact) == 2 and len(section.edges) > 12
+    axes = section.figure.axes[0]
+    assert len([p for p in axes.patches if isinstance(p, FancyArrowPatch)]) == 2
+    ends = {f"L{layer}H{head}" if head >= 0 else "logits"
+            for side in ("sender", "receiver") for layer, head in zip(exact[f"{side}_layer"], exact[f"{side}_head"])}
+    assert {text.get_text().split("\n")[0] for text in axes.texts} == ends
+    assert axes.get_title().startswith("strongest edges by path patching")
+    assert f"not drawn: the {len(section.edges) - 2} edges left at their EAP estimate" in axes.get_title()

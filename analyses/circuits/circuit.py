@@ -237,7 +237,8 @@ class CircuitSection:
     """What the circuit step gives a report or ``interp circuit``.
 
     edges: ``circuit_edges`` among the chosen heads, with ``sender_role``/``receiver_role``.
-    figure: ``circuit_figure`` of the strongest edges; None when no head was chosen.
+    figure: ``circuit_figure`` of the strongest path-patched edges (a screen's estimates are not
+        drawn); None when no head was chosen, or the screen patched no edge exactly.
     senders, receivers: the chosen heads.
     skipped: the role heads left out because their only roles are the skipped ones (``skip_roles``).
     screen: the ``Screen`` that chose which edges were path-patched exactly (None: every edge).
@@ -285,5 +286,9 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
                           direction=direction, baseline_samples=baseline_samples, seed=seed, memory_mb=memory_mb,
                           progress=progress, base_run=run if direction == "noise" else None, screen=screen)
     edges = with_roles(edges, table)
-    title = f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"
-    return CircuitSection(edges, circuit_figure(edges, top=top, title=title), senders, receivers, skipped, screen)
+    patched = edges[edges["exact"].astype(bool)]  # the figure draws no estimate under "path patching"
+    title = (f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"
+             + (f"\nnot drawn: the {len(edges) - len(patched)} edges left at their EAP estimate"
+                if len(patched) < len(edges) else ""))
+    figure = circuit_figure(patched, top=top, title=title) if len(patched) else None
+    return CircuitSection(edges, figure, senders, receivers, skipped, screen)

@@ -304,14 +304,16 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
     if circuit.skipped:
         how += (f" The circuit is that of the probes' induction task: the {len(circuit.skipped)} role heads with none "
                 f"of the roles {', '.join(CIRCUIT_ROLES)} (attention sinks, self, copying) are left out.")
-    if circuit.figure is None:
+    if circuit.edges.empty:
         return Section("Circuit", how + "\n\nNo head has a role the circuit covers, so there is no edge to show.")
     if circuit.screen is not None:
         how += (f" Screened: edge attribution (EAP) estimated all {len(circuit.edges)} edges and "
                 f"{int(circuit.edges['exact'].sum())} were path-patched exactly ({circuit.screen.describe('edges')}); "
-                "the others show their estimate, marked as such (`--exact-all` patches every edge).")
-    return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)),
-                   figures=[ReportFigure("circuit", FIGURE_CAPTIONS["circuit"], png_bytes(circuit.figure))])
+                "the others show their estimate, marked as such, and are not drawn in the figure (`--exact-all` "
+                "patches every edge).")
+    figures = [] if circuit.figure is None else [ReportFigure("circuit", FIGURE_CAPTIONS["circuit"],
+                                                              png_bytes(circuit.figure))]
+    return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)), figures=figures)
 
 
 def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]:
