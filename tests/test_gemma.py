@@ -14,7 +14,10 @@ import torch
 from einops import einsum
 from transformers import AutoModelForCausalLM
 
+import analyses.core.hook_check as hook_check
+from analyses.core.hook_check import HEAD_WRITES, check_hooks
 from interp import from_hf, load_model
+from interp.bridge import boot_bridge
 from interp.errors import UserError
 from interp.random_models import random_hf_model, save_random_model
 
@@ -73,3 +76,43 @@ def test_gemma3s_image_and_text_model_is_refused_from_scratch_in_one_line(tmp_pa
         load_model(tmp_path, impl="scratch")
     message = str(refusal.value)
     assert "'gemma3'" in message and "gemma3_text" in message and "\n" not in message, message
+
+
+def with_norm_weights(family: str):
+    """(eager Hugging Face model, tokenizer) whose norm weights are drawn away from Gemma's zero
+    initialisation, so that a norm's 1 + weight differs from 1 and counts."""
+    hf, tokenizer = random_hf_model(family, seed=4, initializer_range=0.2)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name:
+                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    return hf, tokenizer
+
+
+@pytest.mark.parametrize("impl", ["scratch", "transformer_lens"])
+@pytest.mark.parametrize("family", SANDWICH)
+def test_the_hook_self_test_states_what_holds_where_the_attention_output_is_normed(family, impl):
+    """Heads + b_O give the output before the norm (attn.hook_out); hook_attn_out is weight * (heads
+    + b_O) / scale with the clean run's scale, on both backends. An analysis taking a head's write
+    to be z @ W_O is refused in one line."""
+    hf, tokenizer = with_norm_weights(family)
+    model = from_hf(hf, tokenizer) if impl == "scratch" else boot_bridge(hf, tokenizer)
+    check = check_hooks(model)
+    assert check.ok and check.output_normed, check.summary()
+    assert check.sum_error < 1e-5 and check.norm_error < 1e-5
+    assert "heads + b_O = attn.hook_out" in check.summary()
+    reason = check.refusal(HEAD_WRITES, "direct logit attribution")
+    assert reason.startswith(f"direct logit attribution needs each head's write to the residual to be its z @ W_O, "
+                             f"and on this {family} model ({impl}) a norm lies between them"), reason
+    assert "\n" not in reason
+
+
+def test_the_frozen_norm_check_fails_with_another_norm_s_weight(monkeypatch):
+    """Read with the MLP's input norm in place of the attention output's (another weight), the
+    post-norm output is not the heads' sum so mapped: the check can fail."""
+    hf, tokenizer = with_norm_weights("gemma2")
+    model = from_hf(hf, tokenizer)
+    monkeypatch.setattr(hook_check, "output_norm", lambda model, layer: model.blocks[layer].ln2)
+    check = check_hooks(model)
+    assert check.sum_error < 1e-5 and check.norm_error > 1e-2 and not check.ok

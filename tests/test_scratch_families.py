@@ -216,6 +216,10 @@ def test_the_hook_self_test_passes(peers):
     check = check_hooks(ours)
     assert check.ok, check.summary()
     assert check.sum_error is not None and check.sum_error < 1e-4
+    # Gemma 2 and 3 norm the attention output: heads + b_O give it before the norm, and after it
+    # hook_attn_out with the norm's scale frozen (tests/test_gemma.py); elsewhere no norm lies there
+    assert check.output_normed == ours.cfg.use_normalization_before_and_after
+    assert (check.norm_error < 1e-4) if check.output_normed else check.norm_error is None
 
 
 @pytest.mark.parametrize("family", FAMILIES)
