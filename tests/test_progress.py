@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from tqdm.std import tqdm
 
-from analyses.cli import build_parser
+import analyses.cli
+from analyses.cli import build_parser, main
 from analyses.core import progress as progress_module
 from analyses.core.progress import LineProgress, line_interval, progress_bar
 from interp.errors import UserError
@@ -176,3 +177,46 @@ def test_a_command_with_stderr_to_a_file_writes_plain_lines(gpt2_dir, tmp_path):
     assert counts == sorted(counts) and set(range(1, 9)) <= set(counts), written
     assert written[-1].startswith("ablate 8/8 items (") and written[-1].endswith(" elapsed), done")
     assert run_ablate(gpt2_dir, tmp_path / "none", "--no-progress") == ""
+
+
+# every command, on the toy model with the smallest settings that run it (seconds each)
+PROBES = ["--prompts", "2", "--seq-len", "16"]
+QUIET_RUNS = {
+    ("train",): ["train", "--preset", "short", "--steps", "2"],
+    ("report",): ["report", "--model", "toy", *PROBES, "--intervention-prompts", "2"],
+    ("attention-map",): ["attention-map", "--model", "toy", "--text", "abc abc", "--out", "{out}/map.png"],
+    ("ablate",): ["ablate", "--model", "toy", *PROBES],
+    ("patch",): ["patch", "--model", "toy", *PROBES],
+    ("study", "run"): ["study", "run", "{out}.toml"],
+    ("check",): ["check", "--model", "toy"],
+    ("circuit",): ["circuit", "--model", "toy", *PROBES],
+    ("compare",): ["compare", "toy", "toy", *PROBES],
+    ("trace",): ["trace", "--model", "toy", "--prompt", "abc abc", "--subject", "abc", "--samples", "1"],
+    ("task",): ["task", "induction-text", "--model", "toy", "--n", "2", "--top", "1", "--screen-top", "1"],
+    ("explain",): ["explain", "induction-text", "--model", "toy", "--n", "2", "--top", "1", "--steps", "1", "--no-flow"],
+    ("tracr",): ["tracr", "length", "--vocab", "a,b", "--max-seq-len", "3", "--prompts", "2"],
+}
+
+
+@pytest.mark.parametrize("words", list(QUIET_RUNS), ids=" ".join)
+def test_no_progress_leaves_stderr_empty(words, tmp_path, monkeypatch, capsys):
+    """Each command of ``analyses.cli._COMMANDS`` with ``--no-progress`` (issue 43.6: ``interp
+    explain`` used to show its head-patching sweep) writes nothing to stderr, though a line would be
+    allowed at every update (interval 0). In this process, so without the library quieting of
+    ``analyses.cli.quiet_libraries`` (global log levels and warning filters): every line a command
+    writes, its own or a library's, counts."""
+    assert set(QUIET_RUNS) == {words for words, _ in subcommand_parsers(build_parser())}  # every command is here
+    if words == ("tracr",):
+        pytest.importorskip("tracr")  # the [tracr] extra
+    monkeypatch.setattr(analyses.cli, "quiet_libraries", lambda: None)
+    monkeypatch.setenv("INTERP_RETAIN_FREED_MEMORY", "0")
+    monkeypatch.setenv(progress_module.INTERVAL_ENV, "0")
+    out = tmp_path / "out"
+    Path(f"{out}.toml").write_text('[model]\nspec = "toy"\n[prompts]\nn = 2\nseq_len = 16\n'
+                                   '[ablation]\nmethod = "zero"\ntargets = "each_layer"\n')
+    argv = [arg.format(out=out) for arg in QUIET_RUNS[words]]
+    if words != ("check",) and "--out" not in argv:
+        argv += ["--out", str(out)]
+    capsys.readouterr()
+    assert main([*argv, "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -161,11 +161,14 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
         raise UserError(f"--heads {text!r}: give layer.head pairs separated by commas, e.g. 9.1,10.0") from None
 
 
-def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float) -> list[tuple[int, int]]:
-    """The ``top`` heads whose exact denoising patch moves ``metric`` furthest from its corrupted value."""
+def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float,
+                    progress: bool | None = None) -> list[tuple[int, int]]:
+    """The ``top`` heads whose exact denoising patch moves ``metric`` furthest from its corrupted value
+    (``progress``: the sweep's, as ``analyses.core.progress`` takes it)."""
     with torch.no_grad():
         corrupted_value = evaluate_metric(metric, model(corrupted)).item()
-    moved = (patch_heads(model, clean, corrupted, metric, memory_mb=memory_mb) - corrupted_value).abs()
+    moved = (patch_heads(model, clean, corrupted, metric, memory_mb=memory_mb, progress=progress)
+             - corrupted_value).abs()
     order = moved.flatten().argsort(descending=True, stable=True)[:top]
     return [divmod(int(index), model.cfg.n_heads) for index in order]
 
@@ -178,7 +181,7 @@ def run_explain(args) -> int:
     batch = task_batch(model, task)
     metric, scores = task_metric(task, batch.last), task_scores(task, batch.last)
     heads = (parse_heads(args.heads) if args.heads else
-             strongest_heads(model, batch.clean, batch.corrupted, metric, args.top, args.memory_mb))
+             strongest_heads(model, batch.clean, batch.corrupted, metric, args.top, args.memory_mb, args.progress))
     found = explain(model, batch.clean, scores, heads, batch.last.cpu(), steps=args.steps, flow=not args.no_flow,
                     memory_mb=args.memory_mb)
     decisive = decisive_attention(model, batch.clean, scores, heads, batch.last.cpu(), seed=args.seed)
