@@ -9,6 +9,10 @@ a "cuda" tensor raises as it does on CUDA; ``tensor.device`` answers the carried
 that reads it places what it makes there. Calls that fake tensors cannot run (ones whose output
 depends on the values) fall back to the same rule over their tensor arguments.
 
+A model placed on "mps" (``place_model(model, MPS)``) also gets MPS's dtype rule: no float64
+(nor complex128) tensor lives there, so making one there, casting one there (``.double()``) or
+moving one there raises ``NoFloat64`` as MPS does.
+
 Slow (every call runs twice, through Python): for small models and few prompts.
 """
 
@@ -22,19 +26,24 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
-CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+CUDA, MPS, CPU = torch.device("cuda", 0), torch.device("mps", 0), torch.device("cpu")
 DEVICE_ERROR = re.compile(r"same device|wrong device|two devices|device type tensor|on the expected device")
 INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}  # a CUDA tensor may be indexed by CPU ones
 NEW_OBJECT = {torch.tensor, torch.as_tensor, torch.from_numpy}  # CPU unless given a device
+WIDE = {torch.float64, torch.complex128}  # the dtypes MPS has not
 
 
 class DeviceMismatch(AssertionError):
     """A call that mixes devices as CUDA refuses."""
 
 
+class NoFloat64(TypeError):
+    """A float64 tensor on MPS, which MPS refuses (a TypeError there too)."""
+
+
 def as_device(device) -> torch.device:
     device = torch.device(device)
-    return CUDA if device.type == "cuda" and device.index is None else device
+    return torch.device(device.type, 0) if device.type in ("cuda", "mps") and device.index is None else device
 
 
 class SimulatedDevice(TorchFunctionMode):
@@ -48,6 +57,9 @@ class SimulatedDevice(TorchFunctionMode):
 
     def place(self, tensor: torch.Tensor, device) -> None:
         device = as_device(device)
+        if device.type == "mps" and tensor.dtype in WIDE:
+            raise NoFloat64(f"Cannot convert a MPS Tensor to {str(tensor.dtype).removeprefix('torch.')} dtype as the "
+                            "MPS framework doesn't support float64. Please use float32 instead.")
         if device == CPU:
             self.where.pop(tensor, None)
         else:

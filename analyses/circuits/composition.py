@@ -211,7 +211,7 @@ def _tidy(scores: torch.Tensor, kind: str, baseline: float, senders: torch.Tenso
     sender, receiver = torch.meshgrid(index, index, indexing="ij")
     keep = (layer_of[sender] < layer_of[receiver]) & senders.flatten()[sender] & receivers.flatten()[receiver]
     sender, receiver = sender[keep], receiver[keep]
-    values = flat[keep].double().cpu().numpy()
+    values = flat[keep].cpu().double().numpy()
     return pd.DataFrame({
         "sender_layer": layer_of[sender].cpu().numpy(),
         "sender_head": head_of[sender].cpu().numpy(),

@@ -372,7 +372,7 @@ def _vocab_mean(model, memory_mb: float) -> tuple[torch.Tensor, torch.Tensor]:
     total = accumulator(model, W_U.shape[0])
     for start in range(0, W_U.shape[1], step):
         total += W_U[:, start:start + step].to(total.dtype).sum(1)
-    return (total / W_U.shape[1]).float(), model.b_U.detach().double().mean().float()
+    return (total / W_U.shape[1]).float(), model.b_U.detach().to(total).mean().float()
 
 
 @torch.no_grad()
@@ -451,8 +451,8 @@ def dla_effects(model, source, answers, distractors=None, *, positions: Sequence
     frame = _components_frame(labels).assign(onto=onto)
     for column, part in enumerate(("dla", *DLA_PARTS[onto])):
         prefix = "" if part == "dla" else f"{part}_"
-        frame[part] = estimate[:, column].numpy()
-        frame[f"{prefix}ci_low"], frame[f"{prefix}ci_high"] = low[:, column].numpy(), high[:, column].numpy()
+        frame[part] = estimate[:, column].cpu().numpy()
+        frame[f"{prefix}ci_low"], frame[f"{prefix}ci_high"] = low[:, column].cpu().numpy(), high[:, column].cpu().numpy()
         if part == "dla":
             frame["n_prompts"] = int(prompts.sum())
     return frame

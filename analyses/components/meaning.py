@@ -46,6 +46,7 @@ from analyses.core.hook_names import final_resid_name, pattern_name, z_name
 from analyses.roles.nulls import BAND_Z, DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_log_upper_tail, t_upper_tail, z_score
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
 from analyses.core.progress import progress_bar
+from analyses.core.tokens import accumulator_dtype
 from interp.errors import UserError
 from interp.random_models import random_like
 from interp.weights import expand_kv_heads
@@ -58,16 +59,18 @@ CACHED_ROWS_MB = 12
 
 
 def ov_eigenvalues(model, *, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
-    """The nonzero eigenvalues of every head's ``W_E W_V W_O W_U`` -> (layer, head, d_head) complex128,
-    from the (d_head x d_head) ``W_O W_U W_E W_V``. ``W_U W_E`` (d_model, d_model) is summed in
-    float64 over slices of the vocabulary that fit ``memory_mb`` (no float64 copy of either matrix)."""
+    """The nonzero eigenvalues of every head's ``W_E W_V W_O W_U`` -> (layer, head, d_head) complex
+    (complex128; complex64 on mps), from the (d_head x d_head) ``W_O W_U W_E W_V``. ``W_U W_E``
+    (d_model, d_model) is summed in the accumulators' dtype (float64; float32 on mps) over slices
+    of the vocabulary that fit ``memory_mb`` (no wide copy of either matrix)."""
     W_E, W_U = _embed_unembed(model)
     W_O, W_V = model.W_O.detach(), expand_kv_heads(model.W_V.detach(), model.cfg.n_heads)
     d_model, n_vocab = W_U.shape
+    wide = accumulator_dtype(W_U.device)
     step = max(1, int(memory_mb * 2**20 // (2 * 8 * d_model)))
-    unembed_embed = sum(W_U[:, start:start + step].double() @ W_E[start:start + step].double()
+    unembed_embed = sum(W_U[:, start:start + step].to(wide) @ W_E[start:start + step].to(wide)
                         for start in range(0, n_vocab, step))  # (d_model, d_model)
-    small = [W_O[layer].double() @ unembed_embed @ W_V[layer].double()  # (head, d_head, d_head): a layer at a time
+    small = [W_O[layer].to(wide) @ unembed_embed @ W_V[layer].to(wide)  # (head, d_head, d_head): a layer at a time
              for layer in range(W_O.shape[0])]
     return torch.linalg.eigvals(torch.stack(small))
 

@@ -102,7 +102,7 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
         variants = [[Edit(name, (slice(None), int(neuron)))] for neuron in checked]
         values = evaluate_variants(model, tokens, variants, {name: replacement.expand_as(activation)}, metric,
                                    starts=starts, memory_mb=memory_mb, progress=progress, desc="neuron ablations")
-        effect[checked] = values.double().cpu() - baseline
+        effect[checked] = values.cpu().double() - baseline
     return pd.DataFrame({
         "layer": layer, "neuron": order.cpu().numpy(),
         "activation": activation.float().mean(dim=(0, 1))[order.to(activation.device)].cpu().numpy(),

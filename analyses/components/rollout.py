@@ -82,7 +82,7 @@ def attention_flow(patterns: torch.Tensor, attention_weight: float = 0.5, *, pro
     graph whose capacities are ``mixed_attention`` (module docstring)."""
     if patterns.ndim != 4:
         raise UserError(f"attention flow takes one prompt's patterns (layer, head, q, k), got {tuple(patterns.shape)}")
-    mixed = mixed_attention(patterns, attention_weight).double().cpu().numpy()
+    mixed = mixed_attention(patterns, attention_weight).cpu().double().numpy()
     n_layers, n_pos = mixed.shape[0], mixed.shape[-1]
     flow = np.zeros((n_layers, n_pos, n_pos))
     for layer in progress_bar(range(n_layers), progress=progress, desc="attention flow", unit="layer"):
@@ -100,7 +100,7 @@ def flow_into(patterns: torch.Tensor, query: int, attention_weight: float = 0.5)
     if patterns.ndim != 4 or not 0 <= query < patterns.shape[-1]:
         raise UserError(f"flow_into takes one prompt's patterns (layer, head, q, k) and a query in range, got "
                         f"{tuple(patterns.shape)} and query {query}")
-    mixed = mixed_attention(patterns, attention_weight).double().cpu().numpy()
+    mixed = mixed_attention(patterns, attention_weight).cpu().double().numpy()
     n_layers, n_pos = mixed.shape[0], mixed.shape[-1]
     capacity = _layered_capacity(mixed)
     return torch.tensor([max_flow(capacity, key, n_layers * n_pos + query) for key in range(n_pos)]).float()

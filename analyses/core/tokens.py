@@ -26,12 +26,18 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def accumulator_dtype(device: torch.device) -> torch.dtype:
+    """The widest float ``device`` has, which accumulators there use: float64, float32 on mps (no float64)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 def accumulator(model, *shape: int) -> torch.Tensor:
-    """Zeros to sum an analysis's values into, by the one rule of where accumulators and results
-    live (DESIGN 4.0): on the model's device (a metric there cannot be added into a CPU tensor),
-    float64 (float32 on mps, which has no float64), until a frame is made on the CPU."""
+    """Zeros ``shape`` to sum an analysis's values into, by the one rule of where accumulators and
+    results live (DESIGN 4.0, 4.11): on the model's device (a metric there cannot be added into a
+    CPU tensor), in ``accumulator_dtype``, until a frame is made on the CPU. A value is added as
+    ``value.to(acc)``: cast to its dtype there, never widened on the device first."""
     device = model_device(model)
-    return torch.zeros(shape, dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
+    return torch.zeros(shape, dtype=accumulator_dtype(device), device=device)
 
 
 def model_tokenizer(model) -> Tokenizer:

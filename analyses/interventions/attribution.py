@@ -43,8 +43,8 @@ def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: 
     attribution also puts in its top k."""
     if attributed.shape != exact.shape:
         raise UserError(f"shapes differ: attribution {tuple(attributed.shape)} vs exact {tuple(exact.shape)}")
-    a = pd.Series(attributed.detach().flatten().double().cpu().numpy())
-    e = pd.Series(exact.detach().flatten().double().cpu().numpy())
+    a = pd.Series(attributed.detach().flatten().cpu().double().numpy())
+    e = pd.Series(exact.detach().flatten().cpu().double().numpy())
     k = min(top_k, len(e))
     top = lambda s: set((s - baseline).abs().nlargest(k).index)  # noqa: E731
     return {

@@ -220,27 +220,28 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
 def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
                    progress: bool | None) -> torch.Tensor:
     """The metric with each component ablated alone and everything downstream frozen ->
-    (len(components),) float64: from the final residual (``final_residual_effects``) where the
-    model starts at the final norm, else one rerun per layer and kind (``frozen_downstream_run``)."""
+    (len(components),) in the accumulators' dtype, as the totals (float64; float32 on mps): from the
+    final residual (``final_residual_effects``) where the model starts at the final norm, else one
+    rerun per layer and kind (``frozen_downstream_run``)."""
     model = ablation.model
+    direct = accumulator(model, len(components))
     if runs_suffix_only(model):
-        direct = final_residual_effects(ablation, components, memory_mb, progress).double()  # float64 as the totals
+        direct[:] = final_residual_effects(ablation, components, memory_mb, progress)
     else:
         mlp_names = mlp_out_names(model)
         require_mlp_freeze(model, mlp_names)
         clean = ablation.base.read([*z_names(model), *mlp_names])
-        direct = accumulator(model, len(components))
         for group in dict.fromkeys(map(layer_and_kind, components)):
             members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
             direct[members] = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
-                                                    memory_mb, progress)
+                                                    memory_mb, progress).to(direct)
     return direct
 
 
 def first_order_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> torch.Tensor:
     """Each component's ablation effect to first order (attribution patching: the metric's gradient
     on the unablated run dotted with the ablation's change of what the component holds, summed over
-    prompts and positions) -> (len(components),) float64. One forward and backward per chunk of
+    prompts and positions) -> (len(components),) in the accumulators' dtype. One forward and backward per chunk of
     prompts that fits ``memory_mb`` (``gradient_parts``), each weighted by its share of the metric."""
     model, batch = ablation.model, len(ablation.tokens)
     names = list(dict.fromkeys(map(written_by, components)))
@@ -258,7 +259,7 @@ def first_order_effects(ablation: Ablation, components: Sequence[Component], mem
             summed[name] = product.sum(dim=(0, 1)).sum(-1)
         for i, component in enumerate(components):
             total = summed[written_by(component)]
-            estimate[i] += part.share * (total if isinstance(component, MLP) else total[component[1]]).double()
+            estimate[i] += part.share * (total if isinstance(component, MLP) else total[component[1]]).to(estimate)
     return estimate
 
 
@@ -274,16 +275,15 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[
                           memory_mb: float, progress: bool | None) -> torch.Tensor:
     """The metric with each of ``components`` (of one layer and one kind) ablated alone and every
     output downstream of it held at ``clean``: every later layer's head outputs, and every MLP output
-    from the layer on (after a head) or after it (after an MLP) -> (len(components),) float64."""
+    from the layer on (after a head) or after it (after an MLP) -> (len(components),) float."""
     layer, after_mlp = component_layer(components[0]), isinstance(components[0], MLP)
     later = [z_name(l) for l in range(layer + 1, ablation.model.cfg.n_layers)]
     frozen = [name for name in mlps if layer_of(name) >= layer + after_mlp] + later
     cells = component_cells(components)
     sources = {cell.hook: ablation.sources[cell.hook] for cell in cells} | {name: clean[name] for name in frozen}
     variants = [component_cells([c]) + [Edit(name) for name in frozen] for c in components]
-    values = evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
-                               starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
-    return values.double()
+    return evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
+                             starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
 
 
 def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,

@@ -69,7 +69,7 @@ def output_norms(model, tokens: torch.Tensor, run: Run | None = None) -> pd.Data
     else:
         _, cache = cache_run(model, tokens, z_names(model), logits=False)
     norms = torch.stack([head_outputs(model, layer, cache[name]).norm(dim=-1).mean((0, 1))
-                         for layer, name in enumerate(z_names(model))]).double().cpu()  # (layer, head)
+                         for layer, name in enumerate(z_names(model))]).cpu().double()  # (layer, head)
     relative = norms / norms.mean(dim=1, keepdim=True).clamp(min=1e-30)
     n_layers, n_heads = norms.shape
     return pd.DataFrame({
@@ -142,9 +142,9 @@ def head_similarities(model, tokens: torch.Tensor, *, similar_above: float = SIM
     grams = {"output": torch.zeros(n, n, dtype=torch.double), "pattern": torch.zeros(n, n, dtype=torch.double)}
     for row in range(tokens.shape[0]):
         outputs = torch.cat([einops.rearrange(head_outputs(model, layer, cache[name][row:row + 1]), "b p h m -> h (b p m)")
-                             for layer, name in enumerate(z_names(model))]).double().cpu()
+                             for layer, name in enumerate(z_names(model))]).cpu().double()
         patterns = torch.cat([einops.rearrange(cache[name][row], "h q k -> h (q k)")
-                              for name in pattern_names(model)]).double().cpu()
+                              for name in pattern_names(model)]).cpu().double()
         grams["output"] += outputs @ outputs.T
         grams["pattern"] += patterns @ patterns.T
     labels = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]

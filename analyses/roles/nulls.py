@@ -71,7 +71,7 @@ def role_samples(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMOR
     targets = probe_targets(probes)
     sums = per_prompt_scores(model, probes.tokens, targets, ROLES, memory_mb, progress, run)
     counts, _ = prompt_counts_and_chance(targets, ROLES)
-    return RoleSamples({r: s.double().cpu() for r, s in sums.items()}, {r: c.double().cpu() for r, c in counts.items()})
+    return RoleSamples({r: s.cpu().double() for r, s in sums.items()}, {r: c.cpu().double() for r, c in counts.items()})
 
 
 def ratio_and_error(sums: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,17 +90,17 @@ def ratio_and_error(sums: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Ten
 
 def t_upper_tail(t: torch.Tensor, dof: int | torch.Tensor) -> torch.Tensor:
     """P(T >= t) for Student's t with ``dof`` degrees of freedom (positive integers: one, or a
-    tensor that broadcasts with ``t``), float64: ``exp(t_log_upper_tail)``, exact to float64's
+    tensor that broadcasts with ``t``), float64 on the CPU: ``exp(t_log_upper_tail)``, exact to float64's
     smallest number (about 1e-308), 0 only below it."""
     return t_log_upper_tail(t, dof).exp()
 
 
 def t_log_upper_tail(t: torch.Tensor, dof: int | torch.Tensor) -> torch.Tensor:
     """log P(T >= t) for Student's t with ``dof`` degrees of freedom (positive integers: one, or a
-    tensor that broadcasts with ``t``), float64, computed in log space: a head far above its null
+    tensor that broadcasts with ``t``), float64 on the CPU (mps has none), computed in log space: a head far above its null
     gets its true (tiny) p-value's log, never log(0) from a tail that rounded to 0. -inf only for
     t = +inf (a null with no spread)."""
-    t, dof = torch.broadcast_tensors(t.double(), torch.as_tensor(dof, dtype=torch.double))
+    t, dof = torch.broadcast_tensors(t.cpu().double(), torch.as_tensor(dof).cpu().double())
     bad = dof[(dof < 1) | (dof != dof.floor())]
     if bad.numel():
         raise UserError(f"degrees of freedom {bad[0].item():g} must be a positive integer (>= 1)")

@@ -86,7 +86,7 @@ def similarity(pattern: torch.Tensor, detection: torch.Tensor, lengths: torch.Te
         kept = pattern * keep
         return (kept * detection[:, None]).sum((-2, -1)) / kept.sum((-2, -1))
     error = ((pattern - detection[:, None]).abs() * keep).sum((-2, -1)) / lengths[:, None]
-    return 1 - torch.round(error.double(), decimals=3).to(pattern.dtype)
+    return 1 - torch.round(error.cpu().double(), decimals=3).to(pattern)  # rounded as float64 on the CPU: mps has none
 
 
 @torch.no_grad()
