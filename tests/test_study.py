@@ -458,3 +458,46 @@ def test_a_studys_memory_budget_reaches_every_forward(tmp_path, gpt2_dir, monkey
     rows = list(cells.rows(0, 0, len(plan.targets)))
     assert len(rows) == len(plan.targets) and len(asked) > len(rows) // 8
     assert set(asked) == {3.0}
+
+
+def test_a_relative_model_path_is_the_spec_files_wherever_the_study_runs_from(tmp_path, monkeypatch):
+    """Issue 43.9: ``[model].spec = "models/m"`` is ``models/m`` beside the spec, as ``[prompts].file``
+    is; run from another directory holding a different ``models/m``, the study loads the spec's
+    model (same weights hash) and writes the same rows."""
+    specs, elsewhere = tmp_path / "specs", tmp_path / "elsewhere"
+    model = load_model("toy")
+    save_checkpoint(model, specs / "models" / "m")
+    with torch.no_grad():
+        model.blocks[0].attn.W_value.weight.mul_(-1.0)  # a different model of the same shape and name
+    save_checkpoint(model, elsewhere / "models" / "m")
+    spec = specs / "spec.toml"
+    spec.write_text('[model]\nspec = "models/m"\n[prompts]\nn = 2\nseq_len = 16\n'
+                    '[ablation]\nmethod = "zero"\ntargets = "each_layer"\n')
+    results, hashes = [], []
+    for cwd in (specs, elsewhere):
+        monkeypatch.chdir(cwd)
+        out = tmp_path / f"out-{cwd.name}"
+        results.append(pd.read_csv(run_study(Path("..") / "specs" / "spec.toml", out, progress=False)))
+        hashes.append(json.loads((out / "provenance.json").read_text())["weights_hash"])
+    assert hashes[0] == hashes[1] == weights_hash(load_model(str(specs / "models" / "m")))
+    pd.testing.assert_frame_equal(results[0], results[1])
+
+
+def test_a_model_value_that_is_no_path_beside_the_spec_stays_a_name_unless_the_cwd_holds_it(tmp_path, monkeypatch):
+    """Names (toy) and hub ids stay as written, even beside a same-named directory; a value that is
+    no path beside the spec but one in the current directory is refused, not silently loaded."""
+    specs, cwd = tmp_path / "specs", tmp_path / "cwd"
+    (specs / "toy").mkdir(parents=True)
+    (cwd / "gpt2").mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    spec = specs / "spec.toml"
+    for value in ("toy", "EleutherAI/pythia-70m"):
+        spec.write_text(f'[model]\nspec = "{value}"\n[ablation]\nmethod = "zero"\n')
+        assert load_spec(spec).cells[0].spec.model == value
+    spec.write_text('[model]\nspec = "./m"\n[ablation]\nmethod = "zero"\n')  # path syntax: the spec's, existing or not
+    assert load_spec(spec).cells[0].spec.model == str(specs / "m")
+    spec.write_text('[model]\nspec = "gpt2"\n[ablation]\nmethod = "zero"\n')
+    with pytest.raises(UserError, match=r"^study spec: \[model\].spec 'gpt2' is no path under the spec's directory "
+                                        r".*specs, but is one under the current directory; relative paths are read "
+                                        r"from the spec's directory"):
+        load_spec(spec)

@@ -5,7 +5,7 @@
 executor = "local"          # local | ray
 memory_mb = 1024            # what an analysis may add beyond the weights
 [model]
-spec = "toy"                # anything load_model takes
+spec = "toy"                # anything load_model takes; a relative path is the spec file's
 impl = "auto"               # auto (load_model's choice) | scratch | transformer_lens
 dtype = "float32"           # float32 | bfloat16 | float16
 device = "cpu"              # cpu | cuda | cuda:N | mps (the local executor's; Ray gives each actor its own)
@@ -59,7 +59,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.probes import MIN_SEQ_LEN
 from analyses.core.tokens import read_text
 from interp.errors import UserError
-from interp.loading import DTYPES
+from interp.loading import DTYPES, EMBEDDED, SHIPPED
 
 TARGET_KINDS = (*SWEEP_KINDS, "cumulative")
 PROMPT_KINDS = ("repeated", "text")
@@ -207,7 +207,8 @@ def _check_layout(data: dict) -> dict[str, dict]:
 
 def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     """A parsed TOML document without lists of values -> ``StudySpec``; relative ``[prompts].file``
-    is resolved against ``base_dir``. ``[run]`` is not read here (see ``parse_study``)."""
+    and ``[model].spec`` paths are resolved against ``base_dir`` (``_model_spec``: names and hub ids
+    stay as they are). ``[run]`` is not read here (see ``parse_study``)."""
     tables = _check_layout(data)
     model, prompts, ablation, metric = (tables[s] for s in ("model", "prompts", "ablation", "metric"))
     prompt_kind = _get(prompts, "prompts", "kind", str, "repeated", PROMPT_KINDS)
@@ -226,7 +227,7 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
         _fail("[metric].kind", "is 'repeat_loss', which needs [prompts].kind = 'repeated'")
     needs_tokens = metric_kind == "logit_diff"
     spec = StudySpec(
-        model=_get(model, "model", "spec", str, "toy"),
+        model=_model_spec(_get(model, "model", "spec", str, "toy"), base_dir),
         impl=_get(model, "model", "impl", str, "auto", IMPLS),
         dtype=_get(model, "model", "dtype", str, "float32", tuple(DTYPES)),
         prompt_kind=prompt_kind,
@@ -245,6 +246,26 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
     if spec.method in FROM_OTHER_PROMPTS and n_prompts < 2:
         _fail("[prompts].n", f"is {n_prompts}, but at least 2 prompts are needed, since {FROM_OTHER_PROMPTS[spec.method]}")
     return spec
+
+
+def _model_spec(value: str, base_dir: Path) -> str:
+    """``[model].spec`` as ``load_model`` is to take it wherever the study runs from: relative paths
+    are the spec file's, as ``[prompts].file`` is. A model name (``toy``, ``code``, ``smollm2``)
+    stays as it is; path syntax (absolute, or beginning with ``./``, ``../`` or ``~``) and any value
+    that names a file or directory under ``base_dir`` becomes that path, absolute; anything else is a
+    hub id and stays as it is -- unless it names a file or directory under the current directory,
+    which ``load_model`` would silently take: that is refused in one line."""
+    if value in EMBEDDED or value in SHIPPED:
+        return value
+    path = Path(value).expanduser()
+    syntax = path.is_absolute() or value.startswith(("~", "./", "../")) or value in (".", "..")
+    if syntax or (base_dir / path).exists():
+        return str((base_dir / path).resolve())
+    if path.exists():
+        _fail("[model].spec", f"{value!r} is no path under the spec's directory {base_dir.resolve()}, but is one under "
+                              f"the current directory; relative paths are read from the spec's directory: write "
+                              f"the path relative to it, or an absolute one")
+    return value
 
 
 def _is_head_list(value: list) -> bool:
