@@ -72,6 +72,23 @@ class SimulatedDevice(TorchFunctionMode):
         if hasattr(model.cfg, "device"):
             model.cfg.device = str(as_device(device))
 
+    def place_map(self, hf_model, device_map: dict) -> None:
+        """Spread a Hugging Face model over devices as ``from_pretrained(device_map=...)`` does through
+        accelerate's ``dispatch_model``: each mapped module's tensors on its device, and accelerate's
+        own ``AlignDevicesHook``s: a mapped module moves its inputs to its device, the whole model
+        returns its output on its input's device (``io_same_device``). ``device_map``: module name
+        -> device, covering every tensor. Call before booting a bridge over it, as ``load_model`` does."""
+        from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+        for name, device in device_map.items():
+            module = hf_model.get_submodule(name)
+            for tensor in [*module.parameters(), *module.buffers()]:
+                self.place(tensor, device)
+        for name, device in [("", None), *device_map.items()]:
+            hook = AlignDevicesHook(io_same_device=name == "")
+            add_hook_to_module(hf_model.get_submodule(name), hook)
+            hook.execution_device = device  # set after attaching: its init would move the weights for real
+
     # ------------------------------------------------------------------ the calls
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
