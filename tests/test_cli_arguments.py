@@ -55,6 +55,7 @@ REFUSED = [  # (command line, the option, the line's "VALUE is not ALLOWED")
     (["ablate", "--memory-mb", "nan", *OUT], "--memory-mb", "nan is not a finite number above 0"),
     (["patch", "--shortlist", "0", *OUT], "--shortlist", "0 is not a whole number >= 1"),
     (["circuit", "--seed", "-2", *OUT], "--seed", "-2 is not a whole number in [0, 4294967295]"),
+    (["circuit", "--top", "0", *OUT], "--top", "0 is not a whole number >= 1"),
     (["compare", "toy", "toy", "--threshold", "nan"], "--threshold", "nan is not a finite number"),
     (["report", "--fdr", "1.5"], "--fdr", "1.5 is not a number in (0, 1), or none"),
     (["report", "--fdr", "0"], "--fdr", "0 is not a number in (0, 1), or none"),

@@ -30,13 +30,13 @@ from analyses.cli.tracr import write_discovery
 from analyses.roles.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, classify_heads
 from analyses.roles.nulls import calibrate_roles
 from analyses.report.intervention_figures import save_csv, save_figure
-from analyses.cli.args import add_model_args, add_probe_args, load_cli_model
+from analyses.cli.args import add_model_args, add_probe_args, load_cli_model, whole
 from analyses.report.meta import model_meta, write_meta
 from analyses.circuits.edges import VIAS, check_vias
 from analyses.circuits.path_patching import path_needs
 from analyses.core.hook_check import require
 from analyses.interventions.patching import DIRECTIONS
-from analyses.core.probes import check_prompt_count, check_seq_len, probes_for
+from analyses.core.probes import check_prompt_count, probes_for
 from interp.errors import UserError
 
 
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     parser.add_argument("--direction", default="noise", choices=DIRECTIONS,
                         help="noise (default: the clean run with one edge corrupted) or denoise")
     add_probe_args(parser, prompts=16)
-    parser.add_argument("--top", type=int, default=12, help="edges drawn in circuit.png (default 12)")
+    parser.add_argument("--top", type=whole(1), default=12, help="edges drawn in circuit.png (default 12)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.set_defaults(func=run_circuit)
 
@@ -62,9 +62,6 @@ def run_circuit(args: argparse.Namespace) -> int:
     vias = check_vias(args.via.split(","))
     check_prompt_count(args.prompts, f"--prompts {args.prompts}",
                        "the role nulls' t-test that picks the circuit's heads has prompts - 1 degrees of freedom")
-    check_seq_len(args.seq_len, "--seq-len ")
-    if args.top < 1:
-        raise UserError(f"--top {args.top} must be >= 1")
     model = load_cli_model(args)
     truth = read_truth(args.model)
     if truth is not None:  # a model whose circuit is known (``interp tracr``): score discovery against it
