@@ -7,6 +7,7 @@ from analyses.roles.tl_compat import detect_heads
 from analyses.report.build import build_report, write_report
 from analyses.report.attention_map import attention_map
 from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
+from analyses.interventions.controls import ControlEffects, control_effects, control_figure, matched_random_sets
 from analyses.interventions.attribution import (Screen, attribution_agreement, attribution_patch_heads,
                                                 attribution_patch_mlps, screened_patches, shortlist_patch_heads)
 from analyses.core.metrics import logit_diff_metric, loss_metric
