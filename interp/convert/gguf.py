@@ -24,7 +24,11 @@ Q4_1, the K-quants, ...). Reading one:
   are stored transposed, Gemma 2 and 3's norm weights are stored plus 1;
 - Llama 3's scaled RoPE, which llama.cpp keeps only as the tensor ``rope_freqs.weight`` (one
   divisor per rotary frequency), put on the config (``GGUFFile.hf_config``) for the conversion to
-  divide the frequencies by; transformers' own load drops it (``check_transformers_load``).
+  divide the frequencies by; transformers' own load drops it (``check_transformers_load``);
+- metadata llama.cpp writes and transformers' config leaves out (``DROPPED_METADATA``: Gemma 2's
+  soft caps, Gemma 3's local RoPE base, its layer pattern and its global layers' RoPE scaling):
+  where the file's value is not what the config holds, both loads would run another model than
+  llama.cpp's, and the file is refused in one line (``GGUFFile.check_metadata``);
 
 The result is the Hugging Face state dict the family table (``interp.convert.CONVERTERS``) reads,
 so a family the from-scratch model implements is built from it directly; other architectures go
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -111,6 +116,47 @@ UNDO = {
 }
 
 
+def _sliding_layers(config) -> list[bool]:
+    """Per layer, whether the config's layer is local (a sliding window): Gemma 2 and 3's ``layer_types``."""
+    return [kind == "sliding_attention" for kind in config.layer_types]
+
+
+def _pattern_layers(value, config) -> list[bool]:
+    """llama.cpp's ``sliding_window_pattern`` as one flag per layer (True: sliding): a flag per layer,
+    or a period n (the first n - 1 layers of every n slide, as in Hugging Face's Gemma 3; 0: all)."""
+    if isinstance(value, list):
+        return [bool(flag) for flag in value]
+    return [value == 0 or layer % value < value - 1 for layer in range(config.num_hidden_layers)]
+
+
+def _rope_kind(value, config) -> str:
+    """llama.cpp's ``rope.scaling.type`` in transformers' spelling ("none" is the plain RoPE)."""
+    return "default" if value == "none" else value
+
+
+def _as_float(value, config) -> float:
+    return float(value)
+
+
+# metadata llama.cpp's converter writes that transformers' GGUF config leaves out, per architecture:
+# key (after "{arch}.") -> (the file's value as the config would hold it, what the config holds)
+DROPPED_METADATA = {
+    "gemma2": {"attn_logit_softcapping": (_as_float, lambda config: config.attn_logit_softcapping),
+               "final_logit_softcapping": (_as_float, lambda config: config.final_logit_softcapping)},
+    "gemma3": {"final_logit_softcapping": (_as_float, lambda config: config.final_logit_softcapping),
+               "rope.freq_base_swa": (_as_float, lambda config: config.rope_parameters["sliding_attention"]["rope_theta"]),
+               "attention.sliding_window_pattern": (_pattern_layers, _sliding_layers),
+               "rope.scaling.type": (_rope_kind, lambda config: config.rope_parameters["full_attention"]["rope_type"])},
+}
+
+
+def _same(first, second) -> bool:
+    """Equal, numbers to float32 precision (the file stores float32)."""
+    if isinstance(first, float) and isinstance(second, (int, float)):
+        return math.isclose(first, second, rel_tol=1e-6)
+    return first == second
+
+
 @functools.cache
 def dequantizable() -> frozenset:
     """The ggml types ``gguf`` can dequantize: each type tried once on one zero block."""
@@ -178,6 +224,8 @@ class GGUFFile:
         if "general.architecture" not in reader.fields:
             raise UserError(f"{self.path} names no architecture (general.architecture), which every GGUF model has")
         self.architecture = str(reader.fields["general.architecture"].contents())
+        self.metadata = {name: field.contents() for name, field in reader.fields.items()
+                         if name.startswith(f"{self.architecture}.")}  # the architecture's hyper-parameters
         self.entries = {t.name: Entry(int(t.data_offset), int(t.n_bytes), t.tensor_type,
                                       tuple(int(n) for n in reversed(t.shape.tolist()))) for t in reader.tensors}
         self._check(reader)
@@ -222,7 +270,19 @@ class GGUFFile:
         config = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
         if ROPE_FREQS in self.entries:
             setattr(config, ROPE_DIVISORS, read_tensor(self.path, self.entries[ROPE_FREQS], torch.float32).tolist())
+        self.check_metadata(config)
         return config
+
+    def check_metadata(self, hf_cfg) -> None:
+        """Raise where the file's metadata holds a value that transformers' config leaves out
+        (``DROPPED_METADATA``) and that is not what that config ``hf_cfg`` holds: transformers' own
+        load, and ours from its config, would run another model than llama.cpp's."""
+        for key, (as_config, held) in DROPPED_METADATA.get(self.architecture, {}).items():
+            name = f"{self.architecture}.{key}"
+            if name in self.metadata and not _same(as_config(self.metadata[name], hf_cfg), held(hf_cfg)):
+                raise UserError(f"{self.path}: its metadata {name}={self.metadata[name]!r}, which transformers' GGUF "
+                                f"reader drops, is not what its {hf_cfg.model_type} config then holds "
+                                f"({held(hf_cfg)!r}); neither load would run llama.cpp's model")
 
     def check_transformers_load(self, hf_cfg) -> None:
         """Raise when transformers' own load of the file (``hf_cfg``: ``hf_config()``) would run
