@@ -112,6 +112,11 @@ def test_effects_equal_hand_written_hooks(gqa):
     assert control.random_effect == pytest.approx(float(effects[1:].mean()), abs=1e-5)
     assert control.ratio == pytest.approx(float(effects[0] / effects[1:].mean()), rel=1e-4)
     assert control.frame["set"].tolist() == ["tested"] + ["random"] * 12 and control.n_draws == 12
+    # 9 different sets (3 heads left in each tested head's group), so 12 draws repeat some; the
+    # p-value counts each different set once
+    unique = {tuple(s): float(e) for s, e in zip(control.sets, effects[1:])}
+    assert control.n_distinct == len(unique) == 9
+    assert control.p_value == (1 + sum(abs(e) >= abs(float(effects[0])) for e in unique.values())) / 10
     assert control_figure(control).axes  # the plotting helper draws it
 
 

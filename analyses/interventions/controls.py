@@ -144,10 +144,10 @@ class ControlEffects:
     effect of the random sets, its interval resampling prompts and draws; ratio / ratio_ci_low /
     ratio_ci_high: effect / random_effect with its paired interval (``ratio_to_control``); NaN
     intervals for a metric without a per-prompt form. p_value: (1 + the random sets whose |effect|
-    is at least the tested |effect|) / (1 + n_draws), the Monte Carlo p-value of the tested set
-    among the random ones (the ratio's interval says how well the random mean is known, not how
-    unusual the tested set is: a set drawn at random has a ratio away from 1 as often as the
-    random sets' effects spread). n_distinct: how many different sets the
+    is at least the tested |effect|) / (1 + the random sets), each different set counted once: the
+    Monte Carlo p-value of the tested set among the random ones (the ratio's interval says how well
+    the random mean is known, not how unusual the tested set is: a set drawn at random has a ratio
+    away from 1 as often as the random sets' effects spread). n_distinct: how many different sets the
     matching allows (fewer than n_draws: the sets repeat); matching: how the sets were matched
     (``matching_text``); method: the ablation method."""
 
@@ -191,8 +191,8 @@ class ControlEffects:
 def describe_control(row) -> str:
     """A ``ControlEffects.summary`` row in one sentence: the tested effect, the random sets' mean
     effect, the ratio, each with its 95% interval, the p-value, and how many draws and prompts."""
-    repeats = (f", every one of the {int(row['n_distinct'])} possible sets used"
-               if row["n_distinct"] < row["n_draws"] else "")
+    repeats = ("" if row["n_distinct"] >= row["n_draws"] else ", the only possible set" if row["n_distinct"] == 1
+               else f", every one of the {int(row['n_distinct'])} possible sets")
     return (f"{row['heads']} ({row['method']} ablation): effect {row['effect']:+.3f} "
             f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]; {row['matching']} random sets of {int(row['n_heads'])}: "
             f"mean {row['random_effect']:+.3f} [{row['random_ci_low']:+.3f}, {row['random_ci_high']:+.3f}]; "
@@ -234,7 +234,8 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
                           "effect": effects.numpy()})
     frame = frame.assign(**dict(zip(EFFECT_COLUMNS, (low.numpy(), high.numpy(), n_prompts))))
     random_effect = float(effects[1:].mean())
-    p_value = (1 + int((effects[1:].abs() >= effects[0].abs()).sum())) / (1 + len(sets))
+    distinct = torch.tensor(frame.drop_duplicates("heads").index[1:].to_numpy())  # each different random set once
+    p_value = (1 + int((effects[distinct].abs() >= effects[0].abs()).sum())) / (1 + len(distinct))
     ratio = float(effects[0] / effects[1:].mean())  # infinite or NaN where the random mean is 0
     random_ci = ratio_ci = (float("nan"), float("nan"))
     baseline = ablation.baseline_scores()
