@@ -12,7 +12,12 @@ A head's output (its slice of ``hook_z``, (batch, pos, d_head)), or an MLP's (``
   others even where periods and prefixes differ; a place no other prompt has falls back to the
   leave-one-out mean at that position. Needs the prompts as ``RepeatedProbes``;
 - ``resample``: its output on another prompt of the reference batch (seeded; never the prompt itself
-  when the reference is the prompts).
+  when the reference is the prompts);
+- ``mean_corrupted`` (for tasks: clean prompts paired with corrupted ones, each of a template): its
+  mean over the corrupted prompts of the prompt's template, position by position (Wang et al.
+  2022's ABC means: the mean of the corrupted distribution at matched template positions), the
+  reference a ``CorruptedReference``. Plain ``mean`` over prompts of different templates averages
+  unrelated tokens at each absolute position; this is the reference a task's ablations use.
 With ``preserve_patterns`` every attention pattern is frozen at its value in the unablated run
 (Olsson et al. 2022), so later heads cannot react to the ablation through where they attend: only
 what they read (values) changes, which isolates the ablated head's direct role.
@@ -65,6 +70,9 @@ from interp.errors import UserError
 from interp.tokenizer import TokenBatch
 
 METHODS = ("zero", "mean", "mean_aligned", "resample")
+# the methods whose reference is a task's corrupted prompts (a ``CorruptedReference``), not in the
+# commands' and studies' choices: their prompts have no corrupted twins
+PAIRED_METHODS = ("mean_corrupted",)
 # the methods that replace a prompt's head outputs with other prompts' (without a reference batch,
 # they need at least 2 prompts): what each takes from them, for a refusal
 FROM_OTHER_PROMPTS = {
@@ -232,6 +240,37 @@ def _constant(pattern: torch.Tensor, hook) -> torch.Tensor:
     return pattern.detach()
 
 
+@dataclass(frozen=True)
+class CorruptedReference:
+    """The reference of ``mean_corrupted`` ablation: ``prompts``, the corrupted twins of the prompts
+    ablated (ids (batch, pos) or texts, twin i of prompt i, of equal token length), and
+    ``templates``, one label per pair (batch,): the template both of pair i come from (one label
+    for all where the prompts have no templates)."""
+
+    prompts: object
+    templates: Sequence
+
+
+def template_mean(z: torch.Tensor, real: torch.Tensor, templates: Sequence, wanted: torch.Tensor) -> torch.Tensor:
+    """z (batch, pos, ...) of the reference prompts -> (batch, pos, ...): for prompt i and position p,
+    the mean of ``z`` at p over the reference prompts of prompt i's template that are real at p
+    (``real`` (batch, pos) bool; ``templates`` one label per prompt). A position where prompt i is
+    real (``wanted`` (batch, pos) bool) but none of its template's reference prompts is, is refused."""
+    labels = {label: index for index, label in enumerate(dict.fromkeys(templates))}
+    group = torch.tensor([labels[label] for label in templates], device=z.device)  # (batch,)
+    one_hot = torch.nn.functional.one_hot(group, len(labels)).to(z.dtype)  # (batch, templates)
+    mask = real.to(z.dtype)
+    totals = torch.einsum("bt,bp,bp...->tp...", one_hot, mask, z)  # (templates, pos, ...)
+    counts = torch.einsum("bt,bp->tp", one_hot, mask)  # (templates, pos)
+    missing = wanted.to(counts.device) & (counts[group] == 0)
+    if missing.any():
+        i, p = (int(v) for v in missing.nonzero()[0])
+        raise UserError(f"mean_corrupted ablation: prompt {i} is real at position {p} but no corrupted prompt of its "
+                        f"template {templates[i]!r} is; pair each prompt with a corrupted one of equal token length")
+    means = totals / counts.clamp(min=1).reshape(*counts.shape, *[1] * (z.ndim - 2))
+    return means[group]
+
+
 def replacements(model, batch: TokenBatch, method: str, names: Sequence[str], reference=None, seed: int = 0,
                  places: torch.Tensor | None = None, run: Run | None = None) -> dict[str, torch.Tensor]:
     """{name: what replaces that activation}, (batch or 1, pos, ...), for ``names`` among every
@@ -239,8 +278,22 @@ def replacements(model, batch: TokenBatch, method: str, names: Sequence[str], re
 
     ``places`` (batch, pos): the probes' structure, for ``mean_aligned`` (see the module docstring);
     ``run``: a ``Run`` of ``batch`` whose activations serve when the replacement comes from the
-    prompts themselves (no forward of its own then)."""
-    check_choice("ablation method", method, METHODS)
+    prompts themselves (no forward of its own then); ``reference``: for ``mean_corrupted`` a
+    ``CorruptedReference`` (and only then)."""
+    check_choice("ablation method", method, (*METHODS, *PAIRED_METHODS))
+    if (method in PAIRED_METHODS) != isinstance(reference, CorruptedReference):
+        raise UserError(f"reference=CorruptedReference(...) is for mean_corrupted ablation, not {method}"
+                        if method not in PAIRED_METHODS else
+                        "mean_corrupted ablation needs reference=CorruptedReference(corrupted prompts, templates): "
+                        "each prompt's corrupted twin and its template")
+    if method == "mean_corrupted":
+        twins = as_batch(model, reference.prompts)
+        if twins.tokens.shape != batch.tokens.shape or len(reference.templates) != len(twins.tokens):
+            raise UserError(f"mean_corrupted ablation: {len(twins.tokens)} corrupted prompts of {twins.tokens.shape[1]} "
+                            f"tokens and {len(reference.templates)} templates for {len(batch.tokens)} prompts of "
+                            f"{batch.tokens.shape[1]} tokens; give one corrupted twin and template per prompt")
+        cache = cache_run(model, twins.tokens, names, logits=False)[1]
+        return {name: template_mean(cache[name], twins.real, list(reference.templates), batch.real) for name in names}
     if method == "zero":
         heads, mlp = (model.cfg.n_heads, model.cfg.d_head), (model.cfg.d_model,)
         return {name: torch.zeros((1, batch.tokens.shape[1], *(heads if name.endswith("hook_z") else mlp)),

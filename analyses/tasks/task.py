@@ -44,7 +44,9 @@ from typing import Sequence
 import torch
 
 from analyses.core.metrics import Metric
+from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, split_prompts
 from analyses.core.tokens import encode, model_tokenizer, read_text
+from analyses.interventions.ablation import METHODS as ABLATION_METHODS, PAIRED_METHODS, CorruptedReference
 from interp.errors import UserError
 from interp.tokenizer import Tokenizer
 
@@ -110,7 +112,11 @@ class Task:
     the token ids (one or more) that count for / against the behaviour at the prompt's last token;
     metric: one of ``METRICS``; dropped: candidate words (or prompts) a generator left out because
     the tokenizer does not keep them as single tokens (or a pair's token lengths differed); note:
-    what the generator changed for this tokenizer, if anything.
+    what the generator changed for this tokenizer, if anything; templates: per pair, the template
+    its clean and corrupted prompts were made from (an int), where the generator has templates
+    (``ioi``: the sentence; ``greater-than``: the noun; ``brackets``: the line; ``identifier``: the
+    name's prefix), else empty. Prompts of one template put the same kinds of token at the same
+    positions: the split is stratified by template and ``mean_corrupted`` ablation averages within one.
     """
 
     name: str
@@ -121,6 +127,7 @@ class Task:
     metric: str = "logit_diff"
     dropped: int = 0
     note: str = ""
+    templates: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -131,6 +138,8 @@ class Task:
         if not len(self.corrupted) == len(self.answers) == len(self.distractors) == n:
             raise UserError(f"task {self.name!r}: {n} clean prompts but {len(self.corrupted)} corrupted, "
                             f"{len(self.answers)} answer sets and {len(self.distractors)} distractor sets")
+        if self.templates and len(self.templates) != n:
+            raise UserError(f"task {self.name!r}: {n} prompts but {len(self.templates)} template labels")
         for i, (good, bad) in enumerate(zip(self.answers, self.distractors)):
             if not good or not bad:
                 raise UserError(f"task {self.name!r}, prompt {i}: needs at least one answer and one distractor")
@@ -142,8 +151,13 @@ class Task:
         """The first ``n`` prompts."""
         if n <= 0:
             raise UserError(f"a task needs at least one prompt, got n={n}")
-        return Task(self.name, self.clean[:n], self.corrupted[:n], self.answers[:n], self.distractors[:n],
-                    self.metric, self.dropped, self.note)
+        return self.subset(range(min(n, len(self))))
+
+    def subset(self, indices: Sequence[int]) -> "Task":
+        """The prompts ``indices`` (in that order), with their answers, distractors and templates."""
+        indices = [int(i) for i in indices]
+        fields = ("clean", "corrupted", "answers", "distractors", *(("templates",) if self.templates else ()))
+        return replace(self, **{name: tuple(getattr(self, name)[i] for i in indices) for name in fields})
 
 
 @dataclass
@@ -219,13 +233,60 @@ def task_metric(task: Task, last: torch.Tensor) -> Metric:
         """The metric on the prompts ``rows`` alone, its logits (rows, pos or len(read), d_vocab)."""
         at = last[rows].cpu() if read is None else torch.searchsorted(read, last[rows].cpu())
         sliced = replace(task, clean=task.clean[rows], corrupted=task.corrupted[rows], answers=task.answers[rows],
-                         distractors=task.distractors[rows])
+                         distractors=task.distractors[rows], templates=task.templates[rows])
         part_scores = task_scores(sliced, at)
         return (lambda logits: part_scores(logits).mean()), float(len(sliced))
 
     metric.read_positions = torch.unique(last).cpu()
     metric.part = part
     return metric
+
+
+# ------------------------------------------------------------- selection apart from measurement
+def task_split(task: Task, seed: int = 0, share: float = DEFAULT_SELECTION_SHARE) -> PromptSplit:
+    """The task's prompts split into a selection (to choose heads on) and a disjoint measurement split
+    (to report their effects on): ``split_prompts``, seeded, stratified by template where the task has
+    templates. A template that would be missing from either split is refused in one line."""
+    split = split_prompts(len(task), share, seed, strata=task.templates or None)
+    chosen = set(split.selection.tolist())
+    for template in dict.fromkeys(task.templates):
+        members = [i for i, label in enumerate(task.templates) if label == template]
+        inside = sum(i in chosen for i in members)
+        if inside in (0, len(members)):
+            raise UserError(f"task {task.name!r}: template {template} has {len(members)} prompt(s), so the "
+                            f"{'selection' if inside == 0 else 'measurement'} split would hold none of it; give more "
+                            "prompts (--n) or --no-split (choose and measure on the same prompts: in-sample)")
+    return split
+
+
+# -------------------------------------------------------------------------------- ablation
+TASK_ABLATIONS = (*PAIRED_METHODS, *(method for method in ABLATION_METHODS if method != "mean_aligned"))
+
+
+def task_ablation(task: Task, batch: TaskBatch, method: str = "mean_corrupted") -> tuple[CorruptedReference | None, str]:
+    """How a task's ablations replace a head's output -> (the ``reference`` ``prepare_ablation``
+    takes, the replacement in words for a page and ``meta.json``). ``mean_corrupted`` (the default:
+    Wang et al. 2022's ABC means) is the mean over the task's corrupted prompts of the same template,
+    position by position (over all of them, by position, for a task without templates); ``zero`` and
+    ``resample`` (another clean prompt's output) as ``prepare_ablation`` has them; plain ``mean`` (by
+    absolute position over every other prompt) is refused in one line for a task of several
+    templates, whose tokens at one position differ. ``batch``: the prompts ablated (their corrupted
+    twins are the reference)."""
+    if method not in TASK_ABLATIONS:
+        raise UserError(f"unknown task ablation {method!r}; allowed: {', '.join(TASK_ABLATIONS)}")
+    n_templates = len(set(task.templates))
+    if method == "mean" and n_templates > 1:
+        raise UserError(f"mean ablation averages each absolute position over prompts of {n_templates} templates, "
+                        "whose tokens there differ; use mean_corrupted (each template's corrupted prompts' mean, "
+                        "position by position, as Wang et al. 2022)")
+    if method != "mean_corrupted":
+        return None, {"zero": "zeros", "resample": "another clean prompt's output (seeded)",
+                      "mean": "the mean over the other clean prompts at the same position (one template)"}[method]
+    templates = task.templates or (0,) * len(task)
+    where = (f"the mean over the corrupted prompts of the same template, position by position ({n_templates} "
+             "templates; Wang et al. 2022's ABC means)" if task.templates else
+             "the mean over the corrupted prompts at the same position (the task names no templates)")
+    return CorruptedReference(batch.corrupted, templates), where
 
 
 # ------------------------------------------------------------------------- the one token rule
@@ -276,7 +337,7 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
         note = f"none of the names is a single token for this tokenizer: single capital letters {''.join(letters)} stand in"
         kept = letters
     rng = random.Random(seed)
-    clean, corrupted, answers, distractors, skipped = [], [], [], [], 0
+    clean, corrupted, answers, distractors, used, skipped = [], [], [], [], [], 0
     for attempt in range(20 * n):
         if len(clean) == n:
             break
@@ -298,11 +359,12 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
         corrupted.append(bad)
         answers.append((answer[1],))
         distractors.append((subject[1],))
+        used.append(attempt % len(templates))
     if len(clean) < n:
         raise UserError(f"ioi: made only {len(clean)} of {n} prompts whose clean and corrupted token lengths match "
                         f"within the context n_ctx={model.cfg.n_ctx}")
     return Task("ioi", tuple(clean), tuple(corrupted), tuple(answers), tuple(distractors), "logit_diff",
-                dropped + skipped, note)
+                dropped + skipped, note, tuple(used))
 
 
 def greater_than_task(model, n: int = 60, seed: int = 0, nouns: Sequence[str] = GT_NOUNS) -> Task:
@@ -325,7 +387,8 @@ def greater_than_task(model, n: int = 60, seed: int = 0, nouns: Sequence[str] = 
             noun, year = nouns[i % len(nouns)], rng.randint(2, 98)
             rows.append((f"The {noun} lasted from the year {GT_CENTURY}{year:02d} to the year {GT_CENTURY}",
                          f"The {noun} lasted from the year {GT_CENTURY}01 to the year {GT_CENTURY}",
-                         tuple(t for y, t in ids.items() if y > year), tuple(t for y, t in ids.items() if y <= year)))
+                         tuple(t for y, t in ids.items() if y > year), tuple(t for y, t in ids.items() if y <= year),
+                         i % len(nouns)))
     else:
         digits = {d: single_token(tokenizer, probe, str(d), sep="") for d in range(10)}
         if any(hit is None or hit[0] != probe for hit in digits.values()):
@@ -337,7 +400,8 @@ def greater_than_task(model, n: int = 60, seed: int = 0, nouns: Sequence[str] = 
             noun, decade = nouns[i % len(nouns)], rng.randint(1, 8)
             rows.append((f"The {noun} lasted from the year {GT_CENTURY}{decade}9 to the year {GT_CENTURY}",
                          f"The {noun} lasted from the year {GT_CENTURY}09 to the year {GT_CENTURY}",
-                         tuple(t for d, t in ids.items() if d > decade), tuple(t for d, t in ids.items() if d <= decade)))
+                         tuple(t for d, t in ids.items() if d > decade), tuple(t for d, t in ids.items() if d <= decade),
+                         i % len(nouns)))
     rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
     return _from_rows("greater-than", rows, "prob_diff", dropped + skipped, note)
 
@@ -390,10 +454,11 @@ def _fitting_rows(tokenizer: Tokenizer, rows: list, n_ctx: int) -> tuple[list, i
 
 
 def _from_rows(name: str, rows: list, metric: str, dropped: int, note: str) -> Task:
+    """A task from rows (clean, corrupted, answers, distractors[, template])."""
     if not rows:
         raise UserError(f"{name}: no prompt survived for this tokenizer")
-    clean, corrupted, answers, distractors = zip(*rows)
-    return Task(name, clean, corrupted, answers, distractors, metric, dropped, note)
+    clean, corrupted, answers, distractors, *templates = zip(*rows)
+    return Task(name, clean, corrupted, answers, distractors, metric, dropped, note, *templates)
 
 
 # Code tasks (for the embedded "code" model): Python lines written for this module.
@@ -424,7 +489,7 @@ def brackets_task(model, n: int = 36, seed: int = 0, lines: Sequence[str] = BRAC
         if good is None or bad is None:
             dropped += 1
             continue
-        rows.append((clean, corrupted, (good[1],), (bad[1],)))
+        rows.append((clean, corrupted, (good[1],), (bad[1],), i % len(lines)))
     rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
     return _from_rows("brackets", rows, "logit_diff", dropped + skipped, "")
 
@@ -447,7 +512,7 @@ def identifier_task(model, n: int = 48, seed: int = 0) -> Task:
         if good is None or bad is None or good[1][0] == bad[1][0]:
             dropped += 1
             continue
-        rows.append((clean, corrupted, (good[1][0],), (bad[1][0],)))
+        rows.append((clean, corrupted, (good[1][0],), (bad[1][0],), i % len(IDENTIFIER_PREFIXES)))
     rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
     return _from_rows("identifier", rows, "logit_diff", dropped + skipped, "")
 
