@@ -42,7 +42,7 @@ def test_report_writes_every_file_with_one_row_per_head(scratch_report):
                      "report.md"]  # no temporary files left
     always = {"role_scores", "top_heads", "layer_map", "rollout", "null_bands", "self_repair", "dormant", "similarity",
               "dla", "logit_lens", "attention_vs_mlp"}
-    assert always <= set(figures) <= always | {"backup", "circuit"}  # those two need role heads
+    assert always <= set(figures) <= always | {"backup", "circuit", "control"}  # those three need role heads
     table = pd.read_csv(scratch_report / "head_roles.csv", keep_default_na=False)
     expected = ["layer", "head"] + [f"{m}{s}" for m in MEASURES for s in ("", "_ci_low", "_ci_high")]
     assert list(table.columns[: len(expected)]) == expected and "role" in table.columns
@@ -136,6 +136,10 @@ def test_toy_report_names_induction_and_previous_token_heads_that_matter(tmp_pat
     assert induction["ablation_effect"].max() > table["ablation_effect"].median()
     summary = (out / "report.md").read_text()
     assert re.search(r"\*\*induction\*\*: L\d+H\d+", summary) and re.search(r"\*\*previous_token\*\*: L\d+H\d+", summary)
+    # the induction heads against layer-matched random heads: the ratio's interval lies above 1
+    assert "Induction heads vs layer-matched random heads" in summary
+    ratio, low, high = map(float, re.search(r"ratio ([\d.]+)x \[([\d.]+), ([\d.]+)\]", summary).groups())
+    assert 1 < low <= ratio <= high, (ratio, low, high)
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, gpt2_dir):

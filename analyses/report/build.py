@@ -10,7 +10,8 @@
                      fdr, null seeds, package versions
 
 Beside the roles, the page has a calibration section (each score against its nulls, backup
-groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``)
+groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``),
+the role heads against layer-matched random heads (``role_control``: ``analyses.interventions.controls``)
 and a circuit section (the edges among the role heads: ``analyses.circuits.circuit``).
 
 Same model, prompts and seed -> the same bytes. Every file is written atomically.
@@ -48,6 +49,7 @@ from analyses.report.page import (PatternView, ReportFigure, Section, display_to
                                   head_table_html, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.interventions.attribution import Screen
+from analyses.interventions.controls import ControlEffects, control_effects, control_figure
 from analyses.interventions.run import Run
 from analyses.core.tokens import leading_tokens
 from interp.memory import release_freed_memory
@@ -60,6 +62,7 @@ PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom,
 # path patching): each sweeps every head, so its cost grows with prompts x heads, while the roles
 # are read from every probe in the one forward
 DEFAULT_INTERVENTION_PROMPTS = 16
+CONTROL_DRAWS = 50  # random head sets the role heads are compared with (one sweep of this many + 1 ablations)
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
@@ -133,6 +136,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     calibrated = fdr is not None and not texts
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
+    steps.begin("control")
+    control = role_control(model, table, first, seed=seed, memory_mb=step_mb, progress=progress)
     steps.begin("circuit")
     circuit = None if CIRCUIT in left else circuit_section(
         model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
@@ -149,7 +154,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
     circuit_page = [] if circuit is None else [circuit_report_section(circuit)]
     steps.begin("components")
-    sections[2:2] = [calibration_report_section(calibration), *circuit_page,
+    sections[2:2] = [calibration_report_section(calibration), control_report_section(control), *circuit_page,
                      components_report_section(model, first.probes, component_effects(calibration), run=first.run,
                                                memory_mb=step_mb, progress=progress, dla=DLA not in left)]
     sections[:0] = left_out_section(left)
@@ -161,7 +166,8 @@ class ReportSteps:
     """The report's step-level bar, e.g. ``report: calibration  3/7``: which of ``STEPS`` it is on
     (shown per ``progress``, as every bar: ``analyses.core.progress``)."""
 
-    STEPS = ("probe run", "classification", "calibration", "circuit", "pattern views", "figures", "components")
+    STEPS = ("probe run", "classification", "calibration", "control", "circuit", "pattern views", "figures",
+             "components")
 
     def __init__(self, progress: bool | None):
         self.bar = progress_bar(total=len(self.STEPS), progress=progress, desc="report", unit="step")
@@ -221,6 +227,64 @@ def role_rule(thresholds, fdr: float | None) -> str:
     limit = DEFAULT_THRESHOLD if thresholds is None else thresholds
     return (f"A head has a role when its score is at least the threshold ({limit}) and its 95% bootstrap "
             "interval lies above chance (a uniform head's score).")
+
+
+@dataclass
+class RoleControl:
+    """The report's control: ``role``'s heads (``heads``, at most half of each layer's) ablated against
+    layer-matched random sets (``found``), or why there is none (``why``); ``left``: the role heads
+    left out so that every layer keeps as many others to draw from."""
+
+    role: str
+    heads: list[tuple[int, int]]
+    left: list[tuple[int, int]]
+    found: ControlEffects | None = None
+    why: str = ""
+
+
+def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int = CONTROL_DRAWS, seed: int = 0,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> RoleControl:
+    """The heads of the role the page opens on (``start_measure``: induction, else previous-token)
+    ablated as the head table's ablation effect is (position-aligned mean, the loss of the
+    predictable tokens, on ``first``'s probes and run) against ``n_draws`` layer-matched random sets,
+    in one batched sweep of ``n_draws + 1`` variants (``control_effects``). A layer where more than
+    half the heads have the role keeps its highest-scoring half, so the random sets have heads to
+    come from (the others are listed in ``left``)."""
+    role = start_measure(table)
+    ranked = table[table["role"].str.split(";").apply(lambda roles: role in roles)].sort_values(
+        [role, "layer", "head"], ascending=[False, True, True])
+    heads, left, per_layer = [], [], {}
+    for layer, head in ranked[["layer", "head"]].itertuples(index=False):
+        kept = per_layer.get(int(layer), 0) < model.cfg.n_heads // 2
+        (heads if kept else left).append((int(layer), int(head)))
+        per_layer[int(layer)] = per_layer.get(int(layer), 0) + kept
+    if not heads:
+        why = (f"no head has the role {role}, so there is no set to test" if not left else
+               f"the {role} heads' layers have too few heads to draw a layer-matched random set from")
+        return RoleControl(role, [], left, why=why)
+    found = control_effects(model, first.probes, sorted(heads), "mean_aligned", first.metric, n_draws=n_draws,
+                            seed=seed, run=first.run, memory_mb=memory_mb, progress=progress)
+    return RoleControl(role, sorted(heads), sorted(left), found)
+
+
+def control_report_section(control: RoleControl) -> Section:
+    """The role heads against layer-matched random heads: the effects, the ratio and its interval."""
+    title = f"{control.role.replace('_', '-').capitalize()} heads vs layer-matched random heads"
+    if control.found is None:
+        return Section(title, control.why.capitalize() + ".")
+    found = control.found
+    left = (f" {len(control.left)} more {control.role} heads ({', '.join(f'L{l}H{h}' for l, h in control.left)}) "
+            "are left out so that each layer keeps at least as many other heads to draw from." if control.left else "")
+    text = (f"The {control.role} heads ablated together (position-aligned mean, the rise in loss on the predictable "
+            f"tokens of the first {found.n_prompts} probes) against {found.n_draws} random sets with as many heads "
+            "in each layer (and key/value group) and none of the tested heads, all in one batched sweep." + left
+            + " Each interval is a 95% percentile bootstrap: the tested effect over prompts; the random mean and "
+            "the ratio over prompts and draws together, the same resamples for both. p: (1 + the random sets whose "
+            "|effect| is at least the tested one's) / (1 + the random sets), each different set once. The heads "
+            "were chosen on all the probes, these included.\n\n- " + found.describe())
+    return Section(title, text, figures=[ReportFigure("control", f"{title}: the tested effect against each random "
+                                                      "set's", png_bytes(control_figure(found)))],
+                   table=found.summary().drop(columns=["heads"]).round(4))
 
 
 def calibration_report_section(calibration: CalibrationSection) -> Section:
