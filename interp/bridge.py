@@ -14,6 +14,7 @@ import copy as _copy
 import torch
 
 from interp.errors import UserError
+from interp.tokenizer import follow_tokenizer
 
 PROBE_TOKENS = 6  # the probe: the first ids of the vocabulary past the specials, one prompt
 # how far the bridge's probe logits may be from Hugging Face's, in units of the dtype's epsilon times
@@ -26,7 +27,9 @@ def boot_bridge(hf_model, tokenizer, name: str = "model", copy: bool = True):
     dtype. Booting rewires the model it is given, so by default it gets a copy and ``hf_model``
     stays usable, e.g. for ``interp.from_hf``; ``copy=False`` boots ``hf_model`` itself (no second
     set of weights in memory, and a model placed over several devices by a ``device_map`` stays
-    where it is). Refused when the bridge's logits on a short probe differ from Hugging Face's."""
+    where it is). Refused when the bridge's logits on a short probe differ from Hugging Face's. Its
+    ``cfg.default_prepend_bos`` follows the tokenizer's ``add_bos_token`` where it says, else
+    TransformerLens's default for the family."""
     from transformer_lens.model_bridge import TransformerBridge
 
     if tokenizer is None:
@@ -46,4 +49,5 @@ def boot_bridge(hf_model, tokenizer, name: str = "model", copy: bool = True):
         raise UserError(f"the TransformerLens bridge of {name!r} ({model.config.model_type}) computes other logits "
                         f"than Hugging Face on the same weights (max difference {gap:.3g} > {allowed:.2g} on a "
                         f"{PROBE_TOKENS}-token probe); refusing to analyse it (try impl='scratch')")
+    follow_tokenizer(bridge, tokenizer)  # the tokenizer's add_bos_token, else TransformerLens's family default
     return bridge

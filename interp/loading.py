@@ -31,7 +31,7 @@ from interp.convert.stream import weight_files
 from interp.hub import (hf_config, load_hf, load_tokenizer, local_directory, locate, read_config_json,
                         refuse_missing_tokenizer)
 from interp.model import GPTConfig, GPTModel
-from interp.tokenizer import ByteTokenizer, VocabTokenizer
+from interp.tokenizer import ByteTokenizer, VocabTokenizer, set_start_token
 
 CHECKPOINT_FORMAT = "interp-gpt/1"
 IMPLS = ("scratch", "transformer_lens")
@@ -232,7 +232,8 @@ def load_gguf(path: Path, impl: str | None = None, device_map: str | dict | None
     scratch, its tensors dequantized one by one into the model (``interp.convert.from_gguf``);
     otherwise transformers' own GGUF load under the TransformerLens bridge. The file is checked
     before any weight is read (``GGUFFile``); the model records its name, SHA-256 and tensor types
-    as ``source_file`` (``interp.provenance``)."""
+    as ``source_file`` (``interp.provenance``). Its texts begin with the start token as the file's
+    ``tokenizer.ggml.add_bos_token`` says (where it has one)."""
     file = GGUFFile(path)
     config = file.hf_config()
     if impl is None:
@@ -242,6 +243,8 @@ def load_gguf(path: Path, impl: str | None = None, device_map: str | dict | None
         model = from_gguf(file, config, file.tokenizer(config), dtype)
     else:
         model = _gguf_bridge(file, config, device_map, dtype)
+    if file.add_bos_token is not None:  # llama.cpp's own start-token flag, which the file states
+        set_start_token(model, file.add_bos_token, "gguf")
     model.source_file = file.record()
     return model
 

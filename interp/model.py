@@ -142,8 +142,9 @@ class GPTConfig:
     causal: bool = True  # False: every position attends to every position (Tracr's non-causal programs)
     d_vocab_out: int | None = None  # width of the unembedding's output; None: d_vocab (a different one needs
     # an untied unembedding: Tracr's output space, 1 for a numerical output read as a value)
-    # whether to_tokens prepends the start token when not told (TransformerLens's per-family
-    # convention: False for Qwen2, GPT-NeoX and Phi); analyses always prepend it
+    # whether texts begin with the start token, in to_tokens (when not told) and in every analysis:
+    # the tokenizer's own add_bos_token where it says, else the family's default (TransformerLens's
+    # per-family convention: False for Qwen2, GPT-NeoX and Phi); interp.tokenizer.set_start_token
     default_prepend_bos: bool = True
     # per-head q/k/v inputs (``GPTModel.set_use_split_qkv_input``), a runtime switch as in
     # TransformerLens's cfg; not saved in checkpoints

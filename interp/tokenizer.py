@@ -6,9 +6,16 @@ GPT-2's ``<|endoftext|>`` does both jobs), ``vocab_size`` and ``ordinary_ids()``
 wraps a Hugging Face tokenizer in that protocol.
 
 The rule (``encode_texts``), used by every analysis and by ``GPTModel.to_tokens``: each text is
-encoded without special tokens, the start token is prepended, and a batch of unequal lengths is
-padded on the right, with the real lengths returned, so the padding can be masked out of every
-score. Causal attention keeps the padding invisible to the real positions.
+encoded without special tokens, the start token is prepended where the model's input format has
+one (``cfg.default_prepend_bos``), and a batch of unequal lengths is padded on the right, with the
+real lengths returned, so the padding can be masked out of every score. Causal attention keeps the
+padding invisible to the real positions.
+
+The start token (DESIGN 4.11): a model's tokenizer says whether its text begins with one
+(``add_bos_token`` in a Hugging Face tokenizer's files, ``tokenizer.ggml.add_bos_token`` in a GGUF
+file); where it says nothing, the family's default holds. The setting is stored once on the model,
+as ``cfg.default_prepend_bos`` (our ``GPTConfig`` and the TransformerLens bridge's cfg alike), with
+where it came from as ``model.start_token_source`` (``START_TOKEN_SOURCES``).
 """
 
 from __future__ import annotations
@@ -117,6 +124,49 @@ class HFTokenizer:
         return [i for i in range(self.vocab_size) if i not in excluded]
 
 
+# where a model's start-token setting came from (``set_start_token``)
+START_TOKEN_SOURCES = ("tokenizer", "gguf", "family default", "model config", "chat template", "command line")
+
+
+def tokenizer_adds_bos(hf_tokenizer) -> bool | None:
+    """Whether a Hugging Face tokenizer begins a text with its BOS when it adds its special tokens,
+    as ``tokenizer(text)`` does: its ``add_bos_token``, wherever its files keep it
+    (tokenizer_config.json, or only tokenizer.json's post-processor, where transformers 5 saves it;
+    the ``add_bos_token`` attribute is False there even when the BOS is added), read by encoding one
+    character. None where it cannot say: a tokenizer of ours, or one without a BOS (Qwen2's)."""
+    bos = getattr(hf_tokenizer, "bos_token_id", None)
+    if not hasattr(hf_tokenizer, "init_kwargs") or bos is None:
+        return None
+    ids = hf_tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
+def set_start_token(model, prepend: bool, source: str) -> None:
+    """Store whether ``model``'s texts begin with its start token: ``cfg.default_prepend_bos``
+    (which ``to_tokens`` and every analysis read), and ``source``, one of ``START_TOKEN_SOURCES``,
+    as ``model.start_token_source``."""
+    if source not in START_TOKEN_SOURCES:
+        raise UserError(f"start token source {source!r} unknown; allowed: {', '.join(START_TOKEN_SOURCES)}")
+    model.cfg.default_prepend_bos = bool(prepend)
+    model.start_token_source = source
+
+
+def follow_tokenizer(model, hf_tokenizer) -> None:
+    """``set_start_token`` from what ``hf_tokenizer`` does (``tokenizer_adds_bos``), else the
+    family's default, which ``model.cfg.default_prepend_bos`` holds when this is called."""
+    declared = tokenizer_adds_bos(hf_tokenizer)
+    if declared is None:
+        set_start_token(model, model.cfg.default_prepend_bos, "family default")
+    else:
+        set_start_token(model, declared, "tokenizer")
+
+
+def start_token_setting(model) -> tuple[bool, str]:
+    """``(prepend, source)``: whether ``model``'s texts begin with its start token, and where that
+    came from (``"model config"`` for a model nothing set it on: one built from a ``GPTConfig``)."""
+    return bool(model.cfg.default_prepend_bos), getattr(model, "start_token_source", "model config")
+
+
 def as_tokenizer(tokenizer) -> Tokenizer:
     """Our tokenizer protocol for ``tokenizer`` (ours as it is; a Hugging Face one wrapped)."""
     return tokenizer if hasattr(tokenizer, "ordinary_ids") else HFTokenizer(tokenizer)
@@ -124,7 +174,7 @@ def as_tokenizer(tokenizer) -> Tokenizer:
 
 @dataclass
 class TokenBatch:
-    """tokens: (batch, pos) ids, the start token first, right-padded with the start token;
+    """tokens: (batch, pos) ids, the start token first where the texts have one, right-padded with the start token;
     lengths: (batch,) how many of each row's tokens are real."""
 
     tokens: torch.Tensor
@@ -143,7 +193,7 @@ def encode_texts(tokenizer: Tokenizer, texts: str | Sequence[str], n_ctx: int, *
                  equal_lengths: bool = False) -> TokenBatch:
     """Texts -> a right-padded ``TokenBatch`` (the rule in the module docstring).
 
-    Every text must be a non-empty string of at most ``n_ctx`` tokens (start token included);
+    Every text must be a non-empty string of at most ``n_ctx`` tokens (a start token included);
     with ``equal_lengths`` all must tokenise to the same length (patching pairs need that).
     """
     texts = [texts] if isinstance(texts, str) else list(texts)

@@ -303,9 +303,10 @@ def test_probes_of_byte_level_models_are_unchanged(which, scratch):
     assert {name: digest(tensor) for name, tensor in drawn.items()} == PINNED_PROBES
 
 
-# The start token each family's sequences begin with: its BOS, else its EOS (Qwen2 has no BOS).
+# The start token each family's sequences begin with: its BOS, which its tokenizer adds; None: none
+# (Qwen2 has no BOS, and its family begins texts without a start token, as its tokenizer does).
 START_TOKENS = {"gpt2": 256, "phi": 256, "gpt_neo": 256, "llama": 1, "mistral": 1, "gemma": 2, "gemma2": 2,
-                "gemma3_text": 2, "opt": 2, "gpt_neox": 0, "qwen2": 256}
+                "gemma3_text": 2, "opt": 2, "gpt_neox": 0, "qwen2": None}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -320,9 +321,10 @@ def test_probes_use_only_ordinary_tokens_on_every_family(family, family_dir):
     assert model.cfg.d_vocab > len(hf) and len(ordinary) == 256
     probes = probes_for(model, 8, 32, seed=0)
     corrupted = corrupt_first_copy(probes, seed=1)
+    start = [] if START_TOKENS[family] is None else [START_TOKENS[family]]
     for tokens in (probes.tokens, corrupted):
-        assert (tokens[:, 0] == START_TOKENS[family]).all()
-        assert set(tokens[:, 1:].flatten().tolist()) <= ordinary
+        assert all(row[:len(start)] == start for row in tokens.tolist())
+        assert set(tokens[:, len(start):].flatten().tolist()) <= ordinary
     assert not torch.equal(probes.tokens, corrupted)
 
 

@@ -1,6 +1,7 @@
 """What every command that analyses a model shares: its ``--model``/``--impl`` arguments, where and
 in which precision it runs (``--device``, ``--dtype``), the memory an analysis may add
-(``--memory-mb``), whether it shows progress (``--progress/--no-progress``), and the model they name."""
+(``--memory-mb``), whether its texts begin with the start token (``--prepend-bos/--no-prepend-bos``),
+whether it shows progress (``--progress/--no-progress``), and the model they name."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from analyses.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV
 from interp import load_model
 from interp.errors import UserError
 from interp.loading import DTYPES
+from interp.tokenizer import set_start_token
 
 IMPL_CHOICES = ("auto", "scratch", "transformer_lens")
 
@@ -28,13 +30,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """``--dtype``, ``--device`` (how the model is loaded), ``--memory-mb`` (the analyses' budget) and
+    """``--dtype``, ``--device`` (how the model is loaded), ``--memory-mb`` (the analyses' budget),
+    ``--prepend-bos/--no-prepend-bos`` (None by default: the model's own setting) and
     ``--progress/--no-progress``."""
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="precision of the weights and the forward (default float32); scores are float32 always")
     parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N, mps")
     parser.add_argument("--memory-mb", type=number(above=0), default=DEFAULT_MEMORY_MB,
                         help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
+    parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
+                        help="begin every text and probe with the model's start token (BOS); default: as the "
+                             "model's tokenizer says (add_bos_token; tokenizer.ggml.add_bos_token in a GGUF file), "
+                             "else its family's default")
     add_progress_args(parser)
 
 
@@ -111,9 +118,13 @@ def add_impl_arg(parser: argparse.ArgumentParser) -> None:
 
 def load_cli_model(args: argparse.Namespace, spec: str | None = None):
     """The model ``--model`` (or ``spec``) names, run by ``--impl``, in ``--dtype`` on ``--device``,
-    in eval mode."""
-    return load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl,
-                      dtype=args.dtype, device=args.device).eval()
+    in eval mode, its texts beginning with the start token as ``--prepend-bos/--no-prepend-bos``
+    says (where given: ``meta.json`` records it as from the command line)."""
+    model = load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl,
+                       dtype=args.dtype, device=args.device).eval()
+    if args.prepend_bos is not None:
+        set_start_token(model, args.prepend_bos, "command line")
+    return model
 
 
 def check_head_count(model, count: int, option: str) -> None:

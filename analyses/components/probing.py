@@ -35,7 +35,7 @@ import torch
 from analyses.core.hook_names import final_resid_name, resid_pre_name
 from analyses.core.probes import RepeatedProbes
 from analyses.core.progress import progress_bar
-from analyses.core.tokens import ordinary_token_ids, single_token_id, start_token_id
+from analyses.core.tokens import ordinary_token_ids, single_token_id, start_ids
 from interp.errors import UserError
 
 
@@ -74,7 +74,7 @@ def bracket_depth(tokens: torch.Tensor, open_id: int, close_id: int) -> torch.Te
 def bracket_prompts(model, n_prompts: int, seq_len: int, *, max_depth: int = 4, seed: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of "(" and ")" among filler tokens -> (tokens (batch, seq_len), depth (batch, seq_len),
-    -1 at the start token). Brackets stay balanced-or-open (never close below 0, never deeper than
+    -1 at the start token, where the model's texts have one). Brackets stay balanced-or-open (never close below 0, never deeper than
     ``max_depth``); each position is an opening bracket, a closing one or filler with equal odds
     where allowed. Seeded."""
     open_id, close_id = single_token_id(model, "("), single_token_id(model, ")")
@@ -88,9 +88,10 @@ def bracket_prompts(model, n_prompts: int, seq_len: int, *, max_depth: int = 4, 
         closes = (choice[:, pos] == 1) & (depth > 0)
         tokens[opens, pos], tokens[closes, pos] = open_id, close_id
         depth = depth + opens.long() - closes.long()
-    tokens[:, 0] = start_token_id(model)
+    start = start_ids(model)  # none where the model's texts begin without a start token
+    tokens[:, :len(start)] = torch.tensor(start, dtype=torch.long)
     labels = bracket_depth(tokens, open_id, close_id)
-    labels[:, 0] = -1
+    labels[:, :len(start)] = -1
     return tokens, labels
 
 

@@ -30,12 +30,15 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
   clean run, frozen: weight * (heads + b_O) / scale, scale (batch, pos, 1) fitted per row as the
   final norm's is for direct logit attribution. An analysis that takes a head's write to be its
   ``z @ W_O`` (``HEAD_WRITES``) is refused on such a block: the write the residual receives is
-  that map of it.
+  that map of it. One that applies the map (``HEAD_CONTRIBUTIONS``: direct logit attribution,
+  exact path patching, direct effects; ``frozen_output_norm``) runs where the check holds.
 
 ``require_edit`` is what interventions call: it refuses, in one line naming the hook and the
 family, an intervention whose edit would not reach the output, instead of returning numbers from
-an edit that did nothing. A *need* is one of those facts by name (a hook of ``EDITABLE``, or
-``HEAD_WRITES``: each head's ``z @ W_O`` plus ``b_O`` gives ``hook_attn_out``), and
+an edit that did nothing. A *need* is one of those facts by name (a hook of ``EDITABLE``;
+``HEAD_WRITES``: each head's ``z @ W_O`` plus ``b_O`` gives ``hook_attn_out``;
+``HEAD_CONTRIBUTIONS``: that, or through the frozen norm on the attention output; ``UNNORMED_ATTN_OUT``:
+no such norm), and
 ``HookCheck.refusal`` is the one place that turns a need the model lacks into its one-line
 refusal: the steps that need it raise it (``require``), and a command plans its sections from it
 before any sweep (``left_out``).
@@ -53,7 +56,7 @@ import torch
 from einops import einsum
 
 from analyses.core.hook_names import has_mlps
-from analyses.core.tokens import model_device, ordinary_token_ids, start_token_id
+from analyses.core.tokens import model_device, ordinary_token_ids, start_ids
 from interp import provenance
 from interp.errors import UserError
 from interp.provenance import model_family, model_impl
@@ -64,8 +67,14 @@ NEURONS = "mlp.hook_post"  # the MLP's hidden activation (batch, pos, d_mlp), ch
 EDIT_TOLERANCE = 1e-6
 SUM_TOLERANCE = 1e-4
 HEAD_WRITES = "head_writes"  # the need: each head's write is z @ W_O (with b_O they give hook_attn_out)
+# the need: each head's contribution to the residual is known from its z: z @ W_O, or in a block that norms its
+# attention output, weight * z @ W_O / the norm's scale from the clean run, frozen (``frozen_output_norm``)
+HEAD_CONTRIBUTIONS = "head_contributions"
+# the need: no norm between the heads and the residual, so that a rerun with a head's z edited moves the residual
+# by that head's contribution alone (a norm on the attention output would be recomputed there, not frozen)
+UNNORMED_ATTN_OUT = "unnormed_attn_out"
 PRE_NORM_OUT = "attn.hook_out"  # a block that norms its attention output: that output before the norm
-NEEDS = (*EDITABLE, HEAD_WRITES)
+NEEDS = (*EDITABLE, HEAD_WRITES, HEAD_CONTRIBUTIONS, UNNORMED_ATTN_OUT)
 _checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -117,8 +126,24 @@ class HookCheck:
 
     def refusal(self, need: str, needed_by: str) -> str | None:
         """The one line that refuses ``needed_by`` on this model for want of ``need`` (one of
-        ``NEEDS``: an edit of that hook reaching the output, or ``HEAD_WRITES``), None where the
-        model has it."""
+        ``NEEDS``: an edit of that hook reaching the output, ``HEAD_WRITES``, ``HEAD_CONTRIBUTIONS`` or
+        ``UNNORMED_ATTN_OUT``), None where the model has it."""
+        if need == UNNORMED_ATTN_OUT:
+            if not self.output_normed:
+                return None
+            return (f"{needed_by} reruns the blocks with a head's z edited, and on this {self.family} model "
+                    f"({self.impl}) the norm on the attention output (blocks.{{l}}.ln1_post) would be recomputed "
+                    "there, not frozen at the clean run's scale as a head's contribution is defined; see `interp check`")
+        if need == HEAD_CONTRIBUTIONS:
+            if self.sums_ok and self.norm_ok is not False:
+                return None
+            if self.sums_ok:
+                return (f"{needed_by} needs each head's contribution weight * z @ W_O / scale (the norm on the "
+                        f"attention output, its scale from the clean run), and on this {self.family} model "
+                        f"({self.impl}) it does not give hook_attn_out (error {self.norm_error:.2g}); see `interp check`")
+            found = "is not reachable" if self.sums_ok is None else "does not give the attention output"
+            return (f"{needed_by} needs each head's write z @ W_O, and on this {self.family} model ({self.impl}) "
+                    f"blocks.{{l}}.attn.W_O {found}; see `interp check`")
         if need == HEAD_WRITES:
             if self.output_normed:
                 return (f"{needed_by} needs each head's write to the residual to be its z @ W_O, and on this "
@@ -168,11 +193,13 @@ def documented_shapes(cfg, batch: int, n_pos: int) -> dict[str, tuple[int, ...]]
 
 
 def probe_tokens(model) -> torch.Tensor:
-    """One short fixed prompt (1, pos) of ordinary tokens, the start token first."""
+    """One short fixed prompt (1, pos) of ordinary tokens, the start token first where the model's
+    texts begin with one."""
     ordinary = ordinary_token_ids(model)
+    start = start_ids(model)
     n_pos = min(model.cfg.n_ctx, 12)
-    body = [ordinary[(7 * i + 3) % len(ordinary)] for i in range(n_pos - 1)]
-    return torch.tensor([[start_token_id(model), *body]], device=model_device(model))
+    body = [ordinary[(7 * i + 3) % len(ordinary)] for i in range(n_pos - len(start))]
+    return torch.tensor([[*start, *body]], device=model_device(model))
 
 
 @torch.no_grad()
@@ -256,6 +283,73 @@ def output_norm(model, layer: int):
     return getattr(model.blocks[layer], "ln1_post", None)
 
 
+def output_norm_reads(model, layers: Sequence[int] | None = None) -> list[str]:
+    """What ``frozen_output_norm`` reads of a run, for each of ``layers`` (None: every layer) whose
+    block norms its attention output: ``blocks.{l}.attn.hook_out`` and ``blocks.{l}.hook_attn_out``."""
+    layers = range(model.cfg.n_layers) if layers is None else layers
+    return [f"blocks.{layer}.{suffix}" for layer in layers if output_norm(model, layer) is not None
+            for suffix in (PRE_NORM_OUT, "hook_attn_out")]
+
+
+@dataclass
+class FrozenNorm:
+    """A block's norm on its attention output at a run, frozen: the linear map ``x -> weight * x /
+    scale``; weight (d_model,) float32 (Gemma's ``1 + weight``), scale (..., 1) float32, one per row
+    of the run (an infinite scale for a row that was all zeros: nothing passes)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., d_model), its leading axes those of ``scale`` -> weight * x / scale, float32."""
+        return self.weight * x.float() / self.scale
+
+
+def norm_weight(norm) -> torch.Tensor:
+    """An RMSNorm's weight (d_model,) float32 as it multiplies: Gemma's ``1 + weight`` (folded into
+    ``weight`` on our model; a bridge's Gemma norm stores ``weight - 1``)."""
+    weight = norm.weight.detach().float()
+    return 1.0 + weight if getattr(norm, "uses_weight_offset", False) else weight
+
+
+def frozen_norm(norm, pre_norm: torch.Tensor, normed: torch.Tensor) -> FrozenNorm:
+    """An RMSNorm ``norm`` with its scale frozen from the run in which ``pre_norm`` (..., d_model)
+    went in and ``normed`` came out: the scale per row by least squares (as the final norm's is for
+    direct logit attribution), so neither eps nor how the backend stores the weight is assumed."""
+    weight = norm_weight(norm)
+    written = weight * pre_norm.float()
+    squares = (written * written).sum(-1, keepdim=True)
+    scale = torch.where(squares > 0, squares / (written * normed.float()).sum(-1, keepdim=True), torch.inf)
+    return FrozenNorm(weight.to(scale.device), scale)
+
+
+def frozen_output_norm(model, layer: int, run: dict, rows=slice(None), at=slice(None)) -> FrozenNorm | None:
+    """Block ``layer``'s norm on its attention output frozen at a run (``run``: hook name -> activation
+    (batch, pos, d_model), holding ``output_norm_reads``), at the prompts ``rows`` and positions ``at``:
+    a head's contribution to the residual there is this map of its ``z @ W_O`` (and ``b_O``'s of it).
+    None where the block has no such norm (the contribution is ``z @ W_O`` itself)."""
+    norm = output_norm(model, layer)
+    if norm is None:
+        return None
+    pre, out = (run[f"blocks.{layer}.{suffix}"][rows][:, at] for suffix in (PRE_NORM_OUT, "hook_attn_out"))
+    return frozen_norm(norm, pre, out)
+
+
+def logit_soft_cap(model) -> float | None:
+    """The cap of the model's final logits (``logits -> cap * tanh(logits / cap)``: Gemma 2's, on our
+    model and the bridge alike), None where it has none (the bridge writes -1 for none)."""
+    cap = getattr(model.cfg, "output_logits_soft_cap", None)
+    return float(cap) if cap is not None and cap > 0 else None
+
+
+def norms_inside_heads(model) -> bool:
+    """Whether a norm acts inside the attention, between the weights and what the residual receives:
+    on each query and key head (``attn.q_norm``/``k_norm``: Gemma 3) or on the attention output
+    (``output_norm``)."""
+    return any(getattr(block.attn, "q_norm", None) is not None or getattr(block.attn, "k_norm", None) is not None
+               or output_norm(model, layer) is not None for layer, block in enumerate(model.blocks))
+
+
 @torch.no_grad()
 def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | None]:
     """(max |sum_h z_h @ W_O[h] + b_O - the attention's output| over layers, summed in float32, or
@@ -287,16 +381,9 @@ def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | Non
 
 def frozen_norm_error(norm, total: torch.Tensor, pre_norm: torch.Tensor, normed: torch.Tensor) -> float:
     """max |weight * total / scale - normed| for an RMSNorm ``norm`` with its scale frozen from the
-    clean run: ``pre_norm`` (batch, pos, d_model) went in and ``normed`` came out; scale (batch, pos,
-    1) is fitted per row by least squares, as the final norm's for direct logit attribution (a
-    zero row: an infinite scale, no contribution). ``total``: the heads' sum plus b_O."""
-    weight = norm.weight.detach().float()
-    if getattr(norm, "uses_weight_offset", False):  # a bridge's Gemma norm stores weight - 1
-        weight = 1.0 + weight
-    written = weight * pre_norm
-    squares = (written * written).sum(-1, keepdim=True)
-    scale = torch.where(squares > 0, squares / (written * normed).sum(-1, keepdim=True), torch.inf)
-    return float((weight * total / scale - normed).abs().max())
+    clean run (``frozen_norm``): ``pre_norm`` (batch, pos, d_model) went in and ``normed`` came out.
+    ``total``: the heads' sum plus b_O."""
+    return float((frozen_norm(norm, pre_norm, normed)(total) - normed).abs().max())
 
 
 @torch.no_grad()

@@ -2,8 +2,10 @@
 
 Each prompt is ``start token, prefix (a tokens), segment (p tokens), the same segment again,
 filler``, all ``seq_len`` long; the start token is the model's BOS (else its EOS) and every other
-token an ordinary one (never a special or added token, never an id of a padded vocabulary). The
-period ``p`` and prefix length ``a`` vary per prompt, so a head that attends by a fixed
+token an ordinary one (never a special or added token, never an id of a padded vocabulary). A
+model whose input format has no start token (``analyses.core.tokens.starts_with_start_token``)
+gets probes without one: the prefix begins at position 0 and every later part one position earlier.
+The period ``p`` and prefix length ``a`` vary per prompt, so a head that attends by a fixed
 positional offset cannot pass as content-based. Segment tokens are distinct
 and never appear in the prefix or filler, so each token of the second copy has exactly one
 earlier occurrence, at ``i - p``, and the token after it (the induction target) is at ``i - p + 1``.
@@ -16,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from analyses.core.tokens import model_device, ordinary_token_ids, start_token_id
+from analyses.core.tokens import model_device, ordinary_token_ids, start_ids
 from interp.errors import UserError
 
 MIN_SEQ_LEN = 8  # the shortest probe: the start token, a prefix and two copies of a segment
@@ -26,16 +28,19 @@ MIN_SEQ_LEN = 8  # the shortest probe: the start token, a prefix and two copies 
 class RepeatedProbes:
     """A batch of probe prompts.
 
-    tokens: (batch, pos) token ids, the start token at position 0.
+    tokens: (batch, pos) token ids, the start token at position 0 where ``start_token``.
     period: (batch,) the segment length p of each prompt.
-    segment_start: (batch,) position where the first copy starts (1 + prefix length).
+    segment_start: (batch,) position where the first copy starts (prefix length, plus 1 after a
+        start token).
     vocab: (n,) the ids every token after the start token is drawn from (kept on the CPU).
+    start_token: whether position 0 is the start token (else the prefix begins there).
     """
 
     tokens: torch.Tensor
     period: torch.Tensor
     segment_start: torch.Tensor
     vocab: torch.Tensor
+    start_token: bool = True
 
     @property
     def n_prompts(self) -> int:
@@ -49,7 +54,7 @@ class RepeatedProbes:
         """The first ``n`` probes (all where there are fewer)."""
         if n < 1:
             raise UserError(f"first {n} probes: take at least one")
-        return RepeatedProbes(self.tokens[:n], self.period[:n], self.segment_start[:n], self.vocab)
+        return RepeatedProbes(self.tokens[:n], self.period[:n], self.segment_start[:n], self.vocab, self.start_token)
 
     def _positions(self) -> torch.Tensor:
         return torch.arange(self.seq_len, device=self.tokens.device)[None]
@@ -77,31 +82,35 @@ class RepeatedProbes:
     def places(self) -> torch.Tensor:
         """(batch, pos) long: the place of each position in the probe's structure, equal for two
         positions exactly when they are in the same region (start token, prefix, first copy, second
-        copy, filler) at the same offset from that region's start: ``region * seq_len + offset``."""
+        copy, filler) at the same offset from that region's start: ``region * seq_len + offset``
+        (without a start token, region 0 is empty and the prefix begins at position 0)."""
         pos = self._positions()
         first = self.segment_start[:, None]
         second = first + self.period[:, None]
         filler = second + self.period[:, None]
-        bounds = torch.stack([torch.zeros_like(first), torch.ones_like(first), first, second, filler])  # (5, batch, 1)
+        prefix = torch.full_like(first, int(self.start_token))
+        bounds = torch.stack([torch.zeros_like(first), prefix, first, second, filler])  # (5, batch, 1)
         region = (pos[None] >= bounds).sum(0) - 1  # (batch, pos) in 0..4
         offset = pos - bounds.squeeze(-1).T.gather(1, region)
         return region * self.seq_len + offset
 
     def to(self, device) -> "RepeatedProbes":
-        return RepeatedProbes(self.tokens.to(device), self.period.to(device), self.segment_start.to(device), self.vocab)
+        return RepeatedProbes(self.tokens.to(device), self.period.to(device), self.segment_start.to(device), self.vocab,
+                              self.start_token)
 
 
 def repeated_probes(
     n_prompts: int,
     seq_len: int,
     vocab: Sequence[int],
-    start_token_id: int,
+    start_token_id: int | None,
     *,
     period_range: tuple[int, int] | None = None,
     prefix_range: tuple[int, int] | None = None,
     seed: int = 0,
 ) -> RepeatedProbes:
-    """Draw ``n_prompts`` probes of length ``seq_len``: ``start_token_id``, then ids from ``vocab``.
+    """Draw ``n_prompts`` probes of length ``seq_len``: ``start_token_id`` (None: no start token),
+    then ids from ``vocab``.
 
     Defaults: period in [seq_len // 8, seq_len // 3], prefix in [1, seq_len // 8]; the rest is filler.
     Deterministic in ``seed``.
@@ -111,10 +120,11 @@ def repeated_probes(
     check_seq_len(seq_len, "seq_len=")
     p_low, p_high = period_range or (max(2, seq_len // 8), max(2, seq_len // 3))
     a_low, a_high = prefix_range or (1, max(1, seq_len // 8))
-    if not 2 <= p_low <= p_high or not 0 <= a_low <= a_high or 1 + a_high + 2 * p_high > seq_len:
+    start = [] if start_token_id is None else [start_token_id]
+    if not 2 <= p_low <= p_high or not 0 <= a_low <= a_high or len(start) + a_high + 2 * p_high > seq_len:
         raise UserError(
             f"period_range={(p_low, p_high)} and prefix_range={(a_low, a_high)} do not fit seq_len={seq_len} "
-            f"(need 2 <= period, 1 + prefix + 2 * period <= seq_len)"
+            f"(need 2 <= period, {len(start)} + prefix + 2 * period <= seq_len)"
         )
     vocab = torch.as_tensor(list(vocab), dtype=torch.long)
     if len(vocab) < 2 * p_high:
@@ -126,19 +136,21 @@ def repeated_probes(
     for period, prefix in zip(periods.tolist(), prefixes.tolist()):
         shuffled = vocab[torch.randperm(len(vocab), generator=generator)]
         segment, others = shuffled[:period], shuffled[period:]
-        n_other = seq_len - 1 - 2 * period
+        n_other = seq_len - len(start) - 2 * period
         fill = others[torch.randint(len(others), (n_other,), generator=generator)]
-        rows.append(torch.cat([torch.tensor([start_token_id]), fill[:prefix], segment, segment, fill[prefix:]]))
-    return RepeatedProbes(torch.stack(rows), periods, 1 + prefixes, vocab)
+        rows.append(torch.cat([torch.tensor(start, dtype=torch.long), fill[:prefix], segment, segment, fill[prefix:]]))
+    return RepeatedProbes(torch.stack(rows), periods, len(start) + prefixes, vocab, bool(start))
 
 
 def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0, **ranges) -> RepeatedProbes:
-    """``repeated_probes`` sized for a hooked model: its ordinary tokens and start token, on its
-    device. ``seq_len`` defaults to min(n_ctx, 128)."""
+    """``repeated_probes`` sized for a hooked model: its ordinary tokens and its start token (none
+    where its input format has none), on its device. ``seq_len`` defaults to min(n_ctx, 128)."""
     seq_len = seq_len or min(model.cfg.n_ctx, 128)
     if seq_len > model.cfg.n_ctx:
         raise UserError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
-    probes = repeated_probes(n_prompts, seq_len, ordinary_token_ids(model), start_token_id(model), seed=seed, **ranges)
+    start = start_ids(model)
+    probes = repeated_probes(n_prompts, seq_len, ordinary_token_ids(model), start[0] if start else None, seed=seed,
+                             **ranges)
     return probes.to(model_device(model))
 
 
@@ -186,7 +198,8 @@ def shuffle_second_copy(probes: RepeatedProbes, seed: int = 0) -> RepeatedProbes
     for row, (start, period) in enumerate(zip(probes.segment_start.tolist(), probes.period.tolist())):
         second = slice(start + period, start + 2 * period)
         tokens[row, second] = tokens[row, second][random_cycle(period, generator)]
-    return RepeatedProbes(tokens.to(probes.tokens.device), probes.period, probes.segment_start, probes.vocab)
+    return RepeatedProbes(tokens.to(probes.tokens.device), probes.period, probes.segment_start, probes.vocab,
+                          probes.start_token)
 
 
 def random_cycle(n: int, generator: torch.Generator) -> torch.Tensor:

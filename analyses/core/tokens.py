@@ -2,9 +2,11 @@
 
 Every analysis turns texts and ids into tokens through here, so both backends (our ``GPTModel``
 and a TransformerLens bridge of any family) get the same treatment: texts are encoded without
-special tokens, the model's start token (its BOS, else its EOS) is prepended, and a batch of
-unequal lengths is right-padded with its real lengths kept, so the padding can be masked out of
-every score. Ids are checked against the model's vocabulary and context.
+special tokens, the model's start token (its BOS, else its EOS) is prepended where the model's own
+input format has one (``starts_with_start_token``: ``cfg.default_prepend_bos``, which loading sets
+from the tokenizer, the GGUF file or the family, and ``--prepend-bos/--no-prepend-bos`` overrides),
+and a batch of unequal lengths is right-padded with its real lengths kept, so the padding can be
+masked out of every score. Ids are checked against the model's vocabulary and context.
 
 The one deliberate exception is ``analyses.roles.tl_compat.detect_heads``, which tokenises as
 TransformerLens's ``detect_head`` does (``model.to_tokens`` per prompt), to reproduce its numbers.
@@ -50,6 +52,17 @@ def start_token_id(model) -> int:
     return model_tokenizer(model).bos_token_id
 
 
+def starts_with_start_token(model) -> bool:
+    """Whether the model's texts (and probes) begin with its start token: ``cfg.default_prepend_bos``."""
+    return bool(model.cfg.default_prepend_bos)
+
+
+def start_ids(model) -> list[int]:
+    """What every text and probe of the model begins with: ``[start token id]``, or ``[]`` where its
+    input format has no start token."""
+    return [start_token_id(model)] if starts_with_start_token(model) else []
+
+
 def token_differences(model_a, model_b) -> list[str]:
     """How the two models' tokens differ, as phrases; none when every id is the same token in both:
     the start token, the tokenizer's size, and the first id that decodes differently."""
@@ -77,7 +90,8 @@ def is_text(value) -> bool:
 def encode(model, texts: str | Sequence[str], *, equal_lengths: bool = False) -> TokenBatch:
     """Texts -> a right-padded ``TokenBatch`` (tokens (batch, pos), lengths (batch,)) on the
     model's device; ``equal_lengths`` refuses texts of different token lengths."""
-    batch = encode_texts(model_tokenizer(model), texts, model.cfg.n_ctx, equal_lengths=equal_lengths)
+    batch = encode_texts(model_tokenizer(model), texts, model.cfg.n_ctx, prepend_bos=starts_with_start_token(model),
+                         equal_lengths=equal_lengths)
     return batch.to(model_device(model))
 
 
@@ -130,7 +144,8 @@ def read_text_lines(path, what: str) -> list[str]:
 
 
 def leading_tokens(model, text: str, n_tokens: int) -> torch.Tensor:
-    """The start token and the first tokens of ``text`` -> ids (pos,), at most ``n_tokens`` and the
-    context long: for displaying a text that may be longer than the model can read."""
-    ids = [start_token_id(model), *model_tokenizer(model).encode(text)][: min(n_tokens, model.cfg.n_ctx)]
+    """The start token (where the model's texts have one) and the first tokens of ``text`` -> ids
+    (pos,), at most ``n_tokens`` and the context long: for displaying a text that may be longer than
+    the model can read."""
+    ids = [*start_ids(model), *model_tokenizer(model).encode(text)][: min(n_tokens, model.cfg.n_ctx)]
     return torch.tensor(ids, device=model_device(model))

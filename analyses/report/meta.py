@@ -1,6 +1,7 @@
 """The record of the model in each output's ``meta.json`` (the spec it was
 loaded from, its family, the implementation that ran it, its dtype and device, a hash of its
-weights, the hook self-test's verdicts and the package versions)."""
+weights, whether its texts began with the start token and why, the hook self-test's verdicts and
+the package versions)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from analyses.core.hook_check import describe
 from interp.files import write_atomic
+from interp.tokenizer import start_token_setting
 
 VERSIONED = ("interp", "torch", "transformer-lens", "transformers", "matplotlib", "seaborn", "pandas")
 
@@ -27,10 +29,14 @@ def versions() -> dict[str, str]:
 
 def model_meta(model, spec: str) -> dict:
     """For an output's meta.json: ``{"model": spec, "family", "impl", "weights_hash", "dtype", "device"}``,
-    the hook self-test's verdicts (``analyses.core.hook_check.describe``) and the package versions."""
+    ``"start_token": {"prepend_bos", "source"}`` (whether texts and probes began with the start token,
+    and where that setting came from: ``interp.tokenizer.START_TOKEN_SOURCES``), the hook
+    self-test's verdicts (``analyses.core.hook_check.describe``) and the package versions."""
     weight = next(model.parameters())
+    prepend, source = start_token_setting(model)
     return {"model": str(spec), **describe(model), "dtype": str(weight.dtype).removeprefix("torch."),
-            "device": str(weight.device), "versions": versions()}
+            "device": str(weight.device), "start_token": {"prepend_bos": prepend, "source": source},
+            "versions": versions()}
 
 
 def write_meta(directory: str | Path, meta: dict) -> Path:

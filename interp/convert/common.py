@@ -28,7 +28,7 @@ from interp.convert.gguf import ROPE_DIVISORS
 from interp.errors import UserError
 from interp.hub import refuse_mismatched_tensors
 from interp.model import GPTConfig, GPTModel
-from interp.tokenizer import as_tokenizer
+from interp.tokenizer import as_tokenizer, follow_tokenizer
 
 # the rope_types implemented (transformers' names)
 _ROPE_TYPES = ("default", "llama3")
@@ -223,15 +223,19 @@ def convert(family: Family, hf_cfg, hf, tokenizer=None) -> GPTModel:
     ``interp.convert.stream.FileWeights`` (a directory, read tensor by tensor);
     ``tokenizer``: the HF tokenizer (the byte tokenizer when None). A GGUF file's ``rope_freqs``
     divisors (on ``hf_cfg`` as ``gguf_rope_divisors``: ``GGUFFile.hf_config``) become
-    ``rotary_divisors``. Refused in one line: an option ``family.refused`` names, a config value
-    its ``config`` cannot honour, a weight the table does not read."""
+    ``rotary_divisors``. The start token follows the tokenizer's ``add_bos_token`` where it says,
+    else the row's ``default_prepend_bos`` (``interp.tokenizer.follow_tokenizer``). Refused in one
+    line: an option ``family.refused`` names, a config value its ``config`` cannot honour, a weight
+    the table does not read."""
     name = hf_cfg.model_type
     refuse_options(hf_cfg, name, family.refused)
     knobs = family.config(hf_cfg)
     if getattr(hf_cfg, ROPE_DIVISORS, None) is not None:  # a GGUF file's rope_freqs (GGUFFile.hf_config)
         knobs["rotary_divisors"] = getattr(hf_cfg, ROPE_DIVISORS)
     cfg = GPTConfig(**{"model_name": getattr(hf_cfg, "name_or_path", "") or name, **knobs})
-    return scratch_model(cfg, family.state(hf, cfg), tokenizer, name, hf)
+    model = scratch_model(cfg, family.state(hf, cfg), tokenizer, name, hf)
+    follow_tokenizer(model, tokenizer)  # the start token: the tokenizer's add_bos_token, else the row's default
+    return model
 
 
 def scratch_model(cfg: GPTConfig, state: dict[str, torch.Tensor], tokenizer, family: str,

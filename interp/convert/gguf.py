@@ -208,6 +208,8 @@ class GGUFFile:
         path: the file.
         architecture: llama.cpp's name for it (``general.architecture``: "llama", "gpt2", ...).
         entries: ``{GGUF tensor name: Entry}``.
+        add_bos_token: the file's ``tokenizer.ggml.add_bos_token`` (whether llama.cpp begins a text
+            with the start token), None where it has none.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -226,6 +228,8 @@ class GGUFFile:
         self.architecture = str(reader.fields["general.architecture"].contents())
         self.metadata = {name: field.contents() for name, field in reader.fields.items()
                          if name.startswith(f"{self.architecture}.")}  # the architecture's hyper-parameters
+        flag = reader.fields.get("tokenizer.ggml.add_bos_token")
+        self.add_bos_token = None if flag is None else bool(flag.contents())
         self.entries = {t.name: Entry(int(t.data_offset), int(t.n_bytes), t.tensor_type,
                                       tuple(int(n) for n in reversed(t.shape.tolist()))) for t in reader.tensors}
         self._check(reader)
