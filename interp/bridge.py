@@ -14,7 +14,7 @@ import copy as _copy
 import torch
 
 from interp.errors import UserError
-from interp.tokenizer import follow_tokenizer
+from interp.tokenizer import follow_tokenizer, tokenizer_adds_bos
 
 PROBE_TOKENS = 6  # the probe: the first ids of the vocabulary past the specials, one prompt
 # how far the bridge's probe logits may be from Hugging Face's, in units of the dtype's epsilon times
@@ -34,6 +34,7 @@ def boot_bridge(hf_model, tokenizer, name: str = "model", copy: bool = True):
 
     if tokenizer is None:
         raise UserError(f"a TransformerBridge of {name!r} needs a tokenizer offline, and none was found or given")
+    adds_bos = tokenizer_adds_bos(tokenizer)  # before booting, which gives a tokenizer without a BOS its EOS as one
     model = (_copy.deepcopy(hf_model) if copy else hf_model).eval()
     embedding = model.get_input_embeddings().weight
     probe = torch.arange(PROBE_TOKENS, device=embedding.device)[None] % model.config.vocab_size
@@ -49,5 +50,5 @@ def boot_bridge(hf_model, tokenizer, name: str = "model", copy: bool = True):
         raise UserError(f"the TransformerLens bridge of {name!r} ({model.config.model_type}) computes other logits "
                         f"than Hugging Face on the same weights (max difference {gap:.3g} > {allowed:.2g} on a "
                         f"{PROBE_TOKENS}-token probe); refusing to analyse it (try impl='scratch')")
-    follow_tokenizer(bridge, tokenizer)  # the tokenizer's add_bos_token, else TransformerLens's family default
+    follow_tokenizer(bridge, adds_bos)  # the tokenizer's add_bos_token, else TransformerLens's family default
     return bridge

@@ -151,10 +151,10 @@ def set_start_token(model, prepend: bool, source: str) -> None:
     model.start_token_source = source
 
 
-def follow_tokenizer(model, hf_tokenizer) -> None:
-    """``set_start_token`` from what ``hf_tokenizer`` does (``tokenizer_adds_bos``), else the
-    family's default, which ``model.cfg.default_prepend_bos`` holds when this is called."""
-    declared = tokenizer_adds_bos(hf_tokenizer)
+def follow_tokenizer(model, declared: bool | None) -> None:
+    """``set_start_token`` from what the model's tokenizer does (``declared``: ``tokenizer_adds_bos``
+    of it, read before anything edits it), else (None) the family's default, which
+    ``model.cfg.default_prepend_bos`` holds when this is called."""
     if declared is None:
         set_start_token(model, model.cfg.default_prepend_bos, "family default")
     else:

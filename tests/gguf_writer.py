@@ -29,16 +29,23 @@ Q = gguf.GGMLQuantizationType
 COPIES_EMBEDDINGS = ("bloom",)  # architectures llama.cpp writes with output.weight, tied or not
 
 
-def write_gguf(model, tokenizer, path: str | Path, kind: str = "F32", name: str = "test model") -> Path:
+def write_gguf(model, tokenizer, path: str | Path, kind: str = "F32", name: str = "test model",
+               add_bos_token: bool | None = None, chat_template: str | None = None) -> Path:
     """Write ``model`` (a Hugging Face causal LM) and ``tokenizer`` as a GGUF file at ``path``, every
     2-D weight in the ggml type ``kind`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 through
-    ``gguf``'s quantizer; the K-quants as random blocks with small scales); returns ``path``."""
+    ``gguf``'s quantizer; the K-quants as random blocks with small scales); ``add_bos_token`` and
+    ``chat_template``: the tokenizer's ``tokenizer.ggml.add_bos_token`` and ``tokenizer.chat_template``
+    (None: the file has none); returns ``path``."""
     config = model.config
     arch = ARCH[config.model_type]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     _write_config(writer, arch, config)
     _write_tokenizer(writer, tokenizer, config.vocab_size)
+    if add_bos_token is not None:
+        writer.add_add_bos_token(add_bos_token)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     table = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
                                      config.num_hidden_layers)
     state = model.state_dict()

@@ -28,7 +28,7 @@ from interp.convert.gguf import ROPE_DIVISORS
 from interp.errors import UserError
 from interp.hub import refuse_mismatched_tensors
 from interp.model import GPTConfig, GPTModel
-from interp.tokenizer import as_tokenizer, follow_tokenizer
+from interp.tokenizer import as_tokenizer, follow_tokenizer, tokenizer_adds_bos
 
 # the rope_types implemented (transformers' names)
 _ROPE_TYPES = ("default", "llama3")
@@ -234,7 +234,7 @@ def convert(family: Family, hf_cfg, hf, tokenizer=None) -> GPTModel:
         knobs["rotary_divisors"] = getattr(hf_cfg, ROPE_DIVISORS)
     cfg = GPTConfig(**{"model_name": getattr(hf_cfg, "name_or_path", "") or name, **knobs})
     model = scratch_model(cfg, family.state(hf, cfg), tokenizer, name, hf)
-    follow_tokenizer(model, tokenizer)  # the start token: the tokenizer's add_bos_token, else the row's default
+    follow_tokenizer(model, tokenizer_adds_bos(tokenizer))  # the tokenizer's add_bos_token, else the row's default
     return model
 
 
