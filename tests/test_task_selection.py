@@ -76,3 +76,59 @@ def test_the_split_is_stratified_by_template_and_a_template_left_empty_is_refuse
         task_split(make_task(toy, "ioi", n=20))  # 11 templates that fit the toy context: 2 of them have one prompt
     assert "has 1 prompt(s), so the" in str(error.value) and "--no-split" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_the_task_page_measures_on_the_measurement_split_what_it_chose_on_the_selection_split(toy, tmp_path):
+    """dla.csv and chosen_heads.csv hold dla_effects' and patch_effects' numbers and intervals on the
+    measurement prompts (the split meta.json records); control.csv ablates with the ABC means."""
+    from analyses.cli import main
+    from analyses.components.decompose import components_cache, dla_effects
+    from analyses.interventions.patching import patch_effects
+
+    out = tmp_path / "ioi"
+    assert main(["task", "ioi", "--n", "22", "--top", "2", "--out", str(out), "--quiet"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    task = make_task(toy, "ioi", n=22)
+    split = task_split(task)
+    assert meta["split"] == split.record() and meta["split"]["stratified"]
+    assert meta["ablation"]["method"] == "mean_corrupted" and "same template" in meta["ablation"]["reference"]
+    measured = task.subset(split.measurement)
+    batch = task_batch(toy, measured)
+    metric = task_metric(measured, batch.last)
+    dla = pd.read_csv(out / "dla.csv")
+    expected = dla_effects(toy, components_cache(toy, batch.clean), measured.answers, measured.distractors,
+                           at=batch.last)
+    for column in ("dla", "ci_low", "ci_high", "dla_answer", "dla_distractor", "dla_distractor_ci_high"):
+        assert dla[column].to_numpy() == pytest.approx(expected[column].to_numpy(), abs=1e-5), column
+    assert (dla["n_prompts"] == 11).all() and dla["ci_low"].notna().all()
+    with torch.no_grad():
+        assert dla["dla"].sum() == pytest.approx(metric(toy(batch.clean)).item(), abs=1e-4)
+    chosen = pd.read_csv(out / "chosen_heads.csv")
+    patched = patch_effects(toy, batch.clean, batch.corrupted, metric).set_index(["layer", "head"])
+    rows = patched.loc[list(zip(chosen["layer"], chosen["head"]))]
+    for column in ("metric", "effect", "ci_low", "ci_high"):
+        assert chosen[column].to_numpy() == pytest.approx(rows[column].to_numpy(), abs=1e-5), column
+    assert chosen["ci_low"].notna().all() and (chosen["n_prompts"] == 11).all()
+    heads_dla = expected[expected["kind"] == "head"].astype({"layer": int, "head": int}).set_index(["layer", "head"])
+    assert chosen["dla_ci_low"].to_numpy() == pytest.approx(
+        heads_dla.loc[list(zip(chosen["layer"], chosen["head"])), "ci_low"].to_numpy(), abs=1e-5)
+    # the control's tested set (the top writers) ablated with the ABC means of the measurement prompts
+    control = pd.read_csv(out / "control.csv").iloc[0]
+    tested = [tuple(int(x) for x in label[1:].split("H")) for label in control["heads"].split("+")]
+    reference, _ = task_ablation(measured, batch)
+    with torch.no_grad():
+        clean = metric(toy(batch.clean)).item()
+    ablated = ablate_heads(toy, batch.clean, tested, "mean_corrupted", metric, reference=reference)
+    assert control["effect"] == pytest.approx(ablated - clean, abs=1e-5) and control["method"] == "mean_corrupted"
+    page = (out / "index.html").read_text()
+    assert "measurement split" in page and "vs random heads" in page and "ABC means" in page
+
+
+def test_no_split_is_in_sample_and_says_so(toy, tmp_path):
+    from analyses.cli import main
+
+    out = tmp_path / "ioi"
+    assert main(["task", "ioi", "--n", "6", "--top", "1", "--no-split", "--out", str(out), "--quiet"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert "in-sample" in meta["split"]["none"] and "In-sample" in (out / "index.html").read_text()
+    assert pd.read_csv(out / "dla.csv")["n_prompts"].eq(6).all()

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def task_args(model: Path, out: Path, *more: str) -> list[str]:
-    return ["task", "ioi", "--model", str(model), "--n", "4", "--top", "2", "--out", str(out), "--quiet", *more]
+    return ["task", "ioi", "--model", str(model), "--n", "30", "--top", "2", "--out", str(out), "--quiet", *more]
 
 
 def files(directory: Path) -> dict[str, bytes]:
@@ -47,7 +47,7 @@ def whole(gpt2_dir, tmp_path_factory):
 
 def counting(monkeypatch, calls: Counter) -> None:
     """Count the calls of each step's library function (each ``attribution`` method by its column)."""
-    for name in ("patch_sweep", "task_dla", "edge_sweep"):
+    for name in ("patch_sweep", "task_dla", "edge_sweep", "measure_chosen"):
         function = getattr(task_page, name)
         monkeypatch.setattr(task_page, name, lambda *a, _f=function, _n=name, **k: calls.update([_n]) or _f(*a, **k))
     for column, method in task_page.ATTRIBUTIONS.items():
@@ -87,8 +87,10 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
         assert main(task_args(gpt2_dir, out, "--resume")) == 0
     step_calls = {"heads": "patch_sweep", "heads_by_pos": "patch_sweep", "mlps": "patch_sweep",
                   "mlps_by_pos": "patch_sweep", "dla": "task_dla", "path_patching": "edge_sweep",
-                  "attribution": "attribution", "attribution_ig": "attribution_ig"}
-    expected = Counter(step_calls[s] for s in task_page.STEPS[task_page.STEPS.index(stop):])
+                  "attribution": "attribution", "attribution_ig": "attribution_ig",
+                  "measured": ("measure_chosen", "task_dla")}  # the DLA of the measurement split
+    expected = Counter(call for s in task_page.STEPS[task_page.STEPS.index(stop):]
+                       for call in ((step_calls[s],) if isinstance(step_calls[s], str) else step_calls[s]))
     assert calls == expected  # the finished steps were read, not computed
     assert files(out) == files(whole)  # the page, its tables, figures, meta and steps: the same bytes
 
@@ -114,7 +116,7 @@ def test_a_killed_task_run_resumes_with_the_same_bytes(gpt2_dir, whole, tmp_path
     calls = Counter()
     counting(monkeypatch, calls)
     assert main(task_args(gpt2_dir, out, "--resume")) == 0  # the kernel dropped the dead run's lock
-    assert calls == Counter(["edge_sweep", "attribution_ig"])
+    assert calls == Counter(["edge_sweep", "attribution_ig", "measure_chosen", "task_dla"])
     assert files(out) == files(whole)
 
 
@@ -128,9 +130,9 @@ def test_a_resumed_run_with_other_inputs_is_refused_naming_what_changed(gpt2_dir
     args = task_args(gpt2_dir, out, "--resume")
     assert main([a if a != "2" else "1" for a in args]) == 2
     assert "holds the steps of other inputs (options.top was 2, now 1" in capsys.readouterr().err
-    assert main([a if a != "4" else "3" for a in args]) == 2
+    assert main([a if a != "30" else "32" for a in args]) == 2
     error = capsys.readouterr().err
-    assert "(task.prompts was 4, now 3" in error and error.count("\n") == 1
+    assert "n_prompts was 30, now 32" in error and error.count("\n") == 1  # the split names it first
     assert main(task_args("toy", out, "--resume")) == 2  # another model
     assert "(model.family was 'gpt2', now 'interp-gpt'" in capsys.readouterr().err
     calls = Counter()
@@ -138,7 +140,7 @@ def test_a_resumed_run_with_other_inputs_is_refused_naming_what_changed(gpt2_dir
         counting(patched, calls)
         assert main(args) == 0  # the same inputs: everything read back
     assert calls == Counter() and files(out) == files(whole)
-    assert "reused 9 finished step(s)" in capsys.readouterr().out
+    assert "reused 10 finished step(s)" in capsys.readouterr().out
 
 
 def test_a_second_run_on_the_directory_is_refused_while_the_first_holds_it(tmp_path, capsys):

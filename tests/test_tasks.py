@@ -263,7 +263,7 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     from analyses.circuits.path_patching import path_patch
 
     out = tmp_path / "ioi"
-    assert main(["task", "ioi", "--n", "6", "--top", "2", "--exact-all", "--out", str(out), "--quiet"]) == 0
+    assert main(["task", "ioi", "--n", "6", "--top", "2", "--exact-all", "--no-split", "--out", str(out), "--quiet"]) == 0
     task = make_task(toy, "ioi", n=6)
     batch = task_batch(toy, task)
     metric = task_metric(task, batch.last)
@@ -313,7 +313,7 @@ def test_the_screened_page_measures_exactly_the_cells_its_rule_names_and_says_so
     from analyses.interventions.patching import patch_heads
 
     out = tmp_path / "ioi"
-    assert main(["task", "ioi", "--n", "6", "--top", "2", "--out", str(out), "--quiet"]) == 0
+    assert main(["task", "ioi", "--n", "6", "--top", "2", "--no-split", "--out", str(out), "--quiet"]) == 0
     task = make_task(toy, "ioi", n=6)
     batch = task_batch(toy, task)
     metric = task_metric(task, batch.last)
@@ -379,7 +379,7 @@ def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
     path.write_text('{"clean": "ab ab a", "corrupted": "cd ab a", "answer": "b", "distractor": "d"}\n'
                     '{"clean": "xy xy x", "corrupted": "zw xy x", "answer": "y", "distractor": "w"}\n')
     task = load_task(model, path)
-    analysis = analyse_task(model, task, top=2, progress=False)
+    analysis = analyse_task(model, task, top=2, split=False, progress=False)
     out = write_task_page(analysis, tmp_path / "page", {"model": family})
     assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(analysis.heads["metric"].to_numpy(), abs=1e-6)
     assert len(analysis.mlps_by_pos) == 2 * 8  # 2 layers x 8 positions
@@ -401,7 +401,7 @@ def test_the_other_built_in_tasks_run_as_commands(toy, tmp_path, name, capsys):
     from analyses.cli import main
 
     out = tmp_path / name
-    assert main(["task", name, "--n", "3", "--top", "1", "--out", str(out), "--quiet"]) == 0
+    assert main(["task", name, "--n", "3", "--top", "1", "--no-split", "--out", str(out), "--quiet"]) == 0
     task = make_task(toy, name, n=3)
     assert f"{name}: {len(task)} prompts ({task.dropped} dropped)" in capsys.readouterr().out
     assert (out / "dla.csv").exists() == (task.metric == "logit_diff")  # no DLA of a probability difference
@@ -447,13 +447,13 @@ def test_the_code_models_bracket_head_is_confirmed_by_ablation_and_the_tools_agr
     ablated = ablation_sweep(code, batch.clean, "each_head", "mean", metric, progress=False)
     assert ablated.loc[ablated["effect"].idxmin(), "target"] == "L1H1"
     assert ablated.set_index("target").loc["L1H1", "metric"] < 0.2 * ablated["baseline"].iloc[0]
-    analysis = analyse_task(code, task, top=4, progress=False)
+    analysis = analyse_task(code, task, top=4, split=False, progress=False)
     assert analysis.values["clean"] > 2 and analysis.values["corrupted"] < -2
     top = analysis.edges.reindex(analysis.edges["effect"].abs().sort_values(ascending=False).index).iloc[0]
     assert (top["sender_layer"], top["sender_head"], top["via"]) == (1, 1, "logits")
     assert analysis.agreement["attribution"]["top_k_overlap"] >= 0.6  # EAP
     assert analysis.agreement["attribution_ig"]["top_k_overlap"] >= 0.6  # EAP-IG
-    recall = analyse_task(code, make_task(code, "identifier", n=16), top=1, progress=False).values
+    recall = analyse_task(code, make_task(code, "identifier", n=16), top=1, split=False, progress=False).values
     assert abs(recall["clean"] - recall["corrupted"]) < 0.1
 
 
@@ -464,7 +464,7 @@ def test_the_built_in_tasks_run_on_random_models_of_other_families(family, name,
 
     model = load_model(family_dir(family))
     task = make_task(model, name, n=2)
-    analysis = analyse_task(model, task, top=1, progress=False)
+    analysis = analyse_task(model, task, top=1, split=False, progress=False)
     batch = task_batch(model, task)
     assert analysis.heads_by_pos["pos"].max() == batch.clean.shape[1] - 1
     assert analysis.values["clean"] == pytest.approx(naive_value(model, task), abs=1e-5)

@@ -14,7 +14,10 @@ path patching from the top senders with edge attribution beside it -- as one off
 by attribution (``--screen-top``, ``--screen-share``: which cells are measured exactly, the others
 estimated, said on the page and in meta.json) unless ``--exact-all``. Each step's result is
 kept in ``DIR/steps/`` as it finishes (``analyses.core.steps``), so ``--resume`` after an
-interruption computes only the steps not yet done; the run holds ``DIR/.lock`` while it runs."""
+interruption computes only the steps not yet done; the run holds ``DIR/.lock`` while it runs. The
+heads are chosen on a selection split of the prompts and measured on the disjoint measurement split
+(``--no-split``: in-sample); the top writers' control ablates by ``--ablation`` (``mean_corrupted``,
+each template's corrupted prompts' mean, by default)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import SEED, add_model_args, check_head_count, load_cli_model, number, whole
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
-from analyses.tasks.task import BUILT_IN, make_task, task_batch, task_metric, task_scores
+from analyses.tasks.task import BUILT_IN, TASK_ABLATIONS, make_task, task_batch, task_metric, task_scores, task_split
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
@@ -103,6 +106,13 @@ def register_task(subparsers) -> None:
     task.add_argument("--screen-share", type=number(above=0, infinite=True), default=DEFAULT_SCREEN.share, metavar="S",
                       help="... and every cell whose estimated effect reaches S x |clean - corrupted| "
                            f"(default {DEFAULT_SCREEN.share:g})")
+    task.add_argument("--no-split", action="store_true",
+                      help="choose the heads and measure their effects on the same prompts (in-sample; default: "
+                           "choose on a selection split, measure on the disjoint measurement split)")
+    task.add_argument("--ablation", choices=TASK_ABLATIONS, default="mean_corrupted",
+                      help="how the top writers' control ablates a head (default mean_corrupted: the mean over the "
+                           "corrupted prompts of the same template, position by position; plain mean is refused "
+                           "for a task of several templates)")
     task.add_argument("--out", type=Path, required=True, help="output directory")
     task.add_argument("--resume", action="store_true", help="finish an interrupted run in OUT: reuse its finished "
                                                             "steps (same model, task and options), compute the rest")
@@ -122,8 +132,10 @@ def run_task(args) -> int:
         task = make_task(model, args.name, args.n, args.seed)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
-        steps = Steps(args.out, task_inputs(task, meta, args.top, screen), resume=args.resume)
-        analysis = analyse_task(model, task, top=args.top, screen=screen, memory_mb=args.memory_mb,
+        split = None if args.no_split else task_split(task, args.seed)
+        steps = Steps(args.out, task_inputs(task, meta, args.top, screen, split, args.ablation), resume=args.resume)
+        analysis = analyse_task(model, task, top=args.top, screen=screen, split=split or False,
+                                ablation=args.ablation, seed=args.seed, memory_mb=args.memory_mb,
                                 progress=args.progress, steps=steps)
         out = write_task_page(analysis, args.out, meta)
     values = analysis.values

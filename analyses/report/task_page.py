@@ -15,6 +15,16 @@ Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps`
 reads the steps already finished from it and writes each other step to it as soon as it is done,
 so an interrupted ``interp task --resume`` computes only the rest.
 
+Selection apart from measurement (DESIGN 4.12), by default: the prompts are split
+(``analyses.tasks.task.task_split``: seeded, stratified by template) and every sweep above runs on the
+selection split, where the heads are chosen (the path-patching senders by head patching, the top
+writers by DLA, the heads of the strongest edges); their effects are then measured on the disjoint
+measurement split with 95% intervals (``patch_effects``' and ``dla_effects``'), as is the DLA of
+every component and the top writers' ablation against matched random head sets
+(``analyses.interventions.controls.control_effects``), ablated with the means of the corrupted prompts
+of each template (``mean_corrupted``: Wang et al. 2022's ABC means). ``split=False`` chooses and
+measures on every prompt (in-sample).
+
 Before any step the hook self-test plans the analysis (``task_plan``, ``analyses.report.plan``): the
 circuit (edge attribution, path patching) and direct logit attribution are left out where the model
 cannot run them, and the page and ``meta.json`` (``left_out``) say why; a model whose head
@@ -30,24 +40,32 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+import seaborn as sns
 import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.circuits.circuit import circuit_figure, strongest
-from analyses.components.decompose import components_cache, direct_logit_attribution, dla_heatmap
+from analyses.components.decompose import components_cache, dla_effects, head_grid
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.circuits.edges import VIAS
 from analyses.core.hook_check import left_out, require
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.hook_names import has_mlps
+from analyses.core.splits import PromptSplit
+from analyses.core.stats import excludes_zero
+from analyses.interventions.controls import control_effects, describe_control
+from analyses.interventions.engine import head_cells
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_needs, path_patch, screened_path_patch
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen, screened_patches
 from analyses.interventions.patching import COMPONENTS, component_patches, patch_components, patching_frame, prepare
+from analyses.core.plots import new_figure
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
 from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
-from analyses.tasks.task import Task, TaskBatch, task_batch, task_metric
+from analyses.tasks.task import Task, TaskBatch, task_ablation, task_batch, task_metric, task_split
 from interp.errors import UserError
 
 
@@ -67,7 +85,15 @@ class TaskAnalysis:
     the cells and edges measured exactly (None: every one was), each frame's ``exact`` column saying
     which were (the others hold their first-order estimate: attribution patching's, EAP's); the
     agreement is then over the exactly measured edges. left_out: each part the model could not run
-    (``task_plan``) -> why; its frame is None (``edges`` for ``CIRCUIT``, ``dla`` for ``DLA``)."""
+    (``task_plan``) -> why; its frame is None (``edges`` for ``CIRCUIT``, ``dla`` for ``DLA``).
+
+    split: the ``PromptSplit`` (None: in-sample, every frame on every prompt); the frames above but
+    ``dla`` are of the selection split, ``values`` its metric. measured: on the measurement split,
+    ``values`` (its clean and corrupted metric), ``dla`` (``dla_effects`` of every component: the frame
+    ``dla`` holds), ``heads`` (``measured_heads``: the chosen heads, why each was chosen, its exact
+    patching effect and DLA with their intervals) and ``control`` (the top writers against matched
+    random sets, ``ControlEffects.summary``, or {"refused": why}). ablation: how the control ablates
+    (``task_ablation``: method and reference in words)."""
 
     task: Task
     values: dict
@@ -80,6 +106,9 @@ class TaskAnalysis:
     agreement: dict
     screen: Screen | None = None
     left_out: dict[str, str] = field(default_factory=dict)
+    split: PromptSplit | None = None
+    measured: dict = field(default_factory=dict)
+    ablation: dict = field(default_factory=dict)
 
 
 # edge attribution methods beside path patching: frame column -> method (same edges, same frame)
@@ -88,8 +117,9 @@ ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": 
 # the steps of a task's analysis, in the order they run (the MLP steps only where the model has
 # MLPs, DLA only for the logit difference)
 # (EAP comes before path patching, whose screen it is)
+# (the last measures on the measurement split what the others chose)
 STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "attribution", "path_patching",
-         "attribution_ig")
+         "attribution_ig", "measured")
 Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
 CIRCUIT = "circuit (edge attribution and path patching)"  # a part a model may not run (``task_plan``)
 
@@ -101,17 +131,25 @@ def screen_record(screen: Screen | None) -> dict:
     return {"top_k": screen.top_k, "share": screen.share, "rule": screen.describe()}
 
 
-def task_inputs(task: Task, record: dict[str, str], top: int, screen: Screen | None = DEFAULT_SCREEN) -> dict:
+def split_record(split: PromptSplit | None) -> dict:
+    """The split as data (meta.json, the step store's options): ``PromptSplit.record``, or that
+    there was none (in-sample)."""
+    return split.record() if split is not None else {"none": "heads chosen and measured on every prompt (in-sample)"}
+
+
+def task_inputs(task: Task, record: dict[str, str], top: int, screen: Screen | None = DEFAULT_SCREEN,
+                split: PromptSplit | None = None, ablation: str = "mean_corrupted") -> dict:
     """What a task's analysis depends on, for a step store (``analyses.core.steps.Steps``): the
     model's ``record`` (``interp.provenance``: family, impl, weights hash), the task's contents
-    (its name, size, metric, and the SHA-256 of its prompts, answers and distractors), ``top`` and
-    the ``screen``. The memory budget and the device say how, not what, and are left out, as a
-    study's are."""
-    contents = json.dumps([task.clean, task.corrupted, task.answers, task.distractors, task.metric])
+    (its name, size, metric, and the SHA-256 of its prompts, answers, distractors and templates),
+    ``top``, the ``screen``, the ``split`` (``task_split``'s, or None) and the ``ablation`` method.
+    The memory budget and the device say how, not what, and are left out, as a study's are."""
+    contents = json.dumps([task.clean, task.corrupted, task.answers, task.distractors, task.metric, task.templates])
     return {"model": {key: record[key] for key in ("family", "impl", "weights_hash")},
             "task": {"name": task.name, "prompts": len(task), "metric": task.metric,
                      "sha256": hashlib.sha256(contents.encode()).hexdigest()},
-            "options": {"top": top, "screen": screen_record(screen)}}
+            "options": {"top": top, "screen": screen_record(screen), "split": split_record(split),
+                        "ablation": ablation}}
 
 
 def task_plan(model, task: Task) -> dict[str, str]:
@@ -127,25 +165,13 @@ def _compute(name: str, compute: Callable[[], object]) -> object:
     return compute()
 
 
-def task_dla(model, task: Task, batch: TaskBatch) -> pd.DataFrame:
-    """Mean over prompts of each component's direct contribution to (mean answer logit - mean
-    distractor logit) at the prompt's last token -> ``component, kind, layer, head, dla``. DLA is
-    linear in the answer's unembedding, so each answer (distractor) slot is one call, weighted."""
-    cache = components_cache(model, batch.clean)
-    positions = torch.unique(batch.last).tolist()
-    per_prompt = None
-    for ids, sign in ((task.answers, 1.0), (task.distractors, -1.0)):
-        for slot in range(max(len(s) for s in ids)):
-            tokens = torch.tensor([s[slot] if slot < len(s) else s[0] for s in ids])
-            weight = torch.tensor([sign / len(s) if slot < len(s) else 0.0 for s in ids])
-            frame = direct_logit_attribution(model, cache, tokens[:, None].expand(-1, len(positions)),
-                                             positions=positions)
-            frame = frame[frame["position"].to_numpy() == batch.last.cpu().numpy()[frame["prompt"].to_numpy()]]
-            frame = frame.assign(dla=frame["dla"] * weight.cpu().numpy()[frame["prompt"].to_numpy()])
-            per_prompt = frame if per_prompt is None else per_prompt.assign(
-                dla=per_prompt["dla"].to_numpy() + frame["dla"].to_numpy())
-    keys = ["component", "kind", "layer", "head"]
-    return per_prompt.groupby(keys, dropna=False, sort=False)["dla"].mean().reset_index()
+def task_dla(model, task: Task, batch: TaskBatch, seed: int = 0) -> pd.DataFrame:
+    """Each component's direct logit attribution onto the logit difference at each prompt's last
+    token, a mean over prompts with its 95% interval, split into the answers' part (``dla_answer``)
+    and the distractors' (``dla_distractor``): ``dla_effects`` of the clean run (its columns). Over
+    the components ``dla`` adds up to the task's metric on the clean prompts."""
+    return dla_effects(model, components_cache(model, batch.clean), task.answers, task.distractors, at=batch.last,
+                       seed=seed)
 
 
 class TaskRuns:
@@ -220,20 +246,32 @@ def edge_sweep(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | 
 
 
 def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEFAULT_SCREEN,
+                 split: PromptSplit | bool = True, ablation: str = "mean_corrupted", seed: int = 0,
                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
                  steps: Step | None = None) -> TaskAnalysis:
     """The ``TaskAnalysis`` of ``task`` on ``model``. ``screen``: the rule choosing the patching
     cells and path-patching edges measured exactly (see the module docstring); None: all of them.
+    ``split``: True (``task_split(task, seed)``), a ``PromptSplit`` of the task's prompts, or False
+    (in-sample: choose and measure on every prompt). ``ablation``: how the top writers' control
+    ablates (``task_ablation``: ``mean_corrupted`` by default; plain ``mean`` over several templates
+    is refused before any step). ``seed``: the split's, the control's draws and every interval's.
     ``steps``: a store of finished steps (``analyses.core.steps.Steps`` made for ``task_inputs``),
     called ``steps(name, compute)`` for each of ``STEPS``: it gives the finished value or computes
     it and keeps it; None computes every step. The senders of path patching are the ``top`` heads
-    by |exact head patching - corrupted| (among those measured exactly). The parts ``task_plan``
-    leaves out are not computed."""
+    by |exact head patching - corrupted| (among those measured exactly), the top writers the ``top``
+    heads by |DLA|, each chosen on the selection split. The parts ``task_plan`` leaves out are not
+    computed."""
     left = task_plan(model, task)
+    split = task_split(task, seed) if split is True else (split or None)
+    chosen_on = task.subset(split.selection) if split is not None else task
+    measured_on = task.subset(split.measurement) if split is not None else task
+    measure_batch = task_batch(model, measured_on)
+    reference, replaced_by = task_ablation(measured_on, measure_batch, ablation)  # a refusal before any step
     step = steps or _compute
-    batch = task_batch(model, task)
-    metric = task_metric(task, batch.last)
-    runs = TaskRuns(model, batch, metric, Options(memory_mb=memory_mb, progress=progress))
+    batch = task_batch(model, chosen_on)
+    metric = task_metric(chosen_on, batch.last)
+    options = Options(memory_mb=memory_mb, progress=progress)
+    runs = TaskRuns(model, batch, metric, options)
     values = step("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
     heads = step("heads", lambda: patch_sweep(runs, "heads", False, screen))
     heads_by_pos = step("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
@@ -241,14 +279,47 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     mlps = step("mlps", lambda: patch_sweep(runs, "mlps", False, screen)) if with_mlps else None
     mlps_by_pos = step("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen)) if with_mlps else None
     with_dla = task.metric == "logit_diff" and DLA not in left
-    dla = step("dla", lambda: task_dla(model, task, batch)) if with_dla else None
-    if CIRCUIT in left:
-        return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, None, {}, screen, left)
-    measured = heads[heads["exact"].astype(bool)]
-    ranked = measured.assign(size=(measured["metric"] - values["corrupted"]).abs()).sort_values(
-        "size", ascending=False, kind="stable")
-    senders = [tuple(map(int, cell)) for cell in ranked[["layer", "head"]].head(top).to_numpy()]
-    pair = (model, batch.clean, batch.corrupted, metric)
+    writers = top_heads(step("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
+    exact = heads[heads["exact"].astype(bool)]
+    senders = top_heads(exact.assign(moved=exact["metric"] - values["corrupted"]), "moved", top)
+    edges, agreement = None, {}
+    if CIRCUIT not in left:
+        edges, agreement = circuit(runs, senders, screen, step)
+    chosen = {"patching": senders, "dla": writers,
+              "circuit": [] if edges is None else circuit_heads(edges[edges["exact"].astype(bool)])}
+    tested = writers or senders
+    with_reference = (measured_on, measure_batch, reference)
+    measured = step("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla,
+                                                       options, seed))
+    record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if writers else
+              "top heads by patching"}
+    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, measured["dla"], edges, agreement,
+                        screen, left, split, measured, record)
+
+
+def top_heads(frame: pd.DataFrame, value: str, top: int) -> list[tuple[int, int]]:
+    """The ``top`` heads of ``frame`` (rows with ``layer``, ``head``; a DLA frame's heads only) by
+    |``value``|, largest first (ties in row order)."""
+    if "kind" in frame:
+        frame = frame[frame["kind"] == "head"]
+    order = frame[value].abs().sort_values(ascending=False, kind="stable").index[:top]
+    return [(int(frame.at[i, "layer"]), int(frame.at[i, "head"])) for i in order]
+
+
+def circuit_heads(edges: pd.DataFrame, top: int = 5) -> list[tuple[int, int]]:
+    """The heads of the ``top`` strongest edges (senders and receiving heads), in order of appearance."""
+    found = []
+    for row in strongest(edges, top).itertuples():
+        found += [(int(row.sender_layer), int(row.sender_head))]
+        if row.via != "logits":
+            found += [(int(row.receiver_layer), int(row.receiver_head))]
+    return list(dict.fromkeys(found))
+
+
+def circuit(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | None, step: Step) -> tuple[pd.DataFrame, dict]:
+    """Path patching from ``senders`` with EAP and EAP-IG beside it -> (edges, agreement): see
+    ``TaskAnalysis``."""
+    pair = (runs.model, runs.batch.clean, runs.batch.corrupted, runs.metric)
     found = {"attribution": step("attribution", lambda: _attribution(ATTRIBUTIONS["attribution"], pair, senders))}
     edges = step("path_patching", lambda: edge_sweep(runs, senders, screen, found["attribution"]))
     found["attribution_ig"] = step("attribution_ig", lambda: _attribution(ATTRIBUTIONS["attribution_ig"], pair,
@@ -263,7 +334,54 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
         if len(scored) >= 2:
             scored = scored[["effect", column]].rename(columns={column: "attribution"})
             agreement[column] = edge_agreement(scored, top_k=min(5, len(scored)))
-    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, dla, edges, agreement, screen, left)
+    return edges, agreement
+
+
+def measure_chosen(model, prompts: tuple, chosen: dict[str, list[tuple[int, int]]], tested: list[tuple[int, int]],
+                   ablation: str, with_dla: bool, options: Options, seed: int) -> dict:
+    """What was chosen, measured on ``prompts`` (the measurement split: its ``Task``, ``TaskBatch``
+    and ``task_ablation`` reference) -> {"values": its clean and corrupted metric, "dla":
+    ``task_dla`` (None without DLA), "heads": ``measured_heads`` of every chosen head, "control":
+    ``tested`` (the top writers) against matched random sets, ``control_effects(...).summary()``
+    ablated by ``ablation``, or {"refused": why}}."""
+    task, batch, reference = prompts
+    metric = task_metric(task, batch.last)
+    contrast = prepare(model, batch.clean, batch.corrupted, metric, COMPONENTS["heads"].names(model),
+                       memory_mb=options.memory_mb)
+    dla = task_dla(model, task, batch, seed) if with_dla else None
+    try:
+        control = control_effects(model, batch.clean, tested, ablation, metric, reference=reference, seed=seed,
+                                  memory_mb=options.memory_mb, progress=options.progress).summary()
+    except UserError as refusal:  # e.g. a layer with too few other heads to draw matched sets from
+        control = {"refused": str(refusal)}
+    return {"values": {"clean": contrast.source_value, "corrupted": contrast.baseline}, "dla": dla,
+            "heads": measured_heads(contrast, chosen, dla, options, seed), "control": control}
+
+
+def measured_heads(contrast: Contrast, chosen: dict[str, list[tuple[int, int]]], dla: pd.DataFrame | None,
+                   options: Options, seed: int) -> pd.DataFrame:
+    """The chosen heads (``chosen``: why -> heads) measured on ``contrast``'s prompts: one row per head,
+    ``layer``, ``head``, ``chosen_by`` (the reasons joined by '+'), its exact patching (``metric``,
+    ``baseline``, ``effect``, ``ci_low``, ``ci_high``, ``n_prompts``: ``patch_effects``' row for that
+    head) and, with ``dla``, its ``dla`` with ``dla_ci_low``, ``dla_ci_high`` (``dla_effects``' row)."""
+    reasons: dict[tuple[int, int], list[str]] = {}
+    for reason, heads in chosen.items():
+        for head in heads:
+            reasons.setdefault(head, []).append(reason)
+    heads = list(reasons)
+    scores = contrast.score([head_cells([head]) for head in heads], options, "measure chosen heads")
+    low, high, n_prompts = contrast.intervals(scores, seed=seed)
+    frame = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
+                          "chosen_by": ["+".join(reasons[head]) for head in heads],
+                          "metric": scores.values.cpu().double().numpy(), "baseline": contrast.baseline})
+    frame["effect"] = frame["metric"] - frame["baseline"]
+    frame["ci_low"], frame["ci_high"], frame["n_prompts"] = low.numpy(), high.numpy(), n_prompts
+    if dla is not None:
+        rows = dla[dla["kind"] == "head"].astype({"layer": int, "head": int}).set_index(["layer", "head"])
+        keys = pd.MultiIndex.from_arrays([frame["layer"], frame["head"]])
+        for column, name in (("dla", "dla"), ("ci_low", "dla_ci_low"), ("ci_high", "dla_ci_high")):
+            frame[name] = rows[column].reindex(keys).to_numpy()
+    return frame
 
 
 def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.DataFrame | dict:
@@ -284,11 +402,10 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
     task, values = analysis.task, analysis.values
     about = [f"**{len(task)}** prompt pairs; metric **{task.metric}** at each prompt's last token; "
              f"{task.dropped} candidate words or prompts dropped for this tokenizer.",
-             *([f"Note: {task.note}."] if task.note else []),
+             *([f"Note: {task.note}."] if task.note else []), split_text(analysis),
              f"- clean: `{task.clean[0]}`", f"- corrupted: `{task.corrupted[0]}`"]
-    metric = pd.DataFrame({"run": list(values), "metric": list(values.values())})
     sections = [*left_out_section(analysis.left_out), Section("Task", "\n".join(about)),
-                Section("Metric", "The task metric on the unpatched runs.", table=metric)]
+                Section("Metric", "The task metric on the unpatched runs.", table=metric_table(analysis))]
     patched = [_figure("heads", "denoising: each head's output patched clean into corrupted (all positions)",
                        patching_figure(analysis.heads, "metric", "head patching")),
                _figure("heads_by_pos", "denoising: each head at each position",
@@ -296,20 +413,107 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
     if analysis.mlps is not None:
         patched += [_figure("mlps_by_pos", "denoising: each MLP's output at each position",
                             patching_figure(analysis.mlps_by_pos, "metric", "MLP patching by position"))]
-    sections.append(Section("Patching", f"Corrupted-run metric {values['corrupted']:.4f}, clean {values['clean']:.4f}; "
+    on = " on the selection split" if analysis.split is not None else ""
+    sections.append(Section("Patching", f"Corrupted-run metric{on} {values['corrupted']:.4f}, clean {values['clean']:.4f}; "
                                         "each cell is the metric with one component patched from the clean run."
                                         + screen_note(analysis), figures=patched, table=analysis.heads))
     if analysis.mlps is not None:
         sections.append(Section("MLP patching", "Each MLP's output patched from the clean run (all positions).",
                                 table=analysis.mlps))
     if analysis.dla is not None:
-        sections.append(Section("Direct logit attribution",
-                                "Each component's direct contribution to the logit difference (mean over prompts).",
-                                figures=[_figure("dla", "direct logit attribution", dla_heatmap(analysis.dla))],
-                                table=analysis.dla))
+        sections.append(Section(
+            "Direct logit attribution",
+            f"Each component's direct contribution to the logit difference on the {measured_where(analysis)}: mean "
+            "over prompts with its 95% interval, and its parts onto the answers' logit (`dla_answer`) and minus the "
+            "distractors' (`dla_distractor`); hatched cells: the interval contains 0.",
+            figures=[_figure("dla", "direct logit attribution (hatched: 95% interval contains 0)",
+                             dla_figure(analysis.dla))], table=analysis.dla))
     if analysis.edges is not None:
         sections.append(circuit_page(analysis))
+    sections.append(chosen_section(analysis))
     return sections
+
+
+def measured_where(analysis: TaskAnalysis) -> str:
+    """Where the measured effects come from, in words."""
+    return ("measurement split (prompts disjoint from those the heads were chosen on)" if analysis.split is not None
+            else "prompts the heads were chosen on (in-sample: --no-split)")
+
+
+def split_text(analysis: TaskAnalysis) -> str:
+    """The Task section's sentence on selection and measurement."""
+    if analysis.split is None:
+        return ("**In-sample** (`--no-split`): the heads are chosen and their effects measured on the same prompts, "
+                "so the chosen heads' effects are biased away from 0.")
+    record = analysis.split.record()
+    return (f"Heads are chosen on a **selection split** of {record['sizes']['selection']} prompts (the patching "
+            f"sweeps, path patching) and measured on the disjoint **measurement split** of "
+            f"{record['sizes']['measurement']} (DLA, the chosen heads, the control)"
+            + (", each template split alike" if record["stratified"] else "") + f" (seed {record['seed']}).")
+
+
+def metric_table(analysis: TaskAnalysis) -> pd.DataFrame:
+    """The metric on the clean and corrupted runs of each split (``all`` in-sample)."""
+    parts = ({"all": analysis.values} if analysis.split is None else
+             {"selection": analysis.values, "measurement": analysis.measured["values"]})
+    return pd.DataFrame([{"run": run, "split": name, "metric": value}
+                         for name, values in parts.items() for run, value in values.items()])
+
+
+def dla_figure(frame: pd.DataFrame, title: str = "direct logit attribution") -> Figure:
+    """Layer x head heatmap (and each layer's MLP) of a ``dla_effects`` frame's ``dla``, the cells
+    whose 95% interval contains 0 hatched."""
+    grid = head_grid(frame)
+    covers = head_grid(frame.assign(covers=(~excludes_zero(frame["ci_low"], frame["ci_high"])).astype(float)),
+                       "covers")
+    figure = new_figure(figsize=(0.6 * grid.shape[1] + 2.2, 0.5 * grid.shape[0] + 1.5))
+    ax = figure.subplots()
+    sns.heatmap(grid.astype(float), ax=ax, center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14, fmt=".2f",
+                annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
+    for row, column in zip(*(covers.to_numpy() == 1).nonzero()):
+        ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch="///", edgecolor="0.4", linewidth=0))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
+def chosen_figure(frame: pd.DataFrame) -> Figure:
+    """The chosen heads' measured effects with their 95% intervals as error bars: exact patching's
+    effect and, where measured, DLA."""
+    columns = [("effect", "ci_low", "ci_high", "patching effect (metric - corrupted)")]
+    if "dla" in frame:
+        columns.append(("dla", "dla_ci_low", "dla_ci_high", "direct logit attribution"))
+    figure = new_figure(figsize=(max(4.0, 0.5 * len(frame) + 2), 2.6 * len(columns)))
+    labels = [f"L{l}H{h}" for l, h in zip(frame["layer"], frame["head"])]
+    for ax, (value, low, high, title) in zip(figure.subplots(len(columns), 1, squeeze=False)[:, 0], columns):
+        errors = [frame[value] - frame[low], frame[high] - frame[value]]
+        ax.bar(labels, frame[value], yerr=errors, color="tab:blue", capsize=3)
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_title(title, fontsize="medium")
+    figure.tight_layout()
+    return figure
+
+
+def chosen_section(analysis: TaskAnalysis) -> Section:
+    """The chosen heads measured, and the top heads against matched random sets."""
+    heads, control = analysis.measured["heads"], analysis.measured["control"]
+    ablation = analysis.ablation
+    if isinstance(control, dict):
+        verdict = f"Not computed: {control['refused']}"
+    else:
+        verdict = describe_control(control.iloc[0]) + "."
+    text = (f"Chosen on the selection split, measured on the {measured_where(analysis)}: the path-patching "
+            "senders (`patching`: the heads whose patching moves the metric most), the top writers by |DLA| (`dla`) "
+            "and the heads of the 5 strongest exact edges (`circuit`); each one's exact patching effect (metric - "
+            "corrupted) and DLA with their 95% intervals.\n\n"
+            f"**{ablation['tested'][:1].upper() + ablation['tested'][1:]} vs random heads**, each head's output "
+            "replaced by "
+            f"{ablation['reference']} (`{ablation['method']}`): {verdict}")
+    return Section("Chosen heads, measured", text, table=heads,
+                   figures=[_figure("chosen", "chosen heads on the measurement prompts (95% intervals)",
+                                    chosen_figure(heads))])
 
 
 def circuit_page(analysis: TaskAnalysis) -> Section:
@@ -360,8 +564,10 @@ def edge_lines_plain(edges: pd.DataFrame, top: int = 5) -> list[str]:
 
 def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
     """``out``: index.html (self-contained), report.md, figures/, the tables as CSV, meta.json."""
-    tables = {"metric.csv": pd.DataFrame({"run": list(analysis.values), "metric": list(analysis.values.values())}),
-              "heads.csv": analysis.heads, "heads_by_pos.csv": analysis.heads_by_pos}
+    tables = {"metric.csv": metric_table(analysis), "heads.csv": analysis.heads,
+              "heads_by_pos.csv": analysis.heads_by_pos, "chosen_heads.csv": analysis.measured["heads"]}
+    if isinstance(analysis.measured["control"], pd.DataFrame):
+        tables["control.csv"] = analysis.measured["control"]
     if analysis.edges is not None:
         tables["edges.csv"] = analysis.edges
     if analysis.mlps is not None:
@@ -370,5 +576,5 @@ def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
         tables["dla.csv"] = analysis.dla
     title = f"interp task {analysis.task.name}"
     meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)},
-                   "left_out": analysis.left_out}
+                   "left_out": analysis.left_out, "split": split_record(analysis.split), "ablation": analysis.ablation}
     return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta, tables)

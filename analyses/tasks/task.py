@@ -222,8 +222,9 @@ def task_metric(task: Task, last: torch.Tensor) -> Metric:
     """The task's metric: logits (batch, pos, d_vocab) -> scalar, the mean over prompts of
     ``task_scores``. Differentiable; declares the positions it reads (``read_positions``) so
     interventions unembed only those, and how it splits over chunks of prompts (``part``, see
-    ``analyses.core.metrics.metric_part``: a part's mean weighted by its prompts), so an
-    intervention holds a chunk of prompts at a time, not the whole batch."""
+    ``analyses.core.metrics.metric_part``: a part's mean weighted by its prompts, with its per-prompt
+    form, so every effect on a task gets its interval over prompts), so an intervention holds a
+    chunk of prompts at a time, not the whole batch."""
     scores = task_scores(task, last)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
@@ -235,7 +236,17 @@ def task_metric(task: Task, last: torch.Tensor) -> Metric:
         sliced = replace(task, clean=task.clean[rows], corrupted=task.corrupted[rows], answers=task.answers[rows],
                          distractors=task.distractors[rows], templates=task.templates[rows])
         part_scores = task_scores(sliced, at)
-        return (lambda logits: part_scores(logits).mean()), float(len(sliced))
+
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:
+            return part_scores(logits).mean()
+
+        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """(the part's value, each prompt's score (rows,)): the per-prompt form intervals need."""
+            each = part_scores(logits)
+            return each.mean(), each
+
+        part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(len(sliced))
+        return part_metric, float(len(sliced))
 
     metric.read_positions = torch.unique(last).cpu()
     metric.part = part
