@@ -167,6 +167,18 @@ def start_token_setting(model) -> tuple[bool, str]:
     return bool(model.cfg.default_prepend_bos), getattr(model, "start_token_source", "model config")
 
 
+def chat_text(tokenizer, text: str) -> str:
+    """``text`` as the user's one message in the tokenizer's chat template, with the prompt for the
+    assistant's reply after it (Hugging Face's ``apply_chat_template``; a GGUF file's
+    ``tokenizer.chat_template``, which transformers reads into the tokenizer); a one-line refusal
+    where the tokenizer has no template."""
+    hf = getattr(tokenizer, "hf", tokenizer)
+    if not getattr(hf, "chat_template", None):
+        name = getattr(hf, "name_or_path", "") or type(hf).__name__
+        raise UserError(f"the model's tokenizer ({name}) has no chat template; drop --chat")
+    return hf.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+
 def as_tokenizer(tokenizer) -> Tokenizer:
     """Our tokenizer protocol for ``tokenizer`` (ours as it is; a Hugging Face one wrapped)."""
     return tokenizer if hasattr(tokenizer, "ordinary_ids") else HFTokenizer(tokenizer)

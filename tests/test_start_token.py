@@ -13,10 +13,11 @@ import torch
 
 from analyses.cli import main
 from analyses.core.probes import probes_for
-from analyses.core.tokens import encode, ordinary_token_ids
+from analyses.core.tokens import chat_texts, encode, ordinary_token_ids
 from analyses.roles.classify import classify_heads
 from gguf_writer import write_gguf
 from interp import load_model
+from interp.errors import UserError
 from interp.random_models import random_hf_model
 from interp.tokenizer import set_start_token, start_token_setting
 
@@ -180,3 +181,25 @@ def test_probes_without_a_start_token_score_roles_on_the_right_positions():
     for measure, scores in expected.items():
         found = frame[frame.measure == measure].sort_values(["layer", "head"])["score"].to_numpy()
         torch.testing.assert_close(torch.tensor(found, dtype=torch.float64), scores.flatten(), atol=1e-5, rtol=0)
+
+
+def test_chat_wraps_texts_in_the_gguf_files_template_or_is_refused(tmp_path, capsys):
+    """--chat: the file's tokenizer.chat_template (read by transformers into the tokenizer) wraps the
+    text, with no start token added; a model without a template is refused in one line."""
+    from transformers import AutoTokenizer
+
+    hf, tokenizer = random_hf_model("llama", seed=2)
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
+    path = write_gguf(hf, tokenizer, tmp_path / "chat.gguf", add_bos_token=True, chat_template=template)
+    out = tmp_path / "map.png"
+    assert main(["attention-map", "--model", str(path), "--text", "hi", "--chat", "--out", str(out), "--quiet"]) == 0
+    model = load_model(str(path))
+    wrapped = chat_texts(model, ["hi"])[0]
+    assert wrapped == "[user] hi\n[assistant] "
+    set_start_token(model, False, "chat template")
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert encode(model, wrapped).tokens[0].tolist() == hf_tokenizer(wrapped, add_special_tokens=False)["input_ids"]
+    assert main(["attention-map", "--model", "toy", "--text", "hi", "--chat", "--out", str(out), "--quiet"]) != 0
+    assert "has no chat template; drop --chat" in capsys.readouterr().err
+    with pytest.raises(UserError, match="no chat template"):
+        chat_texts(load_model("toy"), ["hi"])

@@ -15,7 +15,7 @@ from analyses.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV
 from interp import load_model
 from interp.errors import UserError
 from interp.loading import DTYPES
-from interp.tokenizer import set_start_token
+from interp.tokenizer import chat_text, set_start_token
 
 IMPL_CHOICES = ("auto", "scratch", "transformer_lens")
 
@@ -122,9 +122,19 @@ def load_cli_model(args: argparse.Namespace, spec: str | None = None):
     says (where given: ``meta.json`` records it as from the command line)."""
     model = load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl,
                        dtype=args.dtype, device=args.device).eval()
+    if getattr(args, "chat", False):  # the template writes its own markers, as apply_chat_template encodes them
+        chat_text(model.tokenizer, "a")  # refused here, before any work, where the model has no template
+        set_start_token(model, False, "chat template")
     if args.prepend_bos is not None:
         set_start_token(model, args.prepend_bos, "command line")
     return model
+
+
+def add_chat_arg(parser: argparse.ArgumentParser) -> None:
+    """``--chat``: wrap each text in the model's chat template (the commands that take texts)."""
+    parser.add_argument("--chat", action="store_true",
+                        help="give each text as a user's message in the model's chat template (instruct models; "
+                             "refused where the tokenizer has none), with no start token added unless --prepend-bos")
 
 
 def check_head_count(model, count: int, option: str) -> None:

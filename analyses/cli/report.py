@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 
 from analyses.circuits.ground_truth import read_truth
-from analyses.cli.args import add_model_args, add_probe_args, load_cli_model, number, whole
+from analyses.cli.args import add_chat_arg, add_model_args, add_probe_args, load_cli_model, number, whole
 from analyses.core.probes import check_prompt_count
-from analyses.core.tokens import read_text_lines
+from analyses.core.tokens import chat_texts, read_text_lines
 from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, PROMPTS_NEEDED_BY, build_report, write_report
 from analyses.interventions.attribution import DEFAULT_SCREEN
 from analyses.report.truth_page import write_truth_report
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
+from interp.errors import UserError
 
 
 def read_texts(path: str) -> list[str]:
@@ -23,8 +24,12 @@ def run(args: argparse.Namespace) -> int:
     check_prompt_count(args.prompts, f"--prompts {args.prompts}", PROMPTS_NEEDED_BY)  # before the model loads
     check_prompt_count(args.intervention_prompts, f"--intervention-prompts {args.intervention_prompts}",
                        PROMPTS_NEEDED_BY)
+    if args.chat and not args.text_file:
+        raise UserError("--chat wraps the texts of --text-file in the chat template; pass --text-file FILE")
     texts = read_texts(args.text_file) if args.text_file else None
     model = load_cli_model(args)
+    if args.chat and texts is not None:
+        texts = chat_texts(model, texts)
     truth = read_truth(args.model)  # a known circuit (``interp tracr``): its logits are a program's outputs
     if truth is not None:
         print(write_truth_report(model, truth, str(args.model), args.out))
@@ -49,6 +54,7 @@ def register(subparsers) -> None:
                         help="path-patch every edge of the circuit exactly (default: edge attribution estimates "
                              f"every edge and {DEFAULT_SCREEN.describe('edges')} are path-patched exactly)")
     parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
+    add_chat_arg(parser)
     parser.add_argument("--threshold", type=number(none=True), default=DEFAULT_THRESHOLD,
                         help="a role's minimum score (default 0.4); 'none': significance alone decides")
     parser.add_argument("--fdr", type=number(0, 1, none=True), default=DEFAULT_FDR,

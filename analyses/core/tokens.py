@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from interp.errors import UserError
-from interp.tokenizer import TokenBatch, Tokenizer, as_tokenizer, check_token_ids, encode_texts
+from interp.tokenizer import TokenBatch, Tokenizer, as_tokenizer, chat_text, check_token_ids, encode_texts
 
 
 def model_device(model) -> torch.device:
@@ -61,6 +61,14 @@ def start_ids(model) -> list[int]:
     """What every text and probe of the model begins with: ``[start token id]``, or ``[]`` where its
     input format has no start token."""
     return [start_token_id(model)] if starts_with_start_token(model) else []
+
+
+def chat_texts(model, texts: Sequence[str]) -> list[str]:
+    """Each text as the user's message in the model's chat template (``interp.tokenizer.chat_text``);
+    a one-line refusal where the model has none. The template writes its own markers, so the
+    texts are encoded with no start token added (``--chat`` sets that, unless the command line
+    says otherwise)."""
+    return [chat_text(model.tokenizer, text) for text in texts]
 
 
 def token_differences(model_a, model_b) -> list[str]:
