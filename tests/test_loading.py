@@ -150,7 +150,7 @@ def test_every_family_loads_by_its_model_type_with_logits_equal_to_hf(family_dir
 
 def test_scratch_refuses_a_family_it_does_not_implement_in_one_line(family_dir):
     with pytest.raises(UserError, match=r"^impl='scratch' does not implement the 'opt' family \(it implements: gpt2, "
-                                        r"llama, mistral, qwen2, gemma, gpt_neox, phi, bloom\)"):
+                                        r"llama, mistral, qwen2, gemma, gemma2, gemma3_text, gpt_neox, phi, bloom\)"):
         load_model(family_dir("opt"), impl="scratch")
 
 
