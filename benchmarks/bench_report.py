@@ -22,6 +22,7 @@ blocks are ours to count). Prints one table per model and writes nothing.
     python benchmarks/bench_report.py --model smollm2 --prompts 64   # a real model at the report's defaults
     python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
     python benchmarks/bench_report.py --shape llama-1b-width --prompts 8 --seq-len 64 --dtype bfloat16
+    python benchmarks/bench_report.py --shape gemma3-270m --prompts 64   # Gemma 3 270M's shape, random init
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import torch
 
 from analyses.core.probes import probes_for
 from analyses.report.build import build_report
-from interp import GPTConfig, GPTModel, load_model
+from interp import GPTConfig, GPTModel, from_hf, load_model
+from interp.random_models import random_hf_model
 from interp.model import TransformerBlock
 
 SHAPES = {
@@ -47,6 +49,16 @@ SHAPES = {
                            rotary_base=500_000.0, qkv_bias=False, attn_out_bias=False, mlp_bias=False),
 }
 SHAPE_VOCAB = {"gpt2-small": 50257, "llama-1b-width": 128256}
+# Hugging Face families at a real model's shape, random init, converted from scratch (interp.from_hf):
+# (family, config keys). Gemma 3 270M: 18 layers of 4 query heads over 1 key/value head, d_head 256,
+# d_model 640, vocabulary 262,144, five sliding-window layers (512) to one global, tied embeddings.
+HF_SHAPES = {
+    "gemma3-270m": ("gemma3_text", dict(
+        hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        intermediate_size=2048, query_pre_attn_scalar=256, sliding_window=512, rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)),
+}
+HF_VOCAB = {"gemma3-270m": 262144}
 
 
 class ForwardCounter:
@@ -179,6 +191,10 @@ def subject(args) -> GPTModel:
         return load_model(args.model).eval()
     if args.shape == "toy":
         return load_model("toy").eval()
+    if args.shape in HF_SHAPES:
+        family, keys = HF_SHAPES[args.shape]
+        hf, tokenizer = random_hf_model(family, d_vocab=args.vocab or HF_VOCAB[args.shape], n_ctx=2048, **keys)
+        return from_hf(hf, tokenizer).to(getattr(torch, args.dtype)).eval()
     torch.manual_seed(0)
     config = GPTConfig(d_vocab=args.vocab or SHAPE_VOCAB[args.shape], **SHAPES[args.shape])
     return GPTModel(config).to(getattr(torch, args.dtype)).eval()
@@ -186,7 +202,7 @@ def subject(args) -> GPTModel:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="toy", choices=["toy", *SHAPES])
+    parser.add_argument("--shape", default="toy", choices=["toy", *SHAPES, *HF_SHAPES])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=None,
                         help="vocabulary of a --shape model (default the shape's: 50,257; 128,256)")
