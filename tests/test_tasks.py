@@ -382,7 +382,8 @@ def test_a_custom_task_runs_on_every_family(family, family_dir, tmp_path):
     analysis = analyse_task(model, task, top=2, split=False, progress=False)
     out = write_task_page(analysis, tmp_path / "page", {"model": family})
     assert read_csv(out / "heads.csv")["metric"].to_numpy() == pytest.approx(analysis.heads["metric"].to_numpy(), abs=1e-6)
-    assert len(analysis.mlps_by_pos) == 2 * 8  # 2 layers x 8 positions
+    # 2 layers x 8 positions: 7 tokens of text and the start token where the family's tokenizer adds one
+    assert len(analysis.mlps_by_pos) == 2 * (7 + model.cfg.default_prepend_bos)
     # scored, except on the TransformerLens bridges (opt, gpt_neo), whose attention takes no per-head
     # q/k/v input and which EAP-IG cannot start at block 0: said on the page
     refusals = {"attribution": "cannot split its q/k/v inputs per head", "attribution_ig": "which needs a GPTModel"}
