@@ -22,6 +22,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from interp.hooked import HookedModule
 from interp.errors import UserError
+from interp.precision import Linear, restore
 
 __all__ = [
     "GroupedQueryAttention",
@@ -159,10 +160,10 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
         self.sliding_window = sliding_window
         self.causal = causal
         self.soft_cap = soft_cap
-        self.W_query = nn.Linear(d_in, num_heads * self.head_dim, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(num_heads * self.head_dim, d_out, bias=out_bias)
+        self.W_query = Linear(d_in, num_heads * self.head_dim, bias=qkv_bias)
+        self.W_key = Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
+        self.W_value = Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
+        self.out_proj = Linear(num_heads * self.head_dim, d_out, bias=out_bias)
         self.dropout = nn.Dropout(dropout)
         self.rotary = Rotary(rotary_dim, self.head_dim, rotary_base, rotary_divisors) if rotary_dim else None
         self.register_buffer("alibi_slopes", alibi_slopes(num_heads) if alibi else None, persistent=False)
@@ -210,21 +211,22 @@ class GroupedQueryAttention(Float32Buffers, _Instrumented):
                           else t for t in (keys, values)]  # one split, one shared: each query head its own copy
         return self._mix(queries, *per_query_head, None, 1)
 
-    def _project(self, linear: nn.Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
+    def _project(self, linear: Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
         """x shared (batch, pos, d_in) or per query head (batch, pos, head, d_in) -> (batch, pos,
         heads, head_dim): the layer's own heads, or one per query head."""
         if x.ndim == 3:
             return rearrange(linear(x), "b p (h d) -> b p h d", d=self.head_dim)
         return self._per_head(linear, x, group_size)
 
-    def _per_head(self, linear: nn.Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
+    def _per_head(self, linear: Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
         """x (batch, pos, head, d_in) -> (batch, pos, head, head_dim): head h's copy through its own
-        rows of ``linear`` (key/value rows repeated ``group_size`` times, one per query head)."""
-        weight = repeat(linear.weight, "(kv d) i -> (kv g) d i", d=self.head_dim, g=group_size)
-        out = einsum(x, weight, "b p h i, h d i -> b p h d")
-        if linear.bias is None:
-            return out
-        return out + repeat(linear.bias, "(kv d) -> (kv g) d", d=self.head_dim, g=group_size)
+        rows of ``linear`` (key/value rows repeated ``group_size`` times, one per query head), in
+        ``linear``'s precision (mixed: a bfloat16 product, as its shared forward)."""
+        weight = linear.low_weight() if linear.mixed else linear.weight
+        per_head = repeat(weight, "(kv d) i -> (kv g) d i", d=self.head_dim, g=group_size)
+        out = einsum(x.to(weight.dtype), per_head, "b p h i, h d i -> b p h d")
+        bias = None if linear.bias is None else repeat(linear.bias, "(kv d) -> (kv g) d", d=self.head_dim, g=group_size)
+        return restore(out, x.dtype, bias)
 
     def _mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: LayerKV | None,
              group_size: int) -> torch.Tensor:

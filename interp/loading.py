@@ -31,6 +31,7 @@ from interp.convert.stream import weight_files
 from interp.hub import (hf_config, load_hf, load_tokenizer, local_directory, locate, read_config_json,
                         refuse_missing_tokenizer)
 from interp.model import GPTConfig, GPTModel
+from interp.precision import check_precision
 from interp.tokenizer import ByteTokenizer, VocabTokenizer, set_start_token
 
 CHECKPOINT_FORMAT = "interp-gpt/1"
@@ -127,7 +128,8 @@ def _sha256_of(path: Path, mtime_ns: int) -> str:
 
 
 def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device: str | torch.device | None = None,
-               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None):
+               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+               precision: str | None = None):
     """Load a hooked model.
 
     Args:
@@ -153,6 +155,9 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
             Hugging Face model's layers as it loads them; the TransformerLens bridge then runs it
             where it lies (TransformerLens's multi-device loading). Needs ``accelerate``. The
             from-scratch model runs on one device and refuses it.
+        precision: None or "float32" (the default): the forward in ``dtype``; "mixed" (from-scratch
+            models in float32 only): the linear maps' products in bfloat16 with float32 accumulation,
+            the rest float32 (``GPTModel.set_precision``, ``interp.precision``).
 
     Loading costs the loaded model's own size: the from-scratch model is built with its parameters
     on the meta device and takes the checkpoint's tensors (cast to ``dtype``) as its own, one by one.
@@ -162,6 +167,8 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
         raise UserError(f"unknown impl {impl!r}; allowed: {', '.join(IMPLS)} (or None to choose by family)")
     spec = str(spec)
     dtype = resolve_dtype(dtype)
+    if precision is not None:
+        check_mixed(spec, check_precision(precision), impl, dtype, device_map)
     if device_map is not None:
         check_device_map(spec, impl, device, device_map)
     place = resolve_device(device)
@@ -185,7 +192,26 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
         model = _load_hf_model(spec, impl, device_map, dtype)
     if device_map is None and next(model.parameters()).device != place:
         model = model.to(place)
+    if precision == "mixed":
+        if not isinstance(model, GPTModel):
+            raise UserError(f"precision 'mixed' for {spec!r}: only the from-scratch model implements it, and this "
+                            f"family loads as the TransformerLens bridge; use precision 'float32' or dtype bfloat16")
+        model.set_precision("mixed")
     return model
+
+
+def check_mixed(spec: str, precision: str, impl: str | None, dtype: torch.dtype, device_map) -> None:
+    """Refuse, in one line and before anything is read, a ``precision="mixed"`` that cannot be
+    honoured: with the bridge (``impl="transformer_lens"`` or a ``device_map``) or with weights
+    that are not float32."""
+    if precision != "mixed":
+        return
+    if impl == "transformer_lens" or device_map is not None:
+        raise UserError(f"precision 'mixed' for {spec!r}: only the from-scratch model (impl='scratch', one device) "
+                        "implements it, not the TransformerLens bridge")
+    if dtype != torch.float32:
+        raise UserError(f"precision 'mixed' keeps the weights float32 and runs only the linear maps' products in "
+                        f"bfloat16; dtype {str(dtype).removeprefix('torch.')} asks for other weights: pass one of them")
 
 
 def check_device_map(spec: str, impl: str | None, device, device_map) -> None:

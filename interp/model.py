@@ -50,6 +50,7 @@ from transformer_lens.hook_points import HookPoint
 
 from interp.attention import GroupedQueryAttention, LayerKV
 from interp.hooked import HookedModule
+from interp.precision import Linear, check_precision
 from interp.weights import HeadWeights
 from interp.tokenizer import ByteTokenizer, Tokenizer, check_token_ids, encode_texts
 from interp.errors import UserError
@@ -149,6 +150,9 @@ class GPTConfig:
     # per-head q/k/v inputs (``GPTModel.set_use_split_qkv_input``), a runtime switch as in
     # TransformerLens's cfg; not saved in checkpoints
     use_split_qkv_input: bool = field(default=False, compare=False)
+    # "float32" or "mixed" (``GPTModel.set_precision``: the linear maps' products in bfloat16), a
+    # runtime switch; not saved in checkpoints
+    precision: str = field(default="float32", compare=False)
 
     def __post_init__(self):
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
@@ -166,6 +170,7 @@ class GPTConfig:
         _check_choice("normalization_type", self.normalization_type, NORMS)
         _check_choice("act_fn", self.act_fn, tuple(ACTIVATIONS))
         _check_choice("positional_embedding_type", self.positional_embedding_type, POSITIONS)
+        check_precision(self.precision)
         n_kv = self.n_key_value_heads
         if n_kv is not None and (n_kv <= 0 or self.n_heads % n_kv):
             raise UserError(f"n_key_value_heads={n_kv} must divide n_heads={self.n_heads}")
@@ -220,7 +225,7 @@ class GPTConfig:
 
 
 SPLIT_INPUTS = ("q", "k", "v")  # the inputs GPTModel.set_split_qkv_inputs can give each head its own copy of
-_RUNTIME_FIELDS = ("device", "use_split_qkv_input")  # GPTConfig fields that describe a run, not the model
+_RUNTIME_FIELDS = ("device", "use_split_qkv_input", "precision")  # GPTConfig fields that describe a run, not the model
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:
@@ -264,9 +269,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
-        self.proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
-        self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias) if cfg.gated_mlp else None
+        self.fc = Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        self.proj = Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+        self.gate = Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias) if cfg.gated_mlp else None
         self.act = ACTIVATIONS[cfg.act_fn]
         self.hook_post = HookPoint()
         self.hook_out = HookPoint() if cfg.use_normalization_before_and_after else None
@@ -425,6 +430,20 @@ class GPTModel(HeadWeights, HookedModule):
             self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab_out, bias=cfg.unembed_bias)
         self.setup()
         self.set_use_split_qkv_input(cfg.use_split_qkv_input)
+        self.set_precision(cfg.precision)
+
+    def set_precision(self, precision: str) -> None:
+        """``"float32"`` (the default) or ``"mixed"``: the products of the query, key, value and output
+        projections and of the MLPs run in bfloat16 (float32 accumulation), on bfloat16 copies of
+        their weights held beside the float32 ones; the residual stream, norms, rotary, attention
+        scores and pattern, the embeddings, the unembedding and every hook stay float32
+        (``interp.precision``). ``cfg.precision`` says which."""
+        self.cfg.precision = check_precision(precision)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.mixed = precision == "mixed"
+                if not module.mixed:
+                    module.forget_low_weight()
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give every query head its own hooked copies of the residual for its query, key and

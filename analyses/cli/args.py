@@ -1,5 +1,5 @@
 """What every command that analyses a model shares: its ``--model``/``--impl`` arguments, where and
-in which precision it runs (``--device``, ``--dtype``), the memory an analysis may add
+in which precision it runs (``--device``, ``--dtype``, ``--precision``), the memory an analysis may add
 (``--memory-mb``), whether its texts begin with the start token (``--prepend-bos/--no-prepend-bos``),
 whether it shows progress (``--progress/--no-progress``), and the model they name."""
 
@@ -15,6 +15,7 @@ from analyses.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV
 from interp import load_model
 from interp.errors import UserError
 from interp.loading import DTYPES
+from interp.precision import PRECISIONS
 from interp.tokenizer import chat_text, set_start_token
 
 IMPL_CHOICES = ("auto", "scratch", "transformer_lens")
@@ -30,12 +31,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """``--dtype``, ``--device`` (how the model is loaded), ``--memory-mb`` (the analyses' budget),
+    """``--dtype``, ``--device``, ``--precision`` (how the model is loaded and run), ``--memory-mb`` (the analyses' budget),
     ``--prepend-bos/--no-prepend-bos`` (None by default: the model's own setting) and
     ``--progress/--no-progress``."""
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="precision of the weights and the forward (default float32); scores are float32 always")
     parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N, mps")
+    parser.add_argument("--precision", default="float32", choices=list(PRECISIONS),
+                        help="float32 (default), or mixed: the from-scratch model's linear maps multiply in "
+                             "bfloat16 (float32 accumulation), the residual, norms, attention scores, unembedding "
+                             "and every hook stay float32 (docs/guides/precision.md)")
     parser.add_argument("--memory-mb", type=number(above=0), default=DEFAULT_MEMORY_MB,
                         help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
     parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
@@ -117,11 +122,11 @@ def add_impl_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def load_cli_model(args: argparse.Namespace, spec: str | None = None):
-    """The model ``--model`` (or ``spec``) names, run by ``--impl``, in ``--dtype`` on ``--device``,
+    """The model ``--model`` (or ``spec``) names, run by ``--impl``, in ``--dtype`` and ``--precision`` on ``--device``,
     in eval mode, its texts beginning with the start token as ``--prepend-bos/--no-prepend-bos``
     says (where given: ``meta.json`` records it as from the command line)."""
     model = load_model(args.model if spec is None else spec, impl=None if args.impl == "auto" else args.impl,
-                       dtype=args.dtype, device=args.device).eval()
+                       dtype=args.dtype, device=args.device, precision=args.precision).eval()
     if getattr(args, "chat", False):  # the template writes its own markers, as apply_chat_template encodes them
         chat_text(model.tokenizer, "a")  # refused here, before any work, where the model has no template
         set_start_token(model, False, "chat template")
