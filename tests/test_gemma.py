@@ -15,7 +15,7 @@ from einops import einsum
 from transformers import AutoModelForCausalLM
 
 import analyses.core.hook_check as hook_check
-from analyses.core.hook_check import HEAD_WRITES, check_hooks
+from analyses.core.hook_check import HEAD_CONTRIBUTIONS, HEAD_WRITES, check_hooks
 from interp import from_hf, load_model
 from interp.bridge import boot_bridge
 from interp.errors import UserError
@@ -102,10 +102,11 @@ def test_the_hook_self_test_states_what_holds_where_the_attention_output_is_norm
     assert check.ok and check.output_normed, check.summary()
     assert check.sum_error < 1e-5 and check.norm_error < 1e-5
     assert "heads + b_O = attn.hook_out" in check.summary()
-    reason = check.refusal(HEAD_WRITES, "direct logit attribution")
-    assert reason.startswith(f"direct logit attribution needs each head's write to the residual to be its z @ W_O, "
+    reason = check.refusal(HEAD_WRITES, "edge attribution")
+    assert reason.startswith(f"edge attribution needs each head's write to the residual to be its z @ W_O, "
                              f"and on this {family} model ({impl}) a norm lies between them"), reason
     assert "\n" not in reason
+    assert check.refusal(HEAD_CONTRIBUTIONS, "direct logit attribution") is None  # it applies the frozen norm
 
 
 def test_the_frozen_norm_check_fails_with_another_norm_s_weight(monkeypatch):

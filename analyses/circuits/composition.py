@@ -19,6 +19,13 @@ TransformerLens does. No LayerNorm is folded in and nothing is centred: on a def
 compatibility mode) the scores equal TransformerLens's to float rounding; on a compatibility-mode
 bridge both score its processed (folded, centred) weights, which gives other numbers.
 
+A model that norms inside its attention is refused in one line: Gemma 3 norms each query and key
+head (a per-head RMSNorm between ``W_Q``/``W_K`` and the scores, so ``W_QK`` is not the bilinear form
+the scores use), and Gemma 2 and 3 norm the attention output before the residual (``ln1_post``,
+whose per-position scale is a run's, not the weights'). Folding the norms' weights in would still
+leave a score of something the model does not compute; exact path patching, which runs the model,
+measures those edges.
+
 The baseline: the mean score, over ``baseline_samples`` draws, of the same formula on independent
 standard Gaussian matrices of the pair's shapes (W_V, W_K, W_Q: d_model x d_head; W_O: d_head x
 d_model): random matrices of the same shapes are the comparison Elhage et al. give. The score is
@@ -42,6 +49,7 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
+from analyses.core.hook_check import norms_inside_heads
 from analyses.interventions.engine import check_heads
 from analyses.core.progress import progress_bar
 from analyses.core.plots import new_figure
@@ -101,7 +109,12 @@ def _factors(W_Q, W_K, W_V, W_O, kinds: Sequence[str]) -> _Factors:
 
 def model_factors(model, kinds: Sequence[str]) -> _Factors:
     """The model's stacked attention weights (``W_Q, W_K, W_V, W_O``, TransformerLens's names and
-    shapes), key/value heads expanded to the query heads, reduced for ``kinds``."""
+    shapes), key/value heads expanded to the query heads, reduced for ``kinds``. Refused in one line
+    where a norm acts inside the attention (module docstring)."""
+    if norms_inside_heads(model):
+        raise UserError("composition scores read W_Q, W_K, W_V and W_O alone, and this model norms inside its "
+                        "attention (each query and key head, or the attention output before the residual: Gemma 2 "
+                        "and 3), which the weights do not hold; path patching measures the edges there")
     n_heads = model.cfg.n_heads
     with torch.no_grad():
         W_O = model.W_O

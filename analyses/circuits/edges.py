@@ -104,11 +104,13 @@ def edges_of(model, senders=None, receivers=None, via: str | Sequence[str] = VIA
     return Edges(found)
 
 
-def output_weights(model, n_layers: int) -> list[torch.Tensor]:
+def output_weights(model, n_layers: int, need: str = HEAD_WRITES) -> list[torch.Tensor]:
     """The first ``n_layers`` layers' ``W_O`` (head, d_head, d_model), detached: a head's write to
     the residual stream is its z times its slice. Refused in one line where the hook self-test did
-    not find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out``."""
-    reason = check_hooks(model).refusal(HEAD_WRITES, "path patching")
+    not find the heads' ``z @ W_O`` (plus ``b_O``) adding up to ``hook_attn_out`` (``need``
+    ``HEAD_WRITES``), or with ``need`` ``HEAD_CONTRIBUTIONS`` (a caller that applies the frozen norm on
+    the attention output where a block has one, ``frozen_output_norm``) not adding up to it so."""
+    reason = check_hooks(model).refusal(need, "path patching")
     if reason is not None:
         raise UserError(reason)
     return [model.blocks[layer].attn.W_O.detach() for layer in range(n_layers)]

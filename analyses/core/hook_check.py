@@ -141,25 +141,26 @@ class HookCheck:
                 return (f"{needed_by} needs each head's contribution weight * z @ W_O / scale (the norm on the "
                         f"attention output, its scale from the clean run), and on this {self.family} model "
                         f"({self.impl}) it does not give hook_attn_out (error {self.norm_error:.2g}); see `interp check`")
-            found = "is not reachable" if self.sums_ok is None else "does not give the attention output"
-            return (f"{needed_by} needs each head's write z @ W_O, and on this {self.family} model ({self.impl}) "
-                    f"blocks.{{l}}.attn.W_O {found}; see `interp check`")
+            return self._unsummed(needed_by)
         if need == HEAD_WRITES:
             if self.output_normed:
                 return (f"{needed_by} needs each head's write to the residual to be its z @ W_O, and on this "
                         f"{self.family} model ({self.impl}) a norm lies between them (blocks.{{l}}.ln1_post: the "
                         "write is weight * z @ W_O / the norm's scale); see `interp check`")
-            if self.sums_ok:
-                return None
-            found = "is not reachable" if self.sums_ok is None else "does not give hook_attn_out"
-            return (f"{needed_by} needs each head's write z @ W_O, and on this {self.family} model ({self.impl}) "
-                    f"blocks.{{l}}.attn.W_O {found}; see `interp check`")
+            return None if self.sums_ok else self._unsummed(needed_by)
         if need not in EDITABLE:
             raise ValueError(f"unknown need {need!r}; allowed: {', '.join(NEEDS)}")
         if self.reaches_output[need]:
             return None
         return (f"{needed_by} needs edits of {need}, which do not reach the output of this {self.family} model "
                 f"({self.impl}); see `interp check`")
+
+    def _unsummed(self, needed_by: str) -> str:
+        """The refusal where the heads' z @ W_O plus b_O do not give the attention's output."""
+        output = "attn.hook_out" if self.output_normed else "hook_attn_out"
+        found = "is not reachable" if self.sums_ok is None else f"does not give {output}"
+        return (f"{needed_by} needs each head's write z @ W_O, and on this {self.family} model ({self.impl}) "
+                f"blocks.{{l}}.attn.W_O {found}; see `interp check`")
 
     def summary(self) -> str:
         """A few lines for a terminal."""

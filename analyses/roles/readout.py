@@ -12,13 +12,17 @@ The part ``linear(x) = (centre(x) * w) @ W_U^T`` (centring for LayerNorm only) i
 position and shared by every change, and a head's change ``dz @ W_O[head]`` (dz: (n, d_head)) has
 ``linear = dz @ (centre(W_O[head]) * w) @ W_U^T``, a product of depth d_head instead of d_model once
 the (d_head, d_vocab) matrix is made. Only ``s`` needs the whole changed residual, which costs d_model
-per row. The result equals ``model.unembed(clean + change)`` up to float rounding (a different
-order of the same sums); ``exact_for`` says where that holds to float32 precision.
+per row. A final soft cap (``output_logits_soft_cap``: Gemma 2's ``logits -> cap * tanh(logits /
+cap)``) is elementwise on the logits, so it is applied to them last, as ``model.unembed`` applies
+it. The result equals ``model.unembed(clean + change)`` up to float rounding (a different order of
+the same sums); ``exact_for`` says where that holds to float32 precision.
 """
 
 from __future__ import annotations
 
 import torch
+
+from analyses.core.hook_check import logit_soft_cap
 
 
 class FinalReadout:
@@ -39,6 +43,7 @@ class FinalReadout:
         if not cfg.tie_word_embeddings and model.lm_head.bias is not None:
             offset = offset + model.lm_head.bias.detach().float()
         self.offset = offset  # (vocab,)
+        self.cap = logit_soft_cap(model)  # None: the logits are not capped
 
     @staticmethod
     def exact_for(model) -> bool:
@@ -78,7 +83,8 @@ class FinalReadout:
 
     def logits(self, base: torch.Tensor, change: torch.Tensor, readout: torch.Tensor, scale: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        """The logits ``scale * (base + change @ readout) + offset`` (..., vocab), written into ``out``
+        """The logits ``scale * (base + change @ readout) + offset`` (..., vocab), then capped where the
+        model caps its logits (``cap * tanh(logits / cap)``), written into ``out``
         where given: ``base`` (..., vocab) the clean residual's ``linear``, ``change`` (..., k) what a
         change feeds ``readout`` (k, vocab) (a head's z change and its ``head_readout``, or a residual
         change centred and ``self.readout``), ``scale`` (..., 1) the changed residual's. One
@@ -86,4 +92,6 @@ class FinalReadout:
         rounding)."""
         out = torch.addcmul(self.offset, base, scale, out=out)
         out.view(-1, out.shape[-1]).addmm_((change * scale).reshape(-1, change.shape[-1]), readout)
+        if self.cap is not None:
+            out.div_(self.cap).tanh_().mul_(self.cap)
         return out
