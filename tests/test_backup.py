@@ -62,8 +62,9 @@ def test_pairwise_ablation_reuses_the_single_effects_it_is_given(scratch_gpt2, p
     totals = direct_and_total_effects(scratch_gpt2, prompts, heads, "zero", progress=False)
     single = {(row.layer, row.head): row.total for row in totals.itertuples()}
     asked = []
-    original = Ablation.run
-    monkeypatch.setattr(Ablation, "run", lambda self, targets, **kw: asked.extend(targets) or original(self, targets, **kw))
+    original = Ablation.scores
+    monkeypatch.setattr(Ablation, "scores",
+                        lambda self, targets, **kw: asked.extend(targets) or original(self, targets, **kw))
     reused = pairwise_ablation(scratch_gpt2, prompts, heads, "zero", single=single)
     assert [list(target) for target in asked] == [[(0, 1), (1, 2)], [(0, 1), (1, 3)], [(1, 2), (1, 3)]]  # pairs only
     columns = ["effect_a", "effect_b", "joint", "excess"]

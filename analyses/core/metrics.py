@@ -253,6 +253,17 @@ def evaluate_part(part: Metric, logits: torch.Tensor) -> tuple[torch.Tensor, tor
     return value.float(), numerators.float()
 
 
+def prompt_scores(metric: Metric, logits: torch.Tensor) -> PromptScores:
+    """``metric`` on the logits (batch, pos, d_vocab) of a whole batch -> ``PromptScores``: the value
+    (0-d float, exactly ``evaluate_metric``'s) and, for a metric with a per-prompt form (those built
+    here), each prompt's numerator (batch,) and count (batch,) from the same logits; else both None."""
+    value = evaluate_metric(metric, logits)
+    split = metric_part(metric, slice(0, logits.shape[0]), None)
+    part = None if split is None else split[0]
+    numerators = None if part is None else evaluate_part(part, logits)[1]
+    return PromptScores(value, numerators, None if numerators is None else part.counts)
+
+
 def metric_rows(metric: Metric, rows: slice) -> Metric | None:
     """``metric`` on the prompts ``rows`` alone as a metric of its own (its read positions and parts
     those of these prompts), for an analysis that keeps only some prompts; None for a metric that

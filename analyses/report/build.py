@@ -209,9 +209,12 @@ def screen_meta(circuit: CircuitSection | None) -> dict | None:
 
 
 def total_effects(calibration: CalibrationSection) -> pd.DataFrame:
-    """``layer, head, ablation_effect``: each head's total ablation effect, measured once by the
-    calibration (position-aligned mean ablation, loss on the probes' predictable tokens)."""
-    return calibration.frames["effects"].rename(columns={"total": "ablation_effect"})[["layer", "head", "ablation_effect"]]
+    """``layer, head, ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts``: each head's
+    total ablation effect and its 95% interval over prompts, measured once by the calibration
+    (position-aligned mean ablation, loss on the probes' predictable tokens)."""
+    names = {"total": "ablation_effect", "total_ci_low": "ablation_ci_low", "total_ci_high": "ablation_ci_high",
+             "n_prompts": "ablation_n_prompts"}
+    return calibration.frames["effects"].rename(columns=names)[["layer", "head", *names.values()]]
 
 
 def role_rule(thresholds, fdr: float | None) -> str:
@@ -403,7 +406,7 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) ->
     rolled = rollout_figure(attention_rollout(text_view.patterns), text_view.tokens)
     how = (rule + " Ablation effect: the rise in loss on the predictable second-copy tokens when the head's "
            "output is replaced by its mean over the other probes at the same place in their structure; "
-           "'no causal effect' marks a role head whose ablation changes the loss by less than 0.01 nats.")
+           "'no causal effect' marks a role head whose ablation effect's 95% interval over the probes covers 0.")
     return [
         Section("Heads", "Click a head in the grid to see its attention on a probe prompt and on the report's "
                 "text.", explorer_html(explorer, "click a head; the colour is the score chosen above")),

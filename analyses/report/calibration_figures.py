@@ -158,7 +158,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                                    progress=progress, run=first.run, single=single)
                      if len(role_heads) >= 2 else (pd.DataFrame(), pd.DataFrame()))
     steps.update()
-    dormant = dormant_frame(model, first.probes.tokens, effects["total"].to_numpy(), run=first.run)
+    dormant = dormant_frame(model, first.probes.tokens, *(effects[c].to_numpy() for c in ("total", "total_ci_low",
+                                                                                        "total_ci_high")), run=first.run)
     sample = min(SIMILARITY_PROMPTS, first.probes.n_prompts)
     similarities = head_similarities(model, probes.tokens[:sample],
                                      cache={name: z[:sample] for name, z in first.run.read(z_names(model)).items()}

@@ -12,7 +12,10 @@
   layer's head outputs, and every MLP output from the head's own layer on), so the change
   reaches the logits only through the residual stream and the unembedding. The residual stream
   being a sum, the final residual then moves by exactly the head's own change of output,
-  ``(z_ablated - z_clean)[head] @ W_O[layer, head]`` (the output bias is unchanged), so on a model
+  ``(z_ablated - z_clean)[head] @ W_O[layer, head]`` (the output bias is unchanged; in a block that
+  norms its attention output, Gemma 2 and 3's ``ln1_post``, that norm is held too, at the clean
+  run's scale: ``weight * change / scale``, the head's contribution as docs/guides/families.md
+  defines it; a rerun would recompute it, so the rerun below refuses heads there), so on a model
   that can start at the final norm (``GPTModel``) the direct effect is computed from that alone:
   the metric of ``unembed(final_resid_clean + delta)`` (the final norm recomputed, as a rerun
   would), no block rerun; elsewhere (a ``TransformerBridge``, whose ``start_at_layer`` reruns the
@@ -21,8 +24,11 @@
   effects are measured alike (``mlps=True``): its ``hook_mlp_out`` ablated, and for the direct effect
   every later head and MLP output frozen, so the final residual moves by its output's change.
 
-Every set of ablations is one ``evaluate_variants`` call (one forward per chunk of variants;
-suffix-only on ``GPTModel``).
+Every set of ablations is one ``score_variants`` call (one forward per chunk of variants;
+suffix-only on ``GPTModel``). Each effect is a mean over prompts with its 95% interval (a percentile
+bootstrap over prompts of the per-prompt effects the same forwards give,
+``analyses.interventions.run.effect_intervals``): total, direct and self-repair, a pair's joint
+effect and its excess; a first-order estimate (``screen``) has none (NaN).
 """
 
 from __future__ import annotations
@@ -37,13 +43,15 @@ import torch
 from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_reads, check_components, component_cells,
                                              component_label, component_layer, prepare_ablation, prompts_run)
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb
-from analyses.core.hook_check import EDIT_TOLERANCE, probe_effect, probe_tokens
+from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORMED_ATTN_OUT, check_hooks,
+                                      frozen_output_norm, norm_weight, output_norm, output_norm_reads, probe_effect,
+                                      probe_tokens, require)
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
-from analyses.interventions.engine import (Edit, activation_gradients, check_heads, evaluate_chunks, evaluate_variants,
-                                           gradient_parts, partial_logits, rows_of, runs_suffix_only)
-from analyses.core.metrics import Metric
+from analyses.interventions.engine import (Edit, activation_gradients, check_heads, gradient_parts, partial_logits,
+                                           rows_of, runs_suffix_only, score_chunks, score_variants)
+from analyses.core.metrics import Metric, PromptScores
 from analyses.core.tokens import accumulator
-from analyses.interventions.run import Run
+from analyses.interventions.run import Run, effect_intervals
 from analyses.roles.readout import FinalReadout
 from interp.errors import UserError
 
@@ -65,7 +73,11 @@ def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: 
     effect where it was already measured with this method, metric and prompts (the ``total`` of
     ``direct_and_total_effects``): those heads are not ablated alone again. Returns one row per
     pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a, layer_b, head_b, effect_a, effect_b,
-    joint, additive`` (effect_a + effect_b), ``excess`` (joint - additive), ``baseline``.
+    joint, additive`` (effect_a + effect_b), ``excess`` (joint - additive), ``baseline``, and the 95%
+    intervals over prompts ``joint_ci_low, joint_ci_high, excess_ci_low, excess_ci_high`` and
+    ``n_prompts`` (``effect_intervals``; the excess's per prompt is its joint minus its two single
+    effects, so it has an interval only where both heads were ablated alone here, NaN where one's
+    effect came in ``single`` as a number).
     """
     heads = check_heads(model, heads)
     if len(heads) < 2:
@@ -74,8 +86,9 @@ def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: 
     pairs = list(combinations(heads, 2))
     known = {head: float(single[head]) for head in heads if single is not None and head in single}
     alone = [head for head in heads if head not in known]
-    values = ablation.run([[h] for h in alone] + [list(p) for p in pairs], memory_mb=memory_mb,
-                          progress=progress, desc="pairwise ablation") - ablation.baseline
+    scores = ablation.scores([[h] for h in alone] + [list(p) for p in pairs], memory_mb=memory_mb,
+                             progress=progress, desc="pairwise ablation")
+    values = scores.values - ablation.baseline
     effect = known | dict(zip(alone, values[:len(alone)].tolist()))
     rows = [{"a": head_label(a), "b": head_label(b), "layer_a": a[0], "head_a": a[1], "layer_b": b[0], "head_b": b[1],
              "effect_a": effect[a], "effect_b": effect[b], "joint": joint}
@@ -84,7 +97,36 @@ def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: 
     frame["additive"] = frame["effect_a"] + frame["effect_b"]
     frame["excess"] = frame["joint"] - frame["additive"]
     frame["baseline"] = ablation.baseline
+    joint_scores = PromptScores(scores.values[len(alone):], None if scores.numerators is None
+                                else scores.numerators[len(alone):], scores.counts)
+    frame["joint_ci_low"], frame["joint_ci_high"], n_prompts = interval_columns(ablation, joint_scores)
+    frame["excess_ci_low"], frame["excess_ci_high"] = excess_intervals(ablation, scores, alone, pairs, known)
+    frame["n_prompts"] = n_prompts
     return frame
+
+
+def interval_columns(ablation: Ablation, scores: PromptScores) -> tuple:
+    """The 95% intervals over prompts of the effects ``scores.values - baseline`` (``Contrast.intervals``)
+    -> (ci_low, ci_high) as numpy arrays, and n_prompts."""
+    low, high, n_prompts = ablation.intervals(scores)
+    return low.cpu().numpy(), high.cpu().numpy(), n_prompts
+
+
+def excess_intervals(ablation: Ablation, scores: PromptScores, alone: list, pairs: list, known: Mapping) -> tuple:
+    """The 95% intervals of each pair's excess, joint - effect_a - effect_b, per prompt its joint
+    numerator minus its single ones plus the baseline's -> (ci_low, ci_high) numpy arrays (len(pairs),);
+    NaN where a head's single effect came in ``known`` (no per-prompt numerators) or the metric has
+    no per-prompt form. ``scores``: the singles ``alone`` then the ``pairs``, as ``pairwise_ablation`` ablates them."""
+    nan = torch.full((len(pairs),), float("nan"), dtype=torch.float64).numpy()
+    baseline = ablation.baseline_scores()
+    if known or scores.numerators is None or baseline.numerators is None:
+        return nan, nan.copy()
+    single = dict(zip(alone, scores.numerators[:len(alone)]))
+    joint = scores.numerators[len(alone):]
+    excess = torch.stack([j - single[a] - single[b] + baseline.numerators for j, (a, b) in zip(joint, pairs)])
+    low, high, _ = effect_intervals(PromptScores(torch.zeros(len(pairs)), excess + baseline.numerators,
+                                                 baseline.counts), baseline, len(ablation.tokens))
+    return low.cpu().numpy(), high.cpu().numpy()
 
 
 def backup_groups(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> list[list[str]]:
@@ -122,18 +164,21 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
 
     Returns (pairs: see ``pairwise_ablation``, groups: one row per group ``group`` (0..),
     ``heads`` (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single
-    effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single))."""
+    effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single), ``joint_ci_low``,
+    ``joint_ci_high``, ``n_prompts`` (the joint effect's 95% interval over prompts))."""
     run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
                                                   memory_mb=memory_mb)
     pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run,
                               single=single)
     groups = backup_groups(pairs, min_excess)
     single = dict(zip(pairs["a"], pairs["effect_a"])) | dict(zip(pairs["b"], pairs["effect_b"]))
-    joint = torch.empty(0)
+    joint, low, high, n_prompts = torch.empty(0), [], [], []
     if groups:
         ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
         members = [[_label_key(label) for label in group] for group in groups]
-        joint = ablation.run(members, memory_mb=memory_mb, progress=progress, desc="backup groups") - ablation.baseline
+        scores = ablation.scores(members, memory_mb=memory_mb, progress=progress, desc="backup groups")
+        joint = scores.values - ablation.baseline
+        low, high, n_prompts = interval_columns(ablation, scores)
     frame = pd.DataFrame({
         "group": range(len(groups)),
         "heads": [";".join(g) for g in groups],
@@ -142,15 +187,17 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
         "joint": joint.tolist(),
     })
     frame["excess"] = frame["joint"] - frame["sum_single"]
+    frame["joint_ci_low"], frame["joint_ci_high"], frame["n_prompts"] = low, high, n_prompts
     return pairs, frame
 
 
 def direct_effect_reads(model, method: str, mlps: bool = False) -> list[str]:
     """What ``direct_and_total_effects`` (with ``mlps``) reads from a ``Run`` of its prompts: the
     ablation's hooks, every ``hook_z`` (with ``mlps`` every ``hook_mlp_out``), and the final residual
-    (a model that starts at the final norm) or every ``hook_mlp_out`` (one that reruns the blocks
-    with them frozen)."""
-    frozen = [final_resid_name(model)] if runs_suffix_only(model) else mlp_out_names(model)
+    (a model that starts at the final norm, with what ``frozen_output_norm`` reads where blocks norm
+    their attention output) or every ``hook_mlp_out`` (one that reruns the blocks with them frozen;
+    ``from_final_residual`` decides, and what a ``Run`` lacks it reads when asked)."""
+    frozen = [final_resid_name(model), *output_norm_reads(model)] if runs_suffix_only(model) else mlp_out_names(model)
     written = [*z_names(model), *(mlp_out_names(model) if mlps else [])]
     return list(dict.fromkeys([*ablation_reads(model, method, mlps=mlps), *written, *frozen]))
 
@@ -191,14 +238,18 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     by the same method; the run must then read every ``hook_mlp_out`` too). Returns one row per
     component, the heads first: ``component`` (``L{l}H{h}``, ``L{l} MLP``), ``kind`` ("head" |
     "mlp"), ``layer``, ``head`` (Int64, <NA> for an MLP), ``total, direct, self_repair`` (direct -
-    total), ``baseline``, ``total_exact``. One batched call for the totals; the direct effects from
-    ``direct_effects``.
+    total), ``baseline``, ``total_exact``, and each effect's 95% interval over prompts
+    (``total_ci_low, total_ci_high, direct_ci_low, direct_ci_high, self_repair_ci_low,
+    self_repair_ci_high``: the per-prompt effects of the same forwards, ``effect_intervals``; NaN for
+    a total that is a first-order estimate) and ``n_prompts``. One batched call for the totals; the
+    direct effects from ``direct_effects``.
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
     ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
-    direct = direct_effects(ablation, components, memory_mb, progress)
+    direct_scores = direct_effects(ablation, components, memory_mb, progress)
+    direct = direct_scores.values
     exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
     total = accumulator(model, len(components))
     if screen is not None:
@@ -206,36 +257,72 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
         exact = (estimate.abs() >= screen) | ((direct - ablation.baseline).abs() >= screen)
         total[~exact] = ablation.baseline + estimate[~exact]
     chosen = exact.nonzero()[:, 0].tolist()
-    total[chosen] = ablation.run([[components[i]] for i in chosen], memory_mb=memory_mb, progress=progress,
-                                 desc="total effects")
+    measured = ablation.scores([[components[i]] for i in chosen], memory_mb=memory_mb, progress=progress,
+                               desc="total effects")
+    total[chosen] = measured.values
+    total_scores = PromptScores(total, None, None)
+    if measured.numerators is not None:  # an estimate has no per-prompt numerators: NaN, so no interval
+        numerators = measured.numerators.new_full((len(components), len(ablation.tokens)), float("nan"))
+        numerators[chosen] = measured.numerators
+        total_scores = PromptScores(total, numerators, measured.counts)
+    intervals = {}
+    for name, scores in (("total", total_scores), ("direct", direct_scores)):
+        intervals[f"{name}_ci_low"], intervals[f"{name}_ci_high"], n_prompts = interval_columns(ablation, scores)
+    low, high, _ = effect_intervals(direct_scores, total_scores, len(ablation.tokens))  # direct - total, per prompt
+    intervals |= {"self_repair_ci_low": low.cpu().numpy(), "self_repair_ci_high": high.cpu().numpy(),
+                  "n_prompts": n_prompts}
     return pd.DataFrame({
         "component": [component_label(c) for c in components], "kind": [kind_of(c) for c in components],
         "layer": [component_layer(c) for c in components],
         "head": pd.array([None if isinstance(c, MLP) else c[1] for c in components], dtype="Int64"),
         "total": (total - ablation.baseline).cpu().numpy(), "direct": (direct - ablation.baseline).cpu().numpy(),
     }).assign(self_repair=lambda f: f["direct"] - f["total"], baseline=ablation.baseline,
-              total_exact=exact.cpu().numpy())
+              total_exact=exact.cpu().numpy(), **intervals)
 
 
 def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
-                   progress: bool | None) -> torch.Tensor:
+                   progress: bool | None) -> PromptScores:
     """The metric with each component ablated alone and everything downstream frozen ->
-    (len(components),) in the accumulators' dtype, as the totals (float64; float32 on mps): from the
-    final residual (``final_residual_effects``) where the model starts at the final norm, else one
-    rerun per layer and kind (``frozen_downstream_run``)."""
+    ``PromptScores``: values (len(components),) in the accumulators' dtype, as the totals (float64;
+    float32 on mps), and each prompt's numerator (len(components), batch) and count where the metric
+    has a per-prompt form: from the final residual (``final_residual_effects``) where the model starts
+    at the final norm and its heads' contributions are known, else one rerun per layer and kind
+    (``frozen_downstream_run``): ``from_final_residual``."""
     model = ablation.model
     direct = accumulator(model, len(components))
-    if runs_suffix_only(model):
-        direct[:] = final_residual_effects(ablation, components, memory_mb, progress)
+    numerators, counts = accumulator(model, len(components), len(ablation.tokens)), None
+    if from_final_residual(model, any(not isinstance(c, MLP) for c in components)):
+        scored = final_residual_effects(ablation, components, memory_mb, progress)
+        direct[:] = scored.values
+        if scored.numerators is not None:
+            numerators[:], counts = scored.numerators, scored.counts
     else:
         mlp_names = mlp_out_names(model)
         require_mlp_freeze(model, mlp_names)
         clean = ablation.base.read([*z_names(model), *mlp_names])
         for group in dict.fromkeys(map(layer_and_kind, components)):
             members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
-            direct[members] = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
-                                                    memory_mb, progress).to(direct)
-    return direct
+            scored = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
+                                           memory_mb, progress)
+            direct[members] = scored.values.to(direct)
+            if scored.numerators is not None:
+                numerators[members], counts = scored.numerators.to(numerators), scored.counts
+    return PromptScores(direct, None if counts is None else numerators, counts)
+
+
+def from_final_residual(model, heads: bool) -> bool:
+    """Whether ``direct_effects`` reads the direct effects off the final residual (else it reruns the
+    blocks), the hook self-test asked first where ``heads`` are among the components: from the final
+    residual where the model starts at the final norm and each head's contribution is known
+    (``HEAD_CONTRIBUTIONS``: z @ W_O, through the frozen norm on the attention output where a block
+    has one); else by a rerun, which edits z and needs no W_O but would recompute such a norm, so it
+    is refused in one line there (``UNNORMED_ATTN_OUT``)."""
+    if not heads:
+        return runs_suffix_only(model)
+    if runs_suffix_only(model) and check_hooks(model).refusal(HEAD_CONTRIBUTIONS, "direct effects") is None:
+        return True
+    require(model, UNNORMED_ATTN_OUT, "direct effects of heads")
+    return False
 
 
 def first_order_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> torch.Tensor:
@@ -272,26 +359,27 @@ def layer_and_kind(component: Component) -> tuple[int, str]:
 
 
 def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[Component], mlps: Sequence[str],
-                          memory_mb: float, progress: bool | None) -> torch.Tensor:
+                          memory_mb: float, progress: bool | None) -> PromptScores:
     """The metric with each of ``components`` (of one layer and one kind) ablated alone and every
     output downstream of it held at ``clean``: every later layer's head outputs, and every MLP output
-    from the layer on (after a head) or after it (after an MLP) -> (len(components),) float."""
+    from the layer on (after a head) or after it (after an MLP) -> ``PromptScores`` (values
+    (len(components),) float; ``score_variants``)."""
     layer, after_mlp = component_layer(components[0]), isinstance(components[0], MLP)
     later = [z_name(l) for l in range(layer + 1, ablation.model.cfg.n_layers)]
     frozen = [name for name in mlps if layer_of(name) >= layer + after_mlp] + later
     cells = component_cells(components)
     sources = {cell.hook: ablation.sources[cell.hook] for cell in cells} | {name: clean[name] for name in frozen}
     variants = [component_cells([c]) + [Edit(name) for name in frozen] for c in components]
-    return evaluate_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
-                             starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
+    return score_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
+                          starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
 
 
 def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
-                           progress: bool | None) -> torch.Tensor:
+                           progress: bool | None) -> PromptScores:
     """The metric with each of ``components`` (heads and ``MLP``s) ablated alone and everything
     downstream frozen, from the final residual: ``unembed(final_clean + write_change)`` at the
-    metric's read positions only, in the chunks of components and prompts that ``evaluate_chunks``
-    makes within ``memory_mb`` -> (len(components),) float32. Needs a model whose ``unembed`` is the
+    metric's read positions only, in the chunks of components and prompts that ``score_chunks``
+    makes within ``memory_mb`` -> ``PromptScores`` (values (len(components),) float32). Needs a model whose ``unembed`` is the
     final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
 
     Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights) and
@@ -301,19 +389,21 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     (d_head, vocab) readout, the norm's scale recomputed (``analyses.roles.readout``). Elsewhere each
     changed residual is unembedded whole (``unembedded_logits``)."""
     model = ablation.model
-    clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components))])
+    heads = {c[0] for c in components if not isinstance(c, MLP)}
+    clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components)),
+                                *output_norm_reads(model, sorted(heads))])
     spare = 0.75 * memory_mb - FinalReadout.held_mb(model)  # what the readouts leave beside the chunks' quarter
     split = FinalReadout.exact_for(model) and spare >= 0
     chunk_logits = (readout_logits(ablation, clean, components, keep_mb=spare) if split
                     else unembedded_logits(ablation, clean, components))
     with torch.no_grad():
-        return evaluate_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
-                               chunk_logits, read_only=True, progress=progress, desc="direct effects",
-                               memory_mb=memory_mb / 4 if split else memory_mb, by_prompts=split)
+        return score_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
+                            chunk_logits, read_only=True, progress=progress, desc="direct effects",
+                            memory_mb=memory_mb / 4 if split else memory_mb, by_prompts=split)
 
 
 def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):
-    """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects``: each component's changed
+    """``score_chunks``' ``chunk_logits`` for ``final_residual_effects``: each component's changed
     final residual through ``model.unembed`` (the read positions, or the metric part's ``entries``
     alone; every position, NaN off the read ones, where the metric cannot take the read positions
     alone)."""
@@ -335,7 +425,7 @@ def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Comp
 
 
 def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component], keep_mb: float = 0.0):
-    """``evaluate_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
+    """``score_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
     unembedding (``FinalReadout``): logits ``scale(final + change) * (linear(final) + linear(change))
     + offset`` at the read positions (at the metric part's ``entries`` alone where it has them), where
     a head's ``linear(change)`` is its z change (n, d_head)
@@ -349,7 +439,7 @@ def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Compone
 
     @lru_cache(maxsize=model.cfg.n_heads)
     def head_readout(layer: int, head: int) -> torch.Tensor:  # (d_head, vocab)
-        return readout.head_readout(model.blocks[layer].attn.W_O[head])
+        return readout.head_readout(head_W_O(ablation, (layer, head)))
 
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
                      entries: torch.Tensor | None) -> torch.Tensor:
@@ -369,7 +459,7 @@ def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Compone
         logits = base.new_empty((len(members), *base.shape))
         for out, v in zip(logits, members):
             component = components[v]
-            change = read(own_change(ablation, clean, component, rows, at))  # (rows, n, d_head or d_model) or (m, ...)
+            change = read(scaled_change(ablation, clean, component, rows, at))  # (rows, n, d_head or d_model) or (m, ...)
             if isinstance(component, MLP):
                 readout.logits(base, readout.centre(change), readout.readout, readout.scale(final + change), out=out)
             else:
@@ -393,9 +483,21 @@ def write_change(ablation: Ablation, clean: dict, component: Component, rows: sl
                  at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
     """How ``component``'s write to the residual stream changes under the ablation on the prompts
     ``rows`` at the positions ``at``, in float32 -> (rows, n, d_model): for an MLP its output's change,
-    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]`` (``own_change``, ``head_W_O``)."""
-    change = own_change(ablation, clean, component, rows, at)
+    for a head ``(z_source - z_clean)[rows, at, head] @ W_O[layer, head]``, and in a block that norms
+    its attention output that through the norm frozen at the clean run's scale, ``weight * ... /
+    scale`` (``scaled_change``, ``head_W_O``: a head's contribution, docs/guides/families.md)."""
+    change = scaled_change(ablation, clean, component, rows, at)
     return change if isinstance(component, MLP) else change @ head_W_O(ablation, component)
+
+
+def scaled_change(ablation: Ablation, clean: dict, component: Component, rows: slice,
+                  at: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    """``own_change``, for a head in a block that norms its attention output divided by that norm's
+    scale in the clean run (rows, n, 1), frozen (``frozen_output_norm``), so that through
+    ``head_W_O`` (which holds the norm's weight) it is the change of the head's contribution."""
+    change = own_change(ablation, clean, component, rows, at)
+    norm = None if isinstance(component, MLP) else frozen_output_norm(ablation.model, component[0], clean, rows, at)
+    return change if norm is None else change / norm.scale
 
 
 def own_change(ablation: Ablation, clean: dict, component: Component, rows: slice,
@@ -413,6 +515,9 @@ def own_change(ablation: Ablation, clean: dict, component: Component, rows: slic
 
 def head_W_O(ablation: Ablation, head: tuple[int, int]) -> torch.Tensor:
     """A head's output projection (d_head, d_model), float32, the block's own read in place
-    (``GPTModel``), not the stacked ``model.W_O``."""
+    (``GPTModel``), not the stacked ``model.W_O``; in a block that norms its attention output, times
+    that norm's weight (its scale is the run's: ``scaled_change``)."""
     layer, index = head
-    return ablation.model.blocks[layer].attn.W_O.detach()[index].float()  # a view of out_proj
+    w_o = ablation.model.blocks[layer].attn.W_O.detach()[index].float()  # a view of out_proj
+    norm = output_norm(ablation.model, layer)
+    return w_o if norm is None else w_o * norm_weight(norm).to(w_o.device)

@@ -19,7 +19,10 @@ from interp.errors import UserError
 def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
                      progress: bool | None = None, *, method: str = "mean_aligned") -> pd.DataFrame:
     """Ablate each head in turn -> one row per head: ``layer, head, ablation_effect`` (ablated minus
-    clean mean loss on the predictable tokens, in nats) and ``clean_loss``.
+    clean mean loss on the predictable tokens, in nats, pooled over the probes), ``ablation_ci_low``,
+    ``ablation_ci_high`` (its 95% percentile bootstrap interval over the probes, which decides "no
+    causal effect" in ``head_table``), ``ablation_n_prompts`` (the probes with a predictable token)
+    and ``clean_loss``.
 
     ``method`` (``analyses.interventions.ablation.METHODS``): by default the position-aligned mean, the head's
     mean output over the *other* probes at the same place in their structure (the same region,
@@ -32,5 +35,8 @@ def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_M
         "layer": sweep["layer"].astype(int).to_numpy(),
         "head": sweep["head"].astype(int).to_numpy(),
         "ablation_effect": sweep["effect"].to_numpy(),
+        "ablation_ci_low": sweep["ci_low"].to_numpy(),
+        "ablation_ci_high": sweep["ci_high"].to_numpy(),
+        "ablation_n_prompts": sweep["n_prompts"].to_numpy(),
         "clean_loss": sweep["baseline"].to_numpy(),
     })

@@ -34,7 +34,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run
 from analyses.core.probes import RepeatedProbes, probes_for
-from analyses.core.stats import bootstrap_ratio
+from analyses.core.stats import bootstrap_ratio, excludes_zero
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import Run
 from analyses.core.tokens import encode
@@ -53,8 +53,9 @@ DEFAULT_FDR = 0.05  # Benjamini-Hochberg false discovery rate of calibrated role
 # a partial role: its score's interval lower bound goes at least this share of the way from its
 # null's centre to the role's threshold (an effect size, which significance alone is not; see assign_roles)
 PARTIAL_SHARE = 0.5
-NO_EFFECT_BELOW = 0.01  # nats: a smaller |ablation effect| is reported as "no causal effect"
-NO_EFFECT = "no causal effect"
+NO_EFFECT = "no causal effect"  # a head whose ablation effect's 95% interval covers 0 (no_effect_labels)
+# what ``head_table`` reads of an effects frame: each head's ablation effect and its 95% interval
+EFFECT_COLUMNS = ("ablation_effect", "ablation_ci_low", "ablation_ci_high", "ablation_n_prompts")
 
 
 @dataclass
@@ -360,12 +361,13 @@ def _limits(thresholds: float | Mapping[str, float] | None, roles: Sequence[str]
 
 def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
                thresholds: float | Mapping[str, float] | None = None, *, calibration: pd.DataFrame | None = None,
-               fdr: float = DEFAULT_FDR, no_effect_below: float = NO_EFFECT_BELOW) -> pd.DataFrame:
+               fdr: float = DEFAULT_FDR) -> pd.DataFrame:
     """The report's wide table, one row per head: ``layer, head``, per measure ``m, m_ci_low,
     m_ci_high``; with ``calibration`` per role ``{role}_null_low, {role}_null_high`` (the null
     band), ``{role}_z, {role}_p, {role}_q`` (and for its ``MEANING_ROLES`` their scores, ``copying``,
-    ``copy_suppression``); with ``effects`` ``ablation_effect`` and ``causal``
-    ("no causal effect" where |ablation_effect| < ``no_effect_below`` nats, else ""); and ``role``
+    ``copy_suppression``); with ``effects`` (``analyses.roles.causal_check.ablation_effects``' frame)
+    ``ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts`` (``EFFECT_COLUMNS``) and
+    ``causal`` (``no_effect_labels``: "no causal effect" where the effect's 95% interval covers 0); and ``role``
     (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``)."""
     wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
     columns = {}
@@ -377,14 +379,22 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
     if calibration is not None:
         table = table.merge(null_columns(calibration), on=["layer", "head"], how="left")
     if effects is not None:
-        table = table.merge(effects[["layer", "head", "ablation_effect"]], on=["layer", "head"], how="left")
-        table["causal"] = no_effect_labels(table["ablation_effect"], no_effect_below)
+        missing = [column for column in EFFECT_COLUMNS if column not in effects.columns]
+        if missing:
+            raise UserError(f"the effects frame lacks {', '.join(missing)}: 'no causal effect' is decided by each "
+                            "ablation effect's 95% interval (analyses.roles.causal_check.ablation_effects gives it)")
+        table = table.merge(effects[["layer", "head", *EFFECT_COLUMNS]], on=["layer", "head"], how="left")
+        table["causal"] = no_effect_labels(table["ablation_ci_low"], table["ablation_ci_high"])
     return table.merge(assign_roles(scores, thresholds, calibration=calibration, fdr=fdr), on=["layer", "head"])
 
 
-def no_effect_labels(effects: pd.Series, no_effect_below: float = NO_EFFECT_BELOW) -> pd.Series:
-    """"no causal effect" where |effect| < ``no_effect_below`` (nats), else ""."""
-    return effects.abs().lt(no_effect_below).map({True: NO_EFFECT, False: ""})
+def no_effect_labels(ci_low: pd.Series, ci_high: pd.Series) -> pd.Series:
+    """"no causal effect" where an effect's 95% interval [ci_low, ci_high] covers 0, else "": the
+    effect is not told apart from none over the prompts, however large its mean (and a small effect
+    that every prompt shows is an effect). An unknown interval (NaN: a metric without a per-prompt
+    form) claims neither."""
+    known = ci_low.notna() & ci_high.notna()
+    return (known & ~excludes_zero(ci_low, ci_high)).map({True: NO_EFFECT, False: ""})
 
 
 def null_columns(calibration: pd.DataFrame) -> pd.DataFrame:

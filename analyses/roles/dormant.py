@@ -7,8 +7,9 @@ writes and by what ablating it does:
 - **output norm**: the mean over prompts and positions of ``|z_h W_O[h]|``, the norm of the head's
   own write to the residual stream; ``relative_norm`` divides it by the mean over the heads of its
   layer (1 = a typical head of the layer);
-- **ablation no-op**: mean-ablating the head changes the metric by less than ``no_effect_below``
-  nats;
+- **ablation no-op**: the 95% interval over prompts of the metric's change when the head is
+  mean-ablated covers 0 (its effect is not told apart from none: "no causal effect", as the head
+  table decides it);
 - **dormant**: both, a relative norm below ``dormant_below`` and a no-op ablation.
 
 Redundancy: every pair of heads compared by the cosine similarity of their outputs (``z_h W_O[h]``
@@ -27,7 +28,7 @@ import torch
 
 from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.roles.classify import NO_EFFECT_BELOW
+from analyses.roles.classify import no_effect_labels, NO_EFFECT
 from analyses.core.hook_names import pattern_names, z_names
 from analyses.interventions.engine import cache_run
 from analyses.core.metrics import Metric
@@ -80,8 +81,7 @@ def output_norms(model, tokens: torch.Tensor, run: Run | None = None) -> pd.Data
 
 
 def dormant_heads(model, prompts, method: str = "mean", metric: Metric | None = None, *,
-                  dormant_below: float = DORMANT_BELOW, no_effect_below: float = NO_EFFECT_BELOW,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                  dormant_below: float = DORMANT_BELOW, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Output norms and the ablation no-op test of every head (one ablation sweep; see
     ``dormant_frame`` to reuse effects already measured).
 
@@ -89,22 +89,23 @@ def dormant_heads(model, prompts, method: str = "mean", metric: Metric | None = 
     """
     sweep = ablation_sweep(model, prompts, "each_head", method, metric, memory_mb=memory_mb, progress=progress)
     tokens = prompts.tokens if isinstance(prompts, RepeatedProbes) else prompts
-    return dormant_frame(model, tokens, sweep["effect"].to_numpy(), dormant_below=dormant_below,
-                         no_effect_below=no_effect_below)
+    return dormant_frame(model, tokens, sweep["effect"].to_numpy(), sweep["ci_low"].to_numpy(),
+                         sweep["ci_high"].to_numpy(), dormant_below=dormant_below)
 
 
-def dormant_frame(model, tokens: torch.Tensor, effects, *, dormant_below: float = DORMANT_BELOW,
-                  no_effect_below: float = NO_EFFECT_BELOW, run: Run | None = None) -> pd.DataFrame:
-    """Each head's output norm on ``tokens`` (batch, pos) beside its ablation effect ``effects``
-    (n_layers * n_heads, layer-major, in nats).
+def dormant_frame(model, tokens: torch.Tensor, effects, ci_low, ci_high, *, dormant_below: float = DORMANT_BELOW,
+                  run: Run | None = None) -> pd.DataFrame:
+    """Each head's output norm on ``tokens`` (batch, pos) beside its ablation effect ``effects`` and
+    its 95% interval over prompts ``ci_low``, ``ci_high`` (each n_layers * n_heads, layer-major, in nats).
 
-    Returns one row per head: ``layer, head, output_norm, relative_norm, ablation_effect``,
-    ``no_op`` (|ablation_effect| < no_effect_below) and ``dormant`` (no_op and relative_norm <
+    Returns one row per head: ``layer, head, output_norm, relative_norm, ablation_effect,
+    ablation_ci_low, ablation_ci_high``, ``no_op`` (the interval covers 0:
+    ``analyses.roles.classify.no_effect_labels``) and ``dormant`` (no_op and relative_norm <
     dormant_below). run: see ``output_norms``.
     """
     frame = output_norms(model, tokens, run)
-    frame["ablation_effect"] = effects
-    frame["no_op"] = frame["ablation_effect"].abs() < no_effect_below
+    frame["ablation_effect"], frame["ablation_ci_low"], frame["ablation_ci_high"] = effects, ci_low, ci_high
+    frame["no_op"] = no_effect_labels(frame["ablation_ci_low"], frame["ablation_ci_high"]) == NO_EFFECT
     frame["dormant"] = frame["no_op"] & (frame["relative_norm"] < dormant_below)
     return frame
 
