@@ -205,7 +205,7 @@ def test_normalize_and_sorting(gpt2_pair):
     logits_rows = raw[raw.via == "logits"]
     assert (logits_rows.receiver_layer == N_LAYERS).all() and (logits_rows.receiver_head == -1).all()
     assert list(raw.columns) == ["sender_layer", "sender_head", "receiver_layer", "receiver_head", "via", "value",
-                                 "effect"]
+                                 "effect", "ci_low", "ci_high", "n_prompts"]
 
 
 @pytest.mark.parametrize("via", ["q", ("v", "k"), ("logits", "q", "k", "v"), "logits"])

@@ -18,7 +18,9 @@ an edge's exact ``effect`` there is the change its removal makes here, and edge 
 
     (value(C) - value(empty)) / (value(all candidates) - value(empty)),
 
-and of its complement, the same with every candidate but C kept.
+and of its complement, the same with every candidate but C kept. Each is a ratio of means over
+prompts, with its 95% interval: a percentile bootstrap over prompts of the ratio of the per-prompt
+differences (``analyses.core.stats.bootstrap_ratio``), for a metric with a per-prompt form.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from analyses.circuits.edge_attribution import split_kinds, split_qkv_inputs
 from analyses.circuits.edges import VIAS, Edges, output_weights
 from analyses.circuits.path_patching import require_path_edits
 from analyses.core.hook_names import final_resid_name, qkv_input_name, z_name, z_names
-from analyses.core.metrics import Metric
+from analyses.core.metrics import Metric, PromptScores, prompt_scores
+from analyses.core.stats import bootstrap_ratio
+from analyses.core.tokens import as_tokens
 from analyses.interventions.engine import cache_run, runs_suffix_only
 from analyses.interventions.patching import base_and_source
 from interp.errors import UserError
@@ -81,8 +85,16 @@ def removal_hooks(model, removed: Edges, corrupted_z: dict[int, torch.Tensor]) -
 
 def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges,
                    kept: Sequence[np.ndarray]) -> torch.Tensor:
+    """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges -> (len(kept),):
+    the values of ``circuit_scores`` (which see)."""
+    return circuit_scores(model, clean, corrupted, metric, candidates, kept).values
+
+
+def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges,
+                   kept: Sequence[np.ndarray]) -> PromptScores:
     """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges (see the
-    module docstring) -> (len(kept),). ``kept``: boolean masks over ``candidates`` (len(candidates),).
+    module docstring) -> ``PromptScores``: values (len(kept),) and, for a metric with a per-prompt
+    form, each prompt's numerator (len(kept), batch) and count (batch,) from the same logits. ``kept``: boolean masks over ``candidates`` (len(candidates),).
     ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; one forward
     of the clean batch per circuit, after one corrupted forward. A ``GPTModel`` only (it edits the
     per-head q/k/v inputs that ``GPTModel.set_split_qkv_inputs`` gives)."""
@@ -98,14 +110,20 @@ def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges,
     senders = z_names(model)[:int(candidates.table[:, 0].max()) + 1]
     _, cache = cache_run(model, corrupted, senders, logits=False)
     corrupted_z = {layer: cache[name] for layer, name in enumerate(senders)}
-    values = torch.empty(len(masks))
+    values, numerators, counts = torch.empty(len(masks)), [], None
     for i, mask in enumerate(masks):
         removed = candidates.take(np.flatnonzero(~mask))
         hooks = removal_hooks(model, removed, corrupted_z) if len(removed) else []
         split = split_kinds([name for name, _ in hooks])
         with torch.no_grad(), split_qkv_inputs(model, split):
-            values[i] = metric(model.run_with_hooks(clean, fwd_hooks=hooks)).item()
-    return values
+            logits = model.run_with_hooks(clean, fwd_hooks=hooks)
+            values[i] = metric(logits).item()
+            scores = prompt_scores(metric, logits)
+        numerators.append(scores.numerators)
+        counts = scores.counts
+    per_prompt = counts is not None
+    return PromptScores(values, torch.stack(numerators) if per_prompt and numerators else None,
+                        counts if per_prompt else None)
 
 
 def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edges, order: Sequence[int],
@@ -114,7 +132,10 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edge
     first), for each ``k`` in ``sizes`` -> frame ``size, value, faithfulness, complement_value,
     complement``: the metric with only those edges kept, its faithfulness (0: every candidate
     edge corrupted, 1: none), and the same for every candidate edge but those kept (see the
-    module docstring). The frame's ``attrs`` hold ``full`` and ``empty``, the two ends."""
+    module docstring), with the 95% intervals over prompts of both faithfulnesses
+    (``faithfulness_ci_low, faithfulness_ci_high, complement_ci_low, complement_ci_high``; NaN for a
+    metric without a per-prompt form) and ``n_prompts``. The frame's ``attrs`` hold ``full`` and
+    ``empty``, the two ends."""
     order = np.asarray(order, dtype=np.int64)
     if sorted(order.tolist()) != list(range(len(candidates))):
         raise UserError(f"order must rank every one of the {len(candidates)} candidate edges once; "
@@ -128,11 +149,30 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edge
         mask[order[:k]] = True
         circuits += [mask, ~mask]
     full_empty = [np.ones(len(candidates), dtype=bool), np.zeros(len(candidates), dtype=bool)]
-    values = circuit_values(model, clean, corrupted, metric, candidates, [*full_empty, *circuits])
+    scores = circuit_scores(model, clean, corrupted, metric, candidates, [*full_empty, *circuits])
+    values = scores.values
     full, empty, kept, complement = values[0].item(), values[1].item(), values[2::2], values[3::2]
     span = full - empty
     frame = pd.DataFrame({"size": list(sizes), "value": kept.cpu().numpy(), "faithfulness": ((kept - empty) / span).cpu().numpy(),
                           "complement_value": complement.cpu().numpy(),
                           "complement": ((complement - empty) / span).cpu().numpy()})
     frame.attrs.update(full=full, empty=empty)
-    return frame
+    return frame.assign(**faithfulness_intervals(scores, len(sizes), len(as_tokens(model, clean))))
+
+
+def faithfulness_intervals(scores: PromptScores, n_sizes: int, n_batch: int) -> dict:
+    """The 95% intervals of ``faithfulness_curve``'s faithfulnesses from its ``circuit_scores`` (full,
+    empty, then each size's circuit and complement): per prompt, (circuit - empty) over (full -
+    empty) numerators, resampled together (``bootstrap_ratio``; prompts that count nothing left out)
+    -> {column: (n_sizes,) array}, with ``n_prompts`` (``n_batch`` where there are no intervals)."""
+    if scores.numerators is None:
+        nan = np.full(n_sizes, np.nan)
+        return {"faithfulness_ci_low": nan, "faithfulness_ci_high": nan, "complement_ci_low": nan,
+                "complement_ci_high": nan, "n_prompts": n_batch}
+    counted = (scores.counts > 0).cpu()
+    numerators = scores.numerators.cpu().double()[:, counted]  # (circuits, n)
+    full, empty = numerators[0], numerators[1]
+    _, low, high = bootstrap_ratio((numerators[2:] - empty).T, full - empty)  # (n, 2 * n_sizes) over (n,)
+    return {"faithfulness_ci_low": low[0::2].numpy(), "faithfulness_ci_high": high[0::2].numpy(),
+            "complement_ci_low": low[1::2].numpy(), "complement_ci_high": high[1::2].numpy(),
+            "n_prompts": int(counted.sum())}

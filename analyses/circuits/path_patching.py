@@ -29,6 +29,13 @@ projection reads: patching receiver r gives r's z computed with its own query an
 path-patched key (value), and leaves the other heads of the group on the base key (value). (This
 is what ``GPTModel.set_use_split_qkv_input`` computes; TransformerLens refuses k/v paths there.)
 
+A block that norms its attention output before the residual (Gemma 2 and 3's ``ln1_post``): a
+sender's write is its contribution as docs/guides/families.md defines it, the change of its
+``z @ W_O`` through that norm frozen at the base run's scale (``head_writes``); a receiver's moved z
+goes through its own block as the model runs it (its ``hook_z`` edited, the norm recomputed: step 2
+never starts from ``resid_mid`` there). Exact path patching then needs ``HEAD_CONTRIBUTIONS`` of the
+hook self-test; edge attribution, which takes a write to be ``z @ W_O``, is refused there.
+
 Cost per edge: step 2 is one suffix forward (on a 12-layer model, from the receiver's layer's MLP
 on); step 1 is about one block's attention per (sender, receiver layer, input), shared by that
 layer's receivers.
@@ -47,28 +54,37 @@ import torch
 from einops import einsum, rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.hook_check import HEAD_WRITES, require
+from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_output_norm, output_norm, output_norm_reads,
+                                      require)
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.circuits.edge_attribution import eap_scores
 from analyses.circuits.edges import QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
-from analyses.interventions.engine import (check_choice, collect_variants, evaluate_variants, rows_per_chunk,
-                                          runs_suffix_only)
-from analyses.core.metrics import Metric
+from analyses.interventions.engine import (check_choice, collect_variants, rows_per_chunk, runs_suffix_only,
+                                          score_variants)
+from analyses.core.metrics import Metric, PromptScores
+from analyses.core.tokens import accumulator
 from analyses.interventions.attribution import Screen
 from analyses.interventions.patching import base_and_source
 from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 
-def head_writes(model, senders: Sequence[Head], z_to: Sequence[torch.Tensor],
-                z_from: Sequence[torch.Tensor]) -> dict[Head, torch.Tensor]:
+def head_writes(model, senders: Sequence[Head], z_to: Sequence[torch.Tensor], z_from: Sequence[torch.Tensor],
+                base: dict) -> dict[Head, torch.Tensor]:
     """What moving each of ``senders``' z from ``z_from`` to ``z_to`` (per layer from layer 0 up to
     the last sender's, (batch, pos, head, d_head)) adds to the residual stream -> {sender:
-    (batch, pos, d_model)}, only the senders asked for. Refused as ``output_weights`` says."""
-    w_o = output_weights(model, len(z_to))
-    return {(layer, head): einsum(z_to[layer][:, :, head] - z_from[layer][:, :, head],
-                                  w_o[layer][head].to(z_to[layer].dtype), "b p e, e d -> b p d")
-            for layer, head in senders}
+    (batch, pos, d_model)}, only the senders asked for: the change of its ``z @ W_O``, and in a
+    block that norms its attention output that change through the norm frozen at the base run's
+    scale (``base``: the base run's activations holding ``output_norm_reads``), the change of the
+    head's contribution (docs/guides/families.md). Refused as ``output_weights`` says."""
+    w_o = output_weights(model, len(z_to), HEAD_CONTRIBUTIONS)
+    writes = {}
+    for layer, head in senders:
+        write = einsum(z_to[layer][:, :, head] - z_from[layer][:, :, head], w_o[layer][head].to(z_to[layer].dtype),
+                       "b p e, e d -> b p d")
+        norm = frozen_output_norm(model, layer, base)
+        writes[layer, head] = write if norm is None else norm(write).to(write.dtype)
+    return writes
 
 
 @dataclass
@@ -84,11 +100,14 @@ class PathSetup(Contrast):
 
 def path_reads(model, edges: Edges) -> list[str]:
     """The hooks of the base run that path patching of ``edges`` reads: every ``hook_z``, the
-    receivers' layers' ``hook_resid_pre`` and q/k/v, and the final residual for "logits" edges."""
+    receivers' layers' ``hook_resid_pre`` and q/k/v, the final residual for "logits" edges, and
+    where the senders' blocks norm their attention output what freezes that norm
+    (``output_norm_reads``)."""
     logits = edges.table[:, 4] == VIAS.index("logits")
     layers = np.unique(edges.table[~logits, 2]).tolist()
     names = [name for layer in layers for name in (resid_pre_name(layer), *(qkv_name(layer, w) for w in QKV))]
-    return [*z_names(model), *names, *([final_resid_name(model)] if logits.any() else [])]
+    norms = output_norm_reads(model, np.unique(edges.table[:, 0]).tolist())
+    return [*z_names(model), *names, *([final_resid_name(model)] if logits.any() else []), *norms]
 
 
 def sender_reads(model, edges: Edges) -> list[str]:
@@ -118,8 +137,10 @@ def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, directi
     base_run.check_tokens(base)
     cache = base_run.read(names)
     source_z = source_run.read(sender_z)
-    writes = head_writes(model, senders, [source_z[n] for n in sender_z], [cache[n] for n in sender_z])
-    return PathSetup(base_run, metric, {}, base_run.value(metric), source_run.value(metric), direction, cache, writes)
+    writes = head_writes(model, senders, [source_z[n] for n in sender_z], [cache[n] for n in sender_z], cache)
+    source_scores = source_run.scores(metric)
+    return PathSetup(base_run, metric, {}, base_run.value(metric), float(source_scores.values), direction, cache,
+                     writes, source_scores=source_scores)
 
 
 def _write(setup: PathSetup, head: Head) -> torch.Tensor:
@@ -148,7 +169,9 @@ def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> li
     layer = edges[0].receiver[0]
     moved = [z[edge.sender, edge.via][:, :, edge.receiver[1]] for edge in edges]  # each (batch, pos, d_head)
     mid = resid_mid_name(layer)
-    if setup.starts is None or mid not in setup.starts:
+    # from resid_mid only where the receiver's z @ W_O is what reaches it (no norm on the attention output to
+    # recompute): elsewhere its z is edited and the run recomputes that norm
+    if setup.starts is None or mid not in setup.starts or output_norm(model, layer) is not None:
         return [[(z_name(layer), (slice(None), edge.receiver[1]), value)] for edge, value in zip(edges, moved)]
     heads = [edge.receiver[1] for edge in edges]
     change = torch.stack(moved) - rearrange(setup.cache[z_name(layer)][:, :, heads], "b p k e -> k b p e")
@@ -157,14 +180,17 @@ def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> li
 
 
 def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
-                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> torch.Tensor:
-    """The metric with each edge path-patched -> (len(edges),), receiver layer by receiver layer
-    (so step 1's values live for one layer at a time), step 2's edits made one forward's chunk at
-    a time."""
+                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> PromptScores:
+    """The metric with each edge path-patched -> ``PromptScores``: values (len(edges),) float32 and,
+    for a metric with a per-prompt form, each prompt's numerator (len(edges), batch) and count
+    (batch,) from the same forwards (``score_variants``); receiver layer by receiver layer (so step
+    1's values live for one layer at a time), step 2's edits made one forward's chunk at a time."""
     listed, by_layer = list(edges), defaultdict(list)
     for i, edge in enumerate(listed):
         by_layer[edge.receiver[0]].append(i)
     values = torch.empty(len(edges))
+    numerators, counts = accumulator(model, len(edges), len(setup.tokens)), None
+    per_prompt = True
     chunk = rows_per_chunk(model, *setup.tokens.shape, memory_mb)
     with progress_bar(total=len(edges), progress=progress, desc="path patching", leave=False) as bar:
         for layer, members in sorted(by_layer.items()):
@@ -173,24 +199,31 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
             for start in range(0, len(members), chunk):
                 part = members[start:start + chunk]
                 variants = edge_variants(model, setup, [listed[i] for i in part], z)
-                values[part] = evaluate_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts,
-                                                 memory_mb=memory_mb, progress=False)
+                scored = score_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts,
+                                        memory_mb=memory_mb, progress=False)
+                values[part] = scored.values
+                per_prompt = per_prompt and scored.numerators is not None
+                if per_prompt:
+                    numerators[part], counts = scored.numerators.to(numerators), scored.counts
                 bar.update(len(part))
-    return values
+    return PromptScores(values, numerators if per_prompt else None, counts if per_prompt else None)
 
 
-def path_needs(vias: Sequence[str]) -> list[str]:
+def path_needs(vias: Sequence[str], exact_only: bool = False) -> list[str]:
     """What path patching through ``vias`` needs of a model (``analyses.core.hook_check.NEEDS``):
     edits of ``hook_z`` and of the receivers' q/k/v hooks reaching the output, and each sender's
-    write being its z @ W_O (``HEAD_WRITES``). A command plans its circuit from this list, and
-    ``require_path_edits`` refuses by it."""
-    return ["hook_z", *(f"hook_{via}" for via in QKV if via in vias), HEAD_WRITES]
+    write being its z @ W_O (``HEAD_WRITES``, as edge attribution takes it, which screens the
+    circuits the commands path-patch), or with ``exact_only`` (exact path patching alone) its
+    contribution known (``HEAD_CONTRIBUTIONS``: through the frozen norm on the attention output where
+    a block has one). A command plans its circuit from this list, and ``require_path_edits`` refuses
+    by it."""
+    return ["hook_z", *(f"hook_{via}" for via in QKV if via in vias), HEAD_CONTRIBUTIONS if exact_only else HEAD_WRITES]
 
 
-def require_path_edits(model, edges: Edges, needed_by: str) -> None:
+def require_path_edits(model, edges: Edges, needed_by: str, exact_only: bool = False) -> None:
     """Refuse, in one line, path patching that this model cannot take (``path_needs``: the hook
     self-test)."""
-    for need in path_needs([VIAS[rank] for rank in np.unique(edges.table[:, 4])]):
+    for need in path_needs([VIAS[rank] for rank in np.unique(edges.table[:, 4])], exact_only):
         require(model, need, needed_by)
 
 
@@ -220,10 +253,14 @@ def path_patch(
 
     - ``method="exact"``: ``value`` (the metric of the path-patched run; with ``normalize``,
       (value - corrupted) / (clean - corrupted) as in ``patch_heads``) and ``effect`` (``value``
-      minus the unpatched base run's, on the same scale). Equals TransformerLens's
-      ``get_act_patch_direct_path`` (denoising, q/k/v) to float precision;
+      minus the unpatched base run's, on the same scale), a mean over prompts with its 95%
+      interval ``ci_low, ci_high`` (a percentile bootstrap over prompts of the per-prompt effects,
+      ``analyses.interventions.run.effect_intervals``; NaN for a metric without a per-prompt form)
+      and ``n_prompts``. Equals TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v)
+      to float precision;
     - ``method="eap"`` (``edge_attribution``): ``attribution``, every edge's first-order
-      ``effect`` from three passes (``analyses.circuits.edge_attribution``);
+      ``effect`` from three passes (``analyses.circuits.edge_attribution``): an estimate, without an
+      interval;
     - ``method="eap_ig"`` (``eap_ig``): the same with the gradient integrated over ``steps``
       points (default 5) from the base run's input embeddings to the source run's (Hanna et al.
       2024 use 5-50; a ``GPTModel`` only). ``steps`` with another method is refused.
@@ -250,7 +287,7 @@ def path_patch(
         base, source = base_and_source(model, clean, corrupted, options.direction)
         scores = eap_scores(model, edges, base, source, metric, steps if method == "eap_ig" else None, options.memory_mb)
         return edges.frame(attribution=scores.float())
-    require_path_edits(model, edges, "path_patch")
+    require_path_edits(model, edges, "path_patch", exact_only=True)
     setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
                           source_run=source_run, memory_mb=options.memory_mb)
     values = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
@@ -279,7 +316,8 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
     the edges ``screen`` chooses (``analyses.interventions.attribution.Screen``) path-patched
     exactly, the others left at their estimate -> ``path_patch``'s frame of every edge (unnormalised)
     with ``attribution`` and ``exact`` beside ``value`` and ``effect`` (exact where ``exact``, the
-    base run's metric plus the estimate elsewhere). ``keywords``: ``senders``, ``receivers``, ``via``
+    base run's metric plus the estimate elsewhere) and ``ci_low, ci_high, n_prompts`` (the 95%
+    interval of an exact effect; NaN for an estimate). ``keywords``: ``senders``, ``receivers``, ``via``
     and the options, as ``path_patch`` takes them; ``base_run`` and ``source_run`` as there."""
     selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
     options = Options.of(keywords.pop("options", None), keywords)
@@ -301,14 +339,17 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
     chosen = exact.nonzero()[:, 0].cpu().numpy()
     baseline = base_run.value(metric)
     values = baseline + estimate.double()
+    low, high = torch.full_like(values, torch.nan), torch.full_like(values, torch.nan)
+    n_prompts = len(base)
     if len(chosen):
         edges = every_edge.take(chosen)
         setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
                               source_run=source_run, memory_mb=options.memory_mb)
-        values[chosen] = path_values(model, setup, metric, edges, memory_mb=options.memory_mb,
-                                     progress=options.progress).double()
+        scores = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
+        values[chosen] = scores.values.double()
+        low[chosen], high[chosen], n_prompts = setup.intervals(scores)
     return every_edge.frame(value=values.float(), effect=(values - baseline).float(), attribution=estimate,
-                            exact=exact)
+                            exact=exact, ci_low=low, ci_high=high, n_prompts=np.full(len(values), n_prompts))
 
 
 def shortlist_path_patch(model, clean, corrupted, metric: Metric, *, top_k: int = 20, **keywords) -> pd.DataFrame:
@@ -321,13 +362,16 @@ def shortlist_path_patch(model, clean, corrupted, metric: Metric, *, top_k: int 
         raise UserError(f"top_k={top_k!r} must be a positive integer")
     every = screened_path_patch(model, clean, corrupted, metric, screen=Screen(top_k, math.inf), **keywords)
     order = every["attribution"].abs().sort_values(ascending=False, kind="stable").index[:top_k]
-    return every.loc[order].reset_index(drop=True)[[*every.columns[:5], "attribution", "value", "effect"]]
+    return every.loc[order].reset_index(drop=True)[[*every.columns[:5], "attribution", "value", "effect", "ci_low",
+                                                    "ci_high", "n_prompts"]]
 
 
-def path_frame(setup: PathSetup, edges: Edges, values: torch.Tensor, normalize: bool) -> pd.DataFrame:
-    """Edges and their path-patched metric -> the frame ``path_patch`` returns."""
-    base = torch.tensor(setup.baseline)
+def path_frame(setup: PathSetup, edges: Edges, scores: PromptScores, normalize: bool) -> pd.DataFrame:
+    """Edges and their path-patched metric (``path_values``) -> the frame ``path_patch`` returns."""
+    values, base = scores.values, torch.tensor(setup.baseline)
     if normalize:
         values = normalize_values(values, setup.clean_value, setup.corrupted_value)
         base = normalize_values(base, setup.clean_value, setup.corrupted_value)
-    return edges.frame(value=values, effect=values - base)
+    low, high, n_prompts = setup.intervals(scores, normalize=normalize)
+    return edges.frame(value=values, effect=values - base, ci_low=low, ci_high=high,
+                       n_prompts=np.full(len(edges), n_prompts))
