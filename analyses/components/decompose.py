@@ -11,6 +11,14 @@ The residual stream leaving the last block is a sum of writes:
 the model has none) and ``L{l} MLP`` (its ``hook_mlp_out``). The parts are checked to add up to the
 cached final residual; a model that writes anywhere else is refused, never mis-decomposed.
 
+A block that norms its attention output before the residual (Gemma 2 and 3's ``ln1_post``) adds
+``hook_attn_out = weight * attn_out / s``, ``s`` that output's RMS at each prompt and position. With
+``s`` frozen at the clean run's (``analyses.core.hook_check.frozen_output_norm``, read off the cached
+``attn.hook_out`` and ``hook_attn_out`` as the final norm's scale is, below), a head's part is
+``weight * z[l, h] @ W_O[l, h] / s`` and the bias's ``weight * b_O[l] / s``: they add up to
+``hook_attn_out`` on the clean run (docs/guides/families.md). Its MLP's part is ``hook_mlp_out``,
+already after the norm on the MLP's output.
+
 Direct logit attribution follows TransformerLens's convention (``ActivationCache.apply_ln_to_stack``
 then ``logit_attrs``): the final norm is ``y = w * centre(x) / s + b`` (LayerNorm centres, RMSNorm does
 not; no norm is ``s = 1, w = 1, b = 0``) with ``s`` the clean run's scale at each prompt and position.
@@ -20,7 +28,12 @@ Frozen at that scale the logits are linear in the parts:
 
 so a part's direct contribution is its term, and the last term (component ``unembed bias``) closes
 the sum: the contributions add up to the logit (or to the logit difference, answer minus
-distractor). TransformerLens folds ``w`` into ``W_U`` and ``b`` into ``b_U`` (compatibility mode);
+distractor). A model that caps its final logits (``cap * tanh(logit / cap)``: Gemma 2) is attributed
+onto the logits before the cap, which the parts add up to; the frames say so (column ``logits``:
+``"before the soft cap"``, else ``"as output"``). The cap is elementwise and increasing, so it keeps
+each position's ranking of tokens, while no split of a capped logit difference into parts adds up
+(TransformerLens has no convention for it; a first-order split by the cap's slope at the clean logit
+would add up only approximately and would weigh a part by the other parts' sum). TransformerLens folds ``w`` into ``W_U`` and ``b`` into ``b_U`` (compatibility mode);
 its ``logit_attrs`` then gives the same numbers.
 
 The scale ``s`` is read off the clean run without a second forward and without the norm's eps: the
@@ -52,6 +65,7 @@ from matplotlib.figure import Figure
 
 from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.hook_check import frozen_output_norm, logit_soft_cap, output_norm_reads
 from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
 from analyses.interventions.engine import cache_run, check_choice
@@ -68,11 +82,14 @@ COMPONENT_COLUMNS = ["component", "kind", "layer", "head"]
 
 def component_hooks(model, *, lens: bool = False) -> list[str]:
     """The hooks the decomposition reads: the embeddings, every ``hook_z``, every ``hook_mlp_out`` the
-    model has, the final residual; with ``lens``, every block's ``hook_resid_pre`` too."""
+    model has, the final residual, and where blocks norm their attention output what freezes that norm
+    (``output_norm_reads``: ``attn.hook_out``, ``hook_attn_out``); with ``lens``, every block's
+    ``hook_resid_pre`` too."""
     hooks = getattr(model, "hook_dict", {})
     names = [EMBED, *([POS_EMBED] if POS_EMBED in hooks else [])]
     for layer in range(model.cfg.n_layers):
         names += [z_name(layer), *([mlp_out_name(layer)] if mlp_out_name(layer) in hooks else [])]
+    names += output_norm_reads(model)
     if lens:
         names += [resid_pre_name(layer) for layer in range(model.cfg.n_layers)]
     return [*names, final_resid_name(model)]
@@ -89,7 +106,7 @@ def _cache(model, source, *, lens: bool = False) -> Mapping[str, torch.Tensor]:
     """``source`` as a cache: a cache is used as it is, token ids get one ``components_cache`` run."""
     cache = components_cache(model, source, lens=lens) if isinstance(source, torch.Tensor) else source
     names = set(cache.keys())
-    required = [EMBED, *map(z_name, range(model.cfg.n_layers)), final_resid_name(model),
+    required = [EMBED, *map(z_name, range(model.cfg.n_layers)), final_resid_name(model), *output_norm_reads(model),
                 *(map(resid_pre_name, range(model.cfg.n_layers)) if lens else ())]
     missing = [name for name in required if name not in names]
     if missing:
@@ -129,13 +146,15 @@ def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
     def project(parts: torch.Tensor) -> torch.Tensor:
         return parts if reader is None else einops.einsum(parts, reader, "k b n m, b n m -> k b n")
 
-    def layer_heads(layer: int) -> torch.Tensor:
+    def layer_heads(layer: int, norm) -> torch.Tensor:
         nonlocal total
         z, w_o = read(z_name(layer)), output_projection(model, layer).float()
-        total = total + einops.einsum(z, w_o, "b n h d, h d m -> b n m")
+        total = total + through(norm, einops.einsum(z, w_o, "b n h d, h d m -> b n m"))
         if reader is None:
-            return einops.rearrange(head_outputs(model, layer, z), "b n h m -> h b n m")
-        read_back = einops.einsum(w_o, reader, "h d m, b n m -> b n h d")
+            outputs = einops.rearrange(head_outputs(model, layer, z), "b n h m -> h b n m")
+            return outputs if norm is None else norm.weight * outputs / norm.scale
+        # part . reader = z . (W_O @ (weight * reader / scale)): the frozen norm moves onto the reader
+        read_back = einops.einsum(w_o, through(norm, reader), "h d m, b n m -> b n h d")
         return einops.einsum(z, read_back, "b n h d, b n h d -> h b n")
 
     def parts(group: torch.Tensor) -> torch.Tensor:
@@ -147,11 +166,12 @@ def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
     if POS_EMBED in cache.keys():
         yield [_label("pos_embed", "pos_embed")], parts(read(POS_EMBED)[None])
     for layer in range(model.cfg.n_layers):
+        norm = frozen_output_norm(model, layer, cache, at=index)  # None: the block adds its attention output as it is
         yield ([_label(f"L{layer}H{head}", "head", layer, head) for head in range(model.cfg.n_heads)],
-               layer_heads(layer))
+               layer_heads(layer, norm))
         bias = model.blocks[layer].attn.b_O
         bias = final.new_zeros(final.shape[-1]) if bias is None else bias.detach().float()
-        yield [_label(f"L{layer} attn bias", "attn_bias", layer)], parts(bias.expand_as(final)[None])
+        yield [_label(f"L{layer} attn bias", "attn_bias", layer)], parts(through(norm, bias.expand_as(final))[None])
         if mlp_out_name(layer) in cache.keys():
             yield [_label(f"L{layer} MLP", "mlp", layer)], parts(read(mlp_out_name(layer))[None])
     gap = float((final - total).abs().max())
@@ -160,6 +180,12 @@ def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
         raise UserError(f"the embeddings, heads, attention biases and MLPs add up to {final_resid_name(model)} only "
                         f"within {gap:.3g} (allowed {tolerance:.2g}): this model writes to its residual stream "
                         "elsewhere, or the cache lacks a part (see `interp check`)")
+
+
+def through(norm, x: torch.Tensor) -> torch.Tensor:
+    """x (batch, n, d_model) through a block's frozen norm on its attention output (``FrozenNorm``),
+    or as it is where the block has none (``norm`` None)."""
+    return x if norm is None else norm(x)
 
 
 @dataclass
@@ -291,6 +317,12 @@ def _direct_values(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor
     return labels, torch.cat(values)
 
 
+def logits_read(model) -> str:
+    """Which logits direct logit attribution splits (the frames' ``logits`` column): ``"before the
+    soft cap"`` on a model that caps its final logits (module docstring), else ``"as output"``."""
+    return "as output" if logit_soft_cap(model) is None else "before the soft cap"
+
+
 @torch.no_grad()
 def direct_logit_attribution(model, source, answers, distractors=None, *,
                              positions: Sequence[int] | None = None) -> pd.DataFrame:
@@ -300,8 +332,9 @@ def direct_logit_attribution(model, source, answers, distractors=None, *,
     ``source``: a cache or token ids (batch, pos). ``answers``/``distractors``: token ids (batch, n)
     read at ``positions`` (n of them; None: every position, n = pos) or (batch,) read at one position
     (``positions``, default the last). Returns one row per component, prompt and position:
-    ``component, kind, layer, head, prompt, position, dla``; per prompt and position the rows add up
-    to the logit (difference), the ``unembed bias`` row included.
+    ``component, kind, layer, head, prompt, position, dla, logits``; per prompt and position the rows
+    add up to the logit (difference), the ``unembed bias`` row included: before the final soft cap
+    where the model has one (``logits``: ``logits_read``).
     """
     cache = _cache(model, source)
     final_name = final_resid_name(model)
@@ -318,7 +351,7 @@ def direct_logit_attribution(model, source, answers, distractors=None, *,
         _check_tokens(model, distractors, "distractors")
         direction, constant = direction - W_U.T[distractors].float(), constant - b_U[distractors].float()
     labels, values = _direct_values(model, cache, index, direction, constant)
-    return _frame(labels, values, index, "dla")
+    return _frame(labels, values, index, "dla").assign(logits=logits_read(model))
 
 
 # ---- DLA as a task measures it: a mean over prompts with its interval --------------------------------
@@ -399,7 +432,8 @@ def dla_effects(model, source, answers, distractors=None, *, positions: Sequence
     sum over its counted entries; the mean pools them over prompts (``analyses.core.stats.bootstrap_ratio``,
     ``n_boot`` resamples of the prompts with at least one counted entry, seeded by ``seed``).
 
-    Returns one row per component (``component, kind, layer, head``), with ``onto``, ``dla``,
+    Returns one row per component (``component, kind, layer, head``), with ``onto``, ``logits``
+    (``logits_read``: before the final soft cap where the model has one), ``dla``,
     ``ci_low``, ``ci_high``, ``n_prompts`` and, per part, the part and ``{part}_ci_low``,
     ``{part}_ci_high``. Over the components (``unembed bias`` included) ``dla`` adds up to the mean
     logit difference (centred logit) over the counted entries, the parts to the answers' mean logit and
@@ -448,7 +482,7 @@ def dla_effects(model, source, answers, distractors=None, *, positions: Sequence
     parts = torch.stack([plus + minus, plus, minus], dim=-1)  # (component, batch, n, 3)
     sums = einops.einsum(parts, mask, "c b n p, b n -> b c p")[prompts.to(plus.device)]
     estimate, low, high = bootstrap_ratio(sums, counted.sum(1)[prompts].double(), n_boot=n_boot, seed=seed)
-    frame = _components_frame(labels).assign(onto=onto)
+    frame = _components_frame(labels).assign(onto=onto, logits=logits_read(model))
     for column, part in enumerate(("dla", *DLA_PARTS[onto])):
         prefix = "" if part == "dla" else f"{part}_"
         frame[part] = estimate[:, column].cpu().numpy()
@@ -566,7 +600,7 @@ def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zer
                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Ablate each MLP's output (``hook_mlp_out``) alone, at every position or (``by_position``) at one
     -> one row per layer (and position): ``layer, [position,] value, baseline, effect`` (value -
-    baseline). ``method``: ``zero``, or ``mean`` (its mean at the same position over the other prompts,
+    baseline) and its 95% interval over prompts ``ci_low, ci_high, n_prompts`` (the sweep's). ``method``: ``zero``, or ``mean`` (its mean at the same position over the other prompts,
     as head ablation's leave-one-out mean). ``metric`` defaults to the mean next-token loss. The
     ``each_mlp`` / ``each_mlp_by_position`` sweep of ``analyses.interventions.ablation.ablation_sweep``
     (which also takes ``mean_aligned`` and ``resample``, and MLPs grouped with heads)."""
@@ -574,7 +608,8 @@ def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zer
     frame = ablation_sweep(model, tokens, "each_mlp_by_position" if by_position else "each_mlp", method, metric,
                            memory_mb=memory_mb, progress=progress)
     where = frame[["layer", "position"] if by_position else ["layer"]].astype("int64")
-    return where.assign(value=frame["metric"], baseline=frame["baseline"], effect=frame["effect"])
+    return where.assign(value=frame["metric"], baseline=frame["baseline"], effect=frame["effect"],
+                        ci_low=frame["ci_low"], ci_high=frame["ci_high"], n_prompts=frame["n_prompts"])
 
 
 def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.Tensor, metric, answers,

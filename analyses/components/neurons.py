@@ -14,7 +14,9 @@ not a measurement - ``promotion_effects`` measures it).
   (zero, or its mean over the prompts and positions), from one forward and backward (attribution:
   dmetric/dactivation . (replacement - activation), summed over prompts and positions), then the
   exact effect of ablating each of the strongest ones alone, one variant per neuron batched
-  through the intervention engine (on GPTModel a suffix run from the layer).
+  through the intervention engine (on GPTModel a suffix run from the layer), a mean over prompts
+  with its 95% interval (a bootstrap over prompts of the per-prompt effects of the same forwards);
+  the attribution is a first-order estimate, without an interval.
 - ``promoted_tokens``: the top tokens of each neuron's value vector through the unembedding.
 - ``promotion_effects``: the promotion confirmed by ablation: how much the neuron's top tokens'
   logits fall, beyond the mean logit's fall, when it is ablated.
@@ -30,10 +32,11 @@ from einops import einsum
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import has_mlps, mlp_post_name
-from analyses.core.metrics import Metric, evaluate_metric
+from analyses.core.metrics import Metric, evaluate_metric, prompt_scores
 from analyses.core.tokens import as_tokens, model_tokenizer
 from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, check_choice,
-                                           evaluate_variants, gradient_parts)
+                                           evaluate_variants, gradient_parts, score_variants)
+from analyses.interventions.run import effect_intervals
 from interp.errors import UserError
 
 NEURON_METHODS = ("zero", "mean")
@@ -81,7 +84,9 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
     ``layer, neuron, activation`` (its mean over prompts and positions), ``attribution`` (the
     first-order change of the metric when it is ablated, ``neuron_attribution``), ``effect`` (the
     exact change: the metric with that neuron alone ablated at every position, minus ``baseline``;
-    NaN where not run), ``baseline``.
+    NaN where not run), ``ci_low``, ``ci_high`` (its 95% interval over prompts, a percentile bootstrap
+    of the per-prompt effects, ``analyses.interventions.run.effect_intervals``; NaN where not run or
+    for a metric without a per-prompt form), ``n_prompts``, ``baseline``.
 
     ``method``: what replaces the activation, ``zero`` or ``mean`` (``neuron_replacement``).
     ``exact``: how many neurons, the largest |attribution| first, get the exact ablation, or
@@ -92,21 +97,25 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
     tokens, name = as_tokens(model, tokens), mlp_post_name(layer)
     logits, cache, starts = base_run(model, tokens, [name])
     baseline = float(evaluate_metric(metric, logits))
+    base_scores = prompt_scores(metric, logits)
     activation = cache[name]
     replacement = neuron_replacement(activation, method)
     attribution = neuron_attribution(model, tokens, metric, layer, replacement, memory_mb).cpu()
     order = attribution.abs().argsort(descending=True, stable=True)
     checked = order if exact == "all" else order[:exact]
     effect = torch.full_like(attribution, torch.nan, dtype=torch.float64)
+    low, high, n_prompts = effect.clone(), effect.clone(), len(tokens)
     if len(checked):
         variants = [[Edit(name, (slice(None), int(neuron)))] for neuron in checked]
-        values = evaluate_variants(model, tokens, variants, {name: replacement.expand_as(activation)}, metric,
-                                   starts=starts, memory_mb=memory_mb, progress=progress, desc="neuron ablations")
-        effect[checked] = values.cpu().double() - baseline
+        scores = score_variants(model, tokens, variants, {name: replacement.expand_as(activation)}, metric,
+                                starts=starts, memory_mb=memory_mb, progress=progress, desc="neuron ablations")
+        effect[checked] = scores.values.cpu().double() - baseline
+        low[checked], high[checked], n_prompts = effect_intervals(scores, base_scores, len(tokens))
     return pd.DataFrame({
         "layer": layer, "neuron": order.cpu().numpy(),
         "activation": activation.float().mean(dim=(0, 1))[order.to(activation.device)].cpu().numpy(),
-        "attribution": attribution[order].cpu().numpy(), "effect": effect[order].cpu().numpy(), "baseline": baseline,
+        "attribution": attribution[order].cpu().numpy(), "effect": effect[order].cpu().numpy(),
+        "ci_low": low[order].numpy(), "ci_high": high[order].numpy(), "n_prompts": n_prompts, "baseline": baseline,
     })
 
 
