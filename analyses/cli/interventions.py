@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from analyses.interventions.ablation import FROM_OTHER_PROMPTS, METHODS, TARGET_KINDS, ablation_sweep, as_component, pruning_curve
 from analyses.interventions.attribution import (attribution_agreement, attribution_patch_heads, attribution_patch_mlps,
                                                 shortlist_patch_heads, unpatched_value)
@@ -15,18 +17,19 @@ from analyses.report.intervention_figures import ablation_figure, bars, patching
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.cli.args import add_model_args, add_probe_args, check_head_count, load_cli_model, whole
 from analyses.report.meta import model_meta, write_meta
-from analyses.interventions.patching import DIRECTIONS, patch_heads, patch_mlps, patch_patterns, patch_residual, patching_frame
+from analyses.interventions.patching import DIRECTIONS, patch_effects
 from analyses.core.probes import check_prompt_count, corrupt_first_copy, probes_for
 from analyses.core.tokens import as_tokens, single_token_id
 from interp.errors import UserError
 
+# --what -> (component, by_position) of ``patch_effects``
 PATCH_TARGETS = {
-    "heads": (patch_heads, ("layer", "head"), {}),
-    "heads_by_position": (patch_heads, ("layer", "pos", "head"), {"by_position": True}),
-    "residual": (patch_residual, ("layer", "pos"), {}),
-    "patterns": (patch_patterns, ("layer", "head"), {}),
-    "mlps": (patch_mlps, ("layer",), {}),
-    "mlps_by_position": (patch_mlps, ("layer", "pos"), {"by_position": True}),
+    "heads": ("heads", False),
+    "heads_by_position": ("heads", True),
+    "residual": ("residual", True),
+    "patterns": ("patterns", False),
+    "mlps": ("mlps", False),
+    "mlps_by_position": ("mlps", True),
 }
 ATTRIBUTION = {"heads": attribution_patch_heads, "heads_by_position": attribution_patch_heads,
                "mlps": attribution_patch_mlps, "mlps_by_position": attribution_patch_mlps}
@@ -146,18 +149,19 @@ def run_patch(args) -> int:
         frame.insert(1, "target", "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str))
         figure = bars(frame[frame["exact"]], "target", "value", f"exact patching of the top {args.shortlist} heads")
     else:
-        sweep, dims, extra = PATCH_TARGETS[args.what]
-        result = sweep(model, clean, corrupted, metric, progress=args.progress, memory_mb=args.memory_mb, **extra,
-                       **options)
-        frame = patching_frame(result, dims, value)
+        component, by_position = PATCH_TARGETS[args.what]
+        frame = patch_effects(model, clean, corrupted, metric, component, by_position=by_position, seed=args.seed,
+                              progress=args.progress, memory_mb=args.memory_mb, **options)
+        frame = frame.rename(columns={"metric": value})  # with effect, ci_low, ci_high, n_prompts
+        result = torch.from_numpy(frame[value].to_numpy())
         if args.attribution:
             if args.what not in ATTRIBUTION:
                 raise UserError(f"--attribution covers {', '.join(ATTRIBUTION)}, not --what {args.what}")
-            attributed = ATTRIBUTION[args.what](model, clean, corrupted, metric, by_position="pos" in dims,
+            attributed = ATTRIBUTION[args.what](model, clean, corrupted, metric, by_position=by_position,
                                                 memory_mb=args.memory_mb, **options)
             frame["attribution"] = attributed.flatten().cpu().numpy()
             agreement = attribution_agreement(
-                attributed, result, baseline=unpatched_value(model, clean, corrupted, metric, memory_mb=args.memory_mb,
+                attributed, result.reshape(attributed.shape).to(attributed.dtype), baseline=unpatched_value(model, clean, corrupted, metric, memory_mb=args.memory_mb,
                                                              **options))
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
         figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
