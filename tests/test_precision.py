@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from analyses.cli.args import add_model_args, load_cli_model
+from analyses.report.meta import model_meta
 from interp import GPTConfig, GPTModel, load_model
 from interp.errors import UserError
 from interp.precision import Linear
@@ -132,6 +133,7 @@ def test_the_precision_flag_reaches_the_model_and_mixed_is_float32_weights_only(
     assert model.cfg.precision == "mixed"
     assert model.blocks[0].attn.W_query.mixed and model.blocks[1].attn.out_proj.mixed  # the toy: attention only
     assert model.embed.weight.dtype == torch.float32
+    assert model_meta(model, "toy")["precision"] == "mixed"  # what every output's meta.json records
     assert load_cli_model(parser.parse_args(["--model", "toy"])).blocks[0].attn.W_query.mixed is False
     with pytest.raises(SystemExit):
         parser.parse_args(["--precision", "half"])
