@@ -332,7 +332,8 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
             " **Direct logit attribution**: each head's, MLP's and embedding's "
             "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
             "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
-            "logit). The largest:\n\n" + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items()))
+            f"logit{', before the final soft cap' if found['logits'].iloc[0] != 'as output' else ''}). The largest:\n\n"
+            + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items()))
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
     lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
     del cache

@@ -11,13 +11,14 @@ nothing written.
 
 from __future__ import annotations
 
-from analyses.core.hook_check import HEAD_WRITES
+from analyses.core.hook_check import HEAD_CONTRIBUTIONS
 from analyses.report.page import Section
 
-# direct logit attribution splits each layer's attention output into its heads' z @ W_O
-# (``analyses.components.decompose``); its own check (the parts adding up to the final residual)
-# refuses a model whose heads write otherwise, but only after the forward
-DLA_NEEDS = (HEAD_WRITES,)
+# direct logit attribution splits each layer's attention output into its heads' z @ W_O, through
+# the norm on it frozen where a block has one (``analyses.components.decompose``); its own check (the
+# parts adding up to the final residual) refuses a model whose heads write otherwise, but only after
+# the forward
+DLA_NEEDS = (HEAD_CONTRIBUTIONS,)
 DLA = "direct logit attribution"
 
 
