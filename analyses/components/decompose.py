@@ -62,6 +62,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
@@ -71,7 +72,7 @@ from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_n
 from analyses.interventions.engine import cache_run, check_choice
 from analyses.interventions.patching import patch_effects
 from analyses.core.plots import new_figure
-from analyses.core.stats import N_BOOT, bootstrap_ratio
+from analyses.core.stats import N_BOOT, bootstrap_ratio, excludes_zero
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
 
@@ -562,12 +563,18 @@ def head_grid(frame: pd.DataFrame, value: str = "dla") -> pd.DataFrame:
 
 
 def dla_heatmap(frame: pd.DataFrame, title: str = "direct logit attribution") -> Figure:
-    """Layer x head heatmap (plus each layer's MLP) of the mean DLA of a ``direct_logit_attribution`` frame."""
+    """Layer x head heatmap (plus each layer's MLP) of the mean DLA of a ``direct_logit_attribution``
+    frame; for a ``dla_effects`` frame (one row per component, with ``ci_low``/``ci_high``), the cells
+    whose 95% interval contains 0 hatched."""
     grid = head_grid(frame)
     figure = new_figure(figsize=(0.6 * grid.shape[1] + 2.2, 0.5 * grid.shape[0] + 1.5))
     ax = figure.subplots()
     sns.heatmap(grid.astype(float), ax=ax, center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14, fmt=".2f",
                 annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
+    if {"ci_low", "ci_high"} <= set(frame.columns):
+        covers = frame.assign(covers=(~excludes_zero(frame["ci_low"], frame["ci_high"])).astype(float))
+        for row, column in zip(*(head_grid(covers, "covers").to_numpy() == 1).nonzero()):
+            ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch="///", edgecolor="0.4", linewidth=0))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)

@@ -43,18 +43,16 @@ import pandas as pd
 import seaborn as sns
 import torch
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.circuits.circuit import circuit_figure, strongest
-from analyses.components.decompose import components_cache, dla_effects, head_grid
+from analyses.components.decompose import components_cache, dla_effects, dla_heatmap
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.circuits.edges import VIAS
 from analyses.core.hook_check import left_out, require
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.hook_names import has_mlps
 from analyses.core.splits import PromptSplit
-from analyses.core.stats import excludes_zero
 from analyses.interventions.controls import control_effects, describe_control
 from analyses.interventions.engine import head_cells
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_needs, path_patch, screened_path_patch
@@ -427,7 +425,7 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
             "over prompts with its 95% interval, and its parts onto the answers' logit (`dla_answer`) and minus the "
             "distractors' (`dla_distractor`); hatched cells: the interval contains 0.",
             figures=[_figure("dla", "direct logit attribution (hatched: 95% interval contains 0)",
-                             dla_figure(analysis.dla))], table=analysis.dla))
+                             dla_heatmap(analysis.dla))], table=analysis.dla))
     if analysis.edges is not None:
         sections.append(circuit_page(analysis))
     sections.append(chosen_section(analysis))
@@ -458,25 +456,6 @@ def metric_table(analysis: TaskAnalysis) -> pd.DataFrame:
              {"selection": analysis.values, "measurement": analysis.measured["values"]})
     return pd.DataFrame([{"run": run, "split": name, "metric": value}
                          for name, values in parts.items() for run, value in values.items()])
-
-
-def dla_figure(frame: pd.DataFrame, title: str = "direct logit attribution") -> Figure:
-    """Layer x head heatmap (and each layer's MLP) of a ``dla_effects`` frame's ``dla``, the cells
-    whose 95% interval contains 0 hatched."""
-    grid = head_grid(frame)
-    covers = head_grid(frame.assign(covers=(~excludes_zero(frame["ci_low"], frame["ci_high"])).astype(float)),
-                       "covers")
-    figure = new_figure(figsize=(0.6 * grid.shape[1] + 2.2, 0.5 * grid.shape[0] + 1.5))
-    ax = figure.subplots()
-    sns.heatmap(grid.astype(float), ax=ax, center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14, fmt=".2f",
-                annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
-    for row, column in zip(*(covers.to_numpy() == 1).nonzero()):
-        ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch="///", edgecolor="0.4", linewidth=0))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
-    figure.tight_layout()
-    return figure
 
 
 def chosen_figure(frame: pd.DataFrame) -> Figure:
