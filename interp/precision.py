@@ -75,3 +75,9 @@ def restore(product: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None
     float32 bias is computed and returned in float32)."""
     out = product if bias is None else product + bias
     return out.to(dtype)
+
+
+def rounded_dtype(model, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a model's linear products were rounded to, for outputs it hands in ``dtype``:
+    ``LOW`` under mixed precision (its float32 outputs carry bfloat16 rounding), else ``dtype``."""
+    return LOW if getattr(model.cfg, "precision", "float32") == "mixed" else dtype

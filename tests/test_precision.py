@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from analyses.cli.args import add_model_args, load_cli_model
+from analyses.core.hook_check import check_hooks
 from analyses.report.meta import model_meta
 from interp import GPTConfig, GPTModel, load_model
 from interp.errors import UserError
@@ -28,7 +29,7 @@ TOLERANCE = 0.02  # the mixed logits' largest distance from float32's, relative 
 def tiny(shape: str, seed: int = 0) -> tuple[GPTModel, torch.Tensor]:
     """A random-init model (2 layers, d_model 64, 4 heads) in eval mode and 3 prompts of 12 tokens."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(d_vocab=97, n_ctx=16, d_model=64, n_heads=4, n_layers=2, **SHAPES[shape])
+    cfg = GPTConfig(d_vocab=300, n_ctx=16, d_model=64, n_heads=4, n_layers=2, **SHAPES[shape])
     model = GPTModel(cfg).eval()
     for param in model.parameters():  # larger than nn.Linear's init, so the logits spread out
         torch.nn.init.normal_(param, std=0.3 if param.ndim > 1 else 0.1)
@@ -147,3 +148,13 @@ def test_a_bridge_refuses_mixed_in_one_line(options):
     with pytest.raises(UserError, match="only the from-scratch model") as refused:
         load_model("gpt2", precision="mixed", **options)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_hook_self_test_passes_under_mixed_precision(shape):
+    """The heads' z @ W_O summed in float32 differ from hook_attn_out, a bfloat16 product, by its
+    rounding: the self-test allows it (before, it refused path patching on a mixed model)."""
+    model, _ = tiny(shape)
+    model.set_precision("mixed")
+    check = check_hooks(model)
+    assert check.ok, check.summary()

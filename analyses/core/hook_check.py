@@ -59,6 +59,7 @@ from analyses.core.hook_names import has_mlps
 from analyses.core.tokens import model_device, ordinary_token_ids, start_ids
 from interp import provenance
 from interp.errors import UserError
+from interp.precision import rounded_dtype
 from interp.provenance import model_family, model_impl
 
 EDITABLE = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern")
@@ -355,8 +356,9 @@ def norms_inside_heads(model) -> bool:
 def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | None]:
     """(max |sum_h z_h @ W_O[h] + b_O - the attention's output| over layers, summed in float32, or
     None where ``W_O`` is not reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model); the error
-    allowed: ``SUM_TOLERANCE``, or in a dtype narrower than float32, 8 of its epsilons times the
-    largest |hook_attn_out|, the rounding of the output itself; the norm error). The attention's
+    allowed: ``SUM_TOLERANCE``, or in a dtype narrower than float32 (or under mixed precision,
+    ``interp.precision.rounded_dtype``: bfloat16), 8 of its epsilons times the largest
+    |hook_attn_out|, the rounding of the output itself; the norm error). The attention's
     output is ``hook_attn_out``, or in a block that norms it (``output_norm``) ``attn.hook_out``,
     before the norm; there the norm error is max |weight * sum / scale - hook_attn_out| with the
     norm's scale (batch, pos, 1) from the clean run (``frozen_norm_error``), else None."""
@@ -375,8 +377,9 @@ def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | Non
         errors.append(float((total - pre_norm.float()).abs().max()))
         if norm is not None:
             norm_errors.append(frozen_norm_error(norm, total, pre_norm.float(), out.float()))
-        if torch.finfo(out.dtype).eps > torch.finfo(torch.float32).eps:
-            tolerance = max(tolerance, 8 * torch.finfo(out.dtype).eps * float(out.abs().max()))
+        rounded = rounded_dtype(model, out.dtype)  # mixed precision: float32 outputs of bfloat16 products
+        if torch.finfo(rounded).eps > torch.finfo(torch.float32).eps:
+            tolerance = max(tolerance, 8 * torch.finfo(rounded).eps * float(out.abs().max()))
     return max(errors), tolerance, max(norm_errors) if norm_errors else None
 
 
