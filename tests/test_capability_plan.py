@@ -89,7 +89,7 @@ def test_a_task_leaves_out_the_circuit_and_dla_and_says_why(gpt2_dir, tmp_path, 
     forbid(monkeypatch, task_page, "edge_sweep", "task_dla")
     forbid(monkeypatch, task_page.ATTRIBUTIONS, *task_page.ATTRIBUTIONS)  # EAP and EAP-IG
     out = tmp_path / "task"
-    argv = ["task", "ioi", "--model", str(gpt2_dir), "--n", "4", "--top", "2", "--out", str(out), "--quiet"]
+    argv = ["task", "ioi", "--model", str(gpt2_dir), "--n", "4", "--no-split", "--top", "2", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     names = {p.name for p in out.iterdir()}
     assert {"index.html", "report.md", "meta.json", "heads.csv", "mlps.csv"} <= names
@@ -111,3 +111,22 @@ def test_circuit_refuses_in_one_line_before_any_sweep(tmp_path, monkeypatch, cap
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert errors == ["interp circuit: error: interp circuit " + WRITES.format(family="interp-gpt")]
     assert not out.exists()
+
+
+def test_a_report_on_a_gemma_bridge_leaves_out_the_heads_direct_effects_and_says_why(tmp_path, monkeypatch):
+    """On the bridge, a head's direct effect is a rerun that would recompute Gemma's norm on the
+    attention output (``ln1_post``): the plan leaves the direct effects out before any sweep, the
+    totals (the head table's ablation effects) still run, and the page says why."""
+    import analyses.roles.backup as backup
+    from interp.random_models import save_random_model
+
+    model_dir = save_random_model("gemma2", tmp_path / "gemma2")
+    forbid(monkeypatch, backup, "direct_effects")
+    out = tmp_path / "report"
+    assert main(["report", "--model", str(model_dir), "--impl", "transformer_lens", "--prompts", "8",
+                 "--out", str(out), "--quiet"]) == 0
+    reason = ("direct effects of heads reruns the blocks with a head's z edited, and on this gemma2 model "
+              "(transformer_lens) the norm on the attention output (blocks.{l}.ln1_post) would be recomputed there")
+    assert json.loads((out / "meta.json").read_text())["left_out"]["direct effects of heads"].startswith(reason)
+    assert reason in (out / "report.md").read_text()
+    assert not (out / "figures" / "self_repair.png").exists()

@@ -39,6 +39,7 @@ from analyses.components.decompose import (attention_vs_mlp_figure, component_ho
 from analyses.components.meaning import ov_scores
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
                                      classify_heads, head_table)
+from analyses.roles.backup import DIRECT_EFFECTS, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
@@ -132,7 +133,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                             progress=progress, run=None if texts else run)
     steps.begin("calibration")
     calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
-                                      progress=progress, run=run, intervention_prompts=intervention_prompts)
+                                      progress=progress, run=run, intervention_prompts=intervention_prompts,
+                                      direct=DIRECT_EFFECTS not in left)
     calibrated = fdr is not None and not texts
     table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                        calibration=calibration.frames["calibration"] if calibrated else None)
@@ -192,11 +194,11 @@ class ReportSteps:
 
 def report_plan(model) -> dict[str, str]:
     """The report's plan, from the hook self-test, before any sweep: each part this model cannot
-    run (``CIRCUIT``: the composition scores and path patching; ``DLA``) -> why, in one line.
-    Refuses in one line a model whose head ablations cannot run: the head table's ablation
-    effects and the calibration are made of them."""
+    run (``CIRCUIT``: the composition scores and path patching; ``DLA``; ``DIRECT_EFFECTS``: the
+    heads' direct effects and self-repair) -> why, in one line. Refuses in one line a model whose
+    head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
-    return left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS})
+    return left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
 
 
 def screen_meta(circuit: CircuitSection | None) -> dict | None:
@@ -338,23 +340,24 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
     lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
     del cache
     roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
-    per_kind = effects.groupby("kind")[["direct", "total"]].sum()
+    per_kind = effects.groupby("kind")[["direct", "total"]].sum(min_count=1)
+    direct = effects["direct"].notna().any()  # the direct effects, where the plan kept them
     text = (attribution
-            + "\n\n**Attention vs MLP**: each head and MLP ablated alone as in the calibration (position-aligned "
-            "mean), its direct effect (everything downstream frozen) against its total effect, as the rise in the "
-            "loss on the predictable tokens; summed over the heads the direct effects are "
-            + f"{per_kind.loc['head', 'direct']:+.2f} nats (total {per_kind.loc['head', 'total']:+.2f}), over the MLPs "
-            + (f"{per_kind.loc['mlp', 'direct']:+.2f} (total {per_kind.loc['mlp', 'total']:+.2f})"
-               if "mlp" in per_kind.index else "nothing (the model has none)")
-            + ". **Logit lens**: the residual entering each block decoded as if it were the last. **What heads "
+            + ("\n\n**Attention vs MLP**: each head and MLP ablated alone as in the calibration (position-aligned "
+               "mean), its direct effect (everything downstream frozen) against its total effect, as the rise in the "
+               "loss on the predictable tokens; summed over the heads the direct effects are "
+               + f"{per_kind.loc['head', 'direct']:+.2f} nats (total {per_kind.loc['head', 'total']:+.2f}), over the MLPs "
+               + (f"{per_kind.loc['mlp', 'direct']:+.2f} (total {per_kind.loc['mlp', 'total']:+.2f})"
+                  if "mlp" in per_kind.index else "nothing (the model has none)") + "." if direct else "")
+            + " **Logit lens**: the residual entering each block decoded as if it were the last. **What heads "
             "move** (table): copying read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V "
             "W_O W_U; copy suppression is its negative) and the share of tokens whose own logit tops (bottoms) "
             "their row. The roles copying and copy_suppression are in the head table, decided against their "
             "random-initialisation nulls in the same false-discovery family as the attention roles.")
     figures += [ReportFigure("logit_lens", "The logit lens on the predictable tokens",
                              png_bytes(logit_lens_figure(lens))),
-                ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
-                             png_bytes(attention_vs_mlp_figure(effects)))]
+                *([ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
+                                png_bytes(attention_vs_mlp_figure(effects)))] if direct else [])]
     columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
     return Section("Components", text, figures=figures, table=roles[columns].round(3))
 

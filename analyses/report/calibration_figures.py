@@ -123,7 +123,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                        null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                        pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
                        progress: bool | None = None, run: Run | None = None,
-                       intervention_prompts: int | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+                       intervention_prompts: int | None = None,
+                       direct: bool = True) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
     """The section's tables on ``probes`` (see ``CalibrationSection``) and the head similarities.
 
     metric: default the loss of the probes' predictable tokens (the run's metric where it has
@@ -135,7 +136,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
     (``joint_fdr``). intervention_prompts: the ablations (effects, backup, dormant, similarities)
     run on the first this many probes (``FirstProbes``; None: all), the roles on every probe; each
-    step's budget is what the run's store leaves of ``memory_mb``.
+    step's budget is what the run's store leaves of ``memory_mb``. direct: False where the plan left
+    the heads' direct effects out (``direct_effect_needs``): the totals alone, no self-repair figure.
     """
     run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=intervention_prompts,
                                                 memory_mb=memory_mb)
@@ -149,7 +151,7 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     release_freed_memory()  # the null models' memory, before the ablations
     steps.update()
     effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
-                                       memory_mb=memory_mb, progress=progress, run=first.run)
+                                       memory_mb=memory_mb, progress=progress, run=first.run, direct=direct)
     effects, mlp_effects = effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
     steps.update()
     role_heads = role_heads_by_effect(calibration, effects, pair_heads)
@@ -174,7 +176,9 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
 
 def section_figures(frames: dict[str, pd.DataFrame], similarities: dict[str, Similarity]) -> dict[str, Figure]:
     """The section's figures from ``calibration_frames``' output (no backup figure without pairs)."""
-    figures = {"null_bands": null_band_figure(frames["calibration"]), "self_repair": self_repair_figure(frames["effects"]),
+    direct = frames["effects"]["direct"].notna().any()  # the direct effects, where the plan kept them
+    figures = {"null_bands": null_band_figure(frames["calibration"]),
+               **({"self_repair": self_repair_figure(frames["effects"])} if direct else {}),
                "dormant": dormant_figure(frames["dormant"]), "similarity": similarity_figure(similarities)}
     if not frames["pairs"].empty:
         figures["backup"] = backup_figure(frames["pairs"])

@@ -225,9 +225,11 @@ def require_mlp_freeze(model, names: Sequence[str]) -> None:
 def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | None = None, method: str = "mean",
                              metric: Metric | None = None, *, mlps: bool = False,
                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                             run: Run | None = None, screen: float | None = None) -> pd.DataFrame:
+                             run: Run | None = None, screen: float | None = None, direct: bool = True) -> pd.DataFrame:
     """Each head's total and direct ablation effect (see the module docstring; ``run``: a ``Run``
-    of the prompts reading at least ``direct_effect_reads``, made here where None).
+    of the prompts reading at least ``direct_effect_reads``, made here where None). ``direct=False``
+    measures the totals alone, ``direct`` and ``self_repair`` NaN: for a page whose plan left the
+    direct effects out (``direct_effect_needs``), which says so.
 
     screen: None measures every total effect exactly (one suffix rerun each). A number (nats) is
     the shortcut: the total effect is measured exactly for the components whose first-order
@@ -248,7 +250,8 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
     ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
-    direct_scores = direct_effects(ablation, components, memory_mb, progress)
+    direct_scores = (direct_effects(ablation, components, memory_mb, progress) if direct else
+                     PromptScores(accumulator(model, len(components)).fill_(float("nan")), None, None))
     direct = direct_scores.values
     exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
     total = accumulator(model, len(components))
@@ -319,10 +322,26 @@ def from_final_residual(model, heads: bool) -> bool:
     is refused in one line there (``UNNORMED_ATTN_OUT``)."""
     if not heads:
         return runs_suffix_only(model)
-    if runs_suffix_only(model) and check_hooks(model).refusal(HEAD_CONTRIBUTIONS, "direct effects") is None:
+    if reads_final_residual(model):
         return True
-    require(model, UNNORMED_ATTN_OUT, "direct effects of heads")
+    require(model, UNNORMED_ATTN_OUT, DIRECT_EFFECTS)
     return False
+
+
+DIRECT_EFFECTS = "direct effects of heads"
+
+
+def reads_final_residual(model) -> bool:
+    """Whether heads' direct effects are read off the final residual: the model starts at the final
+    norm and each head's contribution is known (``HEAD_CONTRIBUTIONS``)."""
+    return runs_suffix_only(model) and check_hooks(model).refusal(HEAD_CONTRIBUTIONS, DIRECT_EFFECTS) is None
+
+
+def direct_effect_needs(model) -> tuple[str, ...]:
+    """What heads' direct effects need of ``model`` beyond what it has (``analyses.core.hook_check``'s
+    NEEDS, for a page's plan): nothing where they are read off the final residual, else a rerun that
+    recomputes no norm between the heads and the residual (``UNNORMED_ATTN_OUT``)."""
+    return () if reads_final_residual(model) else (UNNORMED_ATTN_OUT,)
 
 
 def first_order_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> torch.Tensor:
