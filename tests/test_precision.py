@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from analyses.cli.args import add_model_args, load_cli_model
+from analyses.components.decompose import decompose_residual
 from analyses.core.hook_check import check_hooks
 from analyses.report.meta import model_meta
 from interp import GPTConfig, GPTModel, load_model
@@ -158,3 +159,13 @@ def test_the_hook_self_test_passes_under_mixed_precision(shape):
     model.set_precision("mixed")
     check = check_hooks(model)
     assert check.ok, check.summary()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_residual_decomposition_accepts_a_mixed_model(shape):
+    """Its parts (the heads' z @ W_O summed in float32) add up to the final residual within the
+    bfloat16 products' rounding (before, DLA and the report refused a mixed model)."""
+    model, tokens = tiny(shape)
+    model.set_precision("mixed")
+    parts = decompose_residual(model, tokens)
+    assert parts.components["component"].str.startswith("L1H").sum() == model.cfg.n_heads

@@ -75,6 +75,7 @@ from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio, excludes_zero
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
+from interp.precision import rounded_dtype
 
 EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"
 UNEMBED_BIAS = "unembed bias"
@@ -176,7 +177,8 @@ def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
         if mlp_out_name(layer) in cache.keys():
             yield [_label(f"L{layer} MLP", "mlp", layer)], parts(read(mlp_out_name(layer))[None])
     gap = float((final - total).abs().max())
-    tolerance = max(1e-4, 32 * torch.finfo(cache[final_resid_name(model)].dtype).eps) * max(1.0, float(final.abs().max()))
+    rounded = rounded_dtype(model, cache[final_resid_name(model)].dtype)  # mixed precision: bfloat16 products
+    tolerance = max(1e-4, 32 * torch.finfo(rounded).eps) * max(1.0, float(final.abs().max()))
     if gap > tolerance:
         raise UserError(f"the embeddings, heads, attention biases and MLPs add up to {final_resid_name(model)} only "
                         f"within {gap:.3g} (allowed {tolerance:.2g}): this model writes to its residual stream "
