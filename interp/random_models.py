@@ -152,7 +152,7 @@ def random_like(model, seed: int = 0):
     A model that came from a Hugging Face one (a bridge; a ``GPTModel`` made by ``from_hf``, which
     keeps ``hf_config``) is rebuilt by ``AutoModelForCausalLM.from_config`` with that family's own
     initialisation, so both implementations of one model get the very same random weights (the
-    ``GPTModel`` converted from them); our own ``GPTModel`` checkpoints are rebuilt from ``cfg``
+    ``GPTModel`` converted from them, in the model's precision); our own ``GPTModel`` checkpoints are rebuilt from ``cfg``
     with GPT-2's initialisation (``gpt2_initialise``). Each call builds one model at its own size, in
     its dtype; a caller drawing several nulls holds one at a time (``analyses.roles.nulls.random_init_null``)."""
     from transformers import AutoModelForCausalLM
@@ -174,7 +174,9 @@ def random_like(model, seed: int = 0):
         hf_model = hf_model.to(device=parameter.device).eval()
         if hasattr(model, "original_model"):
             return boot_bridge(hf_model, model.tokenizer, name=f"random-init-{seed}", copy=False)
-        return from_hf(hf_model, model.tokenizer, release=True).eval()
+        null = from_hf(hf_model, model.tokenizer, release=True).eval()
+        null.set_precision(model.cfg.precision)  # a mixed-precision model's nulls run as it does
+        return null
 
 
 def gpt2_initialise(model):

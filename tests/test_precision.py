@@ -13,9 +13,10 @@ from analyses.cli.args import add_model_args, load_cli_model
 from analyses.components.decompose import decompose_residual
 from analyses.core.hook_check import check_hooks
 from analyses.report.meta import model_meta
-from interp import GPTConfig, GPTModel, load_model
+from interp import GPTConfig, GPTModel, from_hf, load_model
 from interp.errors import UserError
 from interp.precision import Linear
+from interp.random_models import random_hf_model, random_like
 
 # a Llama-like and a GPT-2-like block: gated MLP, rotary, grouped keys and values, no biases; and
 # LayerNorm, learned positions, biases, an untied unembedding
@@ -169,3 +170,12 @@ def test_the_residual_decomposition_accepts_a_mixed_model(shape):
     model.set_precision("mixed")
     parts = decompose_residual(model, tokens)
     assert parts.components["component"].str.startswith("L1H").sum() == model.cfg.n_heads
+
+
+def test_a_null_model_runs_in_the_models_precision():
+    hf_model, tokenizer = random_hf_model("llama", n_ctx=16, hidden_size=64, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=128, num_hidden_layers=2)
+    model = from_hf(hf_model, tokenizer)
+    model.set_precision("mixed")
+    null = random_like(model)
+    assert null.cfg.precision == "mixed" and null.blocks[0].mlp.fc.mixed
