@@ -9,11 +9,11 @@ On ``--prompts`` repeated-segment probes (``probes_for``) it prints, float32 the
 - the role table: ``classify_heads`` + ``assign_roles`` (the fixed threshold) in each precision,
   and the heads whose roles differ;
 - every head's single-head ablation effect (``ablation_sweep``, ``method="mean_aligned"``, loss on
-  the predictable tokens) in each: how many mixed effects fall outside float32's 95% interval,
-  the largest difference, the heads whose effect crosses 0.01 nats in one and not the other; and
-  each sweep's time.
+  the predictable tokens; ``--layer-step n``: the heads of every n-th layer) in each, a layer at a
+  time: how many mixed effects fall outside float32's 95% interval, the largest difference, the
+  heads whose effect crosses 0.01 nats in one and not the other; and the sweeps' times.
 
-    OMP_NUM_THREADS=1 nice python benchmarks/bench_precision.py --model smollm2 --prompts 16 --threads 1
+    OMP_NUM_THREADS=1 nice python benchmarks/bench_precision.py --model smollm2 --prompts 16 --threads 1 --layer-step 3
     python benchmarks/bench_precision.py --model toy
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import pandas as pd
 import torch
 
 from analyses.core.metrics import loss_metric
@@ -53,16 +54,37 @@ def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def per_precision(model, probes, precision: str, progress: bool) -> dict:
-    """Logits, the role table and the ablation sweep in one precision (with the sweep's time)."""
+    """Logits and the role table in one precision."""
     model.set_precision(precision)
     with torch.inference_mode():
         logits = model(probes.tokens).float()
     roles = assign_roles(classify_heads(model, probes=probes, progress=progress))
-    start = time.perf_counter()
-    sweep = ablation_sweep(model, probes, "each_head", method="mean_aligned",
-                           metric=loss_metric(probes.tokens, probes.predictable), progress=progress)
-    return {"logits": logits, "roles": roles.set_index(["layer", "head"])["role"], "sweep": sweep,
-            "sweep_s": time.perf_counter() - start}
+    return {"logits": logits, "roles": roles.set_index(["layer", "head"])["role"]}
+
+
+def sweeps(model, probes, layers: list[int], progress: bool) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Every head of ``layers`` ablated alone (``ablation_sweep``, mean_aligned, loss on the
+    predictable tokens) in float32 then mixed, a layer at a time, each layer's comparison printed as
+    it ends -> (float32 frame, mixed frame, seconds per precision)."""
+    metric = loss_metric(probes.tokens, probes.predictable)
+    frames, seconds = {"float32": [], "mixed": []}, {"float32": 0.0, "mixed": 0.0}
+    for layer in layers:
+        for precision in frames:
+            model.set_precision(precision)
+            start = time.perf_counter()
+            frames[precision].append(ablation_sweep(model, probes, [[(layer, h)] for h in range(model.cfg.n_heads)],
+                                                    method="mean_aligned", metric=metric, progress=progress))
+            seconds[precision] += time.perf_counter() - start
+        a, b = frames["float32"][-1], frames["mixed"][-1]
+        print(f"  layer {layer}: largest effect difference {(b['effect'] - a['effect']).abs().max():.5f} nats, "
+              f"{int(outside(a, b).sum())} outside float32's interval ({seconds['float32']:.0f} s float32, "
+              f"{seconds['mixed']:.0f} s mixed so far)", flush=True)
+    return pd.concat(frames["float32"], ignore_index=True), pd.concat(frames["mixed"], ignore_index=True), seconds
+
+
+def outside(a: pd.DataFrame, b: pd.DataFrame) -> pd.Series:
+    """Whether each of ``b``'s effects lies outside ``a``'s 95% interval."""
+    return (b["effect"] < a["ci_low"]) | (b["effect"] > a["ci_high"])
 
 
 def main() -> None:
@@ -72,6 +94,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="probe length (default min(n_ctx, 128))")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layer-step", type=int, default=1,
+                        help="ablate the heads of every n-th layer from layer 0 (default 1: every head)")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -103,19 +127,21 @@ def main() -> None:
           + "".join(f"\n  L{l}H{h}: float32 {f32['roles'][(l, h)]!r}, mixed {mixed['roles'][(l, h)]!r}"
                     for l, h in changed.index))
 
-    a, b = f32["sweep"], mixed["sweep"]
-    outside = (b["effect"] < a["ci_low"]) | (b["effect"] > a["ci_high"])
+    layers = list(range(model.cfg.n_layers))[::args.layer_step]
+    print(f"single-head ablation (mean_aligned, loss on the predictable tokens), every head of layers {layers}:")
+    a, b, seconds = sweeps(model, probes, layers, args.progress)
+    away = outside(a, b)
     crossed = (a["effect"].abs() >= LINE) != (b["effect"].abs() >= LINE)
     difference = (b["effect"] - a["effect"]).abs()
-    print(f"single-head ablation (mean_aligned, loss on the predictable tokens), {len(a)} heads: "
-          f"float32 sweep {f32['sweep_s']:.1f} s, mixed {mixed['sweep_s']:.1f} s "
-          f"({f32['sweep_s'] / mixed['sweep_s']:.2f}x)")
+    print(f"  {len(a)} heads: float32 sweeps {seconds['float32']:.1f} s, mixed {seconds['mixed']:.1f} s "
+          f"({seconds['float32'] / seconds['mixed']:.2f}x)")
     print(f"  effect difference: max {difference.max():.5f}, mean {difference.mean():.5f} nats; "
-          f"float32's interval half-width: median {((a['ci_high'] - a['ci_low']) / 2).median():.5f}")
-    print(f"  {int(outside.sum())} of {len(a)} mixed effects outside float32's 95% interval; "
+          f"float32's interval half-width: median {((a['ci_high'] - a['ci_low']) / 2).median():.5f}; "
+          f"{int((a['effect'].abs() >= LINE).sum())} float32 effects of at least {LINE} nats")
+    print(f"  {int(away.sum())} of {len(a)} mixed effects outside float32's 95% interval; "
           f"{int(crossed.sum())} cross {LINE} nats in one precision and not the other"
           + "".join(f"\n  {a['target'][i]}: float32 {a['effect'][i]:+.5f} [{a['ci_low'][i]:+.5f}, "
-                    f"{a['ci_high'][i]:+.5f}], mixed {b['effect'][i]:+.5f}" for i in a.index[outside | crossed]))
+                    f"{a['ci_high'][i]:+.5f}], mixed {b['effect'][i]:+.5f}" for i in a.index[away | crossed]))
 
 
 if __name__ == "__main__":
