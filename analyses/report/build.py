@@ -29,8 +29,10 @@ import torch
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.hook_check import left_out, require
-from analyses.report.calibration_figures import CalibrationSection, FirstProbes, calibration_section, probe_run
+from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, calibration_section,
+                                                  probe_run)
 from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
+from analyses.circuits.circuit import role_heads as circuit_role_heads
 from analyses.circuits.edges import VIAS
 from analyses.circuits.path_patching import path_needs
 from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
@@ -42,7 +44,7 @@ from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, 
 from analyses.roles.backup import DIRECT_EFFECTS, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
-from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
+from analyses.report.plan import DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
@@ -52,7 +54,8 @@ from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout
 from analyses.interventions.attribution import Screen
 from analyses.interventions.controls import ControlEffects, control_effects, control_figure
 from analyses.interventions.run import Run
-from analyses.core.tokens import leading_tokens
+from analyses.core.tokens import encode, leading_tokens
+from analyses.interventions.cost import CostEstimate, StepClock, seconds_per_fe
 from interp.memory import release_freed_memory
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -115,14 +118,20 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     Before any sweep the hook self-test plans the report (``report_plan``): a part this model
     cannot run (the circuit, direct logit attribution) is left out, and the page, report.md and
     meta.json (``left_out``) say which and why; a model whose head ablations cannot run is refused
-    in one line."""
+    in one line.
+
+    Before the first sweep the report prints on stderr (unless ``progress`` is False) what each step
+    will cost in forward-equivalents and seconds on this machine (``report_cost``); meta.json's
+    ``cost`` keeps that estimate and each step's measured seconds."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
         check_fdr(fdr)
     left = report_plan(model)
-    steps = ReportSteps(progress)
     probes = probes_for(model, n_prompts, seq_len, seed=seed)
+    shape, estimate = report_cost(model, probes, left, texts, intervention_prompts)
+    estimate.show("report", progress)
+    steps = ReportSteps(progress, StepClock(estimate))
     steps.begin("probe run")  # the probes' one forward, which every step below reads
     run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=intervention_prompts,
                     memory_mb=memory_mb, progress=progress)
@@ -141,9 +150,11 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     steps.begin("control")
     control = role_control(model, table, first, seed=seed, memory_mb=step_mb, progress=progress)
     steps.begin("circuit")
+    skipped = [role for role in ALL_ROLES if role not in CIRCUIT_ROLES]
+    estimate.at_start("circuit", circuit_cost(shape, circuit_role_heads(table, skip=skipped), circuit_screen), progress)
     circuit = None if CIRCUIT in left else circuit_section(
         model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
-        skip_roles=[role for role in ALL_ROLES if role not in CIRCUIT_ROLES], screen=circuit_screen)
+        skip_roles=skipped, screen=circuit_screen)
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -161,6 +172,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                                                memory_mb=step_mb, progress=progress, dla=DLA not in left)]
     sections[:0] = left_out_section(left)
     steps.close()
+    meta["cost"] = estimate.record()
     return HeadReport(table, sections, meta)
 
 
@@ -171,15 +183,18 @@ class ReportSteps:
     STEPS = ("probe run", "classification", "calibration", "control", "circuit", "pattern views", "figures",
              "components")
 
-    def __init__(self, progress: bool | None):
+    def __init__(self, progress: bool | None, clock: StepClock | None = None):
         self.bar = progress_bar(total=len(self.STEPS), progress=progress, desc="report", unit="step")
         self.started = False
+        self.clock = clock
 
     def begin(self, step: str) -> None:
         """Mark the step before as done and ``step`` (one of ``STEPS``, in order) as running; the
         memory the step before freed goes back to the system (``release_freed_memory``), so a
         step's peak is its own tensors, not its own plus the holes earlier steps left in the heap."""
         release_freed_memory()
+        if self.clock is not None:
+            self.clock.begin(step)
         self.bar.set_description_str(f"report: {step}", refresh=False)
         if self.started:
             self.bar.update()  # shows the new step's name with the count of those done
@@ -188,6 +203,8 @@ class ReportSteps:
         self.started = True
 
     def close(self) -> None:
+        if self.clock is not None:
+            self.clock.begin(None)
         self.bar.update()
         self.bar.close()
 
@@ -199,6 +216,20 @@ def report_plan(model) -> dict[str, str]:
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
     return left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
+
+
+def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequence[str] | None,
+                intervention_prompts: int) -> tuple[ReportShape, CostEstimate]:
+    """The report's shape (``analyses.report.plan.ReportShape``) and its cost estimate
+    (``report_estimate`` over ``ReportSteps.STEPS``), timed by one forward of the intervention probes."""
+    first = min(intervention_prompts, probes.n_prompts)
+    view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
+                 + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
+    shape = ReportShape(model, probes.tokens.numel(), first / probes.n_prompts, 1.0,  # the roles on every probe
+                        encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
+                        DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
+    timed = seconds_per_fe(model, probes.tokens[:first], probes.tokens.numel())
+    return shape, report_estimate(shape, ReportSteps.STEPS, timed)
 
 
 def screen_meta(circuit: CircuitSection | None) -> dict | None:

@@ -11,7 +11,15 @@ nothing written.
 
 from __future__ import annotations
 
-from analyses.core.hook_check import HEAD_CONTRIBUTIONS
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Callable, Sequence
+
+from analyses.circuits.edges import QKV, VIAS, edges_of
+from analyses.core.hook_check import HEAD_CONTRIBUTIONS, output_norm
+from analyses.core.hook_names import has_mlps
+from analyses.interventions.attribution import Screen
+from analyses.interventions.cost import CostEstimate, StepCost, suffix_fe
 from analyses.report.page import Section
 
 # direct logit attribution splits each layer's attention output into its heads' z @ W_O, through
@@ -30,3 +38,123 @@ def left_out_section(left: dict[str, str]) -> list[Section]:
     lines = [f"- **{part}**: {reason}" for part, reason in left.items()]
     return [Section("Left out", "The hook self-test (`interp check`), run before any sweep, found that this model "
                     "cannot run these parts, so they were left out; every other part ran.\n\n" + "\n".join(lines))]
+
+
+# ----------------------------------------------------------------------------- the report's cost
+# One estimator per report step (``analyses.report.build.ReportSteps.STEPS``), each the forward-
+# equivalents (``analyses.interventions.cost``) of the code that runs the step, on the shapes alone.
+@dataclass(frozen=True)
+class ReportShape:
+    """What the report's cost follows: the model; ``batch_rows``: the probes' rows (prompts x
+    tokens: one FE); ``share``: the intervention probes' share of them; ``role_share``: the share
+    the roles are chosen on (the nulls' and the control probes' forwards); ``text_rows``: the texts'
+    rows (0 on probes); ``view_rows``: the pattern views' rows (the display probe and the text);
+    ``null_seeds``, ``pair_heads``, ``draws``: the null models, the most heads pairwise ablation
+    covers, the control's random sets; ``circuit``: whether the circuit runs (not left out)."""
+
+    model: object
+    batch_rows: int
+    share: float
+    role_share: float
+    text_rows: int
+    view_rows: int
+    null_seeds: int
+    pair_heads: int
+    draws: int
+    circuit: bool
+
+
+def one_block_fe(model) -> float:
+    """FE of a run of one block over the whole batch (a bridge reruns every block before it)."""
+    return suffix_fe(model, model.cfg.n_layers - 1)
+
+
+def probe_run_cost(shape: ReportShape) -> StepCost:
+    """The probes' one forward (``probe_run``): 1 FE."""
+    return StepCost(1.0)
+
+
+def classification_cost(shape: ReportShape) -> StepCost:
+    """Read from the probe run; on texts, one forward of the texts."""
+    return StepCost(shape.text_rows / shape.batch_rows)
+
+
+def calibration_cost(shape: ReportShape) -> StepCost:
+    """``calibration_frames``: on the probes the roles are chosen on, the control probes' forward
+    and one per null model (``calibrate_roles``); the ablation's reference (one block of the intervention probes);
+    every head's and MLP's total effect, one run from its layer on each
+    (``direct_and_total_effects``; the direct effects run no block); pairwise ablation of at most
+    ``pair_heads`` role heads and their backup groups (``backup_report``), which heads is known only
+    after the nulls: bounded by the earliest heads, each pair from the earlier head's layer on,
+    at most one group per two heads, each from block 0."""
+    model = shape.model
+    cfg = model.cfg
+    layers = [layer for layer in range(cfg.n_layers) for _ in range(cfg.n_heads)]  # every head's, in order
+    mlps = list(range(cfg.n_layers)) if has_mlps(model) else []
+    totals = sum(suffix_fe(model, layer) for layer in [*layers, *mlps])
+    earliest = layers[:shape.pair_heads]
+    pairs = sum(suffix_fe(model, min(a, b)) for a, b in combinations(earliest, 2))
+    groups = len(earliest) // 2 * suffix_fe(model, 0)
+    exact = shape.role_share * (1 + shape.null_seeds) + shape.share * (one_block_fe(model) + totals)
+    return StepCost(exact) + StepCost(shape.share * (pairs + groups), at_most=True)
+
+
+def control_cost(shape: ReportShape) -> StepCost:
+    """``role_control``: the reference (one block) and the role heads with ``draws`` layer-matched
+    random sets, each one run from the heads' earliest layer (``control_effects``): which layer is
+    known only after the roles, so at most from block 0."""
+    return StepCost(shape.share * one_block_fe(shape.model)) + \
+        StepCost(shape.share * (shape.draws + 1) * suffix_fe(shape.model, 0), at_most=True)
+
+
+def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
+                 screen: Screen | None = None) -> StepCost | None:
+    """``circuit_section``'s path patching among ``heads`` (the heads of a circuit role; None: not
+    known yet, before the roles, so no estimate): the corrupted probes' run and what the probe run
+    lacks (at most a forward each); per (sender, receiver layer, q/k/v) one block (step 1); per
+    q/k/v edge one run from the receiver's layer (from its MLP where the receiver's moved z
+    reaches ``hook_resid_mid`` alone); per logits edge the last block (``path_values``). With a
+    ``screen``, edge attribution first (a forward of each prompt set) and at most every edge
+    exact. 0 where the circuit is left out or no head has a circuit role."""
+    if not shape.circuit or heads == []:
+        return StepCost(0.0)
+    if heads is None:
+        return None
+    model = shape.model
+    edges = edges_of(model, heads, heads, VIAS).table.tolist()  # sender layer, head, receiver layer, head, via
+    qkv = [VIAS.index(via) for via in QKV]
+    step_one = {(s_layer, s_head, r_layer, via) for s_layer, s_head, r_layer, _, via in edges if via in qkv}
+    fe = 2.0 + len(step_one) * one_block_fe(model)
+    for _, _, layer, _, via in edges:
+        fe += one_block_fe(model) if via not in qkv else suffix_fe(model, layer, after_attention=from_mid(model, layer))
+    cost = StepCost(shape.share * fe)
+    return cost if screen is None else cost + StepCost(2.0 * shape.share, at_most=True)
+
+
+def from_mid(model, layer: int) -> bool:
+    """Whether path patching's run for a receiver in ``layer`` starts at its ``hook_resid_mid``
+    (``edge_variants``: a block with one, and no norm on its attention output to recompute)."""
+    return getattr(model.blocks[layer], "has_resid_mid", False) and output_norm(model, layer) is None
+
+
+def pattern_views_cost(shape: ReportShape) -> StepCost:
+    """``pattern_views``: one forward of the display probe and one of the text."""
+    return StepCost(shape.view_rows / shape.batch_rows)
+
+
+def no_forward_cost(shape: ReportShape) -> StepCost:
+    """The figures, and the components (read from the probe run; the OV circuits and the logit lens
+    are weights and cached residuals): no block runs."""
+    return StepCost(0.0)
+
+
+REPORT_COSTS: dict[str, Callable[[ReportShape], StepCost | None]] = {
+    "probe run": probe_run_cost, "classification": classification_cost, "calibration": calibration_cost,
+    "control": control_cost, "circuit": circuit_cost, "pattern views": pattern_views_cost,
+    "figures": no_forward_cost, "components": no_forward_cost}
+
+
+def report_estimate(shape: ReportShape, steps: Sequence[str], seconds_per_fe: float) -> CostEstimate:
+    """The report's estimate before its first sweep: each of ``steps`` (``ReportSteps.STEPS``, in
+    order) costed by its estimator in ``REPORT_COSTS``; the circuit's (None) waits for the roles."""
+    return CostEstimate({step: REPORT_COSTS[step](shape) for step in steps}, seconds_per_fe)
