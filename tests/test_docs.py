@@ -35,3 +35,13 @@ def test_readme_is_a_quick_start():
     assert readme.stat().st_size < 12_000
     for target in re.findall(r"\]\((docs/[^)#]+)", readme.read_text()):
         assert (ROOT / target).exists(), target
+
+
+def test_benchmarks_name_no_file_outside_the_repository():
+    """Every figure in benchmarks/README.md comes from a command that runs on a fresh clone after
+    `make setup` (issue 43.10): no script defaults to, and no command names, a path on one machine
+    (``/work/...``: a Hugging Face directory no documented command made)."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    named = {path.name: line for path in [root / "README.md", *sorted(root.glob("*.py"))]
+             for line in path.read_text(encoding="utf-8").splitlines() if "/work/" in line}
+    assert not named, named
