@@ -31,6 +31,7 @@ import argparse
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 
 import torch
@@ -76,7 +77,7 @@ class ForwardCounter:
         self.reported_peak = 0.0
         self._main_thread = threading.main_thread().ident
         self._sampling = True
-        self._mlp_share = {}
+        self._mlp_share = weakref.WeakKeyDictionary()  # block -> its MLP's share (a null model's block dies with it)
 
     def __enter__(self):
         self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
@@ -111,16 +112,16 @@ class ForwardCounter:
     def _pre_hook(self, module, args):
         if isinstance(module, TransformerBlock):
             self._charge(module, args[0], 1.0)
-        elif isinstance(module, torch.nn.Embedding) and OWNER.get(id(module)) is self.main and args[0].dim() == 2:
+        elif isinstance(module, torch.nn.Embedding) and owner(module) is self.main and args[0].dim() == 2:
             matched = sum(tuple(row.tolist()) in self.probe_rows for row in args[0])
             if matched:
                 self.passes[self._step()] += matched / self.n_prompts
 
     def _charge(self, block, resid, share):
-        owner = "main" if OWNER.get(id(block)) is self.main else "other models"
+        model = "main" if owner(block) is self.main else "other models"
         rows = resid.numel() / resid.shape[-1]
         step = self._step()
-        self.block_rows[(owner, *step)] += share * rows / (self.batch_rows * self.main.cfg.n_layers)
+        self.block_rows[(model, *step)] += share * rows / (self.batch_rows * self.main.cfg.n_layers)
 
     def _mlp_fraction(self, block):
         if block not in self._mlp_share:
@@ -147,6 +148,7 @@ class ForwardCounter:
             with open("/proc/self/status") as status:
                 rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
             self.peak_mb[step] = max(self.peak_mb.get(step, 0), rss)
+            del frame  # it would keep the main thread's locals (a null model) alive through the sleep
             if rss > self.reported_peak + 256:
                 print(f"  {rss:.0f} MB in {' / '.join(step)}", file=sys.stderr, flush=True)
                 self.reported_peak = rss
@@ -168,11 +170,20 @@ class ForwardCounter:
         return (names[0] if names else "?", "/".join(names[1:3]))
 
 
-OWNER: dict[int, GPTModel] = {}  # id(module) -> the model it belongs to
+# module -> a weak reference to the model it belongs to: neither keeps the report's null models alive (a
+# strong reference kept every one, ~1 GB each at Gemma 3 270M's shape, and grew the bench to 17 GB)
+OWNER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def mark_owned(model: GPTModel) -> None:
-    OWNER.update((id(module), model) for module in model.modules())
+    reference = weakref.ref(model)
+    OWNER.update((module, reference) for module in model.modules())
+
+
+def owner(module: torch.nn.Module) -> GPTModel | None:
+    """The model ``module`` was marked as part of (None: unmarked, or that model is gone)."""
+    reference = OWNER.get(module)
+    return None if reference is None else reference()
 
 
 def own_new_models() -> None:
