@@ -194,13 +194,13 @@ def test_run_keeps_its_first_rows_only(toy):
 
 
 def test_report_intervenes_on_its_first_probes(toy):
-    """``build_report(intervention_prompts=k)``: the roles are read from every probe, the total
-    effects (the head table's ``ablation_effect``) are those of ``direct_and_total_effects`` on the
-    first k probes alone, with their own loss."""
+    """``build_report(intervention_prompts=k)``: one draw of k + n_prompts probes; the total effects
+    (the head table's ``ablation_effect``) are those of ``direct_and_total_effects`` on its first k
+    probes alone, with their own loss (the roles are read from the others)."""
     n_prompts, seq_len, k = 20, 24, 6
     report = build_report(toy, model_name="toy", n_prompts=n_prompts, seq_len=seq_len, seed=0,
                           intervention_prompts=k, progress=False)
-    first = probes_for(toy, n_prompts, seq_len, seed=0).first(k)
+    first = probes_for(toy, k + n_prompts, seq_len, seed=0).first(k)
     effects = direct_and_total_effects(toy, first, None, "mean_aligned", loss_metric(first.tokens, first.predictable),
                                        progress=False)
     merged = report.table.merge(effects, on=["layer", "head"])

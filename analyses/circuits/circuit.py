@@ -46,7 +46,8 @@ from interp.errors import UserError
 Head = tuple[int, int]
 VIA_COLOURS = {"q": "tab:blue", "k": "tab:orange", "v": "tab:green", "logits": "tab:gray"}
 VIA_BEND = {"q": 0.25, "k": 0.0, "v": -0.25, "logits": 0.1}  # arcs, so parallel q/k/v edges stay apart
-_COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", "effect", "exact"]
+_COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", "effect", "ci_low", "ci_high", "n_prompts",
+            "exact"]
 # the roles of the mechanism the report's probes test (induction: a previous-token head writes where
 # the key of an induction head reads; duplicate-token heads find the earlier copy); the report's circuit
 # leaves out heads with none of these (a real model has many attention sinks, ``bos``: 110 of
@@ -76,7 +77,8 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
     Returns ``sender_layer, sender_head, receiver_layer, receiver_head, via`` (a logits edge's
     receiver is ``(n_layers, -1)``), ``composition``, ``composition_minus_baseline`` (NaN for
     logits edges), ``value`` (the metric with the edge patched) and ``effect`` (value minus the
-    unpatched run's), ``exact`` (False where ``screen`` left the edge at its estimate), sorted by
+    unpatched run's) with its 95% interval over prompts ``ci_low, ci_high`` and ``n_prompts`` (NaN
+    for an estimate), ``exact`` (False where ``screen`` left the edge at its estimate), sorted by
     sender, receiver, via.
     """
     vias = check_vias(via)
@@ -139,10 +141,13 @@ def strongest(edges: pd.DataFrame, top: int, value: str = "effect") -> pd.DataFr
 
 def edge_lines(edges: pd.DataFrame, top: int = 5, value: str = "effect") -> list[str]:
     """Markdown list items for the ``top`` edges of largest ``|value|``: sender (role) -> receiver
-    (role) via input, the value and, for q/k/v, the composition score."""
+    (role) via input, the value (the effect with its 95% interval ``[ci_low, ci_high]`` where the edge has one)
+    and, for q/k/v, the composition score."""
     lines = []
     for row in strongest(edges.dropna(subset=[value]), top, value).itertuples():
-        scored = f"{value} {getattr(row, value):+.4f}" + ("" if getattr(row, "exact", True) else " (estimate)")
+        low, high = getattr(row, "ci_low", float("nan")), getattr(row, "ci_high", float("nan"))
+        interval = "" if value != "effect" or pd.isna(low) or pd.isna(high) else f" [{low:+.4f}, {high:+.4f}]"
+        scored = f"{value} {getattr(row, value):+.4f}{interval}" + ("" if getattr(row, "exact", True) else " (estimate)")
         if row.via in KINDS:
             scored += f", composition {row.composition:.3f} ({row.composition_minus_baseline:+.3f} over random)"
         lines.append(f"- {_endpoint(row, 'sender')} -> {_endpoint(row, 'receiver')} via {row.via}: {scored}")

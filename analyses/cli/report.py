@@ -48,8 +48,9 @@ def register(subparsers) -> None:
     add_probe_args(parser, prompts=64)
     parser.add_argument("--intervention-prompts", type=whole(1), default=DEFAULT_INTERVENTION_PROMPTS,
                         help=f"the per-head interventions (total and direct effects, backup, path patching, the "
-                             f"components' patching) run on the first this many probes (default "
-                             f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are read from every probe")
+                             f"components' patching) run on this many more probes of the same draw (default "
+                             f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are chosen on the --prompts others, so every "
+                             "effect is measured on prompts that did not choose the heads")
     parser.add_argument("--exact-all", action="store_true",
                         help="path-patch every edge of the circuit exactly (default: edge attribution estimates "
                              f"every edge and {DEFAULT_SCREEN.describe('edges')} are path-patched exactly)")

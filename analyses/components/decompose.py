@@ -62,7 +62,6 @@ import pandas as pd
 import seaborn as sns
 import torch
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
@@ -71,8 +70,8 @@ from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
 from analyses.interventions.engine import cache_run, check_choice
 from analyses.interventions.patching import patch_effects
-from analyses.core.plots import new_figure
-from analyses.core.stats import N_BOOT, bootstrap_ratio, excludes_zero
+from analyses.core.plots import covers_zero, effect_error_bars, hatch_cells, new_figure
+from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
 from interp.precision import rounded_dtype
@@ -574,9 +573,8 @@ def dla_heatmap(frame: pd.DataFrame, title: str = "direct logit attribution") ->
     sns.heatmap(grid.astype(float), ax=ax, center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14, fmt=".2f",
                 annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
     if {"ci_low", "ci_high"} <= set(frame.columns):
-        covers = frame.assign(covers=(~excludes_zero(frame["ci_low"], frame["ci_high"])).astype(float))
-        for row, column in zip(*(head_grid(covers, "covers").to_numpy() == 1).nonzero()):
-            ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch="///", edgecolor="0.4", linewidth=0))
+        covers = frame.assign(covers=covers_zero(frame["ci_low"], frame["ci_high"]).astype(float))
+        hatch_cells(ax, head_grid(covers, "covers").to_numpy() == 1)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
@@ -651,10 +649,12 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
 def attention_vs_mlp_figure(frame: pd.DataFrame) -> Figure:
     """Direct (x) against total (y) effect of every head and MLP of a frame with ``component, kind,
     layer, direct, total`` (``attention_vs_mlp``'s, or ``direct_and_total_effects(..., mlps=True)``'s as
-    the report draws it), labelled, with each layer's heads summed beside its MLP on the right."""
+    the report draws it), labelled, each with its 95% intervals as error bars where the frame has them
+    (``direct_ci_low``, ..., ``effect_error_bars``), with each layer's heads summed beside its MLP on the right."""
     figure = new_figure(figsize=(10, 4))
     left, right = figure.subplots(1, 2)
-    sns.scatterplot(frame, x="direct", y="total", hue="kind", style="kind", ax=left)
+    effect_error_bars(left, frame, "direct", "total")
+    sns.scatterplot(frame, x="direct", y="total", hue="kind", style="kind", ax=left, zorder=3)
     for row in frame.itertuples():
         left.annotate(row.component, (row.direct, row.total), fontsize=7, xytext=(2, 2), textcoords="offset points")
     left.axhline(0.0, color="grey", lw=0.5)

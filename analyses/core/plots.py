@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from analyses.core.stats import excludes_zero
 
 DPI = 100
 
@@ -45,11 +49,14 @@ def token_label(token: str) -> str:
 
 
 def role_heatmaps(table: pd.DataFrame, columns: Sequence[str],
-                  diverging: Sequence[str] = ("ablation_effect", "distance")) -> Figure:
+                  diverging: Sequence[str] = ("ablation_effect", "distance"),
+                  intervals: Mapping[str, tuple[str, str]] | None = None) -> Figure:
     """One layer x head heatmap per column of the per-head ``table`` (columns layer, head, ...).
 
     Columns share a 0..1 colour scale (role scores); those in ``diverging`` (e.g. ablation_effect,
-    or changes between two models) get their own, centred on zero.
+    or changes between two models) get their own, centred on zero. ``intervals``: column -> the
+    columns of its 95% interval's bounds (``ablation_effect``: ``ablation_ci_low, ablation_ci_high``);
+    the cells whose interval contains 0 are hatched (``hatch_cells``) and the panel's title says so.
     """
     n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
     n_cols = min(3, len(columns))
@@ -64,10 +71,42 @@ def role_heatmaps(table: pd.DataFrame, columns: Sequence[str],
         sns.heatmap(grid, ax=ax, annot=n_heads <= 12, fmt=".2f", annot_kws={"size": 7}, square=True,
                     cbar_kws={"shrink": 0.8}, **scale)
         ax.set_title(column.replace("_", " "))
+        if intervals and column in intervals:
+            bounds = [table.pivot(index="layer", columns="head", values=bound).reindex(index=range(n_layers),
+                                                                                       columns=range(n_heads))
+                      for bound in intervals[column]]
+            hatch_cells(ax, covers_zero(*bounds).to_numpy())
+            ax.set_title(f"{column.replace('_', ' ')}\n(hatched: 95% interval contains 0)", fontsize=9)
     for ax in axes[len(columns):]:
         ax.set_visible(False)
     figure.tight_layout()
     return figure
+
+
+def covers_zero(low, high):
+    """Where an interval [low, high] contains 0 (floats, arrays, Series or frames); an unknown (NaN)
+    bound claims nothing, so such a cell is not marked."""
+    return ~excludes_zero(low, high) & ~(pd.isna(low) | pd.isna(high))
+
+
+def hatch_cells(ax, mask: np.ndarray) -> None:
+    """Hatch the cells of a heatmap drawn on ``ax`` (row r, column c spanning [c, c+1] x [r, r+1], as
+    seaborn draws them) where ``mask`` (rows, columns) is True: one unfilled, hatched ``Rectangle``
+    each, so the colour stays readable beneath."""
+    for row, column in zip(*np.asarray(mask, dtype=bool).nonzero()):
+        ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch="///", edgecolor="0.3", linewidth=0))
+
+
+def effect_error_bars(ax, frame: pd.DataFrame, x: str, y: str) -> None:
+    """Each row's 95% intervals as grey error bars on a scatter of ``frame[x]`` against ``frame[y]``:
+    a vertical bar from ``{y}_ci_low`` to ``{y}_ci_high`` at x and a horizontal one for ``x`` (for each
+    column whose bounds the frame has; drawn beneath the points, none where a bound is NaN)."""
+    for column, draw, at in ((y, ax.vlines, x), (x, ax.hlines, y)):
+        low, high = f"{column}_ci_low", f"{column}_ci_high"
+        if low in frame.columns and high in frame.columns:
+            known = frame[low].notna() & frame[high].notna()
+            draw(frame.loc[known, at], frame.loc[known, low], frame.loc[known, high], color="0.6", linewidth=0.8,
+                 zorder=2)
 
 
 def attention_grid(patterns: torch.Tensor, str_tokens: Sequence[str], titles: Sequence[str],

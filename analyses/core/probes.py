@@ -54,7 +54,18 @@ class RepeatedProbes:
         """The first ``n`` probes (all where there are fewer)."""
         if n < 1:
             raise UserError(f"first {n} probes: take at least one")
-        return RepeatedProbes(self.tokens[:n], self.period[:n], self.segment_start[:n], self.vocab, self.start_token)
+        return self.rows(slice(0, n))
+
+    def after(self, n: int) -> "RepeatedProbes":
+        """The probes after the first ``n`` (a set disjoint from ``first(n)``); refused where none is left."""
+        if not 0 <= n < self.n_prompts:
+            raise UserError(f"the probes after the first {n}: there are {self.n_prompts}, so none is left")
+        return self.rows(slice(n, None))
+
+    def rows(self, rows: slice) -> "RepeatedProbes":
+        """The probes of ``rows`` (a slice of the batch)."""
+        return RepeatedProbes(self.tokens[rows], self.period[rows], self.segment_start[rows], self.vocab,
+                              self.start_token)
 
     def _positions(self) -> torch.Tensor:
         return torch.arange(self.seq_len, device=self.tokens.device)[None]

@@ -30,7 +30,7 @@ from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, calibration_section,
-                                                  probe_run)
+                                                  choosing_probes, probe_run)
 from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
 from analyses.circuits.circuit import role_heads as circuit_role_heads
 from analyses.circuits.edges import VIAS
@@ -48,8 +48,9 @@ from analyses.report.plan import DLA, DLA_NEEDS, ReportShape, circuit_cost, left
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
-from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, explorer_data, explorer_html,
-                                  head_table_html, write_report_files)
+from analyses.core.stats import bootstrap_ratio
+from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, effect_text, explorer_data,
+                                  explorer_html, head_table_html, interval_columns, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.interventions.attribution import Screen
 from analyses.interventions.controls import ControlEffects, control_effects, control_figure
@@ -71,7 +72,8 @@ CONTROL_DRAWS = 50  # random head sets the role heads are compared with (one swe
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
 FIGURE_CAPTIONS = {
-    "role_scores": "Role scores and ablation effect per head (layer x head)",
+    "role_scores": "Role scores and ablation effect per head (layer x head; hatched: the ablation effect's 95% "
+                   "interval contains 0)",
     "top_heads": "The top-scoring head of each role on one probe prompt",
     "layer_map": "Every head of one layer on the report's text",
     "rollout": "Attention rollout on the report's text (Abnar & Zuidema 2020)",
@@ -108,7 +110,9 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     (head, role) whose score beats its nulls at that false-discovery rate and, with
     ``thresholds``, also reaches the threshold; ``fdr=None`` (or ``texts``, which the probe nulls
     do not describe) is the fixed rule: the threshold and an interval above chance.
-    The interventions run on the first ``intervention_prompts`` probes (all where there are fewer).
+    The probes are one draw of ``intervention_prompts + n_prompts``: the interventions run on the first
+    ``intervention_prompts``, the roles are chosen on the other ``n_prompts`` (``choosing_probes``), so
+    every effect is measured on prompts that did not choose the heads (meta.json: ``probe_split``).
     ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: what the report
     may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
     stays taken, each step gets the rest (``analyses.core.budget.left_after``); ``circuit_screen``: None
@@ -128,7 +132,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     if fdr is not None:
         check_fdr(fdr)
     left = report_plan(model)
-    probes = probes_for(model, n_prompts, seq_len, seed=seed)
+    # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
+    probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
     shape, estimate = report_cost(model, probes, left, texts, intervention_prompts)
     estimate.show("report", progress)
     steps = ReportSteps(progress, StepClock(estimate))
@@ -136,17 +141,19 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=intervention_prompts,
                     memory_mb=memory_mb, progress=progress)
     first = FirstProbes.of(probes, run, run.metric, intervention_prompts)
+    chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
     step_mb = left_after(memory_mb, run.held_mb())
     steps.begin("classification")
-    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else probes, memory_mb=memory_mb,
-                            progress=progress, run=None if texts else run)
+    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on, memory_mb=memory_mb,
+                            progress=progress, run=None if texts else chosen_run)
     steps.begin("calibration")
     calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
                                       progress=progress, run=run, intervention_prompts=intervention_prompts,
                                       direct=DIRECT_EFFECTS not in left)
     calibrated = fdr is not None and not texts
-    table = head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
-                       calibration=calibration.frames["calibration"] if calibrated else None)
+    table = with_direct_effects(head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
+                                           calibration=calibration.frames["calibration"] if calibrated else None),
+                                calibration)
     steps.begin("control")
     control = role_control(model, table, first, seed=seed, memory_mb=step_mb, progress=progress)
     steps.begin("circuit")
@@ -161,13 +168,15 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                                             "texts": len(texts) if texts else None, "thresholds": thresholds,
                                             "fdr": fdr if calibrated else None,
                                             "intervention_prompts": first.probes.n_prompts,
+                                            "probe_split": probe_split(n_prompts, intervention_prompts, seed, bool(texts)),
                                             "null_seeds": list(DEFAULT_NULL_SEEDS),
                                             "circuit_screen": screen_meta(circuit), "left_out": left}
     steps.begin("figures")
-    sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None))
+    chosen = chosen_apart(n_prompts, first.probes.n_prompts, len(texts) if texts else None)
+    sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None) + " " + chosen)
     circuit_page = [] if circuit is None else [circuit_report_section(circuit)]
     steps.begin("components")
-    sections[2:2] = [calibration_report_section(calibration), control_report_section(control), *circuit_page,
+    sections[2:2] = [calibration_report_section(calibration), control_report_section(control, chosen), *circuit_page,
                      components_report_section(model, first.probes, component_effects(calibration), run=first.run,
                                                memory_mb=step_mb, progress=progress, dla=DLA not in left)]
     sections[:0] = left_out_section(left)
@@ -225,11 +234,33 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     first = min(intervention_prompts, probes.n_prompts)
     view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
-    shape = ReportShape(model, probes.tokens.numel(), first / probes.n_prompts, 1.0,  # the roles on every probe
+    share = first / probes.n_prompts
+    shape = ReportShape(model, probes.tokens.numel(), share, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
                         encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
                         DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
     timed = seconds_per_fe(model, probes.tokens[:first], probes.tokens.numel())
     return shape, report_estimate(shape, ReportSteps.STEPS, timed)
+
+
+def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
+    """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
+    intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
+    effect and the other rows choosing the roles (on ``texts``, the texts choose them and the selection
+    rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges)."""
+    total = intervention_prompts + n_prompts
+    return {"probes_drawn": total, "seed": seed, "measurement": [0, intervention_prompts],
+            "selection": [intervention_prompts, total], "disjoint": True,
+            "rule": ("the roles are chosen on the texts (the selection rows give the calibration's null bands)"
+                     if texts else "the roles (classification, nulls, false-discovery rate) are chosen on the "
+                     "selection rows") + "; every ablation, control, circuit and component effect is measured on "
+                    "the measurement rows"}
+
+
+def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
+    """One sentence for the page: every effect is measured on prompts that did not choose the heads."""
+    where = f"the {texts} texts" if texts else f"the other {n_prompts} probes of the same draw"
+    return (f"Every effect is measured on prompts that did not choose the heads: the {intervention_prompts} "
+            f"intervention probes, while the roles were chosen on {where} (meta.json: probe_split).")
 
 
 def screen_meta(circuit: CircuitSection | None) -> dict | None:
@@ -248,6 +279,17 @@ def total_effects(calibration: CalibrationSection) -> pd.DataFrame:
     names = {"total": "ablation_effect", "total_ci_low": "ablation_ci_low", "total_ci_high": "ablation_ci_high",
              "n_prompts": "ablation_n_prompts"}
     return calibration.frames["effects"].rename(columns=names)[["layer", "head", *names.values()]]
+
+
+def with_direct_effects(table: pd.DataFrame, calibration: CalibrationSection) -> pd.DataFrame:
+    """The head table with each head's direct effect (downstream frozen, as the calibration measured it;
+    NaN where the plan left direct effects out) and its 95% interval, ``direct_effect, direct_ci_low,
+    direct_ci_high``, right after the ablation (total) effect's columns and ``causal``."""
+    direct = calibration.frames["effects"][["layer", "head", "direct", "direct_ci_low", "direct_ci_high"]]
+    merged = table.merge(direct.rename(columns={"direct": "direct_effect"}).astype({"head": int}), on=["layer", "head"],
+                         how="left")
+    at = list(table.columns).index("causal") + 1
+    return merged[[*table.columns[:at], "direct_effect", "direct_ci_low", "direct_ci_high", *table.columns[at:]]]
 
 
 def role_rule(thresholds, fdr: float | None) -> str:
@@ -303,8 +345,9 @@ def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int
     return RoleControl(role, sorted(heads), sorted(left), found)
 
 
-def control_report_section(control: RoleControl) -> Section:
-    """The role heads against layer-matched random heads: the effects, the ratio and its interval."""
+def control_report_section(control: RoleControl, chosen: str) -> Section:
+    """The role heads against layer-matched random heads: the effects, the ratio and its interval;
+    ``chosen``: where the heads were chosen (``chosen_apart``)."""
     title = f"{control.role.replace('_', '-').capitalize()} heads vs layer-matched random heads"
     if control.found is None:
         return Section(title, control.why.capitalize() + ".")
@@ -316,8 +359,8 @@ def control_report_section(control: RoleControl) -> Section:
             "in each layer (and key/value group) and none of the tested heads, all in one batched sweep." + left
             + " Each interval is a 95% percentile bootstrap: the tested effect over prompts; the random mean and "
             "the ratio over prompts and draws together, the same resamples for both. p: (1 + the random sets whose "
-            "|effect| is at least the tested one's) / (1 + the random sets), each different set once. The heads "
-            "were chosen on all the probes, these included.\n\n- " + found.describe())
+            "|effect| is at least the tested one's) / (1 + the random sets), each different set once. " + chosen
+            + "\n\n- " + found.describe())
     return Section(title, text, figures=[ReportFigure("control", f"{title}: the tested effect against each random "
                                                       "set's", png_bytes(control_figure(found)))],
                    table=found.summary().drop(columns=["heads"]).round(4))
@@ -327,7 +370,8 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
     """The calibration section: null bands, backup groups, self-repair, dormant heads, similarity."""
     frames = calibration.frames
     groups = [f"- backup group {int(g.group)}: {g.heads.replace(';', ', ')} (single effects sum to "
-              f"{g.sum_single:.2f} nats, together {g.joint:.2f})" for g in frames["groups"].itertuples()]
+              f"{g.sum_single:.2f} nats, together {effect_text(g.joint, g.joint_ci_low, g.joint_ci_high, 2)})"
+              for g in frames["groups"].itertuples()]
     dormant = frames["dormant"][frames["dormant"]["dormant"]]
     dormant_line = ", ".join(f"L{int(r.layer)}H{int(r.head)}" for r in dormant.itertuples()) or "none"
     text = ("Each score against its nulls; heads that back each other up (ablated together they cost more than "
@@ -358,15 +402,17 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
     if dla:
         found = direct_logit_attribution(model, cache, answers, positions=positions)
         found = found[predictable.repeat(found["component"].nunique()).cpu().numpy()]
-        top = found.groupby("component")["dla"].mean().sort_values(ascending=False).head(5)
+        means = dla_intervals(found)
+        top = means.sort_values(["dla", "component"], ascending=[False, True]).head(5)
         figures.append(ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; "
-                                    "MLPs right)", png_bytes(dla_heatmap(found))))
+                                    "MLPs right; hatched: its 95% interval over the probes contains 0)",
+                                    png_bytes(dla_heatmap(means))))
         attribution += (
             " **Direct logit attribution**: each head's, MLP's and embedding's "
             "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
             "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
             f"logit{', before the final soft cap' if found['logits'].iloc[0] != 'as output' else ''}). The largest:\n\n"
-            + "\n".join(f"- {name}: {value:+.2f}" for name, value in top.items()))
+            + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in top.itertuples()))
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
     lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
     del cache
@@ -391,6 +437,18 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
                                 png_bytes(attention_vs_mlp_figure(effects)))] if direct else [])]
     columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
     return Section("Components", text, figures=figures, table=roles[columns].round(3))
+
+
+def dla_intervals(found: pd.DataFrame) -> pd.DataFrame:
+    """Each component's mean DLA over the (prompt, position) rows of a ``direct_logit_attribution``
+    frame, pooled over prompts, with its 95% percentile bootstrap interval over prompts
+    (``bootstrap_ratio``): one row per component, ``component, kind, layer, head, dla, ci_low, ci_high``,
+    as ``dla_heatmap`` reads them (it hatches the cells whose interval contains 0)."""
+    sums = found.groupby(["prompt", "component"])["dla"].sum().unstack("component")  # (prompts, components)
+    counts = found.groupby("prompt").size() / found["component"].nunique()  # each prompt's rows per component
+    mean, low, high = bootstrap_ratio(torch.tensor(sums.to_numpy()), torch.tensor(counts.loc[sums.index].to_numpy()))
+    parts = found.drop_duplicates("component").set_index("component").loc[sums.columns, ["kind", "layer", "head"]]
+    return parts.reset_index().assign(dla=mean.numpy(), ci_low=low.numpy(), ci_high=high.numpy())
 
 
 def component_effects(calibration: CalibrationSection) -> pd.DataFrame:
@@ -435,19 +493,23 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) ->
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
     explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), start_measure(table))
     probe_view, text_view = views
-    figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"], png_bytes(role_heatmaps(table, heatmap_columns(table)))),
+    intervals = {"ablation_effect": interval_columns("ablation_effect")}
+    figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"],
+                            png_bytes(role_heatmaps(table, heatmap_columns(table), intervals=intervals))),
                ReportFigure("top_heads", FIGURE_CAPTIONS["top_heads"], png_bytes(top_heads_figure(table, probe_view))),
                ReportFigure("layer_map", FIGURE_CAPTIONS["layer_map"], png_bytes(layer_map_figure(table, text_view)))]
     rolled = rollout_figure(attention_rollout(text_view.patterns), text_view.tokens)
     how = (rule + " Ablation effect: the rise in loss on the predictable second-copy tokens when the head's "
-           "output is replaced by its mean over the other probes at the same place in their structure; "
-           "'no causal effect' marks a role head whose ablation effect's 95% interval over the probes covers 0.")
+           "output is replaced by its mean over the other probes at the same place in their structure, printed "
+           "as 'effect [low, high]' with its 95% percentile bootstrap interval over the probes; 'no causal "
+           "effect' marks a role head whose interval contains 0 (not a cut-off on the effect's size).")
     return [
         Section("Heads", "Click a head in the grid to see its attention on a probe prompt and on the report's "
                 "text.", explorer_html(explorer, "click a head; the colour is the score chosen above")),
         Section("Roles", how + "\n\n" + "\n".join(role_summary(table))),
         Section("All heads", "Each score with its 95% bootstrap interval over prompts.",
-                head_table_html(table, measures, present_roles(table), "head-table"), table=markdown_frame(table)),
+                head_table_html(table, measures, present_roles(table), "head-table", extra=effect_columns(table)),
+                table=markdown_frame(table)),
         Section("Figures", figures=figures),
         Section("Attention rollout", ROLLOUT_NOTE,
                 figures=[ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], png_bytes(rolled))]),
@@ -512,23 +574,34 @@ def role_summary(table: pd.DataFrame) -> list[str]:
 def role_heads(table: pd.DataFrame, column: str, role: str) -> str:
     """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and ablation effect."""
     heads = table[table[column].str.split(";").apply(lambda roles: role in roles)]
-    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
-                     f"ablation {r.ablation_effect:+.3f} nats)" for r in heads.sort_values(role, ascending=False).itertuples())
+    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, ablation "
+                     f"{effect_text(r.ablation_effect, r.ablation_ci_low, r.ablation_ci_high)} nats"
+                     + (f", {r.causal}" if r.causal else "") + ")"
+                     for r in heads.sort_values(role, ascending=False).itertuples())
+
+
+def effect_columns(table: pd.DataFrame) -> list[str]:
+    """The head table's effects (each shown with its interval): the ablation effect, and the direct
+    effect where the table has it."""
+    return [column for column in ("ablation_effect", "direct_effect") if column in table.columns]
 
 
 def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The head table as report.md shows it: layer, head, role, the measures (and the copying scores),
-    the ablation effect."""
+    the effects as 'effect [low, high]' (``effect_text``)."""
     partial = ["partial_role"] if "partial_role" in table.columns else []
-    return table[["layer", "head", "role", *partial, *[m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns],
-                  "ablation_effect"]]
+    effects = {column: [effect_text(*values) for values in zip(table[column], *map(table.get, interval_columns(column)))]
+               for column in effect_columns(table)}
+    return table[["layer", "head", "role", *partial, *[m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]]
+                 ].assign(**effects)
 
 
 def report_title(report: HeadReport) -> tuple[str, str]:
     """(title, the provenance line under it)."""
     meta = report.meta
     subtitle = (f"family `{meta['family']}`, impl `{meta['impl']}`, weights `{meta['weights_hash']}`, "
-                f"{meta['prompts']} probe prompts of {meta['seq_len']} tokens, seed {meta['seed']}"
+                f"{meta['prompts']} probe prompts choosing the roles and {meta['intervention_prompts']} others "
+                f"measuring the effects, of {meta['seq_len']} tokens, seed {meta['seed']}"
                 + (f", {meta['texts']} texts" if meta["texts"] else "") + ".")
     return f"Head roles: {meta['model']}", subtitle
 

@@ -29,7 +29,7 @@ from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
 from analyses.core.probes import RepeatedProbes
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import FirstRows, Run
-from analyses.core.plots import new_figure
+from analyses.core.plots import effect_error_bars, new_figure
 from interp.errors import UserError
 from interp.memory import release_freed_memory
 
@@ -119,6 +119,22 @@ class FirstProbes:
         return cls(probes.first(n), run.first(n), first)
 
 
+def choosing_probes(probes: RepeatedProbes, run: Run, n: int | None) -> tuple[RepeatedProbes, Run]:
+    """The probes the roles are chosen on where the interventions run on the first ``n``: the others,
+    so every effect is measured on prompts that did not choose the heads (DESIGN 4.12), and a ``Run``
+    of them holding only their per-prompt pattern sums (``reduced["prompt_sums"]`` of ``run``, all that
+    classification and the role nulls read from it), nothing run again. ``n`` None: every probe, the
+    interventions' too (in-sample). Refused in one line where fewer than 2 probes are left (the role
+    nulls' t-test compares prompts)."""
+    if n is None:
+        return probes, run
+    if probes.n_prompts - n < 2:
+        raise UserError(f"intervention_prompts={n} leaves {max(probes.n_prompts - n, 0)} of the {probes.n_prompts} "
+                        "probes to choose the roles on; at least 2 are needed")
+    sums = {measure: numerators[n:] for measure, numerators in run.reduced["prompt_sums"].items()}
+    return probes.after(n), Run(run.model, run.tokens[n:], reduced={"prompt_sums": sums}, memory_mb=run.memory_mb)
+
+
 def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None = None, method: str = "mean_aligned",
                        null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                        pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
@@ -135,7 +151,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     ``calibration`` table holds every (head, role) test, the attention roles (``calibrate_roles``)
     and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
     (``joint_fdr``). intervention_prompts: the ablations (effects, backup, dormant, similarities)
-    run on the first this many probes (``FirstProbes``; None: all), the roles on every probe; each
+    run on the first this many probes (``FirstProbes``), the roles on the others (``choosing_probes``);
+    None: both on every probe; each
     step's budget is what the run's store leaves of ``memory_mb``. direct: False where the plan left
     the heads' direct effects out (``direct_effect_needs``): the totals alone, no self-repair figure.
     """
@@ -143,10 +160,11 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                                                 memory_mb=memory_mb)
     metric = metric if metric is not None else run.metric
     first = FirstProbes.of(probes, run, metric, intervention_prompts)
+    chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
     memory_mb = left_after(memory_mb, run.held_mb())  # the run's store stays taken
     steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
-    calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
-                                            memory_mb=memory_mb, progress=progress, run=run),
+    calibration = joint_fdr(calibrate_roles(model, chosen_on, seed=seed, null_seeds=null_seeds, fdr=fdr,
+                                            memory_mb=memory_mb, progress=progress, run=chosen_run),
                             meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
     release_freed_memory()  # the null models' memory, before the ablations
     steps.update()
@@ -251,9 +269,11 @@ def backup_figure(pairs: pd.DataFrame) -> Figure:
 
 
 def self_repair_figure(effects: pd.DataFrame) -> Figure:
-    """Direct vs total effect per head, coloured by layer, with the diagonal (no repair)."""
+    """Direct vs total effect per head, coloured by layer, each with its 95% interval as error bars
+    (``effect_error_bars``), with the diagonal (no repair)."""
     figure, (ax,) = _figure(5.5, 4.5)
-    sns.scatterplot(data=effects, x="direct", y="total", hue="layer", palette="viridis", ax=ax, s=25)
+    effect_error_bars(ax, effects, "direct", "total")
+    sns.scatterplot(data=effects, x="direct", y="total", hue="layer", palette="viridis", ax=ax, s=25, zorder=3)
     low = min(effects["direct"].min(), effects["total"].min())
     high = max(effects["direct"].max(), effects["total"].max())
     ax.plot([low, high], [low, high], color="0.5", linestyle="--", linewidth=1)

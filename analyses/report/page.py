@@ -105,13 +105,20 @@ def display_tokens(str_tokens: Sequence[str]) -> list[str]:
 def explorer_data(table: pd.DataFrame, measures: Sequence[str], bounded: Sequence[str],
                   views: Sequence[PatternView], start: tuple[int, int], colour: str) -> dict:
     """What the explorer script reads: the grid's values per measure ((layer, head) order; those
-    in ``bounded`` on a 0..1 scale, the others centred on zero), the heads' roles, the head shown
-    first, the measure the grid is coloured by first, and the encoded views."""
+    in ``bounded`` on a 0..1 scale, the others centred on zero), each measure's 95% interval where the
+    table has its ``interval_columns`` ([low, high] per head, shown beside the value), the heads' roles,
+    the head shown first, the measure the grid is coloured by first, and the encoded views."""
     table = table.sort_values(["layer", "head"])
     n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+
+    def rounded(values) -> list:
+        return [round(float(v), 4) if math.isfinite(v) else None for v in values]
+
     return {
         "n_layers": n_layers, "n_heads": n_heads, "measures": list(measures), "bounded": list(bounded),
-        "grid": {m: [round(float(v), 4) if math.isfinite(v) else None for v in table[m]] for m in measures},
+        "grid": {m: rounded(table[m]) for m in measures},
+        "intervals": {m: [list(pair) for pair in zip(*(rounded(table[c]) for c in interval_columns(m)))]
+                      for m in measures if set(interval_columns(m)) <= set(table.columns)},
         "roles": list(table["role"]) if "role" in table else [""] * len(table),
         "start": [int(start[0]), int(start[1])], "colour": colour,
         "views": [{"title": v.title, "tokens": v.tokens, "patterns": encode_patterns(v.patterns)} for v in views],
@@ -152,8 +159,9 @@ def head_table_html(table: pd.DataFrame, measures: Sequence[str], roles: Sequenc
                     extra: Sequence[str] = ("ablation_effect",)) -> str:
     """The per-head table: one column per measure showing ``score [ci_low, ci_high]`` (and the
     null band from ``{m}_null_low``/``{m}_null_high`` where the table has them), then the ``extra``
-    columns (signed, 3 decimals); sortable, with a filter on the ``role`` column (';'-joined
-    values among ``roles``); clicking a row shows that head."""
+    columns (signed, 3 decimals, with their interval where the table has its ``interval_columns``);
+    sortable, with a filter on the ``role`` column (';'-joined values among ``roles``); clicking a
+    row shows that head."""
     options = "".join(f'<option value="{html.escape(r)}">{html.escape(r)}</option>' for r in roles)
     extra = [c for c in extra if c in table.columns]
     header = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in ["layer", "head", "role", *measures, *extra])
@@ -164,7 +172,7 @@ def head_table_html(table: pd.DataFrame, measures: Sequence[str], roles: Sequenc
         shown = html.escape(role) + (f' <span class="hint">partial: {html.escape(partial)}</span>' if partial else "")
         cells = [f"<td>{layer}</td>", f"<td>{head}</td>", f'<td class="text">{shown}</td>']
         cells += [_score_cell(row, m) for m in measures]
-        cells += [f'<td data-sort="{row[c]:.6f}">{row[c]:+.3f}</td>' for c in extra]
+        cells += [_effect_cell(row, c) for c in extra]
         body.append(f'<tr data-head-name="L{layer}H{head}" data-layer="{layer}" data-head="{head}" '
                     f'data-roles="{html.escape(role)}">{"".join(cells)}</tr>')
     return (f'<div class="filter"><label>role <select data-filter-table="{table_id}"><option value="">all heads'
@@ -181,6 +189,30 @@ def _score_cell(row: pd.Series, measure: str) -> str:
         text += (f'<span class="null" title="null band">null [{row[f"{measure}_null_low"]:.2f}, '
                  f'{row[f"{measure}_null_high"]:.2f}]</span>')
     return f'<td data-sort="{row[measure]:.6f}">{text}</td>'
+
+
+def interval_columns(column: str) -> tuple[str, str]:
+    """The names of a column's 95% interval bounds: ``{m}_ci_low, {m}_ci_high`` for a measure ``m``, and
+    for an effect ``{kind}_effect`` those of its kind (``ablation_effect``: ``ablation_ci_low``, ...)."""
+    stem = column.removesuffix("_effect")
+    return f"{stem}_ci_low", f"{stem}_ci_high"
+
+
+def effect_text(value: float, low: float, high: float, digits: int = 3) -> str:
+    """An effect as the report prints it, ``+0.123 [+0.050, +0.200]`` (its 95% interval), or the value
+    and ``[no interval]`` where the interval is unknown (NaN: a first-order estimate, or a metric
+    without a per-prompt form)."""
+    interval = ("[no interval]" if math.isnan(low) or math.isnan(high) else
+                f"[{low:+.{digits}f}, {high:+.{digits}f}]")
+    return f"{value:+.{digits}f} {interval}"
+
+
+def _effect_cell(row: pd.Series, column: str) -> str:
+    low, high = interval_columns(column)
+    text = f"{row[column]:+.3f}"
+    if low in row and high in row:
+        text = effect_text(row[column], row[low], row[high]).replace(" ", ' <span class="interval">', 1) + "</span>"
+    return f'<td data-sort="{row[column]:.6f}">{text}</td>'
 
 
 def plain_table_html(table: pd.DataFrame) -> str:

@@ -88,6 +88,13 @@
     host.appendChild(strip);
   }
 
+  // a measure's 95% interval beside its value, where the page stores one (explorer_data's "intervals")
+  function interval(measure, index) {
+    const bounds = (data.intervals || {})[measure];
+    if (!bounds || bounds[index][0] === null || bounds[index][1] === null) return "";
+    return ` [${bounds[index][0].toFixed(2)}, ${bounds[index][1].toFixed(2)}]`;
+  }
+
   let drawn = 0;
   function showHead(layer, head) {
     const name = `L${layer}H${head}`, index = layer * data.n_heads + head;
@@ -95,7 +102,8 @@
     panel.dataset.head = name;
     document.getElementById("pattern-title").textContent = `${name}${data.roles[index] ? " \u2014 " + data.roles[index] : ""}`;
     document.getElementById("pattern-scores").textContent = data.measures
-      .map((m) => `${m.replace(/_/g, " ")} ${data.grid[m][index] === null ? "n/a" : data.grid[m][index].toFixed(2)}`)
+      .map((m) => `${m.replace(/_/g, " ")} ${data.grid[m][index] === null ? "n/a" : data.grid[m][index].toFixed(2)}`
+        + interval(m, index))
       .join(" \u00b7 ");
     grid.querySelectorAll("button.selected").forEach((b) => b.classList.remove("selected"));
     const button = grid.querySelector(`button[data-layer="${layer}"][data-head="${head}"]`);

@@ -1,0 +1,194 @@
+"""``interp report`` (issue 44): every effect it prints carries its 95% interval, and the heads are
+chosen on probes apart from those their effects are measured on.
+
+One report of the embedded toy model (module-scoped) serves every test; the probes each step was
+given are recorded as it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from matplotlib.collections import LineCollection
+from matplotlib.patches import Rectangle
+
+import analyses.report.build as build
+import analyses.report.calibration_figures as calibration_figures
+from analyses.core.probes import probes_for
+from analyses.core.metrics import loss_metric
+from analyses.report.build import build_report, write_report
+from analyses.roles.backup import direct_and_total_effects
+from analyses.roles.causal_check import ablation_effects
+from analyses.roles.classify import classify_heads
+from interp import load_model
+
+N_PROMPTS, INTERVENTION_PROMPTS, SEQ_LEN = 8, 6, 32
+
+
+@dataclass
+class Seen:
+    """What steps of the report were given and gave, by step: the tokens (batch, pos) of their
+    prompts, and what they returned (the figures)."""
+
+    tokens: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    returned: dict[str, list] = field(default_factory=dict)
+
+    def wrap(self, monkeypatch, module, name: str, argument: int | str | None = None) -> None:
+        original = getattr(module, name)
+
+        def recording(*args, **kwargs):
+            if argument is not None:
+                prompts = kwargs[argument] if isinstance(argument, str) else args[argument]
+                self.tokens.setdefault(name, []).append(getattr(prompts, "tokens", prompts).cpu())
+            result = original(*args, **kwargs)
+            self.returned.setdefault(name, []).append(result)
+            return result
+
+        monkeypatch.setattr(module, name, recording)
+
+
+@pytest.fixture(scope="module")
+def toy_report():
+    model = load_model("toy").eval()
+    seen = Seen()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        seen.wrap(monkeypatch, build, "classify_heads", "probes")
+        seen.wrap(monkeypatch, calibration_figures, "calibrate_roles", 1)
+        seen.wrap(monkeypatch, calibration_figures, "direct_and_total_effects", 1)
+        seen.wrap(monkeypatch, build, "control_effects", 1)
+        seen.wrap(monkeypatch, build, "role_heatmaps")
+        seen.wrap(monkeypatch, calibration_figures, "self_repair_figure")
+        report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
+                              intervention_prompts=INTERVENTION_PROMPTS, progress=False)
+    return model, report, seen
+
+
+def test_roles_are_chosen_on_probes_the_effects_are_not_measured_on(toy_report):
+    """Classification and the role nulls see the draw's last N_PROMPTS probes, every ablation (the
+    effects, the control) its first INTERVENTION_PROMPTS: no prompt in both (the old report chose on
+    every probe, these included), and meta.json says which rows are which."""
+    model, report, seen = toy_report
+    drawn = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0).tokens.cpu()
+    measured, chosen = drawn[:INTERVENTION_PROMPTS], drawn[INTERVENTION_PROMPTS:]
+    assert not (measured[:, None] == chosen[None]).all(-1).any()  # no prompt of one set is in the other
+    for step in ("classify_heads", "calibrate_roles"):
+        assert [tokens.shape for tokens in seen.tokens[step]] == [chosen.shape] and torch.equal(seen.tokens[step][0], chosen)
+    for step in ("direct_and_total_effects", "control_effects"):
+        assert all(torch.equal(tokens, measured) for tokens in seen.tokens[step]), step
+    split = report.meta["probe_split"]
+    assert split["measurement"] == [0, INTERVENTION_PROMPTS] and split["disjoint"] is True
+    assert split["selection"] == [INTERVENTION_PROMPTS, INTERVENTION_PROMPTS + N_PROMPTS]
+    assert split["probes_drawn"] == INTERVENTION_PROMPTS + N_PROMPTS and split["seed"] == 0
+    assert report.meta["prompts"] == N_PROMPTS and report.meta["intervention_prompts"] == INTERVENTION_PROMPTS
+
+
+def test_the_role_scores_are_those_of_the_choosing_probes_alone(toy_report):
+    """The head table's scores are read from the shared forward's pattern sums of the choosing rows:
+    equal to classifying those probes alone in a forward of their own."""
+    model, report, _ = toy_report
+    alone = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0).after(INTERVENTION_PROMPTS)
+    scores = classify_heads(model, probes=alone, seed=0, progress=False)
+    induction = scores[scores["measure"] == "induction"].merge(report.table, on=["layer", "head"])
+    torch.testing.assert_close(torch.tensor(induction["score"].to_numpy()), torch.tensor(induction["induction"].to_numpy()),
+                               rtol=0, atol=1e-5)
+
+
+def test_the_page_says_the_effects_were_measured_apart(toy_report):
+    _, report, _ = toy_report
+    roles = next(s for s in report.sections if s.title == "Roles").text
+    control = next(s for s in report.sections if s.title.endswith("vs layer-matched random heads")).text
+    for text in (roles, control):
+        assert "measured on prompts that did not choose the heads" in text
+        assert f"the {INTERVENTION_PROMPTS} intervention probes" in text and f"the other {N_PROMPTS} probes" in text
+    assert "these included" not in control
+
+
+def measured_probes(model):
+    return probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0).first(INTERVENTION_PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def written(toy_report, tmp_path_factory):
+    _, report, _ = toy_report
+    return write_report(report, tmp_path_factory.mktemp("toy_report"))
+
+
+def test_head_roles_csv_carries_each_effects_interval_from_the_intervention_probes(toy_report, written):
+    """head_roles.csv's ablation effect and interval are ``ablation_effects``' (the causal check's own
+    sweep) on the intervention probes, and its direct effect and interval ``direct_and_total_effects``'
+    there (the old CSV had no direct effect, and measured on probes that also chose the roles)."""
+    model, _, _ = toy_report
+    table = pd.read_csv(written / "head_roles.csv", keep_default_na=False)
+    probes = measured_probes(model)
+    alone = ablation_effects(model, probes, progress=False).merge(table, on=["layer", "head"], suffixes=("", "_csv"))
+    assert len(alone) == model.cfg.n_layers * model.cfg.n_heads
+    for column in ("ablation_effect", "ablation_ci_low", "ablation_ci_high"):
+        assert alone[f"{column}_csv"].to_numpy() == pytest.approx(alone[column].to_numpy(), abs=2e-6), column
+    assert (alone["ablation_n_prompts_csv"] == alone["ablation_n_prompts"]).all()
+    effects = direct_and_total_effects(model, probes, None, "mean_aligned", loss_metric(probes.tokens, probes.predictable),
+                                       progress=False)
+    direct = effects.astype({"head": int}).merge(table, on=["layer", "head"])
+    for ours, theirs in (("direct_effect", "direct"), ("direct_ci_low", "direct_ci_low_x"),
+                         ("direct_ci_high", "direct_ci_high_x")):
+        assert direct[ours if ours == "direct_effect" else ours + "_y"].to_numpy() == pytest.approx(
+            direct[theirs].to_numpy(), abs=2e-6), ours
+
+
+def effect(row) -> str:
+    """An effect and its interval as the report should print it, formatted here by hand."""
+    return f"{row.ablation_effect:+.3f} [{row.ablation_ci_low:+.3f}, {row.ablation_ci_high:+.3f}]"
+
+
+def test_report_md_and_the_page_print_each_role_heads_effect_with_its_interval(toy_report, written):
+    _, report, _ = toy_report
+    table = report.table
+    markdown, page = (written / "report.md").read_text(), (written / "index.html").read_text()
+    induction = table[table["role"].str.split(";").apply(lambda roles: "induction" in roles)]
+    assert len(induction) >= 1
+    line = next(line for line in markdown.splitlines() if line.startswith("- **induction**:"))
+    for row in induction.itertuples():
+        assert f"L{row.layer}H{row.head} (score {row.induction:.2f}, ablation {effect(row)} nats" in line
+        # the page's head table: the effect, then its interval
+        low_high = effect(row).split(" ", 1)[1]
+        assert f'data-sort="{row.ablation_effect:.6f}">{row.ablation_effect:+.3f} <span class="interval">{low_high}</span>' in page
+        assert f" | {effect(row)} | " in markdown  # report.md's head table
+    covered = table[(table["ablation_ci_low"] <= 0) & (table["ablation_ci_high"] >= 0)]
+    for row in covered[covered["role"] != ""].itertuples():
+        assert f"ablation {effect(row)} nats, no causal effect)" in markdown
+
+
+def test_the_role_heatmap_hatches_exactly_the_cells_whose_interval_contains_0(toy_report):
+    """The ablation-effect panel of the role heatmaps: a hatched rectangle over (head, layer) exactly
+    where the table's interval contains 0 (worked out here from the bounds); none on the score panels."""
+    _, report, seen = toy_report
+    (figure,) = seen.returned["role_heatmaps"]
+    table = report.table
+    expected = {(int(r.head), int(r.layer)) for r in table.itertuples() if r.ablation_ci_low <= 0 <= r.ablation_ci_high}
+    assert expected and len(expected) < len(table)  # the toy has both kinds of head
+    hatched = {}
+    for ax in figure.axes:
+        cells = {(int(p.get_x()), int(p.get_y())) for p in ax.patches if isinstance(p, Rectangle) and p.get_hatch()}
+        hatched[ax.get_title().split("\n")[0]] = cells
+    assert hatched.pop("ablation effect") == expected
+    assert not any(hatched.values())
+
+
+def test_the_self_repair_figure_draws_each_effects_interval(toy_report):
+    """Error bars: a vertical segment from each head's total effect's ci_low to ci_high at its direct
+    effect, a horizontal one for the direct effect's interval."""
+    model, _, seen = toy_report
+    (figure,) = seen.returned["self_repair_figure"]
+    probes = measured_probes(model)
+    effects = direct_and_total_effects(model, probes, None, "mean_aligned", loss_metric(probes.tokens, probes.predictable),
+                                       progress=False)
+    effects = effects[effects["kind"] == "head"]
+    segments = [np.array(c.get_segments()) for c in figure.axes[0].collections if isinstance(c, LineCollection)]
+    vertical = next(s for s in segments if np.allclose(s[:, 0, 0], s[:, 1, 0]))
+    horizontal = next(s for s in segments if np.allclose(s[:, 0, 1], s[:, 1, 1]))
+    assert vertical[:, 0, 0] == pytest.approx(effects["direct"].to_numpy(), abs=2e-6)
+    assert vertical[:, :, 1] == pytest.approx(effects[["total_ci_low", "total_ci_high"]].to_numpy(), abs=2e-6)
+    assert horizontal[:, 0, 1] == pytest.approx(effects["total"].to_numpy(), abs=2e-6)
+    assert horizontal[:, :, 0] == pytest.approx(effects[["direct_ci_low", "direct_ci_high"]].to_numpy(), abs=2e-6)
