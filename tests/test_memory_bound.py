@@ -53,6 +53,7 @@ MEASURE = textwrap.dedent("""
     from analyses.roles.dormant import dormant_heads
     from analyses.roles.backup import backup_report, direct_and_total_effects
     from analyses.components.decompose import logit_lens
+    from analyses.components.meaning import meaning_nulls, ov_top_k
 
     shape = json.loads(sys.argv[1])
     torch.manual_seed(0)
@@ -92,6 +93,8 @@ MEASURE = textwrap.dedent("""
                                                                   memory_mb=budget, progress=False),
         "logit_lens": lambda metric: logit_lens(model, clean, clean[:, 1:], positions=range(clean.shape[1] - 1),
                                                 memory_mb=budget),
+        "ov_top_k": lambda metric: ov_top_k(model, n_tokens=256, progress=False, memory_mb=budget),
+        "meaning_nulls": lambda metric: meaning_nulls(model, (1, 2), memory_mb=budget),
     }
 
     def status(key):
@@ -227,6 +230,16 @@ def test_growth_stays_within_the_budget(growth, analysis, metric):
     assert not isinstance(grown, str), grown
     allowed = BUDGET_MB * SLACK + (growth["weights_mb"] if analysis in WEIGHTS_ALSO else 0)
     assert grown <= allowed, f"{analysis} ({metric}) grew {grown:.0f} MB, allowed {allowed:.0f} MB at {BUDGET_MB} MB"
+
+
+def test_ov_circuits_stay_within_the_budget():
+    """The OV circuits' top-k shares and their random-init nulls' eigenvalues at the 64 MB budget, on
+    one layer: one head's readout ``W_O W_U`` (d_head 128 x 128,256 tokens) is 63 MB, so it is made a
+    block of vocabulary columns at a time (it was made whole, and concatenated from pieces: ~130 MB)."""
+    growth = measure([("ov_top_k", "loss"), ("meaning_nulls", "loss")], layers=1)
+    for case, allowed in (("ov_top_k/loss", BUDGET_MB * SLACK), ("meaning_nulls/loss", BUDGET_MB * SLACK + growth["weights_mb"])):
+        assert not isinstance(growth[case], str), growth[case]
+        assert growth[case] <= allowed, f"{case} grew {growth[case]:.0f} MB, allowed {allowed:.0f} MB at {BUDGET_MB} MB"
 
 
 @pytest.mark.parametrize("steps", [None, 2])

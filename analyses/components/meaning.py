@@ -105,36 +105,55 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     entry of their row of ``W_E W_V W_O W_U`` is among the row's ``k`` largest / ``k`` smallest.
 
     Each row is ``(W_E[t] W_V) (W_O W_U)``, the product of two d_head-wide factors (float32), so a head
-    costs n_tokens x d_head x vocab, not x d_model; ``W_O W_U`` (d_head, vocab) is made for a group of
-    heads at a time and the rows for a chunk of tokens at a time, each within half of ``memory_mb``."""
+    costs n_tokens x d_head x vocab, not x d_model. Within ``memory_mb``: half holds the left factors
+    and a block of vocabulary columns of ``W_O W_U`` (d_head, columns) for a group of heads (a whole
+    vocabulary per head where it fits, else a block at a time: Gemma 3's 262,144 tokens make one
+    head's 256 MB), a quarter the float32 columns of ``W_U`` being multiplied, a quarter the rows of a
+    chunk of tokens. A token's own entry is its left factor dotted with its own column of the readout,
+    and each block counts the other columns above and below it."""
     W_E, W_U = _embed_unembed(model)
     d_model, n_vocab = W_U.shape
     if not 1 <= k <= n_vocab:
         raise UserError(f"k={k} must be in [1, {n_vocab}]")
     tokens = _token_sample(W_E.shape[0], n_tokens, seed).to(W_E.device)
+    sampled = len(tokens)
     W_O = model.W_O.detach()  # (layer, head, d_head, d_model)
     n_layers, n_heads, d_head = W_O.shape[:3]
     W_V = expand_kv_heads(model.W_V.detach(), n_heads)
-    left = einops.einsum(W_E[tokens].float(), W_V.float(), "t m, l h m d -> l h t d")  # (layer, head, n_tokens, d_head)
-    half = memory_mb * 2**20 / 2
-    group = max(1, int(half // (4 * d_head * n_vocab)))  # heads whose W_O W_U are held at once
-    step = max(1, int(half // (4 * d_model)))  # vocabulary columns of W_U made float32 at once
-    chunk = max(1, int(min(half, CACHED_ROWS_MB * 2**20) // (6 * n_vocab)))  # tokens whose rows (and comparisons) are held at once
+    embedded, own_columns = W_E[tokens].float(), W_U[:, tokens].float()  # (n_tokens, d_model), (d_model, n_tokens)
+    half, quarter = memory_mb * 2**20 / 2, memory_mb * 2**20 / 4
+    group = max(1, int(half // (4 * d_head * (n_vocab + sampled))))  # heads whose factors are held at once
+    width = min(n_vocab, max(1, int(half // (4 * d_head * group)) - sampled))  # vocabulary columns of a block
+    step = max(1, int(quarter // (4 * (d_model + group * d_head))))  # columns of W_U made float32 at once
+    chunk = max(1, int(min(quarter, CACHED_ROWS_MB * 2**20) // (6 * width)))  # tokens whose rows (and comparisons) are held at once
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     top, bottom = (torch.zeros(n_layers, n_heads, device=W_E.device) for _ in range(2))
     for first in progress_bar(range(0, len(heads), group), progress=progress, desc="OV circuits", unit="head group"):
         members = heads[first:first + group]
         out = torch.stack([W_O[layer, head] for layer, head in members]).float()  # (group, d_head, d_model)
-        right = torch.cat([out @ W_U[:, start:start + step].float() for start in range(0, n_vocab, step)], -1)
-        for (layer, head), readout in zip(members, right):  # readout: (d_head, vocab)
-            above, below = [], []
-            for start in range(0, len(tokens), chunk):
-                rows = left[layer, head, start:start + chunk] @ readout  # (chunk, vocab)
-                own = rows.gather(1, tokens[start:start + chunk, None])
-                above.append((rows > own).sum(1))
-                below.append((rows < own).sum(1))
-            top[layer, head] = (torch.cat(above) < k).float().mean()
-            bottom[layer, head] = (torch.cat(below) < k).float().mean()
+        left = torch.stack([embedded @ W_V[layer, head].float() for layer, head in members])  # (group, n_tokens, d_head)
+        own = einops.einsum(left, out @ own_columns, "g t d, g d t -> g t")  # each token's own entry
+        above, below = (torch.zeros(len(members), sampled, dtype=torch.long, device=W_E.device) for _ in range(2))
+        for start in range(0, n_vocab, width):
+            stop = min(start + width, n_vocab)
+            readout = torch.empty(len(members), d_head, stop - start, device=W_E.device)  # (group, d_head, columns)
+            for begin in range(start, stop, step):
+                end = min(begin + step, stop)
+                readout[..., begin - start:end - start] = out @ W_U[:, begin:end].float()
+            for member in range(len(members)):
+                for lo in range(0, sampled, chunk):
+                    hi = min(lo + chunk, sampled)
+                    rows = left[member, lo:hi] @ readout[member]  # (chunk, columns)
+                    mine = own[member, lo:hi, None]
+                    greater, less = rows > mine, rows < mine
+                    here = ((tokens[lo:hi] >= start) & (tokens[lo:hi] < stop)).nonzero()[:, 0]
+                    greater[here, tokens[lo:hi][here] - start] = False  # a token's own column is not another's
+                    less[here, tokens[lo:hi][here] - start] = False
+                    above[member, lo:hi] += greater.sum(1)
+                    below[member, lo:hi] += less.sum(1)
+        for member, (layer, head) in enumerate(members):
+            top[layer, head] = (above[member] < k).float().mean()
+            bottom[layer, head] = (below[member] < k).float().mean()
     return top, bottom
 
 
