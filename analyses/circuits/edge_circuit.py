@@ -173,6 +173,6 @@ def faithfulness_intervals(scores: PromptScores, n_sizes: int, n_batch: int) -> 
     numerators = scores.numerators.cpu().double()[:, counted]  # (circuits, n)
     full, empty = numerators[0], numerators[1]
     _, low, high = bootstrap_ratio((numerators[2:] - empty).T, full - empty)  # (n, 2 * n_sizes) over (n,)
-    return {"faithfulness_ci_low": low[0::2].numpy(), "faithfulness_ci_high": high[0::2].numpy(),
-            "complement_ci_low": low[1::2].numpy(), "complement_ci_high": high[1::2].numpy(),
+    return {"faithfulness_ci_low": low[0::2].cpu().numpy(), "faithfulness_ci_high": high[0::2].cpu().numpy(),
+            "complement_ci_low": low[1::2].cpu().numpy(), "complement_ci_high": high[1::2].cpu().numpy(),
             "n_prompts": int(counted.sum())}

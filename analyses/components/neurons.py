@@ -115,7 +115,7 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
         "layer": layer, "neuron": order.cpu().numpy(),
         "activation": activation.float().mean(dim=(0, 1))[order.to(activation.device)].cpu().numpy(),
         "attribution": attribution[order].cpu().numpy(), "effect": effect[order].cpu().numpy(),
-        "ci_low": low[order].numpy(), "ci_high": high[order].numpy(), "n_prompts": n_prompts, "baseline": baseline,
+        "ci_low": low[order].cpu().numpy(), "ci_high": high[order].cpu().numpy(), "n_prompts": n_prompts, "baseline": baseline,
     })
 
 

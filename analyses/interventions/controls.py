@@ -231,8 +231,8 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
                           "draw": pd.array([None, *range(len(sets))], dtype="Int64"),
                           "heads": ["+".join(map(component_label, group)) for group in [heads, *sets]],
                           "metric": scores.values.cpu().numpy(), "baseline": ablation.baseline,
-                          "effect": effects.numpy()})
-    frame = frame.assign(**dict(zip(EFFECT_COLUMNS, (low.numpy(), high.numpy(), n_prompts))))
+                          "effect": effects.cpu().numpy()})
+    frame = frame.assign(**dict(zip(EFFECT_COLUMNS, (low.cpu().numpy(), high.cpu().numpy(), n_prompts))))
     random_effect = float(effects[1:].mean())
     distinct = torch.tensor(frame.drop_duplicates("heads").index[1:].to_numpy())  # each different random set once
     p_value = (1 + int((effects[distinct].abs() >= effects[0].abs()).sum())) / (1 + len(distinct))

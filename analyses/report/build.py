@@ -448,7 +448,7 @@ def dla_intervals(found: pd.DataFrame) -> pd.DataFrame:
     counts = found.groupby("prompt").size() / found["component"].nunique()  # each prompt's rows per component
     mean, low, high = bootstrap_ratio(torch.tensor(sums.to_numpy()), torch.tensor(counts.loc[sums.index].to_numpy()))
     parts = found.drop_duplicates("component").set_index("component").loc[sums.columns, ["kind", "layer", "head"]]
-    return parts.reset_index().assign(dla=mean.numpy(), ci_low=low.numpy(), ci_high=high.numpy())
+    return parts.reset_index().assign(dla=mean.cpu().numpy(), ci_low=low.cpu().numpy(), ci_high=high.cpu().numpy())
 
 
 def component_effects(calibration: CalibrationSection) -> pd.DataFrame:

@@ -373,7 +373,7 @@ def measured_heads(contrast: Contrast, chosen: dict[str, list[tuple[int, int]]],
                           "chosen_by": ["+".join(reasons[head]) for head in heads],
                           "metric": scores.values.cpu().double().numpy(), "baseline": contrast.baseline})
     frame["effect"] = frame["metric"] - frame["baseline"]
-    frame["ci_low"], frame["ci_high"], frame["n_prompts"] = low.numpy(), high.numpy(), n_prompts
+    frame["ci_low"], frame["ci_high"], frame["n_prompts"] = low.cpu().numpy(), high.cpu().numpy(), n_prompts
     if dla is not None:
         rows = dla[dla["kind"] == "head"].astype({"layer": int, "head": int}).set_index(["layer", "head"])
         keys = pd.MultiIndex.from_arrays([frame["layer"], frame["head"]])

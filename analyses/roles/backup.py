@@ -117,7 +117,7 @@ def excess_intervals(ablation: Ablation, scores: PromptScores, alone: list, pair
     numerator minus its single ones plus the baseline's -> (ci_low, ci_high) numpy arrays (len(pairs),);
     NaN where a head's single effect came in ``known`` (no per-prompt numerators) or the metric has
     no per-prompt form. ``scores``: the singles ``alone`` then the ``pairs``, as ``pairwise_ablation`` ablates them."""
-    nan = torch.full((len(pairs),), float("nan"), dtype=torch.float64).numpy()
+    nan = torch.full((len(pairs),), float("nan"), dtype=torch.float64).cpu().numpy()
     baseline = ablation.baseline_scores()
     if known or scores.numerators is None or baseline.numerators is None:
         return nan, nan.copy()
