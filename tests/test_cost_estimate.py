@@ -56,9 +56,10 @@ def test_each_step_estimate_matches_the_counted_forwards(make, monkeypatch, caps
         assert record["actual_s"] > 0, step
     assert counter.fe["calibration"] > 0 and cost["probe run"]["estimated_fe"] == 1.0
     lines = capsys.readouterr().err.splitlines()
-    first_step = next(i for i, line in enumerate(lines) if line.startswith("report: probe run"))
+    probe_run = next(i for i, line in enumerate(lines) if line.startswith("report: probe run"))
+    first_sweep = next(i for i, line in enumerate(lines) if line.startswith("report: classification"))
     estimate = next(i for i, line in enumerate(lines) if line.startswith("report cost estimate:"))
-    assert estimate < first_step
+    assert probe_run < estimate < first_sweep  # timed by the probe run, said before the first sweep
 
 
 def test_quiet_report_prints_no_estimate(capsys):

@@ -17,7 +17,7 @@ from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import path_patch, path_reads
 from analyses.interventions.patching import component_patches, mlp_out_names, patch_heads, patch_mlps, prepare
 from analyses.core.probes import corrupt_first_copy, probes_for
-from analyses.report.build import build_report
+from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, build_report
 from analyses.interventions.run import FirstRows, Options, Run
 from interp import load_model
 from interp.errors import UserError
@@ -38,14 +38,16 @@ def test_report_runs_the_probe_batch_once(toy):
     subset or chunk of the probes counts its share): the report's steps, the components section's 16
     prompts included, all read one ``Run``, so the probe batch goes through the model once."""
     n_prompts, seq_len = 20, 24
-    batch = probes_for(toy, n_prompts, seq_len, seed=0).tokens
+    # one draw: the intervention probes first, then the n_prompts that choose the roles
+    drawn = DEFAULT_INTERVENTION_PROMPTS + n_prompts
+    batch = probes_for(toy, drawn, seq_len, seed=0).tokens
     probe_rows = {tuple(row.tolist()) for row in batch}
     passes = []
 
     def count(module, args):
         tokens = args[0]
         if tokens.dim() == 2:
-            passes.append(sum(tuple(row.tolist()) in probe_rows for row in tokens) / n_prompts)
+            passes.append(sum(tuple(row.tolist()) in probe_rows for row in tokens) / drawn)
 
     handle = toy.embed.register_forward_pre_hook(count)
     try:

@@ -9,9 +9,9 @@ the benchmark), nor the unembedding.
 
 Each command's steps get their FE from their shapes (the report's in ``analyses.report.plan``, a
 task's in ``analyses.report.task_page``); the seconds are FE x the seconds of one FE on this machine,
-timed by one forward of the rows the interventions run on (``seconds_per_fe``: the blocks only,
-stopping before the unembedding, so the estimate leaves out the unembedding's share, the metric's
-readouts and any backward). ``CostEstimate`` holds both, prints them as one line per step, and
+timed by the command's own first forward of its whole batch (``CostEstimate.timed_by``: the report's
+probe run, 1 FE with its caches and the metric's readout, so the timing adds no forward; the
+estimate then leaves out the unembedding's share in later steps beyond that run's, and any backward). ``CostEstimate`` holds both, prints them as one line per step, and
 with each step's measured seconds (``StepClock``) is the record ``meta.json`` keeps.
 """
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 from analyses.interventions.engine import runs_suffix_only
 
@@ -57,18 +55,6 @@ def suffix_fe(model, layer: int, after_attention: bool = False) -> float:
     return (first + n_layers - 1 - layer) / n_layers
 
 
-def seconds_per_fe(model, tokens: torch.Tensor, batch_rows: int) -> float:
-    """Seconds of one FE on this machine: one forward of ``tokens`` (prompts, pos) through every
-    block (``stop_at_layer``: no unembedding), after a one-prompt warm-up, scaled from its rows to
-    ``batch_rows`` (the rows of one FE)."""
-    with torch.no_grad():
-        model(tokens[:1], stop_at_layer=model.cfg.n_layers)[0, 0, 0].item()  # lazy setup off the clock
-        start = time.perf_counter()
-        model(tokens, stop_at_layer=model.cfg.n_layers)[0, 0, 0].item()  # .item(): the device has finished
-        seconds = time.perf_counter() - start
-    return seconds * batch_rows / tokens.numel()
-
-
 @dataclass
 class CostEstimate:
     """Every step's ``StepCost`` (in the order the steps run; None for a step whose work follows
@@ -101,8 +87,12 @@ class CostEstimate:
         head = (f"{what} cost estimate: {'at most ' if bounded else ''}{total:.1f} forward-equivalents "
                 f"x {self.seconds_per_fe:.3g} s = {'<= ' if bounded else '~'}{_clock(total * self.seconds_per_fe)} "
                 "on this machine" + (" and the steps costed when they begin" if len(known) < len(self.steps) else "")
-                + " (one timed forward of the blocks; the unembedding, the metric and any backward are left out)")
+                + " (timed by the probe run; any backward is left out)")
         return [head] + [self.step_line(name, cost) for name, cost in self.steps.items()]
+
+    def timed_by(self, seconds: float, fe: float = 1.0) -> None:
+        """The seconds of one FE, from a run of ``fe`` forward-equivalents that took ``seconds``."""
+        self.seconds_per_fe = seconds / fe
 
     def show(self, what: str, progress: bool | None) -> None:
         """Print ``lines`` on stderr, unless ``progress`` is False (``--quiet``)."""

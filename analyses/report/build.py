@@ -19,6 +19,7 @@ Same model, prompts and seed -> the same bytes. Every file is written atomically
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -56,7 +57,7 @@ from analyses.interventions.attribution import Screen
 from analyses.interventions.controls import ControlEffects, control_effects, control_figure
 from analyses.interventions.run import Run
 from analyses.core.tokens import encode, leading_tokens
-from analyses.interventions.cost import CostEstimate, StepClock, seconds_per_fe
+from analyses.interventions.cost import CostEstimate, StepClock
 from interp.memory import release_freed_memory
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -124,7 +125,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     meta.json (``left_out``) say which and why; a model whose head ablations cannot run is refused
     in one line.
 
-    Before the first sweep the report prints on stderr (unless ``progress`` is False) what each step
+    After the probe run, before the first sweep, the report prints on stderr (unless ``progress`` is False) what each step
     will cost in forward-equivalents and seconds on this machine (``report_cost``); meta.json's
     ``cost`` keeps that estimate and each step's measured seconds."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
@@ -135,11 +136,13 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
     probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
     shape, estimate = report_cost(model, probes, left, texts, intervention_prompts)
-    estimate.show("report", progress)
     steps = ReportSteps(progress, StepClock(estimate))
     steps.begin("probe run")  # the probes' one forward, which every step below reads
+    started = time.perf_counter()
     run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=intervention_prompts,
                     memory_mb=memory_mb, progress=progress)
+    estimate.timed_by(time.perf_counter() - started)  # the probe run is one FE: the clock for every step's estimate
+    estimate.show("report", progress)
     first = FirstProbes.of(probes, run, run.metric, intervention_prompts)
     chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
     step_mb = left_after(memory_mb, run.held_mb())
@@ -230,7 +233,7 @@ def report_plan(model) -> dict[str, str]:
 def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequence[str] | None,
                 intervention_prompts: int) -> tuple[ReportShape, CostEstimate]:
     """The report's shape (``analyses.report.plan.ReportShape``) and its cost estimate
-    (``report_estimate`` over ``ReportSteps.STEPS``), timed by one forward of the intervention probes."""
+    (``report_estimate`` over ``ReportSteps.STEPS``), its clock set by the probe run (``CostEstimate.timed_by``)."""
     first = min(intervention_prompts, probes.n_prompts)
     view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
@@ -238,8 +241,7 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     shape = ReportShape(model, probes.tokens.numel(), share, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
                         encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
                         DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
-    timed = seconds_per_fe(model, probes.tokens[:first], probes.tokens.numel())
-    return shape, report_estimate(shape, ReportSteps.STEPS, timed)
+    return shape, report_estimate(shape, ReportSteps.STEPS, float("nan"))
 
 
 def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
