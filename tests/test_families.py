@@ -374,12 +374,14 @@ def test_probes_hold_only_ordinary_tokens(family, impl, family_dir, loaded):
     assert START_TOKEN[family] == tokenizer.convert_tokens_to_ids(specials.bos or specials.eos)
     probes = probes_for(model, 8, 32, seed=0)
     corrupted = corrupt_first_copy(probes, seed=1)
+    start = int(model.cfg.default_prepend_bos)  # the start token where the tokenizer adds one (not Qwen2's)
+    assert start == (family != "qwen2")
     for tokens in (probes.tokens, corrupted):
-        assert (tokens[:, 0] == START_TOKEN[family]).all()
-        body = set(tokens[:, 1:].flatten().tolist())
+        assert (tokens[:, :start] == START_TOKEN[family]).all()
+        body = set(tokens[:, start:].flatten().tolist())
         assert body <= ordinary, f"non-ordinary ids {sorted(body - ordinary)}"
     changed = probes.tokens != corrupted
-    assert changed.any() and not changed[:, 0].any()
+    assert changed.any() and not changed[:, :start].any()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,9 +420,11 @@ def test_ragged_text_batch_scores_equal_each_text_alone(family, impl, sharp, sha
     model = sharp(family, impl)
     texts = ["the cat sat on the mat and the cat sat on the mat again", "a b a", "hello world, hello",
              "x" * 3 + " yz" * 12]
-    # the analyses' rule (analyses/core/tokens.py): the start token, then the text without special tokens
+    # the analyses' rule (analyses/core/tokens.py): the start token where the tokenizer adds one, then the
+    # text without special tokens
     tokenizer = AutoTokenizer.from_pretrained(sharp_dir(family))
-    prompts = [[START_TOKEN[family], *tokenizer.encode(text, add_special_tokens=False)] for text in texts]
+    start = [START_TOKEN[family]] if model.cfg.default_prepend_bos else []
+    prompts = [[*start, *tokenizer.encode(text, add_special_tokens=False)] for text in texts]
     assert len({len(ids) for ids in prompts}) == len(texts)  # really ragged
     scores = classify_heads(model, texts=texts, n_boot=10, progress=False)
     expected = scores_alone(model, prompts)
