@@ -271,8 +271,10 @@ def test_a_mechanism_spread_over_several_heads_shows_as_partial_roles():
     [line] = [line for line in role_summary(table.reset_index()) if line.startswith("- **previous_token**")]
     strong, partial = line.split("; partial")
     assert "L0H0" in strong and all(f"L0H{h}" not in strong for h in (1, 2, 3))
-    assert all(f"L0H{h} (score {previous[(0, h)]:.2f}, ablation {table.loc[(0, h), 'ablation_effect']:+.3f} nats)"
-               in partial for h in (1, 2, 3))
+    row = lambda h: table.loc[(0, h)]
+    assert all(f"L0H{h} (score {previous[(0, h)]:.2f}, ablation {row(h)['ablation_effect']:+.3f} "
+               f"[{row(h)['ablation_ci_low']:+.3f}, {row(h)['ablation_ci_high']:+.3f}] nats)" in partial
+               for h in (1, 2, 3))  # each effect with its 95% interval
     page = head_table_html(table.reset_index(), ["previous_token"], ["previous_token"], "t")
     assert page.count("partial: previous_token") == 3
     fixed = head_table(scores, thresholds=0.4)  # the fixed rule has no nulls, so no partial roles
