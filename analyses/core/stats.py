@@ -7,9 +7,9 @@ Its interval is a seeded percentile bootstrap over prompts (Efron's percentile i
 what TransformerLens's peers do not print and what Wang et al. 2022 report): prompts are drawn with
 replacement, the pooled mean recomputed, and the 2.5% and 97.5% quantiles of the resamples kept.
 
-``bootstrap_ratio`` is the one resampler; ``effect_columns`` names the columns it fills in a frame;
-``ratio_to_control`` bootstraps the ratio of a tested effect to a control's mean effect over the
-same prompts (paired), for "these heads matter N times as much as random heads".
+``bootstrap_ratio`` is the one resampler; ``EFFECT_COLUMNS`` names the columns it fills in a frame;
+``control_intervals`` bootstraps a control's mean effect and the ratio of a tested effect to it over
+the same prompts (paired), for "these heads matter N times as much as random heads".
 """
 
 from __future__ import annotations
@@ -56,23 +56,26 @@ def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BO
     return estimate.reshape(shape), low.reshape(shape), high.reshape(shape)
 
 
-def ratio_to_control(tested: torch.Tensor, control: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0,
-                     level: float = LEVEL) -> tuple[float, float, float]:
-    """How many times the control's mean effect the tested effect is, with a paired bootstrap.
+def control_intervals(tested: torch.Tensor, control: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BOOT,
+                      seed: int = 0, level: float = LEVEL) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The 95% intervals of a control's mean effect and of the ratio tested / control, one paired bootstrap.
 
-    tested: (batch,) the tested set's per-prompt effect; control: (batch, draws) each random draw's
-    per-prompt effect on the same prompts. Resampled over prompts (both together) and over draws,
-    so the interval carries both sources of noise. Returns (ratio, ci_low, ci_high); the ratio is
-    mean(tested) / mean(control), infinite or undefined (nan) where the control's mean is 0.
+    tested: (batch,) the tested set's per-prompt effect numerators; control: (batch, draws) each random
+    draw's on the same prompts; counts: (batch,) each prompt's denominator. Each resample draws prompts
+    (seed ``seed``, both together) and draws (seed ``seed + 1``), so the intervals carry both sources of
+    noise. Returns ((control_low, control_high), (ratio_low, ratio_high)); a ratio whose control mean is
+    0 is infinite or undefined (nan) in that resample.
     """
-    tested, control = tested.cpu().double(), control.cpu().double()
+    tested, control, counts = tested.cpu().double(), control.cpu().double(), counts.cpu().double()
     batch, draws = control.shape
     prompts = resample_weights(batch, n_boot, seed)  # (n_boot, batch)
     of_draws = resample_weights(draws, n_boot, seed + 1)  # (n_boot, draws)
-    tested_means = prompts @ tested / batch
-    control_means = torch.einsum("bp,pd,bd->b", prompts, control, of_draws) / (batch * draws)
-    low, high = percentile_bounds(tested_means / control_means, level)
-    return float(tested.mean() / control.mean()), float(low), float(high)
+    counted = prompts @ counts  # (n_boot,)
+    tested_means = prompts @ tested / counted
+    control_means = torch.einsum("bp,pd,bd->b", prompts, control, of_draws) / (draws * counted)
+    control_low, control_high = percentile_bounds(control_means, level)
+    ratio_low, ratio_high = percentile_bounds(tested_means / control_means, level)
+    return (float(control_low), float(control_high)), (float(ratio_low), float(ratio_high))
 
 
 def excludes_zero(low, high):

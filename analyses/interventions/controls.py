@@ -7,7 +7,7 @@ layer, never a tested head (see ``matched_strata`` for the rule and its fallback
 ``control_effects`` ablates the tested set and every drawn set as the variants of ONE batched sweep
 (``Ablation.scores``: one call of the engine, each prompt's numerator kept) and returns a
 ``ControlEffects``: the tested effect and the random sets' mean effect, each with its 95% interval,
-and the ratio tested / random with its paired interval (``analyses.core.stats.ratio_to_control``:
+and the ratio tested / random with its paired interval (``analyses.core.stats.control_intervals``:
 the prompts and the draws resampled together). ``control_figure`` draws the tested effect against
 the random sets' effects.
 
@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric
 from analyses.core.plots import new_figure
-from analyses.core.stats import EFFECT_COLUMNS, N_BOOT, percentile_bounds, ratio_to_control, resample_weights
+from analyses.core.stats import EFFECT_COLUMNS, N_BOOT, control_intervals
 from analyses.interventions.ablation import component_label, prepare_ablation
 from analyses.interventions.engine import check_heads
 from analyses.interventions.run import Run
@@ -142,7 +142,7 @@ class ControlEffects:
     baseline) and its interval over prompts (``ci_low``, ``ci_high``, ``n_prompts``). effect /
     ci_low / ci_high: the tested set's; random_effect / random_ci_low / random_ci_high: the mean
     effect of the random sets, its interval resampling prompts and draws; ratio / ratio_ci_low /
-    ratio_ci_high: effect / random_effect with its paired interval (``ratio_to_control``); NaN
+    ratio_ci_high: effect / random_effect with its paired interval (``control_intervals``); NaN
     intervals for a metric without a per-prompt form. p_value: (1 + the random sets whose |effect|
     is at least the tested |effect|) / (1 + the random sets), each different set counted once: the
     Monte Carlo p-value of the tested set among the random ones (the ratio's interval says how well
@@ -216,9 +216,8 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
     unablated (``Ablation.scores``); the tested and each random set's interval is
     ``effect_intervals``' (prompts resampled); the random mean effect's resamples the prompts
     (weights w, seed ``seed``) and the draws (weights v, seed ``seed + 1``) at once, sum over prompts
-    and draws of w * differences * v over (n_draws * sum of w * counts); the ratio's is
-    ``ratio_to_control`` of the same differences with the same weights, so the three intervals stand
-    on the same resamples. Prompts that count nothing are left out."""
+    and draws of w * differences * v over (n_draws * sum of w * counts), and the ratio's from the same
+    resamples (``analyses.core.stats.control_intervals``). Prompts that count nothing are left out."""
     sets = matched_random_sets(model, heads, n_draws, seed)
     strata = matched_strata(model, heads)
     heads = check_heads(model, heads)
@@ -243,25 +242,10 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
         counted = (baseline.counts > 0).cpu()
         differences = (scores.numerators - baseline.numerators).cpu().double().T[counted]  # (prompts, 1 + draws)
         counts = baseline.counts.cpu().double()[counted]
-        random_ci = random_mean_interval(differences[:, 1:], counts, n_boot=n_boot, seed=seed)
-        ratio_ci = ratio_to_control(differences[:, 0], differences[:, 1:], n_boot=n_boot, seed=seed)[1:]
+        random_ci, ratio_ci = control_intervals(differences[:, 0], differences[:, 1:], counts, n_boot=n_boot, seed=seed)
     return ControlEffects(heads, sets, frame, float(effects[0]), float(low[0]), float(high[0]), random_effect,
                           *random_ci, ratio, *ratio_ci, p_value, len(sets), distinct_sets(strata), n_prompts,
                           matching_text(strata), method)
-
-
-def random_mean_interval(differences: torch.Tensor, counts: torch.Tensor, *, n_boot: int = N_BOOT,
-                         seed: int = 0) -> tuple[float, float]:
-    """The 95% percentile interval of the random sets' mean effect: differences (prompts, draws), each
-    prompt's ablated minus unablated numerator under each draw; counts (prompts,) its denominator.
-    Prompts (seed ``seed``) and draws (seed ``seed + 1``: the weights ``ratio_to_control`` uses) are
-    resampled together."""
-    n_prompts, n_draws = differences.shape
-    prompts = resample_weights(n_prompts, n_boot, seed)  # (n_boot, prompts)
-    draws = resample_weights(n_draws, n_boot, seed + 1)  # (n_boot, draws)
-    resampled = torch.einsum("bp,pd,bd->b", prompts, differences, draws) / (n_draws * (prompts @ counts))
-    low, high = percentile_bounds(resampled)
-    return float(low), float(high)
 
 
 def control_figure(control: ControlEffects, title: str | None = None) -> Figure:
