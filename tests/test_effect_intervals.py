@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from analyses.core.metrics import PromptScores, logit_diff_metric, loss_metric
-from analyses.core.stats import N_BOOT
 from analyses.interventions.ablation import ablation_sweep, prepare_ablation
 from analyses.interventions.patching import patch_effects, patch_heads
 from analyses.interventions.run import effect_intervals
 from interp import load_model
+from hand_checks import bootstrap_by_hand, zero_head
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +33,6 @@ def batch(toy):
     mask[5, 0] = True  # position 0 only: nothing predicted
     return tokens, mask
 
-
-def zero_head(layer: int, head: int):
-    """A hand-written hook zeroing one head's output at every position."""
-    def hook(z, hook):
-        z = z.clone()
-        z[:, :, head] = 0.0
-        return z
-    return f"blocks.{layer}.attn.hook_z", hook
 
 
 def loss_by_hand(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
@@ -89,13 +81,6 @@ def test_per_prompt_logit_difference_pools_to_the_engine_value(toy, batch):
     assert torch.equal(scores.counts.cpu(), torch.ones(6, dtype=torch.float64))
     assert scores.values[0].item() == pytest.approx(diffs.mean().item(), abs=1e-5)
 
-
-def bootstrap_by_hand(effects: np.ndarray, counts: np.ndarray, seed: int) -> tuple[float, float]:
-    """Efron's percentile interval of sum(effects) / sum(counts), prompts drawn with replacement
-    (the draws of ``analyses.core.stats.resample_weights``: one seeded randint)."""
-    draws = torch.randint(len(effects), (N_BOOT, len(effects)), generator=torch.Generator().manual_seed(seed)).numpy()
-    ratios = effects[draws].sum(axis=1) / counts[draws].sum(axis=1)
-    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
 
 
 def test_single_head_ablation_interval_is_the_hand_bootstrap(toy, batch):

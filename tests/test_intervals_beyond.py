@@ -15,11 +15,11 @@ from analyses.components.decompose import mlp_ablation
 from analyses.components.neurons import neuron_effects
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.core.probes import probes_for
-from analyses.core.stats import N_BOOT
 from analyses.roles.backup import direct_and_total_effects
 from analyses.roles.causal_check import ablation_effects
 from analyses.roles.classify import NO_EFFECT, head_table
 from interp import load_model
+from hand_checks import bootstrap_by_hand, zero_head
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +27,6 @@ def toy():
     return load_model("toy")
 
 
-def bootstrap_by_hand(effects: np.ndarray, counts: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """Efron's percentile interval of sum(effects) / sum(counts) over prompts drawn with replacement
-    (one seeded randint, as ``analyses.core.stats.resample_weights`` draws)."""
-    draws = torch.randint(len(effects), (N_BOOT, len(effects)), generator=torch.Generator().manual_seed(seed)).numpy()
-    ratios = effects[draws].sum(axis=1) / counts[draws].sum(axis=1)
-    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
-
-
-def zero_head(layer: int, head: int):
-    def hook(z, hook):
-        z = z.clone()
-        z[:, :, head] = 0.0
-        return z
-    return f"blocks.{layer}.attn.hook_z", hook
 
 
 def losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
