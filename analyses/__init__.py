@@ -26,6 +26,8 @@ from analyses.circuits.path_patching import (eap_ig, edge_attribution, path_patc
 from analyses.circuits.edge_attribution import edge_agreement
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores
+from analyses.circuits.full_graph import (circuit_faithfulness, completeness, faithfulness_curve, full_graph,
+                                          full_graph_figure, minimality)
 from analyses.circuits.circuit import circuit_edges, circuit_figure, circuit_section
 from analyses.components.rollout import attention_flow, attention_rollout, model_flow, model_rollout
 from analyses.components.neurons import neuron_effects, promoted_tokens, promotion_effects

@@ -1,5 +1,12 @@
-"""Circuits of edges (DESIGN 4.6): the metric when only some edges keep their signal, and the
-faithfulness of the top-k edges of a ranking.
+"""Circuits of edges evaluated on a CANDIDATE SET (DESIGN 4.6): the metric when only some of the
+candidate edges keep their signal, and the faithfulness of the top-k candidate edges of a ranking.
+
+This is not the papers' evaluation. Wang et al., ACDC, MIB and Hanna et al. corrupt every edge of the
+model outside the circuit (heads, MLPs, embeddings, into the logits); here only the candidates can be
+corrupted and everything else stays clean, so "empty" is a partly clean model and the faithfulness
+here is not comparable with theirs. For the papers' standard use ``analyses.circuits.full_graph``
+(``circuit_faithfulness``, ``faithfulness_curve`` with MIB's CPR and CMD, ``completeness``,
+``minimality``); this module stays for ranking edges within a candidate set.
 
 The edges are those of ``analyses.circuits.edges``: a head's write (its z through its ``W_O``)
 into a later head's query, key or value input, or into the unembedding ("logits"). A *circuit*
@@ -128,7 +135,8 @@ def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges,
 
 def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edges, order: Sequence[int],
                        sizes: Sequence[int]) -> pd.DataFrame:
-    """The circuits of the top ``k`` edges of ``order`` (indices into ``candidates``, strongest
+    """The candidate-set evaluation (the module docstring; ``full_graph.faithfulness_curve`` is the
+    papers'): the circuits of the top ``k`` edges of ``order`` (indices into ``candidates``, strongest
     first), for each ``k`` in ``sizes`` -> frame ``size, value, faithfulness, complement_value,
     complement``: the metric with only those edges kept, its faithfulness (0: every candidate
     edge corrupted, 1: none), and the same for every candidate edge but those kept (see the

@@ -1,0 +1,630 @@
+"""Circuits evaluated on the full graph (DESIGN 4.12, issue 47), as Wang et al. (2022), ACDC (Conmy et
+al. 2023), Hanna et al. (2024, EAP-IG's ``evaluate_graph``) and MIB (Mueller et al. 2025) do.
+
+**The graph.** Nodes: the input (the token embeddings with the positional ones: what enters block
+0), every head, every MLP, and the logits. Edges: each sender (the input, a head, an MLP) into
+every input of a later receiver -- a head's query, key or value input (per query head: with
+grouped-query attention each query head reads its own copy of its group's key and value input, as
+EAP-IG's graphs ungroup them), an MLP's input (a head of the same layer comes before it), and the
+final residual that the unembedding reads ("logits"). A head's output is its z through its
+``W_O`` (the output bias, the same in every run, belongs to no edge); an MLP's is ``hook_mlp_out``;
+the input's is the residual entering block 0. ``full_graph(model).n_edges`` counts them (SmolLM2-135M:
+301 senders, 127,111 edges). A *circuit* is a boolean mask over ``Graph.edges`` (``circuit_from_edges``;
+``circuit_from_nodes``: every edge between kept nodes, the input and the logits always kept).
+
+**Evaluation** (``circuit_scores``): one forward of the clean prompts in which every receiver
+input gets, for each edge outside the circuit, (the corrupted run's sender output - the sender's
+output in this same forward) added; circuit edges carry the sender's current output, so an edit
+upstream reaches them (Hanna et al.'s formulation). Keeping every edge is the clean run; keeping
+none is the corrupted run. The senders' current outputs are kept as differences from the corrupted
+run's, per sender (senders, batch, pos, d_model) float32, and each receiver layer's correction is
+one product of a (senders so far x receivers) 0/1 matrix with them; chunked over prompts within
+``memory_mb``. An MLP's input is edited by adding its correction to ``resid_mid`` and taking it
+back out of ``resid_post``, so the MLP alone sees it (exact with a pre-norm too: the MLP norms the
+edited residual); parallel attention/MLP blocks have no such point and are refused, as is any
+model whose hook self-test (``analyses.core.hook_check``) finds the q/k/v or z edits, or the heads'
+writes, not as this needs. A ``GPTModel`` only (its per-head q/k/v inputs).
+
+**Faithfulness** of a circuit C: (m(C) - m(empty)) / (m(full) - m(empty)), m the metric's mean
+over prompts, empty the circuit of no edge (every edge corrupted: the corrupted run), full the
+whole graph (the clean run); a ratio of means with its 95% percentile bootstrap interval over
+prompts (the per-prompt numerators of ``analyses.core.metrics``, prompts resampled together for
+every number of one call, as ``analyses.core.stats``), NaN intervals for a metric without a
+per-prompt form.
+
+**Curves** (``faithfulness_curve``): the top-k edges by |score| at MIB's fractions of the graph's
+edges, with MIB's CPR (area under the faithfulness curve) and CMD (area under |1 - faithfulness|),
+each by the trapezoidal rule over the fraction of edges kept (``curve_areas``).
+
+**Completeness and minimality** (Wang et al. 2022, section 4): F(X) is the metric with the model
+restricted to the node set X -- every edge out of a node outside X corrupted -- normalised as
+faithfulness is. ``completeness``: for sets K of the circuit's nodes, F(C\\K) - F(M\\K), C the
+circuit and M the whole model; a complete circuit keeps it near 0 for every K. K is drawn at random
+(each node kept with probability 1/2, as Wang et al.) and built greedily (each step adds the node
+that most widens |F(C\\K) - F(M\\K)|). ``minimality``: for each node v of C, F(C\\K) - F(C\\(K+v))
+for the best K among a small search (the empty set and a few random subsets), large for a node the
+circuit needs. Both searches are small and choose K on the same prompts they report, so the
+greedy gap and the minimality scores lean high; the frames say which K was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from einops import einsum
+
+from analyses.circuits.circuit_eval import GRAPH_EDGE_COLUMNS
+from analyses.circuits.edge_attribution import split_qkv_inputs
+from analyses.circuits.edges import QKV
+from analyses.circuits.path_patching import path_needs
+from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.hook_check import require
+from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, resid_mid_name,
+                                      resid_pre_name, z_name)
+from analyses.core.metrics import Metric, PromptScores, evaluate_part, metric_part, read_positions
+from analyses.core.plots import new_figure
+from analyses.core.progress import progress_bar
+from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
+from analyses.core.tokens import accumulator
+from analyses.interventions.engine import cache_run, runs_suffix_only
+from analyses.interventions.patching import base_and_source
+from interp.errors import UserError
+
+Node = tuple[str, int, int]  # (kind, layer, head): ("input", -1, -1), ("head", l, h), ("mlp", l, -1), ("logits", L, -1)
+INPUT: Node = ("input", -1, -1)
+NEEDED_BY = "full-graph circuit evaluation"
+# MIB's circuit sizes: these fractions of the graph's edges (Mueller et al. 2025)
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def node_name(node: Node) -> str:
+    """("head", 3, 1) -> "L3H1", ("mlp", 2, -1) -> "MLP2", "input", "logits"."""
+    kind, layer, head = node
+    return {"head": f"L{layer}H{head}", "mlp": f"MLP{layer}"}.get(kind, kind)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The full graph of a model of ``n_layers`` blocks of ``n_heads`` heads (and an MLP each where
+    ``mlps``). Senders in the order they compute: the input, then per layer its heads and its MLP.
+    Receivers: per layer the q inputs of its heads, their k inputs, their v inputs, then its MLP;
+    last the logits. ``valid`` (senders, receivers) marks the edges; edge i of ``edges`` is the
+    i-th True of ``valid`` in row-major order (sender-major), and a circuit mask (n_edges,) bool
+    follows that order."""
+
+    n_layers: int
+    n_heads: int
+    mlps: bool
+
+    @property
+    def layer_width(self) -> int:
+        """Senders per layer."""
+        return self.n_heads + self.mlps
+
+    def first_sender(self, layer: int) -> int:
+        """The index of layer ``layer``'s first head; every sender before it has computed when the
+        layer's attention reads its inputs (``layer = n_layers``: every sender)."""
+        return 1 + layer * self.layer_width
+
+    def first_receiver(self, layer: int) -> int:
+        """The index of layer ``layer``'s first q input (``layer = n_layers``: the logits)."""
+        return layer * (3 * self.n_heads + self.mlps)
+
+    @cached_property
+    def senders(self) -> list[Node]:
+        layers = [[("head", layer, h) for h in range(self.n_heads)] + [("mlp", layer, -1)] * self.mlps
+                  for layer in range(self.n_layers)]
+        return [INPUT, *(node for nodes in layers for node in nodes)]
+
+    @cached_property
+    def receivers(self) -> list[tuple[Node, str]]:
+        """(node, via) per receiver input."""
+        layers = [[(("head", layer, h), via) for via in QKV for h in range(self.n_heads)]
+                  + [(("mlp", layer, -1), "mlp")] * self.mlps for layer in range(self.n_layers)]
+        return [*(r for inputs in layers for r in inputs), (("logits", self.n_layers, -1), "logits")]
+
+    @cached_property
+    def valid(self) -> np.ndarray:
+        """(senders, receivers) bool: a sender feeds every receiver input that computes after it."""
+        valid = np.zeros((len(self.senders), len(self.receivers)), dtype=bool)
+        for layer in range(self.n_layers):
+            start = self.first_receiver(layer)
+            valid[:self.first_sender(layer), start:start + 3 * self.n_heads] = True
+            if self.mlps:  # the MLP also reads its own layer's heads
+                valid[:self.first_sender(layer) + self.n_heads, start + 3 * self.n_heads] = True
+        valid[:, -1] = True  # the logits read every sender
+        return valid
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.valid.sum())
+
+    @cached_property
+    def edges(self) -> pd.DataFrame:
+        """One row per edge, in mask order: ``GRAPH_EDGE_COLUMNS`` (``sender_kind, sender_layer,
+        sender_head, receiver_kind, receiver_layer, receiver_head, via``; the input is ("input",
+        -1, -1), the logits ("logits", n_layers, -1))."""
+        senders, receivers = np.nonzero(self.valid)
+        rows = [(*self.senders[s], *self.receivers[r][0], self.receivers[r][1]) for s, r in zip(senders, receivers)]
+        return pd.DataFrame(rows, columns=GRAPH_EDGE_COLUMNS)
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The heads and MLPs, in sender order (the nodes a circuit may leave out)."""
+        return self.senders[1:]
+
+    def kept_matrix(self, mask: np.ndarray) -> np.ndarray:
+        """A circuit mask (n_edges,) -> (senders, receivers) bool, True on its edges."""
+        kept = np.zeros_like(self.valid)
+        kept[self.valid] = mask
+        return kept
+
+    def without(self, mask: np.ndarray, removed: Iterable[Node]) -> np.ndarray:
+        """The circuit ``mask`` with every edge out of the ``removed`` nodes dropped (corrupted)."""
+        index = {node: i for i, node in enumerate(self.senders)}
+        gone = np.zeros(len(self.senders), dtype=bool)
+        gone[[index[node] for node in removed]] = True
+        return mask & ~np.broadcast_to(gone[:, None], self.valid.shape)[self.valid]
+
+
+def full_graph(model) -> Graph:
+    """The full graph of ``model`` (see the module docstring), refused in one line where the
+    evaluation cannot be carried out on it: not a ``GPTModel``, parallel attention and MLP blocks,
+    or edits the hook self-test finds do not work (``path_needs``: z, q, k and v edits, each head's
+    write its z @ W_O)."""
+    if not (runs_suffix_only(model) and hasattr(model, "set_split_qkv_inputs")):
+        raise UserError(f"{NEEDED_BY} edits a GPTModel's per-head q/k/v inputs; got {type(model).__name__}")
+    if model.cfg.parallel_attn_mlp:
+        raise UserError(f"{NEEDED_BY} edits an MLP's input between the attention and the MLP (resid_mid), "
+                        "which parallel attention/MLP blocks do not have")
+    for need in path_needs(QKV):
+        require(model, need, NEEDED_BY)
+    return Graph(model.cfg.n_layers, model.cfg.n_heads, has_mlps(model))
+
+
+def circuit_from_edges(graph: Graph, edges: pd.DataFrame) -> np.ndarray:
+    """The circuit of the edges listed in ``edges`` (``GRAPH_EDGE_COLUMNS``, e.g. rows of
+    ``graph.edges``) -> its mask (n_edges,) bool; an edge the graph lacks is refused."""
+    missing = [c for c in GRAPH_EDGE_COLUMNS if c not in edges.columns]
+    if missing:
+        raise UserError(f"the circuit's edges lack columns {missing}; they need {', '.join(GRAPH_EDGE_COLUMNS)}")
+    index = {key: i for i, key in enumerate(graph.edges[GRAPH_EDGE_COLUMNS].itertuples(index=False, name=None))}
+    mask = np.zeros(graph.n_edges, dtype=bool)
+    for key in edges[GRAPH_EDGE_COLUMNS].itertuples(index=False, name=None):
+        if key not in index:
+            raise UserError(f"{key} is no edge of the graph (senders: input, heads, MLPs; receivers: later heads' "
+                            "q/k/v inputs, later MLPs, logits)")
+        mask[index[key]] = True
+    return mask
+
+
+def circuit_from_nodes(graph: Graph, nodes: Iterable[Node]) -> np.ndarray:
+    """The circuit of every edge between ``nodes`` (heads ("head", l, h) and MLPs ("mlp", l, -1)),
+    the input and the logits -> its mask (n_edges,) bool."""
+    kept = {INPUT, ("logits", graph.n_layers, -1)}
+    for node in nodes:
+        node = tuple(node)
+        if node not in graph.nodes:
+            raise UserError(f"{node} is no node of the graph: ('head', layer, head) or ('mlp', layer, -1) with "
+                            f"layer in [0, {graph.n_layers}), head in [0, {graph.n_heads})")
+        kept.add(node)
+    senders = np.array([s in kept for s in graph.senders])
+    receivers = np.array([node in kept for node, _ in graph.receivers])
+    return (senders[:, None] & receivers[None, :])[graph.valid]
+
+
+def _check_masks(graph: Graph, circuits: Sequence[np.ndarray]) -> list[np.ndarray]:
+    masks = [np.asarray(mask) for mask in circuits]
+    for mask in masks:
+        if mask.dtype != bool or mask.shape != (graph.n_edges,):
+            raise UserError(f"a circuit must be a boolean mask of shape ({graph.n_edges},), one per edge of the "
+                            f"graph; got dtype {mask.dtype}, shape {mask.shape}")
+    return masks
+
+
+@dataclass
+class _Source:
+    """The corrupted run of a chunk of prompts: the input (batch, pos, d_model), each layer's z
+    (batch, pos, head, d_head) and MLP output (batch, pos, d_model)."""
+
+    input: torch.Tensor
+    z: list[torch.Tensor]
+    mlp: list[torch.Tensor]
+
+
+def _source_run(model, graph: Graph, tokens: torch.Tensor) -> _Source:
+    mlps = [mlp_out_name(layer) for layer in range(graph.n_layers)] if graph.mlps else []
+    zs = [z_name(layer) for layer in range(graph.n_layers)]
+    _, cache = cache_run(model, tokens, [resid_pre_name(0), *zs, *mlps], logits=False)
+    return _Source(cache[resid_pre_name(0)], [cache[name] for name in zs], [cache[name] for name in mlps])
+
+
+def _edit_hooks(model, graph: Graph, corrupt: torch.Tensor, source: _Source, diff: torch.Tensor) -> list:
+    """The hooks of one evaluation forward. ``corrupt`` (senders, receivers) float32 is 1 on each
+    edge outside the circuit; ``diff`` (senders, batch, pos, d_model) float32 receives each sender's
+    corrupted-minus-current output as it computes; a receiver input gets ``corrupt[:, r] @ diff``
+    over the senders before it (the module docstring)."""
+    H, last = graph.n_heads, graph.n_layers - 1
+    pending: dict = {}
+
+    def correction(receivers: slice, n_senders: int) -> torch.Tensor | None:  # -> (receivers, batch, pos, d_model)
+        weights = corrupt[:n_senders, receivers]
+        if not bool(weights.any()):
+            return None
+        return (weights.T @ diff[:n_senders].flatten(1)).view(-1, *diff.shape[1:])
+
+    def at_resid_pre(layer):
+        def hook(resid, hook):
+            if layer == 0:
+                diff[0] = source.input - resid
+            start = graph.first_receiver(layer)
+            pending["qkv"] = correction(slice(start, start + 3 * H), graph.first_sender(layer))
+        return hook
+
+    def at_input(which):
+        def hook(inputs, hook):  # (batch, pos, head, d_model)
+            change = pending["qkv"]
+            if change is None:
+                return inputs
+            return inputs + change[which * H:(which + 1) * H].permute(1, 2, 0, 3).to(inputs.dtype)
+        return hook
+
+    def at_z(layer):
+        first, w_o = graph.first_sender(layer), model.blocks[layer].attn.W_O.detach()
+        def hook(z, hook):
+            diff[first:first + H] = einsum(source.z[layer] - z, w_o.to(z.dtype), "b p h e, h e d -> h b p d")
+        return hook
+
+    def at_resid_mid(layer):
+        def hook(resid, hook):
+            start = graph.first_receiver(layer) + 3 * H
+            change = correction(slice(start, start + 1), graph.first_sender(layer) + H)
+            pending["mlp"] = None if change is None else change[0].to(resid.dtype)
+            return resid if change is None else resid + pending["mlp"]
+        return hook
+
+    def at_mlp_out(layer):
+        def hook(out, hook):
+            diff[graph.first_sender(layer) + H] = source.mlp[layer] - out
+        return hook
+
+    def at_resid_post(layer):
+        def hook(resid, hook):
+            if graph.mlps and pending["mlp"] is not None:
+                resid = resid - pending["mlp"]
+            if layer == last:
+                change = correction(slice(graph.first_receiver(graph.n_layers), None), len(graph.senders))
+                resid = resid if change is None else resid + change[0].to(resid.dtype)
+            return resid
+        return hook
+
+    hooks = []
+    for layer in range(graph.n_layers):
+        hooks += [(resid_pre_name(layer), at_resid_pre(layer)), (z_name(layer), at_z(layer))]
+        hooks += [(qkv_input_name(layer, which), at_input(i)) for i, which in enumerate(QKV)]
+        if graph.mlps:
+            hooks += [(resid_mid_name(layer), at_resid_mid(layer)), (mlp_out_name(layer), at_mlp_out(layer))]
+        hooks.append((f"blocks.{layer}.hook_resid_post", at_resid_post(layer)))
+    return hooks
+
+
+def _split_kinds(graph: Graph, corrupt: np.ndarray) -> list[str]:
+    """The q/k/v inputs that some corrupted edge enters (only those are split per head)."""
+    heads = np.array([via for _, via in graph.receivers])
+    return [which for which in QKV if corrupt[:, heads == which].any()]
+
+
+def _final_residual(model, graph: Graph, tokens: torch.Tensor, corrupt: np.ndarray, source: _Source,
+                    diff: torch.Tensor) -> torch.Tensor:
+    """The residual leaving the last block (batch, pos, d_model) of the clean ``tokens`` with every
+    edge marked in ``corrupt`` (senders, receivers) bool carrying its corrupted output."""
+    n_layers = model.cfg.n_layers
+    if not corrupt.any():
+        return model(tokens, stop_at_layer=n_layers)
+    weights = torch.as_tensor(corrupt, dtype=torch.float32, device=diff.device)
+    hooks = _edit_hooks(model, graph, weights, source, diff)
+    with split_qkv_inputs(model, _split_kinds(graph, corrupt)), model.hooks(fwd_hooks=hooks):
+        return model(tokens, stop_at_layer=n_layers)
+
+
+def _floats_per_position(model, graph: Graph) -> int:
+    """What one position of one prompt holds beyond a plain forward: the senders' differences, the
+    corrupted run's input, z and MLP outputs, and the per-head q/k/v copies and their correction."""
+    cfg = model.cfg
+    source = cfg.d_model + cfg.n_layers * (cfg.n_heads * cfg.d_head + cfg.d_model)
+    return len(graph.senders) * cfg.d_model + source + 6 * cfg.n_heads * cfg.d_model
+
+
+@torch.no_grad()
+def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> PromptScores:
+    """The metric with only each circuit's edges keeping their signal, every other edge of the full
+    graph carrying the corrupted run's (the module docstring) -> ``PromptScores``: values
+    (len(circuits),) and, for a metric with a per-prompt form, each prompt's numerator
+    (len(circuits), batch) and count (batch,). ``circuits``: masks (n_edges,) bool over
+    ``full_graph(model).edges``. ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal
+    token lengths. Per chunk of prompts (within ``memory_mb``): one corrupted forward, then one
+    forward per circuit, unembedding only the positions the metric reads."""
+    graph = full_graph(model)
+    masks = _check_masks(graph, circuits)
+    clean, corrupted = base_and_source(model, clean, corrupted, "noise")
+    batch, n_pos = clean.shape
+    positions = read_positions(metric, n_pos)
+    split = metric_part(metric, slice(0, batch), positions) is not None
+    rows = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
+                       per_position=_floats_per_position(model, graph)) if split else batch
+    corrupt = [graph.valid & ~graph.kept_matrix(mask) for mask in masks]
+    sums, weights = accumulator(model, len(masks)), accumulator(model, len(masks))
+    numerators, counts, per_prompt = accumulator(model, len(masks), batch), accumulator(model, batch), split
+    chunks = [slice(start, min(start + rows, batch)) for start in range(0, batch, rows)]
+    with progress_bar(total=len(masks) * len(chunks), progress=progress, desc="full-graph circuits",
+                      leave=False) as bar:
+        for chunk in chunks:
+            part, weight = metric_part(metric, chunk, positions) if split else (metric, 1.0)
+            if weight <= 0:  # a part with no token the metric counts adds nothing
+                bar.update(len(masks))
+                continue
+            source = _source_run(model, graph, corrupted[chunk])
+            diff = torch.empty((len(graph.senders), *source.input.shape), dtype=torch.float32,
+                               device=source.input.device)
+            for i, edges in enumerate(corrupt):
+                final = _final_residual(model, graph, clean[chunk], edges, source, diff)
+                value, each = evaluate_part(part, _logits(model, final, positions if split else None,
+                                                          getattr(part, "entries", None) if split else None))
+                sums[i] += weight * value.to(sums.dtype)
+                weights[i] += weight
+                if each is None:
+                    per_prompt = False
+                else:
+                    numerators[i, chunk] = each.to(numerators.dtype)
+                bar.update(1)
+            if per_prompt:
+                counts[chunk] = part.counts.to(counts.device, counts.dtype)
+    values = (sums / weights).float()
+    return PromptScores(values, numerators if per_prompt else None, counts if per_prompt else None)
+
+
+def _logits(model, final: torch.Tensor, positions: torch.Tensor | None, entries: torch.Tensor | None) -> torch.Tensor:
+    """The final residual (batch, pos, d_model) unembedded at ``positions`` alone (batch, n, d_vocab),
+    or at the ``entries`` (batch, n) bool of those alone (m, d_vocab); every position where None."""
+    if positions is None:
+        return model.unembed(final)
+    read = final[:, positions.to(final.device)]
+    return model.unembed(read if entries is None else read[entries.to(final.device)])
+
+
+@dataclass(frozen=True)
+class Faithfulness:
+    """Each circuit's faithfulness, from one call's ``PromptScores`` of (full, empty, *circuits):
+    ``values`` (circuits,) the metric; ``estimates`` (circuits,) faithfulness; ``resampled``
+    (n_boot, circuits) the faithfulness of each bootstrap resample of prompts (the same resamples
+    for every circuit), None for a metric without a per-prompt form; ``full``, ``empty``: the ends;
+    ``n_prompts``: the prompts counted."""
+
+    values: np.ndarray
+    estimates: np.ndarray
+    resampled: np.ndarray | None
+    full: float
+    empty: float
+    n_prompts: int
+
+    @classmethod
+    def of(cls, scores: PromptScores, n_batch: int) -> "Faithfulness":
+        values = scores.values.double().cpu().numpy()
+        full, empty = values[0], values[1]
+        estimates = (values[2:] - empty) / (full - empty)
+        if scores.numerators is None:
+            return cls(values[2:], estimates, None, full, empty, n_batch)
+        counted = (scores.counts > 0).cpu()
+        numerators = scores.numerators.cpu().double()[:, counted]  # (2 + circuits, n)
+        weights = resample_weights(numerators.shape[1], N_BOOT)  # (n_boot, n)
+        drawn = weights @ numerators.T  # (n_boot, 2 + circuits)
+        resampled = (drawn[:, 2:] - drawn[:, 1:2]) / (drawn[:, :1] - drawn[:, 1:2])
+        return cls(values[2:], estimates, resampled.numpy(), full, empty, int(counted.sum()))
+
+    def interval(self, combination: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The estimate and 95% interval of ``combination`` (k, circuits) times the faithfulnesses
+        (None: each faithfulness itself) -> (estimate, ci_low, ci_high), each (k,)."""
+        combination = np.eye(len(self.estimates)) if combination is None else combination
+        estimate = combination @ self.estimates
+        if self.resampled is None:
+            return estimate, np.full(len(estimate), np.nan), np.full(len(estimate), np.nan)
+        low, high = percentile_bounds(torch.as_tensor(self.resampled @ combination.T))
+        return estimate, low.numpy(), high.numpy()
+
+
+def evaluate_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
+                          memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Faithfulness:
+    """``circuit_scores`` of the full graph, the empty circuit and ``circuits`` -> their ``Faithfulness``."""
+    graph = full_graph(model)
+    ends = [np.ones(graph.n_edges, dtype=bool), np.zeros(graph.n_edges, dtype=bool)]
+    scores = circuit_scores(model, clean, corrupted, metric, [*ends, *circuits], memory_mb=memory_mb, progress=progress)
+    return Faithfulness.of(scores, len(base_and_source(model, clean, corrupted, "noise")[0]))
+
+
+def circuit_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
+                         memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """Each circuit (a mask over ``full_graph(model).edges``) on the full graph -> frame ``circuit``
+    (its index), ``n_edges``, ``value`` (the metric), ``faithfulness`` with ``ci_low, ci_high``
+    (95%, bootstrap over prompts) and ``n_prompts``; ``attrs``: ``full``, ``empty`` (the metric of
+    the clean and of the fully corrupted model) and ``graph_edges``."""
+    found = evaluate_faithfulness(model, clean, corrupted, metric, circuits, memory_mb=memory_mb, progress=progress)
+    estimate, low, high = found.interval()
+    frame = pd.DataFrame({"circuit": range(len(circuits)), "n_edges": [int(np.sum(c)) for c in circuits],
+                          "value": found.values, "faithfulness": estimate, "ci_low": low, "ci_high": high,
+                          "n_prompts": found.n_prompts})
+    frame.attrs.update(full=found.full, empty=found.empty, graph_edges=full_graph(model).n_edges)
+    return frame
+
+
+def curve_areas(fractions: Sequence[float], faithfulness: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MIB's areas: CPR, the area under the faithfulness curve, and CMD, the area under |1 -
+    faithfulness|, each by the trapezoidal rule over ``fractions`` (points,), the fraction of the
+    graph's edges kept, from the smallest fraction to the largest (no point added at 0: a curve
+    from 0.001 to 1 spans 0.999). ``faithfulness``: (points,) or (..., points) -> areas (...)."""
+    x = np.asarray(fractions, dtype=float)
+    y = np.asarray(faithfulness, dtype=float)
+    width = np.diff(x)
+    cpr = (width * (y[..., 1:] + y[..., :-1]) / 2).sum(-1)
+    gap = np.abs(1 - y)
+    cmd = (width * (gap[..., 1:] + gap[..., :-1]) / 2).sum(-1)
+    return cpr, cmd
+
+
+def faithfulness_curve(model, clean, corrupted, metric: Metric, scores, fractions: Sequence[float] = MIB_FRACTIONS, *,
+                       memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """The circuits of the top-k edges of the full graph by |``scores``| (n_edges,), in
+    ``full_graph(model).edges`` order, ties broken by edge order), k = round(fraction * n_edges) for
+    each of ``fractions`` (increasing, in (0, 1]; MIB's by default) -> frame ``fraction`` (k /
+    n_edges, the fraction actually kept), ``n_edges``, ``value``, ``faithfulness``, ``ci_low``,
+    ``ci_high``, ``n_prompts``. ``attrs``: ``cpr`` and ``cmd`` (``curve_areas`` over ``fraction``)
+    with their 95% intervals ``cpr_ci``, ``cmd_ci`` (the same bootstrap resamples), ``full``,
+    ``empty``, ``graph_edges``."""
+    graph = full_graph(model)
+    scores = scores.detach().cpu().double().numpy() if torch.is_tensor(scores) else np.asarray(scores, dtype=float)
+    scores = np.abs(scores)
+    if scores.shape != (graph.n_edges,):
+        raise UserError(f"scores must be one per edge of the full graph ({graph.n_edges},); got shape {scores.shape}")
+    fractions = np.asarray(fractions, dtype=float)
+    if len(fractions) < 2 or (np.diff(fractions) <= 0).any() or fractions[0] <= 0 or fractions[-1] > 1:
+        raise UserError(f"fractions must be two or more increasing numbers in (0, 1]; got {fractions.tolist()}")
+    order = np.argsort(-scores, kind="stable")
+    sizes = np.rint(fractions * graph.n_edges).astype(int)
+    circuits = []
+    for k in sizes:
+        mask = np.zeros(graph.n_edges, dtype=bool)
+        mask[order[:k]] = True
+        circuits.append(mask)
+    found = evaluate_faithfulness(model, clean, corrupted, metric, circuits, memory_mb=memory_mb, progress=progress)
+    estimate, low, high = found.interval()
+    kept = sizes / graph.n_edges
+    frame = pd.DataFrame({"fraction": kept, "n_edges": sizes, "value": found.values, "faithfulness": estimate,
+                          "ci_low": low, "ci_high": high, "n_prompts": found.n_prompts})
+    cpr, cmd = curve_areas(kept, estimate)
+    intervals = {"cpr_ci": (np.nan, np.nan), "cmd_ci": (np.nan, np.nan)}
+    if found.resampled is not None:
+        for name, areas in zip(("cpr_ci", "cmd_ci"), curve_areas(kept, found.resampled)):
+            bounds = percentile_bounds(torch.as_tensor(areas))
+            intervals[name] = (float(bounds[0]), float(bounds[1]))
+    frame.attrs.update(cpr=float(cpr), cmd=float(cmd), **intervals, full=found.full, empty=found.empty,
+                       graph_edges=graph.n_edges)
+    return frame
+
+
+def circuit_nodes(graph: Graph, circuit: np.ndarray) -> list[Node]:
+    """The heads and MLPs that send an edge of ``circuit`` (its nodes, in sender order)."""
+    sends = graph.kept_matrix(circuit).any(axis=1)
+    return [node for node, kept in zip(graph.senders, sends) if kept and node != INPUT]
+
+
+def _random_sets(nodes: Sequence[Node], n_sets: int, seed: int) -> list[frozenset]:
+    """``n_sets`` random subsets of ``nodes``, each node in each with probability 1/2 (seeded)."""
+    draws = np.random.default_rng(seed).random((n_sets, len(nodes))) < 0.5
+    return [frozenset(n for n, kept in zip(nodes, row) if kept) for row in draws]
+
+
+def _names(graph: Graph, nodes: frozenset) -> str:
+    """A set of nodes as "L0H1, MLP2", in sender order ("" for none)."""
+    return ", ".join(node_name(node) for node in graph.senders if node in nodes)
+
+
+def completeness(model, clean, corrupted, metric: Metric, circuit: np.ndarray, *, n_random: int = 8,
+                 greedy_steps: int = 3, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
+                 progress: bool | None = None) -> pd.DataFrame:
+    """Wang et al.'s completeness of ``circuit`` (a mask over ``full_graph(model).edges``): for sets
+    K of its nodes (``circuit_nodes``), F(C\\K) and F(M\\K) (the circuit, and the whole model, with
+    every edge out of K corrupted; faithfulness-normalised) and their difference, with 95% intervals
+    over prompts -> frame ``search`` ("random": ``n_random`` sets, each node in with probability
+    1/2, seeded; "greedy": step i's K adds to step i-1's the node that most widens |difference|),
+    ``removed`` (the node names), ``size``, ``f_circuit``, ``f_model``, ``difference`` with
+    ``ci_low, ci_high``, ``gap`` (|difference|), ``n_prompts``. The greedy search tries every node
+    at each of ``greedy_steps`` steps and picks on the same prompts it reports: its gap is the
+    largest of many, an upper-leaning estimate."""
+    graph = full_graph(model)
+    circuit = _check_masks(graph, [circuit])[0]
+    nodes = circuit_nodes(graph, circuit)
+    every = np.ones(graph.n_edges, dtype=bool)
+
+    def measure(sets: list[frozenset]) -> Faithfulness:  # F(C\K), F(M\K) for each K of ``sets``, in turn
+        masks = [graph.without(base, k) for k in sets for base in (circuit, every)]
+        return evaluate_faithfulness(model, clean, corrupted, metric, masks, memory_mb=memory_mb, progress=progress)
+
+    rows = []
+
+    def record(search: str, sets: list[frozenset], found: Faithfulness, picks: Sequence[int]):
+        combination = np.kron(np.eye(len(sets)), [[1.0, -1.0]])[list(picks)]  # F(C\K) - F(M\K)
+        difference, low, high = found.interval(combination)
+        for row, i in enumerate(picks):
+            rows.append((search, _names(graph, sets[i]), len(sets[i]), found.estimates[2 * i],
+                         found.estimates[2 * i + 1], difference[row], low[row], high[row], abs(difference[row]),
+                         found.n_prompts))
+
+    randoms = _random_sets(nodes, n_random, seed)
+    if randoms:
+        record("random", randoms, measure(randoms), range(len(randoms)))
+    chosen = frozenset()
+    for _ in range(min(greedy_steps, len(nodes))):
+        tries = [chosen | {node} for node in nodes if node not in chosen]
+        found = measure(tries)
+        best = int(np.argmax(np.abs(found.estimates[0::2] - found.estimates[1::2])))
+        chosen = tries[best]
+        record("greedy", tries, found, [best])
+    columns = ["search", "removed", "size", "f_circuit", "f_model", "difference", "ci_low", "ci_high", "gap",
+               "n_prompts"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def minimality(model, clean, corrupted, metric: Metric, circuit: np.ndarray, *, n_random: int = 4, seed: int = 0,
+               memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+    """Wang et al.'s minimality of ``circuit`` (a mask over ``full_graph(model).edges``): for each of
+    its nodes v, F(C\\K) - F(C\\(K + v)) for the K that makes it largest among the empty set and
+    ``n_random`` random subsets of the other nodes (each node in with probability 1/2, seeded; v
+    itself left out of each) -> frame ``node``, ``score`` with ``ci_low, ci_high`` (95%, bootstrap
+    over prompts), ``removed`` (K's node names), ``size``, ``n_prompts``, one row per node. A small
+    search, chosen on the prompts it reports (Wang et al. pick K by hand per class)."""
+    graph = full_graph(model)
+    circuit = _check_masks(graph, [circuit])[0]
+    nodes = circuit_nodes(graph, circuit)
+    randoms = _random_sets(nodes, n_random, seed)
+    pairs = [(k - {v}, v) for v in nodes for k in [frozenset(), *randoms]]  # (K, v): a K per candidate
+    sets = list(dict.fromkeys(s for k, v in pairs for s in (k, k | {v})))
+    index = {s: i for i, s in enumerate(sets)}
+    found = evaluate_faithfulness(model, clean, corrupted, metric, [graph.without(circuit, s) for s in sets],
+                                  memory_mb=memory_mb, progress=progress)
+    combination = np.zeros((len(pairs), len(sets)))
+    for row, (k, v) in enumerate(pairs):
+        combination[row, index[k]], combination[row, index[k | {v}]] = 1.0, -1.0
+    score, low, high = found.interval(combination)
+    rows = []
+    per_node = len(randoms) + 1
+    for i, v in enumerate(nodes):
+        best = i * per_node + int(np.argmax(score[i * per_node:(i + 1) * per_node]))
+        k = pairs[best][0]
+        rows.append((node_name(v), score[best], low[best], high[best], _names(graph, k), len(k), found.n_prompts))
+    return pd.DataFrame(rows, columns=["node", "score", "ci_low", "ci_high", "removed", "size", "n_prompts"])
+
+
+def full_graph_figure(curve: pd.DataFrame, title: str = "", x: str = "fraction"):
+    """``faithfulness_curve``'s frame drawn: faithfulness (with its 95% band) against ``x``
+    ("fraction" of the graph's edges kept, log scale, or "n_edges"), both positive; 0 and 1 (the
+    corrupted and the clean model) marked, CPR and CMD in the legend."""
+    if x not in ("fraction", "n_edges"):
+        raise UserError(f"x must be 'fraction' or 'n_edges'; got {x!r}")
+    figure = new_figure(figsize=(5, 3.5))
+    ax = figure.subplots()
+    label = f"CPR {curve.attrs.get('cpr', np.nan):.2f}, CMD {curve.attrs.get('cmd', np.nan):.2f}"
+    ax.plot(curve[x], curve.faithfulness, marker="o", label=label)
+    ax.fill_between(curve[x], curve.ci_low, curve.ci_high, alpha=0.25, linewidth=0)
+    for level in (0.0, 1.0):
+        ax.axhline(level, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log")
+    ax.set(xlabel="fraction of the graph's edges kept (top-k by |score|)" if x == "fraction" else
+           "edges kept (top-k by |score|)", ylabel="faithfulness (0 corrupted, 1 clean)", title=title)
+    ax.legend(loc="lower right")
+    figure.tight_layout()
+    return figure
