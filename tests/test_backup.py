@@ -52,32 +52,15 @@ def test_pairwise_ablation_matches_hand_hooks(scratch_gpt2, bridge_gpt2, prompts
         pairwise_ablation(scratch_gpt2, prompts, [(0, 1)])
 
 
-def test_pairwise_ablation_reuses_the_single_effects_it_is_given(scratch_gpt2, prompts, monkeypatch):
-    """Single effects handed in (the totals ``direct_and_total_effects`` measured) are not ablated again,
-    and the table equals the one that measures them itself, to float error."""
-    from analyses.interventions.ablation import Ablation
-
-    heads = [(0, 1), (1, 2), (1, 3)]
-    measured = pairwise_ablation(scratch_gpt2, prompts, heads, "zero")
-    totals = direct_and_total_effects(scratch_gpt2, prompts, heads, "zero", progress=False)
-    single = {(row.layer, row.head): row.total for row in totals.itertuples()}
-    asked = []
-    original = Ablation.scores
-    monkeypatch.setattr(Ablation, "scores",
-                        lambda self, targets, **kw: asked.extend(targets) or original(self, targets, **kw))
-    reused = pairwise_ablation(scratch_gpt2, prompts, heads, "zero", single=single)
-    assert [list(target) for target in asked] == [[(0, 1), (1, 2)], [(0, 1), (1, 3)], [(1, 2), (1, 3)]]  # pairs only
-    columns = ["effect_a", "effect_b", "joint", "excess"]
-    assert (reused[columns] - measured[columns]).abs().max().max() < 1e-6
-    assert measured["effect_a"].abs().max() > 1e-3
-
-
 def test_backup_groups_are_connected_components():
     pairs = pd.DataFrame({"a": ["L1H0", "L1H1", "L0H2", "L1H0"], "b": ["L1H1", "L1H3", "L0H3", "L0H2"],
                           "excess": [0.2, 0.06, 0.5, 0.01]})
+    pairs = pairs.assign(excess_ci_low=pairs["excess"] - 0.01, excess_ci_high=pairs["excess"] + 0.01)
     assert backup_groups(pairs, 0.05) == [["L0H2", "L0H3"], ["L1H0", "L1H1", "L1H3"]]
     assert backup_groups(pairs, 0.1) == [["L0H2", "L0H3"], ["L1H0", "L1H1"]]
     assert backup_groups(pairs, 1.0) == []
+    unsure = pairs.assign(excess_ci_low=[0.1, -0.01, 0.4, 0.0])  # L1H1-L1H3's interval holds 0: it joins nothing
+    assert backup_groups(unsure, 0.05) == [["L0H2", "L0H3"], ["L1H0", "L1H1"]]
 
 
 def test_direct_effect_is_the_head_output_through_the_unembedding(scratch_gpt2, bridge_gpt2, prompts):

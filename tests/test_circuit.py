@@ -17,7 +17,7 @@ from analyses.circuits.circuit import (VIA_COLOURS, circuit_edges, circuit_figur
 from analyses.roles.classify import assign_roles, classify_heads
 from analyses.circuits.path_patching import edge_attribution
 from analyses.interventions.attribution import Screen
-from analyses.report.build import circuit_report_section, screen_meta
+from analyses.report.build import chosen_edges, circuit_report_section, screen_meta, selection_probes
 from analyses.circuits.composition import composition_scores
 from analyses.core.probes import probes_for
 from interp import load_model
@@ -157,7 +157,8 @@ def test_report_circuit_leaves_out_sinks_and_says_so(toy):
     section = circuit_section(model, sinks, probes, via="k", baseline_samples=4, skip_roles=("bos",))
     assert section.senders == role_heads(table) and section.skipped == sorted(set(role_heads(sinks)) - set(role_heads(table)))
     assert len(section.skipped) > 0
-    text = circuit_report_section(section).text
+    text = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8, 1024.0,
+                                                                                progress=False))).text
     assert f"the {len(section.skipped)} role heads with none of the roles" in text and "left out" in text
 
 
@@ -243,7 +244,8 @@ def test_a_screened_circuit_is_exact_where_its_rule_says_and_the_page_says_it_is
     assert screened["effect"][~exact].to_numpy() == pytest.approx(attribution[~exact].to_numpy(), abs=1e-5)
 
     section = circuit_section(model, table, probes, baseline_samples=4, skip_roles=("bos",), screen=screen)
-    page = circuit_report_section(section).text
+    page = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8, 1024.0,
+                                                                                progress=False))).text
     assert f"{int(section.edges['exact'].sum())} were path-patched exactly" in page
     lines = edge_lines(screened, top=len(screened))
     assert sum(line.endswith("(estimate)") or "(estimate)," in line for line in lines) == (~exact).sum()

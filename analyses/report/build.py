@@ -14,13 +14,19 @@ groups, direct vs total effects, dormant heads, head similarity: ``analyses.repo
 the role heads against layer-matched random heads (``role_control``: ``analyses.interventions.controls``)
 and a circuit section (the edges among the role heads: ``analyses.circuits.circuit``).
 
+The roles are chosen on the selection rows of the probe draw, every effect measured on the
+intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
+the circuit edges listed and drawn, the backup groups) are chosen on the selection rows' first
+``intervention_prompts`` (``selection_probes``, ``CHOSEN_LISTS``) and printed with their effects on
+the intervention rows.
+
 Same model, prompts and seed -> the same bytes. Every file is written atomically.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -32,17 +38,18 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, calibration_section,
                                                   choosing_probes, probe_run)
-from analyses.circuits.circuit import CIRCUIT_ROLES, CircuitSection, circuit_section, edge_lines
+from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_figure, circuit_section, edge_lines,
+                                       induction_pair, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
-from analyses.circuits.edges import VIAS
-from analyses.circuits.path_patching import path_needs
+from analyses.circuits.edges import KEY_COLUMNS, VIAS
+from analyses.circuits.path_patching import edge_attribution, path_needs
 from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
                                            direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
                                            next_token_answers)
 from analyses.components.meaning import ov_scores
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
                                      classify_heads, head_table)
-from analyses.roles.backup import DIRECT_EFFECTS, direct_effect_needs
+from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate
@@ -56,7 +63,9 @@ from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout
 from analyses.interventions.attribution import Screen
 from analyses.interventions.controls import ControlEffects, control_effects, control_figure
 from analyses.interventions.run import Run
+from analyses.core.metrics import loss_metric
 from analyses.core.tokens import encode, leading_tokens
+from analyses.interventions.ablation import ablation_reads
 from analyses.interventions.cost import CostEstimate, StepClock
 from interp.memory import release_freed_memory
 
@@ -78,9 +87,13 @@ FIGURE_CAPTIONS = {
     "top_heads": "The top-scoring head of each role on one probe prompt",
     "layer_map": "Every head of one layer on the report's text",
     "rollout": "Attention rollout on the report's text (Abnar & Zuidema 2020)",
-    "circuit": "The strongest edges among the role heads (path patching, noising)",
+    "circuit": "Edges among the role heads chosen on the selection probes (edge attribution), drawn by their "
+               "effect on the intervention probes (path patching, noising)",
 }
 CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
+CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
+CIRCUIT_FIGURE_EDGES = 12  # and those it draws
+TOP_DLA = 5  # the components the page lists by direct logit attribution (chosen on the selection probes)
 
 
 @dataclass
@@ -145,14 +158,16 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     estimate.show("report", progress)
     first = FirstProbes.of(probes, run, run.metric, intervention_prompts)
     chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
-    step_mb = left_after(memory_mb, run.held_mb())
+    selection = selection_probes(model, probes, intervention_prompts, left_after(memory_mb, run.held_mb()),
+                                 progress)
+    step_mb = left_after(memory_mb, run.held_mb() + selection.run.held_mb())
     steps.begin("classification")
     scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on, memory_mb=memory_mb,
                             progress=progress, run=None if texts else chosen_run)
     steps.begin("calibration")
     calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
                                       progress=progress, run=run, intervention_prompts=intervention_prompts,
-                                      direct=DIRECT_EFFECTS not in left)
+                                      direct=DIRECT_EFFECTS not in left, choose=selection)
     calibrated = fdr is not None and not texts
     table = with_direct_effects(head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
                                            calibration=calibration.frames["calibration"] if calibrated else None),
@@ -162,9 +177,9 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     steps.begin("circuit")
     skipped = [role for role in ALL_ROLES if role not in CIRCUIT_ROLES]
     estimate.at_start("circuit", circuit_cost(shape, circuit_role_heads(table, skip=skipped), circuit_screen), progress)
-    circuit = None if CIRCUIT in left else circuit_section(
+    circuit = None if CIRCUIT in left else chosen_edges(model, circuit_section(
         model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
-        skip_roles=skipped, screen=circuit_screen)
+        skip_roles=skipped, screen=circuit_screen), selection, seed=seed, memory_mb=step_mb, progress=progress)
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -181,7 +196,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     steps.begin("components")
     sections[2:2] = [calibration_report_section(calibration), control_report_section(control, chosen), *circuit_page,
                      components_report_section(model, first.probes, component_effects(calibration), run=first.run,
-                                               memory_mb=step_mb, progress=progress, dla=DLA not in left)]
+                                               memory_mb=step_mb, progress=progress, dla=DLA not in left,
+                                               selection=selection)]
     sections[:0] = left_out_section(left)
     steps.close()
     meta["cost"] = estimate.record()
@@ -244,6 +260,45 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     return shape, report_estimate(shape, ReportSteps.STEPS, float("nan"))
 
 
+def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float,
+                     progress: bool | None = None) -> FirstProbes:
+    """The selection rows' first ``intervention_prompts`` probes (as many as the intervention probes,
+    fewer where the selection has fewer), their loss metric on the predictable tokens and a ``Run``
+    of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
+    heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
+    (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
+    the circuit's edge attribution runs its own (``chosen_edges``)."""
+    chosen = probes.after(intervention_prompts).first(intervention_prompts)
+    metric = loss_metric(chosen.tokens, chosen.predictable)
+    names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
+    run = Run.make(model, chosen.tokens, metric, list(dict.fromkeys(names)), memory_mb=memory_mb, progress=progress,
+                   desc="selection probes")
+    return FirstProbes(chosen, run, metric)
+
+
+def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> CircuitSection:
+    """The circuit with each edge's edge-attribution estimate (EAP, noising, on the induction pair of
+    ``selection``'s probes: two forwards and a backward, the cheaper screen of the exact sweep) as
+    ``chosen_by``, by which the report chooses the edges it prints and draws (``CHOSEN_EDGES``, the
+    figure's ``top``), their effects those path-patched on the intervention probes; the figure redrawn
+    from them."""
+    if circuit.edges.empty:
+        return circuit
+    clean, corrupted, metric = induction_pair(selection.probes, seed)
+    screen = edge_attribution(model, clean, corrupted, metric, senders=circuit.senders, receivers=circuit.receivers,
+                              via=VIAS, direction="noise", memory_mb=memory_mb, progress=progress)
+    edges = circuit.edges.merge(screen[[*KEY_COLUMNS, "attribution"]].rename(columns={"attribution": "chosen_by"}),
+                                on=KEY_COLUMNS, how="left")
+    patched = edges[edges["exact"].astype(bool)]
+    shown = strongest(patched, CIRCUIT_FIGURE_EDGES, "chosen_by")
+    title = ("edges chosen by edge attribution on the selection probes; width = |effect| by path patching (noise) on "
+             "the intervention probes" + (f"\nnot drawn: the {len(edges) - len(patched)} edges left at their EAP "
+                                         "estimate" if len(patched) < len(edges) else ""))
+    figure = circuit_figure(shown, top=CIRCUIT_FIGURE_EDGES, title=title) if len(shown) else None
+    return replace(circuit, edges=edges, figure=figure)
+
+
 def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
     """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
     intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
@@ -254,15 +309,25 @@ def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: boo
             "selection": [intervention_prompts, total], "disjoint": True,
             "rule": ("the roles are chosen on the texts (the selection rows give the calibration's null bands)"
                      if texts else "the roles (classification, nulls, false-discovery rate) are chosen on the "
-                     "selection rows") + "; every ablation, control, circuit and component effect is measured on "
-                    "the measurement rows"}
+                     "selection rows") + "; " + CHOSEN_LISTS + "; every ablation, control, circuit and component "
+                    "effect is measured on the measurement rows"}
+
+
+# how the report's lists are chosen on the selection rows (meta.json's probe_split rule, the guide)
+CHOSEN_LISTS = ("the lists the page prints are chosen on the first intervention_prompts selection rows: the top-5 "
+                "direct logit attribution (exact DLA there), the circuit edges printed and drawn (edge attribution, "
+                "EAP, there: a screen, not the exact path-patching sweep), the backup pairs' heads (their first-order "
+                "ablation effect there) and backup groups (pairwise ablation there, pairs whose excess interval "
+                "excludes 0)")
 
 
 def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
     """One sentence for the page: every effect is measured on prompts that did not choose the heads."""
     where = f"the {texts} texts" if texts else f"the other {n_prompts} probes of the same draw"
     return (f"Every effect is measured on prompts that did not choose the heads: the {intervention_prompts} "
-            f"intervention probes, while the roles were chosen on {where} (meta.json: probe_split).")
+            f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
+            "attributions, the circuit edges listed and the backup groups on the first "
+            f"{intervention_prompts} probes of the selection rows (meta.json: probe_split).")
 
 
 def screen_meta(circuit: CircuitSection | None) -> dict | None:
@@ -372,29 +437,57 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
     """The calibration section: null bands, backup groups, self-repair, dormant heads, similarity."""
     frames = calibration.frames
     groups = [f"- backup group {int(g.group)}: {g.heads.replace(';', ', ')} (single effects sum to "
-              f"{g.sum_single:.2f} nats, together {effect_text(g.joint, g.joint_ci_low, g.joint_ci_high, 2)})"
+              f"{g.sum_single:.2f} nats, together {effect_text(g.joint, g.joint_ci_low, g.joint_ci_high, 2)}, "
+              f"excess {effect_text(g.excess, g.excess_ci_low, g.excess_ci_high, 2)})"
               for g in frames["groups"].itertuples()]
     dormant = frames["dormant"][frames["dormant"]["dormant"]]
     dormant_line = ", ".join(f"L{int(r.layer)}H{int(r.head)}" for r in dormant.itertuples()) or "none"
     text = ("Each score against its nulls; heads that back each other up (ablated together they cost more than "
             "the sum of their single effects); each head's direct effect (downstream frozen) against its total "
-            "effect, whose gap is self-repair; dormant heads (tiny output, ablation a no-op).\n\n"
+            "effect, whose gap is self-repair; dormant heads (tiny output, ablation a no-op). " + BACKUP_RULE + "\n\n"
             + "\n".join(groups or ["- backup groups: none"]) + f"\n- dormant heads: {dormant_line}")
     figures = [ReportFigure(name, calibration.captions[name], png_bytes(figure))
                for name, figure in calibration.figures.items()]
-    return Section("Calibration", text, figures=figures)
+    return Section("Calibration", text, figures=figures, table=pair_table(frames["pairs"]))
+
+
+BACKUP_RULE = ("Backup: the role heads with the largest first-order ablation effect on the selection probes (at most "
+               f"{DEFAULT_PAIR_HEADS}) are ablated in pairs there and on the intervention probes; a pair backs up when "
+               f"its excess (joint effect minus the sum of its single effects, per prompt) is at least "
+               f"{DEFAULT_MIN_EXCESS} nats with a 95% "
+               "interval excluding 0 on the selection probes, and the groups (connected pairs) are measured on the "
+               "intervention probes (the table: every pair, 'excess' measured there, 'chosen excess' where it was "
+               "chosen).")
+
+
+def pair_table(pairs: pd.DataFrame) -> pd.DataFrame | None:
+    """The pairwise ablation as the calibration section's table: ``a, b``, the single and joint
+    effects and the excess (each 'e [low, high]', ``effect_text``) on the intervention probes, the
+    excess on the probes that chose the groups, and whether the pair backs up; None without pairs."""
+    if pairs.empty:
+        return None
+
+    def shown(value: str, stem: str) -> list[str]:
+        return [effect_text(*cells, 3) for cells in zip(pairs[value], pairs[f"{stem}_ci_low"], pairs[f"{stem}_ci_high"])]
+
+    return pd.DataFrame({"a": pairs["a"], "b": pairs["b"], "effect a": pairs["effect_a"], "effect b": pairs["effect_b"],
+                         "joint": shown("joint", "joint"), "excess": shown("excess", "excess"),
+                         "chosen excess": shown("chosen_excess", "chosen_excess"),
+                         "backs up": pairs["backs"].map({True: "yes", False: "no"})})
 
 
 def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
                               memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                              dla: bool = True) -> Section:
+                              dla: bool = True, selection: FirstProbes | None = None) -> Section:
     """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
     attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
     effect (attention vs MLP: ``effects``, the calibration's ablations of every head and MLP,
     ``component_effects``), and the copying / copy-suppression roles of the OV circuits, on
     ``probes`` (the report's first ``intervention_prompts``). ``run``: a ``Run`` of the probes whose
     ``component_hooks`` (with the lens) serve instead of a forward. ``dla=False`` leaves direct logit
-    attribution out (a model whose heads' writes are not z @ W_O: ``analyses.report.plan``)."""
+    attribution out (a model whose heads' writes are not z @ W_O: ``analyses.report.plan``). ``selection``:
+    the probes (with a ``Run`` holding ``component_hooks``) the top ``TOP_DLA`` components are chosen on
+    (``top_dla``; None: on ``probes``, in-sample), their values printed from ``probes``."""
     tokens = probes.tokens
     answers, positions = next_token_answers(tokens)
     predictable = probes.predictable[:, 1:].reshape(-1).cpu()
@@ -402,10 +495,10 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
              run.read(component_hooks(model, lens=True)))
     figures, attribution = [], "Which components write the answer."
     if dla:
-        found = direct_logit_attribution(model, cache, answers, positions=positions)
-        found = found[predictable.repeat(found["component"].nunique()).cpu().numpy()]
-        means = dla_intervals(found)
-        top = means.sort_values(["dla", "component"], ascending=[False, True]).head(5)
+        means = predictable_dla(model, probes, cache)
+        top = top_dla(means if selection is None else
+                      predictable_dla(model, selection.probes, selection.run.read(component_hooks(model, lens=True))),
+                      means)
         figures.append(ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; "
                                     "MLPs right; hatched: its 95% interval over the probes contains 0)",
                                     png_bytes(dla_heatmap(means))))
@@ -413,7 +506,8 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
             " **Direct logit attribution**: each head's, MLP's and embedding's "
             "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
             "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
-            f"logit{', before the final soft cap' if found['logits'].iloc[0] != 'as output' else ''}). The largest:\n\n"
+            f"logit{', before the final soft cap' if means.attrs['logits'] != 'as output' else ''}). The largest, "
+            "chosen on the first probes of the selection rows and measured on the intervention probes:\n\n"
             + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in top.itertuples()))
     lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
     lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
@@ -439,6 +533,26 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
                                 png_bytes(attention_vs_mlp_figure(effects)))] if direct else [])]
     columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
     return Section("Components", text, figures=figures, table=roles[columns].round(3))
+
+
+def predictable_dla(model, probes: RepeatedProbes, cache: dict) -> pd.DataFrame:
+    """``dla_intervals`` of the components' direct logit attribution to the next token on the probes'
+    predictable tokens, from ``cache`` (``component_hooks`` with the lens, of ``probes``); ``attrs["logits"]``:
+    the frame's ``logits`` note (``direct_logit_attribution``)."""
+    answers, positions = next_token_answers(probes.tokens)
+    found = direct_logit_attribution(model, cache, answers, positions=positions)
+    found = found[probes.predictable[:, 1:].reshape(-1).cpu().repeat(found["component"].nunique()).numpy()]
+    means = dla_intervals(found)
+    means.attrs["logits"] = found["logits"].iloc[0]
+    return means
+
+
+def top_dla(chosen_on: pd.DataFrame, measured: pd.DataFrame, k: int = TOP_DLA) -> pd.DataFrame:
+    """The ``k`` components of largest DLA in ``chosen_on`` (``dla_intervals`` of the probes that choose;
+    ties by name), best first, with their rows of ``measured`` (``dla_intervals`` of other probes):
+    the values the page prints, measured on prompts that did not choose them."""
+    order = chosen_on.sort_values(["dla", "component"], ascending=[False, True])["component"].head(k)
+    return measured.set_index("component").loc[order].reset_index()
 
 
 def dla_intervals(found: pd.DataFrame) -> pd.DataFrame:
@@ -475,7 +589,11 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
                 "patches every edge).")
     figures = [] if circuit.figure is None else [ReportFigure("circuit", FIGURE_CAPTIONS["circuit"],
                                                               png_bytes(circuit.figure))]
-    return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(circuit.edges)), figures=figures)
+    how += (f" The {CHOSEN_EDGES} edges listed (and the {CIRCUIT_FIGURE_EDGES} drawn) are chosen by their edge "
+            "attribution (EAP, noising) on the first probes of the selection rows, a cheaper screen than path-patching "
+            "every edge there; each shows its effect path-patched on the intervention probes.")
+    chosen = strongest(circuit.edges.dropna(subset=["chosen_by"]), CHOSEN_EDGES, "chosen_by")
+    return Section("Circuit", how + "\n\n" + "\n".join(edge_lines(chosen, top=CHOSEN_EDGES)), figures=figures)
 
 
 def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]:

@@ -18,7 +18,9 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from analyses.roles.backup import backup_report, direct_and_total_effects, direct_effect_reads
+from analyses.interventions.ablation import prepare_ablation
+from analyses.roles.backup import (backup_report, direct_and_total_effects, direct_effect_reads,
+                                   first_order_head_effects)
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.components.meaning import meaning_nulls
 from analyses.roles.classify import ALL_ROLES, DEFAULT_FDR, MEANING_ROLES, MEASURES, PromptSums, probe_targets
@@ -139,8 +141,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                        null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                        pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
                        progress: bool | None = None, run: Run | None = None,
-                       intervention_prompts: int | None = None,
-                       direct: bool = True) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+                       intervention_prompts: int | None = None, direct: bool = True,
+                       choose: "FirstProbes | None" = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
     """The section's tables on ``probes`` (see ``CalibrationSection``) and the head similarities.
 
     metric: default the loss of the probes' predictable tokens (the run's metric where it has
@@ -155,6 +157,10 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     None: both on every probe; each
     step's budget is what the run's store leaves of ``memory_mb``. direct: False where the plan left
     the heads' direct effects out (``direct_effect_needs``): the totals alone, no self-repair figure.
+    choose: probes apart from the intervention probes with a ``Run`` reading the ablation's hooks (the
+    report's selection rows, ``analyses.report.build.selection_probes``): the pairwise ablation's heads
+    are ranked by their first-order effect there (``first_order_head_effects``) and its backup groups
+    formed there (``backup_report(choose=...)``); None: both on the intervention probes (in-sample).
     """
     run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=intervention_prompts,
                                                 memory_mb=memory_mb)
@@ -172,10 +178,12 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
                                        memory_mb=memory_mb, progress=progress, run=first.run, direct=direct)
     effects, mlp_effects = effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
     steps.update()
-    role_heads = role_heads_by_effect(calibration, effects, pair_heads)
-    single = {(int(row.layer), int(row.head)): row.total for row in effects.itertuples()}  # reused, not rerun
+    chooser = None if choose is None else prepare_ablation(model, choose.probes, method, choose.metric,
+                                                           run=choose.run, memory_mb=memory_mb)
+    role_heads = role_heads_by_effect(calibration, effects if chooser is None else
+                                      first_order_head_effects(chooser, memory_mb), pair_heads)
     pairs, groups = (backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
-                                   progress=progress, run=first.run, single=single)
+                                   progress=progress, run=first.run, choose=chooser)
                      if len(role_heads) >= 2 else (pd.DataFrame(), pd.DataFrame()))
     steps.update()
     dormant = dormant_frame(model, first.probes.tokens, *(effects[c].to_numpy() for c in ("total", "total_ci_low",

@@ -70,8 +70,9 @@ def one_block_fe(model) -> float:
 
 
 def probe_run_cost(shape: ReportShape) -> StepCost:
-    """The probes' one forward (``probe_run``): 1 FE."""
-    return StepCost(1.0)
+    """The probes' one forward (``probe_run``): 1 FE; and that of the selection rows the report's lists
+    are chosen on, as many as the intervention probes (``selection_probes``)."""
+    return StepCost(1.0 + shape.share)
 
 
 def classification_cost(shape: ReportShape) -> StepCost:
@@ -86,7 +87,10 @@ def calibration_cost(shape: ReportShape) -> StepCost:
     (``direct_and_total_effects``; the direct effects run no block); pairwise ablation of at most
     ``pair_heads`` role heads and their backup groups (``backup_report``), which heads is known only
     after the nulls: bounded by the earliest heads, each pair from the earlier head's layer on,
-    at most one group per two heads, each from block 0."""
+    at most one group per two heads, each from block 0; the pairs and each head alone (the excess is
+    per prompt) run twice, on the selection rows that choose the groups and on the intervention
+    probes, as many of each (``choose``), with the heads' first-order screen there (a forward; its
+    backward is not counted)."""
     model = shape.model
     cfg = model.cfg
     layers = [layer for layer in range(cfg.n_layers) for _ in range(cfg.n_heads)]  # every head's, in order
@@ -94,9 +98,10 @@ def calibration_cost(shape: ReportShape) -> StepCost:
     totals = sum(suffix_fe(model, layer) for layer in [*layers, *mlps])
     earliest = layers[:shape.pair_heads]
     pairs = sum(suffix_fe(model, min(a, b)) for a, b in combinations(earliest, 2))
+    singles = sum(suffix_fe(model, layer) for layer in earliest)  # each head alone, for the excess per prompt
     groups = len(earliest) // 2 * suffix_fe(model, 0)
-    exact = shape.role_share * (1 + shape.null_seeds) + shape.share * (one_block_fe(model) + totals)
-    return StepCost(exact) + StepCost(shape.share * (pairs + groups), at_most=True)
+    exact = shape.role_share * (1 + shape.null_seeds) + shape.share * (one_block_fe(model) + totals + 1)
+    return StepCost(exact) + StepCost(shape.share * (2 * (pairs + singles) + groups), at_most=True)
 
 
 def control_cost(shape: ReportShape) -> StepCost:
@@ -115,7 +120,9 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     q/k/v edge one run from the receiver's layer (from its MLP where the receiver's moved z
     reaches ``hook_resid_mid`` alone); per logits edge the last block (``path_values``). With a
     ``screen``, edge attribution first (a forward of each prompt set) and at most every edge
-    exact. 0 where the circuit is left out or no head has a circuit role."""
+    exact. The edges the page lists are chosen by edge attribution on as many selection rows
+    (``chosen_edges``: a forward of each prompt set). 0 where the circuit is left out or no head has
+    a circuit role."""
     if not shape.circuit or heads == []:
         return StepCost(0.0)
     if heads is None:
@@ -124,7 +131,7 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     edges = edges_of(model, heads, heads, VIAS).table.tolist()  # sender layer, head, receiver layer, head, via
     qkv = [VIAS.index(via) for via in QKV]
     step_one = {(s_layer, s_head, r_layer, via) for s_layer, s_head, r_layer, _, via in edges if via in qkv}
-    fe = 2.0 + len(step_one) * one_block_fe(model)
+    fe = 4.0 + len(step_one) * one_block_fe(model)
     for _, _, layer, _, via in edges:
         fe += one_block_fe(model) if via not in qkv else suffix_fe(model, layer, after_attention=from_mid(model, layer))
     cost = StepCost(shape.share * fe)

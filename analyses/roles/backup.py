@@ -4,8 +4,11 @@
   of their single effects. ``excess = joint - (effect_A + effect_B)``: with a loss metric
   (effects are rises in loss), a positive excess means that each head covers for the other (the
   pair matters more than its parts: backup, redundancy); negative, that their effects overlap.
-  Heads joined by an excess of at least ``min_excess`` are one **backup group** (connected
-  components), and each group is ablated as a whole.
+  Each prompt's excess is its joint effect minus its two single effects, all from the same forwards
+  of the same prompts, so the excess has its own interval. Heads joined by an excess of at least
+  ``min_excess`` *whose 95% interval excludes 0* are one **backup group** (connected components),
+  and each group is ablated as a whole; ``backup_report(choose=...)`` forms the groups on other
+  prompts than those it measures them on (the report's selection rows: DESIGN 4.12).
 - **Direct vs total effect** (McGrath et al. 2023, "the Hydra effect"): a head's *total* effect
   is the ordinary ablation effect, where every later component reacts; its *direct* effect is
   the same ablation with everything downstream frozen at its unablated value (every later
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from itertools import combinations
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import pandas as pd
 import torch
@@ -50,6 +53,7 @@ from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z
 from analyses.interventions.engine import (Edit, activation_gradients, check_heads, gradient_parts, partial_logits,
                                            rows_of, runs_suffix_only, score_chunks, score_variants)
 from analyses.core.metrics import Metric, PromptScores
+from analyses.core.stats import excludes_zero
 from analyses.core.tokens import accumulator
 from analyses.interventions.run import Run, effect_intervals
 from analyses.roles.readout import FinalReadout
@@ -64,45 +68,66 @@ def head_label(head: tuple[int, int]) -> str:
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                       metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
-                      progress: bool | None = None, run: Run | None = None,
-                      single: Mapping[tuple[int, int], float] | None = None) -> pd.DataFrame:
+                      progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
     """Ablate each of ``heads`` alone and every pair together (one batched call).
 
     prompts: ids, texts or ``RepeatedProbes`` (see ``analyses.interventions.ablation``); metric: default the mean
-    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``); single: each head's own
-    effect where it was already measured with this method, metric and prompts (the ``total`` of
-    ``direct_and_total_effects``): those heads are not ablated alone again. Returns one row per
+    next-token loss; run: a ``Run`` of the prompts (``prepare_ablation``). Returns one row per
     pair: ``a, b`` (labels ``L{l}H{h}``), ``layer_a, head_a, layer_b, head_b, effect_a, effect_b,
     joint, additive`` (effect_a + effect_b), ``excess`` (joint - additive), ``baseline``, and the 95%
     intervals over prompts ``joint_ci_low, joint_ci_high, excess_ci_low, excess_ci_high`` and
-    ``n_prompts`` (``effect_intervals``; the excess's per prompt is its joint minus its two single
-    effects, so it has an interval only where both heads were ablated alone here, NaN where one's
-    effect came in ``single`` as a number).
+    ``n_prompts`` (``joint_effects``: each prompt's excess is its joint effect minus its two single
+    effects, all from the same forwards of the same prompts).
     """
     heads = check_heads(model, heads)
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
     ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
-    pairs = list(combinations(heads, 2))
-    known = {head: float(single[head]) for head in heads if single is not None and head in single}
-    alone = [head for head in heads if head not in known]
-    scores = ablation.scores([[h] for h in alone] + [list(p) for p in pairs], memory_mb=memory_mb,
-                             progress=progress, desc="pairwise ablation")
-    values = scores.values - ablation.baseline
-    effect = known | dict(zip(alone, values[:len(alone)].tolist()))
-    rows = [{"a": head_label(a), "b": head_label(b), "layer_a": a[0], "head_a": a[1], "layer_b": b[0], "head_b": b[1],
-             "effect_a": effect[a], "effect_b": effect[b], "joint": joint}
-            for (a, b), joint in zip(pairs, values[len(alone):].tolist())]
-    frame = pd.DataFrame(rows)
-    frame["additive"] = frame["effect_a"] + frame["effect_b"]
-    frame["excess"] = frame["joint"] - frame["additive"]
-    frame["baseline"] = ablation.baseline
+    return pair_frame(joint_effects(ablation, list(combinations(heads, 2)), memory_mb=memory_mb, progress=progress,
+                                    desc="pairwise ablation"))
+
+
+def joint_effects(ablation: Ablation, sets: Sequence[Sequence[tuple[int, int]]], *,
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                  desc: str = "joint ablations") -> pd.DataFrame:
+    """Each set of heads ablated together and each of their heads alone (one batched call) -> one
+    row per set: ``heads`` (the set, as given), ``effects`` (its heads' single effects, in order),
+    ``sum_single``, ``joint``, ``excess`` (joint - sum_single), ``baseline``, and the 95% intervals
+    over prompts ``joint_ci_low, joint_ci_high, excess_ci_low, excess_ci_high``, ``n_prompts``. The
+    excess's interval bootstraps each prompt's own excess, its joint effect minus its heads' single
+    effects (``(J - B) - sum_i (S_i - B)`` of the per-prompt numerators, ``effect_intervals``); NaN
+    for a metric without a per-prompt form."""
+    alone = sorted({head for members in sets for head in members})
+    scores = ablation.scores([[h] for h in alone] + [list(members) for members in sets], memory_mb=memory_mb,
+                             progress=progress, desc=desc)
+    single = dict(zip(alone, (scores.values[:len(alone)] - ablation.baseline).tolist()))
+    joint = scores.values[len(alone):] - ablation.baseline
     joint_scores = PromptScores(scores.values[len(alone):], None if scores.numerators is None
                                 else scores.numerators[len(alone):], scores.counts)
+    frame = pd.DataFrame({"heads": [tuple(members) for members in sets],
+                          "effects": [[single[h] for h in members] for members in sets],
+                          "joint": joint.tolist()})
+    frame["sum_single"] = frame["effects"].apply(sum)
+    frame["excess"] = frame["joint"] - frame["sum_single"]
+    frame["baseline"] = ablation.baseline
     frame["joint_ci_low"], frame["joint_ci_high"], n_prompts = interval_columns(ablation, joint_scores)
-    frame["excess_ci_low"], frame["excess_ci_high"] = excess_intervals(ablation, scores, alone, pairs, known)
+    frame["excess_ci_low"], frame["excess_ci_high"] = excess_intervals(ablation, scores, alone, sets)
     frame["n_prompts"] = n_prompts
     return frame
+
+
+def pair_frame(joint: pd.DataFrame) -> pd.DataFrame:
+    """``joint_effects`` of pairs -> ``pairwise_ablation``'s columns."""
+    a, b = zip(*joint["heads"]) if len(joint) else ((), ())
+    frame = pd.DataFrame({"a": list(map(head_label, a)), "b": list(map(head_label, b)),
+                          "layer_a": [h[0] for h in a], "head_a": [h[1] for h in a],
+                          "layer_b": [h[0] for h in b], "head_b": [h[1] for h in b],
+                          "effect_a": [e[0] for e in joint["effects"]], "effect_b": [e[1] for e in joint["effects"]],
+                          "joint": joint["joint"]})
+    frame["additive"] = frame["effect_a"] + frame["effect_b"]
+    frame["excess"] = frame["joint"] - frame["additive"]
+    columns = ["baseline", "joint_ci_low", "joint_ci_high", "excess_ci_low", "excess_ci_high", "n_prompts"]
+    return frame.assign(**{column: joint[column].to_numpy() for column in columns})
 
 
 def interval_columns(ablation: Ablation, scores: PromptScores) -> tuple:
@@ -112,27 +137,30 @@ def interval_columns(ablation: Ablation, scores: PromptScores) -> tuple:
     return low.cpu().numpy(), high.cpu().numpy(), n_prompts
 
 
-def excess_intervals(ablation: Ablation, scores: PromptScores, alone: list, pairs: list, known: Mapping) -> tuple:
-    """The 95% intervals of each pair's excess, joint - effect_a - effect_b, per prompt its joint
-    numerator minus its single ones plus the baseline's -> (ci_low, ci_high) numpy arrays (len(pairs),);
-    NaN where a head's single effect came in ``known`` (no per-prompt numerators) or the metric has
-    no per-prompt form. ``scores``: the singles ``alone`` then the ``pairs``, as ``pairwise_ablation`` ablates them."""
-    nan = torch.full((len(pairs),), float("nan"), dtype=torch.float64).cpu().numpy()
+def excess_intervals(ablation: Ablation, scores: PromptScores, alone: list, sets: Sequence) -> tuple:
+    """The 95% intervals of each set's excess, joint - sum of its single effects, per prompt
+    ``J - sum_i S_i + (k - 1) B`` of the numerators (J the set's, S_i its k heads' alone, B the
+    baseline's) -> (ci_low, ci_high) numpy arrays (len(sets),); NaN where the metric has no
+    per-prompt form. ``scores``: the singles ``alone`` then the ``sets``, as ``joint_effects`` ablates them."""
     baseline = ablation.baseline_scores()
-    if known or scores.numerators is None or baseline.numerators is None:
+    if scores.numerators is None or baseline.numerators is None:
+        nan = torch.full((len(sets),), float("nan"), dtype=torch.float64).cpu().numpy()
         return nan, nan.copy()
     single = dict(zip(alone, scores.numerators[:len(alone)]))
     joint = scores.numerators[len(alone):]
-    excess = torch.stack([j - single[a] - single[b] + baseline.numerators for j, (a, b) in zip(joint, pairs)])
-    low, high, _ = effect_intervals(PromptScores(torch.zeros(len(pairs)), excess + baseline.numerators,
-                                                 baseline.counts), baseline, len(ablation.tokens))
+    excess = torch.stack([j - sum(single[h] for h in members) + len(members) * baseline.numerators
+                          for j, members in zip(joint, sets)])  # (sets, batch): the excess plus the baseline
+    low, high, _ = effect_intervals(PromptScores(torch.zeros(len(sets)), excess, baseline.counts), baseline,
+                                    len(ablation.tokens))
     return low.cpu().numpy(), high.cpu().numpy()
 
 
 def backup_groups(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> list[list[str]]:
-    """Connected components of the heads joined by ``excess >= min_excess`` in a
-    ``pairwise_ablation`` table -> groups of head labels (each sorted, groups by first member);
-    heads with no such partner are left out."""
+    """Connected components of the heads joined by a backing pair in a ``pairwise_ablation`` table:
+    ``excess >= min_excess`` and its 95% interval ``[excess_ci_low, excess_ci_high]`` excluding 0 (a
+    pair whose excess could be 0 over these prompts joins nothing; a NaN interval excludes nothing)
+    -> groups of head labels (each sorted, groups by first member); heads with no such partner are
+    left out."""
     parent: dict[str, str] = {}
 
     def root(label: str) -> str:
@@ -140,12 +168,17 @@ def backup_groups(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -
             label = parent[label]
         return label
 
-    for a, b in pairs.loc[pairs["excess"] >= min_excess, ["a", "b"]].itertuples(index=False):
+    for a, b in pairs.loc[backing(pairs, min_excess), ["a", "b"]].itertuples(index=False):
         parent[root(a)] = root(b)
     groups: dict[str, list[str]] = {}
     for label in parent:
         groups.setdefault(root(label), []).append(label)
     return sorted((sorted(g, key=_label_key) for g in groups.values()), key=lambda g: _label_key(g[0]))
+
+
+def backing(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> pd.Series:
+    """Which pairs of a ``pairwise_ablation`` table back each other up (``backup_groups``' rule): bool per row."""
+    return (pairs["excess"] >= min_excess) & excludes_zero(pairs["excess_ci_low"], pairs["excess_ci_high"])
 
 
 def _label_key(label: str) -> tuple[int, int]:
@@ -156,39 +189,59 @@ def _label_key(label: str) -> tuple[int, int]:
 def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                   metric: Metric | None = None, *, min_excess: float = DEFAULT_MIN_EXCESS,
                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                  run: Run | None = None,
-                  single: Mapping[tuple[int, int], float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Pairwise ablation of ``heads`` and their backup groups, each ablated as a whole (``run``: a
-    ``Run`` of the prompts, made here where None, that both steps read; ``single``: the heads'
-    effects alone where already measured, see ``pairwise_ablation``).
+                  run: Run | None = None, choose: Ablation | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pairwise ablation of ``heads`` and their backup groups (``backup_groups``: pairs whose excess is
+    at least ``min_excess`` and whose 95% interval excludes 0), each ablated as a whole (``run``: a
+    ``Run`` of the prompts, made here where None, that both steps read).
 
-    Returns (pairs: see ``pairwise_ablation``, groups: one row per group ``group`` (0..),
-    ``heads`` (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single
-    effects), ``joint`` (all of them ablated together), ``excess`` (joint - sum_single), ``joint_ci_low``,
-    ``joint_ci_high``, ``n_prompts`` (the joint effect's 95% interval over prompts))."""
+    choose: None forms the groups from the pairs measured on ``prompts`` (in-sample); an ``Ablation``
+    of other prompts (``prepare_ablation``, same method and metric) forms them from the pairs measured
+    there, so the groups' effects printed from ``prompts`` are measured on prompts that did not choose
+    them (DESIGN 4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
+
+    Returns (pairs: see ``pairwise_ablation``, on ``prompts``, with ``backs`` (the pair joins a group,
+    as decided on the choosing prompts) and, with ``choose``, ``chosen_excess, chosen_excess_ci_low,
+    chosen_excess_ci_high`` (its excess there); groups: one row per group ``group`` (0..), ``heads``
+    (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single effects),
+    ``joint`` (all of them ablated together), ``excess`` (joint - sum_single), ``joint_ci_low``,
+    ``joint_ci_high``, ``excess_ci_low``, ``excess_ci_high``, ``n_prompts`` (95% intervals over
+    ``prompts``: ``joint_effects``))."""
     run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
                                                   memory_mb=memory_mb)
-    pairs = pairwise_ablation(model, prompts, heads, method, metric, memory_mb=memory_mb, progress=progress, run=run,
-                              single=single)
-    groups = backup_groups(pairs, min_excess)
-    single = dict(zip(pairs["a"], pairs["effect_a"])) | dict(zip(pairs["b"], pairs["effect_b"]))
-    joint, low, high, n_prompts = torch.empty(0), [], [], []
-    if groups:
-        ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
+    heads = check_heads(model, heads)
+    if len(heads) < 2:
+        raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
+    ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
+    pairs = list(combinations(heads, 2))
+    screen = (None if choose is None else
+              pair_frame(joint_effects(choose, pairs, memory_mb=memory_mb, progress=progress,
+                                       desc="pairwise ablation (choosing)")))
+    groups = [] if screen is None else backup_groups(screen, min_excess)
+    members = [[_label_key(label) for label in group] for group in groups]
+    measured = joint_effects(ablation, [*pairs, *members], memory_mb=memory_mb, progress=progress,
+                             desc="pairwise ablation")
+    frame = pair_frame(measured.iloc[:len(pairs)].reset_index(drop=True))
+    if screen is None:
+        groups = backup_groups(frame, min_excess)
         members = [[_label_key(label) for label in group] for group in groups]
-        scores = ablation.scores(members, memory_mb=memory_mb, progress=progress, desc="backup groups")
-        joint = scores.values - ablation.baseline
-        low, high, n_prompts = interval_columns(ablation, scores)
-    frame = pd.DataFrame({
-        "group": range(len(groups)),
-        "heads": [";".join(g) for g in groups],
-        "n_heads": [len(g) for g in groups],
-        "sum_single": [sum(single[label] for label in g) for g in groups],
-        "joint": joint.tolist(),
-    })
-    frame["excess"] = frame["joint"] - frame["sum_single"]
-    frame["joint_ci_low"], frame["joint_ci_high"], frame["n_prompts"] = low, high, n_prompts
-    return pairs, frame
+        measured = pd.concat([measured, joint_effects(ablation, members, memory_mb=memory_mb, progress=progress,
+                                                      desc="backup groups")] if members else [measured],
+                             ignore_index=True)
+        frame["backs"] = backing(frame, min_excess)
+    else:
+        frame["backs"] = backing(screen, min_excess).to_numpy()
+        frame["chosen_excess"], frame["chosen_excess_ci_low"], frame["chosen_excess_ci_high"] = (
+            screen["excess"].to_numpy(), screen["excess_ci_low"].to_numpy(), screen["excess_ci_high"].to_numpy())
+    return frame, group_frame(groups, measured.iloc[len(pairs):])
+
+
+def group_frame(groups: list[list[str]], measured: pd.DataFrame) -> pd.DataFrame:
+    """``backup_report``'s groups table from the groups (labels) and their ``joint_effects`` rows."""
+    columns = ["sum_single", "joint", "excess", "joint_ci_low", "joint_ci_high", "excess_ci_low", "excess_ci_high",
+               "n_prompts"]
+    frame = pd.DataFrame({"group": range(len(groups)), "heads": [";".join(g) for g in groups],
+                          "n_heads": [len(g) for g in groups]})
+    return frame.assign(**{column: measured[column].to_numpy() if len(groups) else [] for column in columns})
 
 
 def direct_effect_reads(model, method: str, mlps: bool = False) -> list[str]:
@@ -367,6 +420,16 @@ def first_order_effects(ablation: Ablation, components: Sequence[Component], mem
             total = summed[written_by(component)]
             estimate[i] += part.share * (total if isinstance(component, MLP) else total[component[1]]).to(estimate)
     return estimate
+
+
+def first_order_head_effects(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+    """Every head's ablation effect to first order (``first_order_effects``: one forward and backward,
+    a screen, no interval) -> ``layer, head, total``, the columns a ranking by total effect reads."""
+    cfg = ablation.model.cfg
+    heads = [(layer, head) for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
+    estimate = first_order_effects(ablation, heads, memory_mb)
+    return pd.DataFrame({"layer": [h[0] for h in heads], "head": [h[1] for h in heads],
+                         "total": estimate.cpu().numpy()})
 
 
 def kind_of(component: Component) -> str:
