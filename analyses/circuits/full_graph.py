@@ -9,7 +9,7 @@ EAP-IG's graphs ungroup them), an MLP's input (a head of the same layer comes be
 final residual that the unembedding reads ("logits"). A head's output is its z through its
 ``W_O`` (the output bias, the same in every run, belongs to no edge); an MLP's is ``hook_mlp_out``;
 the input's is the residual entering block 0. ``full_graph(model).n_edges`` counts them (SmolLM2-135M:
-301 senders, 127,111 edges). A *circuit* is a boolean mask over ``Graph.edges`` (``circuit_from_edges``;
+301 senders, 123,211 edges). A *circuit* is a boolean mask over ``Graph.edges`` (``circuit_from_edges``;
 ``circuit_from_nodes``: every edge between kept nodes, the input and the logits always kept).
 
 **Evaluation** (``circuit_scores``): one forward of the clean prompts in which every receiver
@@ -18,9 +18,10 @@ output in this same forward) added; circuit edges carry the sender's current out
 upstream reaches them (Hanna et al.'s formulation). Keeping every edge is the clean run; keeping
 none is the corrupted run. The senders' current outputs are kept as differences from the corrupted
 run's, per sender (senders, batch, pos, d_model) float32, and each receiver layer's correction is
-one product of a (senders so far x receivers) 0/1 matrix with them; chunked over prompts within
-``memory_mb``. An MLP's input is edited by adding its correction to ``resid_mid`` and taking it
-back out of ``resid_post``, so the MLP alone sees it (exact with a pre-norm too: the MLP norms the
+one product of a (senders so far x receivers) 0/1 matrix with them (over the senders with a
+corrupted edge there, or, where fewer senders keep one, the sum of all minus the kept ones' product);
+chunked over prompts within ``memory_mb``. An MLP's input is edited by adding its correction to
+``resid_mid`` and taking it back out of ``resid_post``, so the MLP alone sees it (exact with a pre-norm too: the MLP norms the
 edited residual); parallel attention/MLP blocks have no such point and are refused, as is any
 model whose hook self-test (``analyses.core.hook_check``) finds the q/k/v or z edits, or the heads'
 writes, not as this needs. A ``GPTModel`` only (its per-head q/k/v inputs).
@@ -251,17 +252,30 @@ def _edit_hooks(model, graph: Graph, corrupt: torch.Tensor, source: _Source, dif
     over the senders before it (the module docstring)."""
     H, last = graph.n_heads, graph.n_layers - 1
     pending: dict = {}
+    total = torch.zeros(diff.shape[1:], dtype=diff.dtype, device=diff.device)  # diff summed over the senders so far
 
     def correction(receivers: slice, n_senders: int) -> torch.Tensor | None:  # -> (receivers, batch, pos, d_model)
-        weights = corrupt[:n_senders, receivers]
-        if not bool(weights.any()):
+        """sum over the first ``n_senders`` (every one an edge into each of ``receivers``) of
+        corrupt * diff: over the senders with a corrupted edge there, or where fewer senders keep an
+        edge, the running sum over all (``total``: the senders so far are exactly the first
+        ``n_senders``) minus that over the kept ones (the cost follows the smaller set)."""
+        block = corrupt[:n_senders, receivers]
+        corrupted_rows, kept_rows = block.any(1), (block < 1).any(1)
+        if not bool(corrupted_rows.any()):
             return None
-        return (weights.T @ diff[:n_senders].flatten(1)).view(-1, *diff.shape[1:])
+        flat = diff[:n_senders].flatten(1)  # (senders, batch * pos * d_model)
+        by_kept = int(kept_rows.sum()) < int(corrupted_rows.sum())
+        weights, rows = (1 - block, kept_rows.nonzero()[:, 0]) if by_kept else (block, corrupted_rows.nonzero()[:, 0])
+        # a gathered copy of the rows only where they are at most half of them (``_floats_per_position``)
+        product = weights.T @ flat if 2 * len(rows) > n_senders else weights[rows].T @ flat[rows]
+        change = total.flatten()[None] - product if by_kept else product
+        return change.view(-1, *diff.shape[1:])
 
     def at_resid_pre(layer):
         def hook(resid, hook):
             if layer == 0:
                 diff[0] = source.input - resid
+                total.copy_(diff[0])
             start = graph.first_receiver(layer)
             pending["qkv"] = correction(slice(start, start + 3 * H), graph.first_sender(layer))
         return hook
@@ -278,6 +292,7 @@ def _edit_hooks(model, graph: Graph, corrupt: torch.Tensor, source: _Source, dif
         first, w_o = graph.first_sender(layer), model.blocks[layer].attn.W_O.detach()
         def hook(z, hook):
             diff[first:first + H] = einsum(source.z[layer] - z, w_o.to(z.dtype), "b p h e, h e d -> h b p d")
+            total.add_(diff[first:first + H].sum(0))
         return hook
 
     def at_resid_mid(layer):
@@ -291,6 +306,7 @@ def _edit_hooks(model, graph: Graph, corrupt: torch.Tensor, source: _Source, dif
     def at_mlp_out(layer):
         def hook(out, hook):
             diff[graph.first_sender(layer) + H] = source.mlp[layer] - out
+            total.add_(diff[graph.first_sender(layer) + H])
         return hook
 
     def at_resid_post(layer):
@@ -333,11 +349,12 @@ def _final_residual(model, graph: Graph, tokens: torch.Tensor, corrupt: np.ndarr
 
 
 def _floats_per_position(model, graph: Graph) -> int:
-    """What one position of one prompt holds beyond a plain forward: the senders' differences, the
-    corrupted run's input, z and MLP outputs, and the per-head q/k/v copies and their correction."""
+    """What one position of one prompt holds beyond a plain forward: the senders' differences (and
+    a gathered copy of up to half of them), the corrupted run's input, z and MLP outputs, and the
+    per-head q/k/v copies and their correction."""
     cfg = model.cfg
     source = cfg.d_model + cfg.n_layers * (cfg.n_heads * cfg.d_head + cfg.d_model)
-    return len(graph.senders) * cfg.d_model + source + 6 * cfg.n_heads * cfg.d_model
+    return 3 * len(graph.senders) * cfg.d_model // 2 + source + 6 * cfg.n_heads * cfg.d_model
 
 
 @torch.no_grad()
