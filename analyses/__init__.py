@@ -39,5 +39,6 @@ from analyses.components.decompose import (accumulated_residual, attention_vs_ml
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
 from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
-from analyses.tasks.tracing import Trace, causal_trace, trace_figure
+from analyses.tasks.tracing import FactTrace, Trace, causal_trace, facts_figure, trace_facts, trace_figure, trace_verdict
+from analyses.tasks.facts import Fact, builtin_facts, load_facts, top1_facts
 from analyses.components.probing import bracket_depth, bracket_prompts, linear_probe, repeat_offset, seen_before

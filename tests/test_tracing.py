@@ -60,7 +60,8 @@ def test_the_batched_trace_equals_one_restoration_per_run(request, toy, which, s
         model = request.getfixturevalue("scratch_gpt2")  # has MLPs
     if which == "bridge":
         model = request.getfixturevalue("bridge_gpt2")
-    trace = causal_trace(model, PROMPT, "Mary", samples=3, seed=5, state=state, memory_mb=1)  # many small chunks
+    trace = causal_trace(model, PROMPT, "Mary", samples=3, seed=5, state=state, memory_mb=1,  # many small chunks
+                         noise_from="vocabulary")
     naive = naive_trace(model, PROMPT, "Mary", trace.answer, samples=3, noise=3.0, seed=5, state=state)
     assert set(trace.kinds) == ({"resid", "attn"} if which == "toy" else set(KINDS))
     got = {(row.kind, row.layer, row.pos): row.prob for row in trace.frame.itertuples()}
@@ -95,9 +96,9 @@ def test_each_restoration_costs_at_most_one_row_batch_and_suffix_runs_skip_early
 
 def test_the_noise_is_three_embedding_stds_over_the_vocabulary_and_seeded(toy):
     assert embedding_std(toy) == pytest.approx(toy.W_E[:256].std().item(), rel=1e-5)
-    one = causal_trace(toy, PROMPT, "Mary", samples=2, seed=1)
-    again = causal_trace(toy, PROMPT, "Mary", samples=2, seed=1)
-    other = causal_trace(toy, PROMPT, "Mary", samples=2, seed=2)
+    one = causal_trace(toy, PROMPT, "Mary", samples=2, seed=1, noise_from="vocabulary")
+    again = causal_trace(toy, PROMPT, "Mary", samples=2, seed=1, noise_from="vocabulary")
+    other = causal_trace(toy, PROMPT, "Mary", samples=2, seed=2, noise_from="vocabulary")
     assert one.noise_std == pytest.approx(3 * embedding_std(toy))
     assert one.frame.equals(again.frame) and not one.frame["prob"].equals(other.frame["prob"])
     assert one.subject == [5, 6, 7, 8, 9]  # " Mary" after BOS and "When"

@@ -1,5 +1,9 @@
-"""``interp trace``: causal tracing of one prompt (``analyses.tasks.tracing``), written as ``trace.csv``,
-``trace.png`` (the three heatmaps) and ``meta.json``.
+"""``interp trace``: causal tracing (``analyses.tasks.tracing``) of one prompt, written as ``trace.csv``,
+``trace.png`` (the three heatmaps) and ``meta.json``; or with ``--facts FILE|builtin`` of a fact set
+(``analyses.tasks.facts``) kept to the facts the model answers top-1, written as ``aie.csv`` (the
+average indirect effect per kind, layer and position class with its interval), ``facts.csv`` (every
+fact: whether it was kept, its clean and noised probabilities), ``tracing.png`` (Meng et al.'s panels)
+and ``meta.json`` (with the verdict, ``analyses.tasks.tracing.trace_verdict``).
 
 ``interp explain NAME|FILE``: attention as explanation on a task's prompts
 (``analyses.components.explanation``): token attributions beside the attention of the heads that
@@ -36,7 +40,9 @@ from analyses.tasks.task import BUILT_IN, TASK_ABLATIONS, make_task, task_batch,
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
-from analyses.tasks.tracing import STATES, causal_trace, trace_figure
+from analyses.tasks.facts import BUILTIN, load_facts, top1_facts
+from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, facts_figure, trace_facts,
+                                    trace_figure, trace_verdict)
 
 
 def _arguments(args) -> dict:
@@ -48,14 +54,21 @@ def _arguments(args) -> dict:
 
 def register(subparsers) -> None:
     trace = subparsers.add_parser("trace", help="causal tracing (Meng et al. 2022): noise the subject, restore "
-                                                "each layer x position")
+                                                "each layer x position; of one prompt or of a fact set (--facts)")
     add_model_args(trace)
-    trace.add_argument("--prompt", required=True, help="the prompt, e.g. 'The Eiffel Tower is in the city of'")
-    trace.add_argument("--subject", required=True, help="the text in the prompt whose tokens are noised")
+    trace.add_argument("--facts", help=f"trace a fact set: a CSV file with prompt, subject, answer columns, or "
+                                       f"'{BUILTIN}' (the shipped set); kept to the facts the model answers top-1")
+    trace.add_argument("--prompt", help="the prompt of a single trace, e.g. 'The Eiffel Tower is in the city of'")
+    trace.add_argument("--subject", help="the text in the prompt whose tokens are noised")
     trace.add_argument("--answer", help="the exact one-token continuation to trace, e.g. ' Paris' (default: the "
                                         "clean run's top token)")
     trace.add_argument("--samples", type=whole(1), default=10, help="noise samples (default 10)")
     trace.add_argument("--noise", type=number(above=0), default=3.0, help="noise std in embedding stds (default 3)")
+    trace.add_argument("--noise-from", choices=NOISE_FROM, default="subjects",
+                       help="the embedding std: of the subjects' tokens (default, as ROME) or of the vocabulary")
+    trace.add_argument("--window", type=whole(1), default=WINDOW,
+                       help=f"with --facts: MLP and attention layers restored together (default {WINDOW})")
+    trace.add_argument("--limit", type=whole(1), help="with --facts: trace only the first N facts kept")
     trace.add_argument("--state", default="resid_post", choices=STATES,
                        help="the hidden state restored: a layer's output (resid_post, default) or input")
     trace.add_argument("--seed", type=SEED, default=0)
@@ -66,9 +79,16 @@ def register(subparsers) -> None:
 
 
 def run_trace(args) -> int:
+    if args.facts is None and (args.prompt is None or args.subject is None):
+        raise UserError("give --facts FILE|builtin, or --prompt and --subject for a single trace")
+    if args.facts is not None and (args.prompt or args.subject or args.answer):
+        raise UserError("--facts traces a fact set; --prompt, --subject and --answer are for a single trace")
+    facts = load_facts(args.facts) if args.facts is not None else None  # refused before the model loads
     model = load_cli_model(args)
+    if facts is not None:
+        return _trace_fact_set(model, facts, args)
     trace = causal_trace(model, args.prompt, args.subject, args.answer, samples=args.samples, noise=args.noise,
-                         seed=args.seed, state=args.state, memory_mb=args.memory_mb,
+                         noise_from=args.noise_from, seed=args.seed, state=args.state, memory_mb=args.memory_mb,
                          progress=args.progress)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = save_csv(trace.frame, args.out / "trace.csv")
@@ -84,6 +104,37 @@ def run_trace(args) -> int:
         print(f"  best restored {kind}: layer {best['layer']}, position {best['pos']} ({best['token']!r}): "
               f"{best['prob']:.4f}")
     print(f"wrote {csv_path} and {png_path}")
+    return 0
+
+
+def _trace_fact_set(model, facts, args) -> int:
+    """``interp trace --facts``: filter, trace, write aie.csv, facts.csv, tracing.png, meta.json; print the verdict."""
+    kept, filtered = top1_facts(model, facts, memory_mb=args.memory_mb, progress=args.progress)
+    if not kept:
+        raise UserError(f"none of the {len(facts)} facts is answered top-1 by this model; nothing to trace")
+    traced = kept[: args.limit] if args.limit else kept
+    found = trace_facts(model, traced, samples=args.samples, noise=args.noise, noise_from=args.noise_from,
+                        window=args.window, seed=args.seed, state=args.state, memory_mb=args.memory_mb,
+                        progress=args.progress)
+    verdict = trace_verdict(found) if "mlp" in found.kinds else None
+    written = filtered.assign(traced=False, clean_prob=float("nan"), corrupted_prob=float("nan"))
+    rows = written.index[written["kept"]][: len(traced)]  # the traced facts: the first kept ones, in order
+    written.loc[rows, ["clean_prob", "corrupted_prob"]] = found.facts[["clean_prob", "corrupted_prob"]].to_numpy()
+    written.loc[rows, "traced"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_csv(found.aie, args.out / "aie.csv")
+    save_csv(written, args.out / "facts.csv")
+    save_figure(facts_figure(found, verdict), args.out / "tracing.png")
+    effect, low, high = found.total_effect(args.seed)
+    write_meta(args.out, model_meta(model, args.model) | {
+        "command": "trace", "arguments": _arguments(args), "facts": len(facts), "kept_top1": len(kept),
+        "traced": len(traced), "noise_std": found.noise_std, "window": found.window,
+        "total_effect": {"mean": effect, "ci_low": low, "ci_high": high},
+        "verdict": None if verdict is None else verdict.text})
+    print(f"{len(kept)} of {len(facts)} facts answered top-1; traced {len(traced)}; total effect (clean - noised "
+          f"p(answer)) {effect:.4f} [{low:.4f}, {high:.4f}]")
+    print(verdict.text if verdict is not None else "no verdict: the model has no MLPs to trace")
+    print(f"wrote {args.out / 'aie.csv'}, {args.out / 'facts.csv'} and {args.out / 'tracing.png'}")
     return 0
 
 

@@ -7,8 +7,10 @@ layer's output, or ``resid_pre``, its input), its MLP output or its attention ou
 position, and measure the probability of the answer at the last token. The three heatmaps
 (layer x position) show where the clean information must flow for the answer to come back.
 
-The embedding's standard deviation is that of ``hook_embed`` over every ordinary token of the
-vocabulary (the whole embedding table, as the model sees it).
+The embedding's standard deviation (``noise_from``) is that of ``hook_embed`` over the subject's
+tokens (``"subjects"``: every element at every noised position, as ROME's ``collect_embedding_std``
+takes it over its facts' subjects), or over every ordinary token of the vocabulary (``"vocabulary"``:
+the whole embedding table, the rule before issue 47).
 
 How it runs: the noise samples are the rows of one batch (the prompt repeated), so the corrupted
 run is one forward of ``samples`` rows; every restoration is a variant of the intervention engine
@@ -17,10 +19,29 @@ source the clean run's state. On ``GPTModel`` a restoration at layer l starts fr
 residual entering l and computes only the rest; elsewhere the noise hook is on during the full
 forward. Each restored (state, layer, position) therefore costs one row batch of at most one
 forward, and less where the run starts mid-stream (``trace_rows`` counts them).
+
+Over a fact set (``trace_facts``, Meng et al.'s Figure 2): each fact is traced as above with ``samples``
+(10) seeded draws, the noise's standard deviation ``noise`` (3) times that of the subject tokens'
+embeddings over the whole set (``noise_from="subjects"``, as ROME's ``collect_embedding_std``;
+``"vocabulary"`` is the older whole-table rule), restores of one hidden state (``resid``) and of
+``window`` (10) consecutive layers' MLP or attention outputs centred on the layer and clipped at the
+ends (``window_layers``, ROME's rule), each restored at every token of one *position class* at once
+(``position_classes``: first, middle and last subject token, first subsequent token, further tokens,
+last token). The average indirect effect (AIE) of a cell is the mean over facts of (restored -
+noised) answer probability, with a 95% bootstrap interval over facts; ``trace_verdict`` says whether
+the last subject token's MLP window peaks in the middle layers, apart from the other subject tokens.
+
+Cost: a restore at positions P changes nothing before min(P), so on a model that keeps keys and
+values (``GPTModel``: ``past_kv``) those earlier positions are not run again: each draw's noised
+keys and values there are cached once (``PrefixCached``) and only the positions from min(P) on run,
+from the first restored layer on (``suffix_only_start``). A fact of n tokens whose classes start at
+s_1.., with L layers, costs about samples x 3L x sum_i (n - s_i) token-blocks x 0.6 (the mean share
+of layers run), instead of samples x 3L x 6 x n full rows.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from itertools import product
 
@@ -28,21 +49,44 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.interventions.engine import base_run, cache_run, check_choice, evaluate_variants
+from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.plots import new_figure, token_label
+from analyses.core.progress import progress_bar
+from analyses.core.stats import bootstrap_ratio
+from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids, start_ids
+from analyses.interventions.engine import (Edit, base_run, cache_run, check_choice, evaluate_variants,
+                                           runs_suffix_only)
+from analyses.tasks.facts import Fact, answer_token
 from analyses.tasks.task import single_token
-from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids
+from interp.attention import LayerKV
 from interp.errors import UserError
 
 KINDS = ("resid", "mlp", "attn")
 STATES = ("resid_post", "resid_pre")
+NOISE_FROM = ("subjects", "vocabulary")
+WINDOW = 10  # Meng et al.'s window of MLP / attention layers restored together
+CLASSES = ("first subject token", "middle subject tokens", "last subject token", "first subsequent token",
+           "further tokens", "last token")
+SUBJECT_CLASSES = CLASSES[:3]
+TITLES = {"resid": "hidden state", "mlp": "MLP output", "attn": "attention output"}
 
 
 def state_name(kind: str, layer: int, state: str = "resid_post") -> str:
     """The hook a restoration of ``kind`` at ``layer`` replaces, (batch, pos, d_model)."""
     return {"resid": f"blocks.{layer}.hook_{state}", "mlp": f"blocks.{layer}.hook_mlp_out",
             "attn": f"blocks.{layer}.hook_attn_out"}[kind]
+
+
+def window_layers(layer: int, n_layers: int, window: int) -> range:
+    """The layers a restore "at ``layer``" puts back: ``window`` of them centred on it, clipped at the
+    ends, as ROME's ``trace_important_window``: range(max(0, l - w // 2), min(n_layers, l + ceil(w / 2)))
+    (w = 10: layers l - 5 .. l + 4)."""
+    return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))
+
+
+def restored_layers(kind: str, layer: int, n_layers: int, window: int) -> range:
+    """One hidden state (``resid``), or the window of MLP / attention outputs (``window_layers``)."""
+    return range(layer, layer + 1) if kind == "resid" else window_layers(layer, n_layers, window)
 
 
 def embedding_std(model) -> float:
@@ -58,10 +102,28 @@ def embedding_std(model) -> float:
     return float(torch.cat(values)[: len(ids)].std())
 
 
+def subject_embedding_std(model, prompts: list[str], subjects: list[str]) -> float:
+    """Standard deviation (n - 1) of every element of ``hook_embed`` at the subject's positions
+    (``subject_positions``) of each prompt, all prompts together, each once, float32: the
+    embeddings the noise is added to."""
+    values = []
+    for prompt, subject in zip(prompts, subjects):
+        positions = subject_positions(model, prompt, subject)
+        _, kept = cache_run(model, encode(model, prompt).tokens, ["hook_embed"], logits=False)
+        values.append(kept["hook_embed"][0, positions].float().flatten())
+    return float(torch.cat(values).std())
+
+
+def noise_scale(model, prompts: list[str], subjects: list[str], noise_from: str) -> float:
+    """The embedding standard deviation the noise is measured in (``NOISE_FROM``, module docstring)."""
+    check_choice("noise_from", noise_from, NOISE_FROM)
+    return subject_embedding_std(model, prompts, subjects) if noise_from == "subjects" else embedding_std(model)
+
+
 def subject_positions(model, prompt: str, subject: str) -> list[int]:
-    """The positions (start token = 0) of the tokens that spell ``subject``'s first occurrence in
-    ``prompt`` (with the space before it, where one is); a one-line error where ``subject`` is not in
-    the prompt or its tokens do not line up with the prompt's."""
+    """The positions (the start token, where the model's texts have one, is 0) of the tokens that
+    spell ``subject``'s first occurrence in ``prompt`` (with the space before it, where one is); a
+    one-line error where ``subject`` is not in the prompt or its tokens do not line up with the prompt's."""
     start = prompt.find(subject) if subject.strip() else -1
     if start < 0:
         raise UserError(f"subject {subject!r} does not occur in the prompt {prompt!r}")
@@ -72,7 +134,26 @@ def subject_positions(model, prompt: str, subject: str) -> list[int]:
     before, through = tokenizer.encode(prompt[:start]), tokenizer.encode(prompt[: prompt.find(subject) + len(subject)])
     if whole[: len(before)] != before or whole[: len(through)] != through or len(through) == len(before):
         raise UserError(f"subject {subject!r} does not fall on token boundaries of the prompt {prompt!r}")
-    return list(range(len(before) + 1, len(through) + 1))
+    offset = len(start_ids(model))
+    return list(range(len(before) + offset, len(through) + offset))
+
+
+def position_classes(n_pos: int, subject: list[int]) -> dict[str, list[int]]:
+    """Meng et al.'s position classes of a prompt of ``n_pos`` tokens whose subject is at the
+    contiguous ``subject`` positions -> {class: its positions}, in ``CLASSES`` order, only those the
+    prompt has. Tokens before the subject belong to none. Every token is in one class: a one-token
+    subject's token is its *last* subject token (no first), and a token right after the subject that
+    is the prompt's last is the *last token* (no first subsequent); ROME's summary counted such a
+    token in both classes, which makes "first" equal "last" on one-token subjects."""
+    first, last, end = subject[0], subject[-1], n_pos - 1
+    if last >= end:
+        raise UserError(f"the subject must end before the prompt's last token (subject positions {subject}, "
+                        f"{n_pos} tokens)")
+    found = {"first subject token": [first] if first < last else [],
+             "middle subject tokens": list(range(first + 1, last)), "last subject token": [last],
+             "first subsequent token": [last + 1] if last + 1 < end else [],
+             "further tokens": list(range(last + 2, end)), "last token": [end]}
+    return {name: positions for name, positions in found.items() if positions}
 
 
 @dataclass
@@ -99,12 +180,32 @@ class Trace:
         return torch.tensor(part.pivot(index="layer", columns="pos", values="prob").to_numpy())
 
 
-def answer_probability(answer: int):
-    """Metric: mean over rows of the probability of ``answer`` at the last position."""
+def answer_probability(answer: int, parts: bool = False):
+    """Metric: mean over rows of the probability of ``answer`` at the last position. With ``parts``
+    it can be split over rows (``analyses.core.metrics.metric_part``), its parts taking the last
+    position's logits alone (a sweep then unembeds only that position). Only for sweeps whose runs
+    all start from the noised residual (``suffix_only_start``): a chunk of some of a variant's rows
+    would misalign the noise hook, which adds draw b to row b of every group of ``samples`` rows."""
+    def probabilities(logits: torch.Tensor) -> torch.Tensor:  # (rows, pos, d_vocab) -> (rows,)
+        return logits[:, -1].float().softmax(dim=-1)[:, answer]
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, -1].float().softmax(dim=-1)[:, answer].mean()
+        return probabilities(logits).mean()
+
+    def part(rows: slice, read: torch.Tensor | None):
+        def part_metric(logits: torch.Tensor) -> torch.Tensor:
+            return probabilities(logits).mean()
+
+        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            each = probabilities(logits)
+            return each.mean(), each
+
+        part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(rows.stop - rows.start)
+        return part_metric, float(rows.stop - rows.start)
 
     metric.read_positions = -1
+    if parts:
+        metric.part = part
     return metric
 
 
@@ -126,30 +227,40 @@ def draw_noise(model, samples: int, n_subject: int, std: float, seed: int) -> to
     return noise.to(next(model.parameters()).device)
 
 
-def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *, samples: int = 10,
-                 noise: float = 3.0, seed: int = 0, state: str = "resid_post",
-                 kinds=KINDS, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Trace:
-    """Causal tracing of ``prompt`` (see the module docstring) -> a ``Trace``.
-
-    ``subject``: text in the prompt whose tokens are noised; ``answer``: the text that continues the
-    prompt as one token (e.g. " Paris"; default: the clean run's top token); ``samples``: noise
-    draws; ``noise``: the noise's standard deviation in units of the embedding's; ``state``: which
-    residual stream "resid" restores ("resid_post" or "resid_pre"); ``kinds``: of ``KINDS``."""
+def _check_options(samples: int, state: str, kinds) -> None:
     check_choice("state", state, STATES)
     for kind in kinds:
         check_choice("kind", kind, KINDS)
     if samples < 1:
         raise UserError(f"samples={samples} must be at least 1")
+
+
+def traced_kinds(model, kinds, state: str) -> tuple[str, ...]:
+    """``kinds`` less those the model has no hook for (no "mlp" on attention-only models)."""
+    return tuple(kind for kind in kinds if state_name(kind, 0, state) in model.hook_dict)
+
+
+def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *, samples: int = 10,
+                 noise: float = 3.0, noise_from: str = "subjects", seed: int = 0, state: str = "resid_post",
+                 kinds=KINDS, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Trace:
+    """Causal tracing of ``prompt`` (see the module docstring) -> a ``Trace``.
+
+    ``subject``: text in the prompt whose tokens are noised; ``answer``: the text that continues the
+    prompt as one token (e.g. " Paris"; default: the clean run's top token); ``samples``: noise
+    draws; ``noise``: the noise's standard deviation in units of the embedding's, that of the
+    subject's tokens or the vocabulary's (``noise_from``); ``state``: which residual stream "resid"
+    restores ("resid_post" or "resid_pre"); ``kinds``: of ``KINDS``."""
+    _check_options(samples, state, kinds)
     tokens = encode(model, prompt).tokens  # (1, pos)
     positions = subject_positions(model, prompt, subject)
     n_layers, n_pos = model.cfg.n_layers, tokens.shape[1]
-    kinds = tuple(kind for kind in kinds if state_name(kind, 0, state) in model.hook_dict)  # no MLP: not traced
+    kinds = traced_kinds(model, kinds, state)
     names = [state_name(kind, layer, state) for kind in kinds for layer in range(n_layers)]
     clean_logits, clean_cache = cache_run(model, tokens, names)
     answer_id = int(clean_logits[0, -1].argmax()) if answer is None else _answer_id(model, prompt, answer)
-    std = noise * embedding_std(model)
+    std = noise * noise_scale(model, [prompt], [subject], noise_from)
     hook = noise_hook(draw_noise(model, samples, len(positions), std, seed), positions)
-    metric = answer_probability(answer_id)
+    metric = answer_probability(answer_id, parts=runs_suffix_only(model))
     rows = tokens.expand(samples, -1)
     sources = {name: value.expand(samples, *value.shape[1:]) for name, value in clean_cache.items()}
     cells = list(product(kinds, range(n_layers), range(n_pos)))
@@ -182,7 +293,6 @@ def trace_figure(trace: Trace):
     fig = new_figure(figsize=(max(6.0, 0.45 * n_pos + 2) * n / 1.6, 4.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, n, sharey=True))
     labels = [token_label(t) + ("*" if i in trace.subject else "") for i, t in enumerate(trace.tokens)]
-    titles = {"resid": "hidden state", "mlp": "MLP output", "attn": "attention output"}
     for ax, kind in zip(axes, trace.kinds):
         grid = trace.grid(kind).cpu().numpy()
         image = ax.imshow(grid.T, aspect="auto", cmap={"resid": "Purples", "mlp": "Greens", "attn": "Reds"}[kind],
@@ -190,7 +300,277 @@ def trace_figure(trace: Trace):
         ax.set_yticks(range(n_pos), labels)
         ax.set_xticks(range(grid.shape[0]))
         ax.set_xlabel("layer")
-        ax.set_title(f"restored {titles[kind]}")
+        ax.set_title(f"restored {TITLES[kind]}")
         fig.colorbar(image, ax=ax, label="p(answer)")
     fig.suptitle(f"causal trace: p(answer) clean {trace.clean_prob:.3f}, noised {trace.corrupted_prob:.3f}")
+    return fig
+
+
+# ------------------------------------------------------------------------------ a fact set
+def caches_keys(model) -> bool:
+    """Whether a forward of ``model`` can continue from earlier positions' keys and values
+    (``past_kv``, GPTModel) under causal attention, so a restore need not rerun the positions before it."""
+    return "past_kv" in inspect.signature(model.forward).parameters and getattr(model.cfg, "causal", True)
+
+
+class PrefixCached:
+    """``model`` continuing a fixed prefix: every forward (token ids, or a residual with
+    ``start_at_layer``) is of the positions after it, whose attention reads the prefix's cached keys
+    and values ``past`` [(keys, values) per layer, each (draws, kv_head, prefix, d_head)], row b of
+    each group of ``draws`` rows (variant-major batches) reading draw b's. Everything else
+    (hooks, cfg, unembed) is the model's."""
+
+    def __init__(self, model, past: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.model, self.past = model, past
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def __call__(self, input, **options):
+        repeats = input.shape[0] // self.past[0][0].shape[0]
+        cached = [LayerKV(keys.repeat(repeats, 1, 1, 1), values.repeat(repeats, 1, 1, 1)) for keys, values in self.past]
+        return self.model(input, past_kv=cached, **options)
+
+
+@dataclass(frozen=True)
+class TracedFact:
+    """A fact ready to trace: tokens (1, pos), the subject's positions, the answer's first token."""
+
+    fact: Fact
+    tokens: torch.Tensor
+    subject: list[int]
+    answer: int
+
+
+def prepare_facts(model, facts: list[Fact]) -> list[TracedFact]:
+    """Each fact tokenised, its subject located and its answer's first token found; a fact the model's
+    tokenizer cannot trace is refused in one line naming it."""
+    prepared = []
+    for number, fact in enumerate(facts, start=1):
+        try:
+            tokens = encode(model, fact.prompt).tokens
+            subject = subject_positions(model, fact.prompt, fact.subject)
+            position_classes(tokens.shape[1], subject)
+            prepared.append(TracedFact(fact, tokens, subject, answer_token(model, fact)))
+        except UserError as error:
+            raise UserError(f"fact {number} ({fact.prompt!r}): {error}") from None
+    return prepared
+
+
+@dataclass
+class FactTrace:
+    """Causal tracing over a fact set. aie: one row per (kind, layer, position class): ``kind,
+    layer, position, restored_prob`` (mean over facts), ``aie`` (mean over facts of restored - noised
+    probability), ``ci_low, ci_high`` (95%, bootstrap over facts), ``n_prompts`` (the facts that have
+    that class); facts: one row per fact: ``relation, prompt, subject, answer, answer_token,
+    n_tokens, n_subject_tokens, clean_prob, corrupted_prob``; effects: (fact, kind, layer, class)
+    restored - noised probability, NaN where a fact lacks the class; kinds, n_layers, window,
+    samples, noise_std: the settings."""
+
+    aie: pd.DataFrame
+    facts: pd.DataFrame
+    effects: np.ndarray
+    kinds: tuple[str, ...]
+    n_layers: int
+    window: int
+    samples: int
+    noise_std: float
+
+    def total_effect(self, seed: int = 0) -> tuple[float, float, float]:
+        """Mean over facts of clean - noised probability, with its 95% bootstrap interval."""
+        each = torch.tensor((self.facts["clean_prob"] - self.facts["corrupted_prob"]).to_numpy())[:, None]
+        estimate, low, high = bootstrap_ratio(each, torch.ones(len(each)), seed=seed)
+        return float(estimate[0]), float(low[0]), float(high[0])
+
+
+def fact_seed(seed: int, index: int) -> int:
+    """The seed of the noise draws of fact ``index`` in a trace seeded ``seed``."""
+    return seed * 1_000_003 + index
+
+
+def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3.0, noise_from: str = "subjects",
+                window: int = WINDOW, seed: int = 0, state: str = "resid_post", kinds=KINDS,
+                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> FactTrace:
+    """Causal tracing over ``facts`` (module docstring) -> a ``FactTrace``.
+
+    Each fact gets ``samples`` noise draws (seed ``seed`` and its index) of standard deviation
+    ``noise`` x ``noise_scale`` over all the facts' subjects (``noise_from``); ``window``: the MLP and
+    attention windows' width; ``state``: the hidden state ``resid`` restores. The answer is the first
+    token of each fact's answer (filter the set with ``analyses.tasks.facts.top1_facts`` first, as Meng
+    et al. trace only facts the model knows). ``progress``: one bar over the facts."""
+    _check_options(samples, state, kinds)
+    if window < 1:
+        raise UserError(f"window={window} must be at least 1")
+    if not facts:
+        raise UserError("no facts to trace")
+    prepared = prepare_facts(model, facts)
+    longest = max(one.tokens.shape[1] for one in prepared)
+    if caches_keys(model) and rows_within(model, longest, memory_mb, logits=True, read=1) < samples:
+        raise UserError(f"memory_mb={memory_mb:g} holds fewer than the {samples} rows (noise draws) of {longest} "
+                        "tokens that a restore runs together (their cached keys go with them); give a larger budget")
+    kinds = traced_kinds(model, kinds, state)
+    std = noise * noise_scale(model, [f.prompt for f in facts], [f.subject for f in facts], noise_from)
+    effects = np.full((len(facts), len(kinds), model.cfg.n_layers, len(CLASSES)), np.nan)
+    totals = []
+    with progress_bar(total=len(facts), progress=progress, desc="causal tracing", unit="fact") as bar:
+        for index, one in enumerate(prepared):
+            draws = draw_noise(model, samples, len(one.subject), std, fact_seed(seed, index))
+            clean, corrupted, restored = trace_fact(model, one, draws, kinds, window, state, memory_mb)
+            for name, values in restored.items():
+                effects[index, :, :, CLASSES.index(name)] = values - corrupted
+            totals.append((clean, corrupted))
+            bar.update(1)
+    frame = pd.DataFrame([{"relation": one.fact.relation, "prompt": one.fact.prompt, "subject": one.fact.subject,
+                           "answer": one.fact.answer, "answer_token": one.answer, "n_tokens": one.tokens.shape[1],
+                           "n_subject_tokens": len(one.subject), "clean_prob": clean, "corrupted_prob": corrupted}
+                          for one, (clean, corrupted) in zip(prepared, totals)])
+    aie = aie_frame(effects, frame["corrupted_prob"].to_numpy(), kinds, seed)
+    return FactTrace(aie, frame, effects, kinds, model.cfg.n_layers, window, samples, std)
+
+
+def trace_fact(model, one: TracedFact, draws: torch.Tensor, kinds: tuple[str, ...], window: int, state: str,
+               memory_mb: float) -> tuple[float, float, dict[str, np.ndarray]]:
+    """One fact under the noise ``draws`` (samples, n_subject, d_model) -> (clean probability, noised
+    probability (mean over draws), {class: restored probability (len(kinds), n_layers), mean over draws}).
+    A class's restore puts back its every token at once; the classes' position sets run one engine
+    sweep each (from the set's first position where the model caches keys, ``PrefixCached``)."""
+    n_layers, samples = model.cfg.n_layers, draws.shape[0]
+    names = [state_name(kind, at, state) for kind in kinds for at in range(n_layers)]
+    clean_logits, clean_cache = cache_run(model, one.tokens, names)
+    metric = answer_probability(one.answer, parts=runs_suffix_only(model))
+    rows = one.tokens.expand(samples, -1)
+    cached = caches_keys(model)
+    past = [LayerKV() for _ in range(n_layers)] if cached else None
+    with torch.no_grad(), model.hooks(fwd_hooks=[("hook_embed", noise_hook(draws, one.subject))]):
+        noised_logits = model(rows, past_kv=past) if cached else model(rows)
+    keys = [(layer.keys, layer.values) for layer in past] if cached else None
+    restored = {}
+    for name, positions in position_classes(one.tokens.shape[1], one.subject).items():
+        start = positions[0] if cached else 0
+        sweep = restore_sweep(model, rows, one.subject, draws, positions, start, keys, clean_cache, metric,
+                              kinds, window, state, memory_mb)
+        restored[name] = sweep.reshape(len(kinds), n_layers).cpu().double().numpy()
+    return metric(clean_logits).item(), metric(noised_logits).item(), restored
+
+
+def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Tensor, positions: list[int],
+                  start: int, keys, clean_cache: dict, metric, kinds: tuple[str, ...], window: int, state: str,
+                  memory_mb: float) -> torch.Tensor:
+    """The answer probability (len(kinds) * n_layers,) with the clean states of ``kinds`` restored at
+    ``positions`` at each layer (``restored_layers``), the subject noised by ``draws``: one
+    ``evaluate_variants`` sweep over the positions from ``start`` on (``keys``: the noised run's keys
+    and values per layer, of which the first ``start`` positions are read; None with ``start`` 0)."""
+    n_layers, samples = model.cfg.n_layers, draws.shape[0]
+    runner = model if start == 0 else PrefixCached(model, [(k[:, :, :start], v[:, :, :start]) for k, v in keys])
+    later = [i for i, pos in enumerate(subject) if pos >= start]  # noise still to add at the embedding
+    hooks = [("hook_embed", noise_hook(draws[:, later], [subject[i] - start for i in later]))] if later else []
+    shifted = [pos - start for pos in positions]
+    variants = [[Edit(state_name(kind, at, state), (shifted,)) for at in restored_layers(kind, layer, n_layers, window)]
+                for kind in kinds for layer in range(n_layers)]
+    sources = {name: value[:, start:].expand(samples, -1, -1) for name, value in clean_cache.items()}
+    suffix = rows[:, start:]
+    with model.hooks(fwd_hooks=hooks):
+        _, _, starts = base_run(runner, suffix)
+        return evaluate_variants(runner, suffix, variants, sources, metric, starts=starts, memory_mb=memory_mb,
+                                 progress=False)
+
+
+def aie_frame(effects: np.ndarray, corrupted: np.ndarray, kinds: tuple[str, ...], seed: int = 0) -> pd.DataFrame:
+    """The average indirect effect per (kind, layer, position class) with its 95% bootstrap interval
+    over the facts that have the class (``analyses.core.stats.bootstrap_ratio``, seeded) -> the
+    ``FactTrace.aie`` frame. effects: (fact, kind, layer, class); corrupted: (fact,) noised probabilities."""
+    parts = []
+    _, _, n_layers, _ = effects.shape
+    for c, name in enumerate(CLASSES):
+        have = ~np.isnan(effects[:, 0, 0, c])
+        if not have.any():
+            continue
+        each = torch.tensor(effects[have, :, :, c])
+        estimate, low, high = bootstrap_ratio(each, torch.ones(int(have.sum())), seed=seed)
+        restored = each.mean(0) + float(corrupted[have].mean())
+        grid = pd.MultiIndex.from_product([kinds, range(n_layers)], names=["kind", "layer"]).to_frame(index=False)
+        parts.append(grid.assign(position=name, restored_prob=restored.flatten().numpy(),
+                                 aie=estimate.flatten().numpy(), ci_low=low.flatten().numpy(),
+                                 ci_high=high.flatten().numpy(), n_prompts=int(have.sum())))
+    return pd.concat(parts, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------ the verdict
+def middle_layers(n_layers: int) -> range:
+    """The middle layers: all but the first and the last quarter (n_layers // 4 each): 7..22 of 30,
+    12..35 of GPT-2 XL's 48 (where Meng et al.'s MLP peak lies)."""
+    return range(n_layers // 4, n_layers - n_layers // 4)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether Meng et al.'s picture formed: ``formed``; ``peak_layer`` of the last subject token's
+    MLP-window AIE; ``middle``: the middle layers; ``peak``: (aie, ci_low, ci_high) there; ``others``:
+    {subject class: (aie, ci_low, ci_high) at the peak layer}; ``text``: the sentence with the numbers."""
+
+    formed: bool
+    peak_layer: int
+    middle: range
+    peak: tuple[float, float, float]
+    others: dict
+    text: str
+
+
+def trace_verdict(trace: FactTrace) -> Verdict:
+    """"formed" only if the last subject token's MLP-window AIE peaks in the ``middle_layers`` and its
+    95% interval there lies above the intervals of the other subject positions (first, middle) at that
+    layer (at least one of them present); else "did not form", with the numbers."""
+    aie = trace.aie[trace.aie["kind"] == "mlp"]
+    if aie.empty:
+        raise UserError("the verdict reads the MLP window's AIE; this model has no MLPs (or they were not traced)")
+    curve = aie[aie["position"] == "last subject token"].sort_values("layer")
+    best = curve.loc[curve["aie"].idxmax()]
+    layer, middle = int(best["layer"]), middle_layers(trace.n_layers)
+    peak = (float(best["aie"]), float(best["ci_low"]), float(best["ci_high"]))
+    at_peak = aie[(aie["layer"] == layer) & aie["position"].isin(SUBJECT_CLASSES[:2])]
+    others = {row.position: (row.aie, row.ci_low, row.ci_high) for row in at_peak.itertuples()}
+    in_middle = layer in middle
+    apart = bool(others) and all(peak[1] > high for _, _, high in others.values())
+    described = "; ".join(f"{name} {a:.4f} [{low:.4f}, {high:.4f}]" for name, (a, low, high) in others.items())
+    text = (f"{'formed' if in_middle and apart else 'did not form'}: the last subject token's {trace.window}-layer "
+            f"MLP window peaks at layer {layer} (middle layers {middle.start}-{middle.stop - 1}: "
+            f"{'in' if in_middle else 'outside'}) with AIE {peak[0]:.4f} [{peak[1]:.4f}, {peak[2]:.4f}]; "
+            f"at that layer {described or 'no other subject position (one-token subjects only)'}: "
+            f"{'separated' if apart else 'not separated'} (n = {int(best['n_prompts'])} facts)")
+    return Verdict(in_middle and apart, layer, middle, peak, others, text)
+
+
+def facts_figure(trace: FactTrace, verdict: Verdict | None = None):
+    """Meng et al.'s panels: one heatmap (position class x layer) of the AIE per kind (hidden state,
+    MLP window, attention window), and the last subject token's MLP-window AIE over layers beside the
+    other subject positions', with 95% bands and the middle layers shaded."""
+    fig = new_figure(figsize=(5.2 * (len(trace.kinds) + 1), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(trace.kinds) + 1)
+    present = [name for name in CLASSES if name in set(trace.aie["position"])]
+    for ax, kind in zip(axes, trace.kinds):
+        grid = trace.aie[trace.aie["kind"] == kind].pivot(index="position", columns="layer", values="aie").loc[present]
+        image = ax.imshow(grid.to_numpy(), aspect="auto",
+                          cmap={"resid": "Purples", "mlp": "Greens", "attn": "Reds"}[kind])
+        ax.set_yticks(range(len(present)), present)
+        ax.set_xlabel("layer")
+        width = "" if kind == "resid" else f" ({trace.window}-layer window)"
+        ax.set_title(f"restored {TITLES[kind]}{width}")
+        fig.colorbar(image, ax=ax, label="AIE")
+    ax = axes[-1]
+    if "mlp" in trace.kinds:
+        mlp = trace.aie[trace.aie["kind"] == "mlp"]
+        for name in (n for n in SUBJECT_CLASSES if n in present):
+            line = mlp[mlp["position"] == name].sort_values("layer")
+            ax.plot(line["layer"], line["aie"], marker="o", markersize=3, label=name)
+            ax.fill_between(line["layer"], line["ci_low"], line["ci_high"], alpha=0.25)
+        middle = middle_layers(trace.n_layers)
+        ax.axvspan(middle.start - 0.5, middle.stop - 0.5, color="0.9", zorder=0, label="middle layers")
+        ax.axhline(0, color="0.5", linewidth=0.8)
+        ax.legend(fontsize=7)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("AIE (95% interval)")
+    ax.set_title("MLP window at the subject")
+    n = len(trace.facts)
+    fig.suptitle(f"causal tracing over {n} facts ({trace.samples} draws each)"
+                 + (f": {verdict.text.split(':')[0]}" if verdict is not None else ""))
     return fig

@@ -1,0 +1,129 @@
+"""Facts for causal tracing (Meng et al. 2022): the set the project ships, a user's CSV, and the
+filter that keeps the facts a model knows.
+
+A fact is a prompt, the subject it names and the answer that continues it ("The capital of France
+is", "France", " Paris"). The shipped set (``builtin_facts``, ``--facts builtin``) is generated from
+the table ``data/facts.csv`` (relation, subject, object: capitals, official languages, currencies,
+continents, the countries of cities and companies, landmarks' cities, founders, authors) through one
+prompt template per relation (``TEMPLATES``); the answer is the object after a space. A user's file
+(``read_facts``) is a CSV with ``prompt, subject, answer`` columns, the answer the exact text that
+continues the prompt (" Paris", with its space).
+
+Meng et al. trace only facts the model knows; ``top1_facts`` keeps those whose answer's first token
+is the model's top next token after the prompt.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.progress import progress_bar
+from analyses.core.tokens import encode, model_tokenizer, read_text
+from analyses.tasks.task import continuation
+from interp.errors import UserError
+
+TABLE = Path(__file__).parent / "data" / "facts.csv"
+BUILTIN = "builtin"
+COLUMNS = ("prompt", "subject", "answer")
+TEMPLATES = {  # short after the subject: a restore costs the positions from its first one to the end
+    "capital": "The capital of {} is",
+    "language": "The official language of {} is",
+    "currency": "The currency of {} is the",
+    "continent": "{} is a country in",
+    "city_country": "{} is a city in",
+    "company_country": "{} is a company from",
+    "landmark_city": "{} is in the city of",
+    "founder": "{} was founded by",
+    "author": "{} was written by",
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A prompt, the subject text in it whose tokens are noised, and the text that continues it
+    (its first token is the one traced); ``relation``: which of ``TEMPLATES`` made it ("" for a
+    user's fact)."""
+
+    prompt: str
+    subject: str
+    answer: str
+    relation: str = ""
+
+
+def builtin_facts() -> list[Fact]:
+    """The shipped fact set: every row of ``TABLE`` through its relation's template."""
+    rows = csv.DictReader(io.StringIO(TABLE.read_text(encoding="utf-8"), newline=""))
+    return [Fact(TEMPLATES[row["relation"]].format(row["subject"]), row["subject"], " " + row["object"], row["relation"])
+            for row in rows]
+
+
+def read_facts(path) -> list[Fact]:
+    """The facts of a CSV file with ``COLUMNS`` (more columns are ignored); a missing column, an
+    empty cell or a subject that is not in its prompt is refused in one line (rows count from 1, the
+    first after the header)."""
+    path = Path(path)
+    reader = csv.DictReader(io.StringIO(read_text(path, "facts file"), newline=""))
+    missing = [column for column in COLUMNS if column not in (reader.fieldnames or [])]
+    if missing:
+        raise UserError(f"facts file {path.name}: the header lacks {', '.join(missing)}; it needs "
+                        f"{', '.join(COLUMNS)}")
+    facts = []
+    for number, row in enumerate(reader, start=1):
+        empty = [column for column in COLUMNS if not row[column]]
+        if empty:
+            raise UserError(f"facts file {path.name}, row {number}: empty {', '.join(empty)}")
+        if row["subject"] not in row["prompt"]:
+            raise UserError(f"facts file {path.name}, row {number}: subject {row['subject']!r} does not occur in "
+                            f"the prompt {row['prompt']!r}")
+        facts.append(Fact(row["prompt"], row["subject"], row["answer"]))
+    if not facts:
+        raise UserError(f"facts file {path.name} has no rows")
+    return facts
+
+
+def load_facts(source: str) -> list[Fact]:
+    """``BUILTIN`` (the shipped set) or the path of a CSV file of facts (``read_facts``)."""
+    return builtin_facts() if source == BUILTIN else read_facts(source)
+
+
+def answer_token(model, fact: Fact) -> int:
+    """The first token of ``fact.answer`` as it continues ``fact.prompt``; a one-line error where the
+    prompt's tokens are not a prefix of the joined text's (the answer merges into the prompt)."""
+    found = continuation(model_tokenizer(model), fact.prompt, fact.answer, sep="")
+    if found is None:
+        raise UserError(f"answer {fact.answer!r} does not continue the prompt {fact.prompt!r} as tokens of its own "
+                        "(give the exact continuation, e.g. ' Paris' with its space)")
+    return found[1][0]
+
+
+def top1_facts(model, facts: list[Fact], *, memory_mb: float = DEFAULT_MEMORY_MB,
+               progress: bool | None = None) -> tuple[list[Fact], pd.DataFrame]:
+    """The facts whose answer's first token (``answer_token``) is the model's top next token after
+    the prompt -> (those facts, in order; a frame of every fact: ``relation, prompt, subject, answer,
+    answer_token, top_token, answer_prob, kept``). The prompts run in right-padded batches within
+    ``memory_mb``, each read at its own last token."""
+    answers = [answer_token(model, fact) for fact in facts]
+    tops, probs = [], []
+    longest = max(encode(model, fact.prompt).tokens.shape[1] for fact in facts)
+    size = rows_within(model, longest, memory_mb, logits=True)
+    with progress_bar(total=len(facts), progress=progress, desc="top-1 filter", unit="fact") as bar:
+        for begin in range(0, len(facts), size):
+            batch = encode(model, [fact.prompt for fact in facts[begin:begin + size]])
+            with torch.no_grad():
+                logits = model(batch.tokens)
+            last = logits[torch.arange(len(batch.lengths)), batch.lengths - 1].float()  # (rows, d_vocab)
+            wanted = torch.tensor(answers[begin:begin + size], device=last.device)
+            tops += last.argmax(-1).tolist()
+            probs += last.softmax(-1).gather(1, wanted[:, None])[:, 0].tolist()
+            bar.update(len(batch.lengths))
+    frame = pd.DataFrame([{"relation": f.relation, "prompt": f.prompt, "subject": f.subject, "answer": f.answer}
+                          for f in facts]).assign(answer_token=answers, top_token=tops, answer_prob=probs)
+    frame["kept"] = frame["answer_token"] == frame["top_token"]
+    return [fact for fact, kept in zip(facts, frame["kept"]) if kept], frame
