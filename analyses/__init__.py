@@ -37,6 +37,7 @@ from analyses.components.decompose import (accumulated_residual, attention_vs_ml
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
                                  logit_lens_figure, mlp_ablation)
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
+from analyses.circuits.ioi_classes import IOIClasses, classify_ioi, ioi_classes, ioi_classes_figure, ioi_positions
 from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)
 from analyses.tasks.tracing import FactTrace, Trace, causal_trace, facts_figure, trace_facts, trace_figure, trace_verdict

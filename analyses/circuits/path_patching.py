@@ -150,15 +150,23 @@ def _write(setup: PathSetup, head: Head) -> torch.Tensor:
 def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], memory_mb: float) -> dict:
     """Step 1: for each (sender, "q" | "k" | "v"), layer ``layer``'s z (batch, pos, head, d_head)
     with only that input of each head moved by the sender's write -> {(sender, via): z}."""
+    return dict(zip(paths, receiver_activations(model, setup, layer, paths, z_name(layer), memory_mb)))
+
+
+def receiver_activations(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], name: str,
+                         memory_mb: float) -> torch.Tensor:
+    """Step 1's runs, reading the activation ``name`` of layer ``layer`` at or before its ``hook_z``
+    (its ``hook_z``, or ``hook_pattern``: where the heads attend when only their query input moved)
+    -> (len(paths), batch, ...), path i with only its input (sender, "q" | "k" | "v") of each head
+    moved by the sender's write."""
     resid = resid_pre_name(layer)
     variants = [
         [(resid, (), setup.cache[resid] + _write(setup, sender)), *((qkv_name(layer, w), ()) for w in QKV if w != via)]
         for sender, via in paths
     ]
     sources = {qkv_name(layer, w): setup.cache[qkv_name(layer, w)] for w in QKV}
-    z = collect_variants(model, setup.tokens, variants, sources, [z_name(layer)], starts=setup.starts,
-                         memory_mb=memory_mb)
-    return dict(zip(paths, z[z_name(layer)]))
+    return collect_variants(model, setup.tokens, variants, sources, [name], starts=setup.starts,
+                            memory_mb=memory_mb)[name]
 
 
 def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> list[list]:
