@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from analyses import patch_heads
+from analyses import matched_random_sets, patch_heads
 from analyses.interventions.ablation import MLP, prepare_ablation
 from analyses.interventions.patching import patch_mlps
 from analyses.report.task_page import task_dla
-from analyses.tasks.task import greater_than_task, task_batch, task_metric
-from ablation import random_sets
-from ioi import halves
+from analyses.tasks.task import greater_than_task, task_batch, task_metric, task_split
 from setup_smollm2 import head_name, load
 
 N_PROMPTS = 48
@@ -99,7 +97,8 @@ def main() -> None:
     print(f"corrupted (start year 1709): prob diff {prob_diff(corrupted, decade).mean():.3f}")
     print("mean p(digit D+k) by k:", ", ".join(f"{k:+d}: {v:.3f}" for k, v in by_offset(probs, decade).items()))
 
-    choose, test = halves(task)
+    split = task_split(task, seed=0)
+    choose, test = task.subset(split.selection), task.subset(split.measurement)
     dla = task_dla(model, choose, task_batch(model, choose))
     heads, mlps = ranked(dla, "head"), ranked(dla, "mlp")
     print(f"direct logit attribution on the first {len(choose)} prompts (onto mean logit of > D minus <= D):")
@@ -126,7 +125,7 @@ def main() -> None:
     top_heads = [h for h, _ in heads[:TOP]]
     top_mlps = [MLP(l) for l, _ in mlps[:TOP]]
     value, ablation = mean_ablated(model, test_batch.clean, top_heads, metric)
-    controls = ablation.run(random_sets(model, top_heads, TOP, N_DRAWS), progress=False) - ablation.baseline
+    controls = ablation.run(matched_random_sets(model, top_heads, n_draws=N_DRAWS), progress=False) - ablation.baseline
     base = ablation.baseline
     print(f"mean-ablating the top {TOP} DLA heads on the other {len(test)} prompts: prob diff {base:.3f} -> {value:.3f} "
           f"({(base - value) / base:.0%} lower); {TOP} random heads: {controls.mean():+.3f} "
@@ -146,7 +145,7 @@ def ablated_elsewhere(model, choose, head: tuple[int, int]) -> None:
     batch = task_batch(model, choose)
     metric = task_metric(choose, batch.last)
     value, ablation = mean_ablated(model, batch.clean, [head], metric)
-    controls = ablation.run(random_sets(model, [head], 1, N_DRAWS), progress=False) - ablation.baseline
+    controls = ablation.run(matched_random_sets(model, [head], n_draws=N_DRAWS), progress=False) - ablation.baseline
     base = ablation.baseline
     print(f"mean-ablating {head_name(*head)} (patching's first) on the first {len(choose)} prompts: prob diff "
           f"{base:.3f} -> {value:.3f} ({(base - value) / base:.0%} lower); one random head: {controls.mean():+.3f} "

@@ -1,8 +1,9 @@
 """Which previous-token heads feed SmolLM2's induction heads: K-composition by the weights, and
 path patching through the induction heads' keys.
 
-Senders: the five strongest previous-token heads (score above 0.3) below the first induction
-layer; receivers: the four strongest induction heads (both named on probes of seed 0). Path patching runs the
+Senders: the five strongest previous-token heads below the first induction layer; receivers: the
+four strongest induction heads (both named on 64 probes of seed 0 by the report's own rule,
+``ablation.report_roles``; measured on other probes, seed 1). Path patching runs the
 probes with the first copy of the segment replaced by other tokens (nothing to copy) and adds
 one sender's clean write to one receiver's key input alone; the effect is the change in the
 loss on the second copy's predictable tokens (nats; negative = the copy comes back).
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from analyses import classify_heads, composition_scores, loss_metric, path_patch
+from analyses import composition_scores, loss_metric, path_patch
 from analyses.core.probes import corrupt_first_copy
-from ablation import named_heads
+from ablation import report_roles
 from setup_smollm2 import head_name, load, probes
 
 N_RECEIVERS = 4
@@ -25,9 +26,9 @@ N_SENDERS = 5
 
 def main() -> None:
     model = load()
-    frame = classify_heads(model, probes=probes(model, seed=0), n_boot=10, progress=False)
-    induction = named_heads(frame, "induction")[:N_RECEIVERS]
-    senders = [h for h in named_heads(frame, "previous_token") if h[0] < min(l for l, _ in induction)][:N_SENDERS]
+    named = report_roles(model, probes(model, n_prompts=64, seed=0))
+    induction = named["induction"][:N_RECEIVERS]
+    senders = [h for h in named["previous_token"] if h[0] < min(l for l, _ in induction)][:N_SENDERS]
     print("senders (previous-token):", ", ".join(map(lambda h: head_name(*h), senders)))
     print("receivers (induction):", ", ".join(map(lambda h: head_name(*h), induction)))
 

@@ -1,10 +1,16 @@
 """Indirect-object identification on SmolLM2: accuracy, logit difference, the heads that write the
-answer (direct logit attribution), and two interventions on them (ablation, activation patching).
+answer (direct logit attribution), and two interventions on them (ablation against layer-matched
+random heads, activation patching), every number with its 95% interval.
 
-Prompts: ``analyses.tasks.task.ioi_task`` (ABBA and BABA; the corruption puts three other names in
-the same template). Metric: logit(indirect object) - logit(subject) at the last token, mean over
-prompts. The writers are ranked on the first half of the prompts and ablated (and every head
-patched) on the second half, so no head is chosen on the prompts that test it.
+Prompts: ``analyses.tasks.task.ioi_task``, 200 of them, ABBA and BABA alternating over the
+templates; the corruption puts three other names in the same template (ABC). Metric: logit(indirect
+object) - logit(subject) at the last token, mean over prompts. The prompts are split by
+``task_split`` (stratified by template, seed 0): the writers are ranked on the selection half and
+every effect is measured on the other half, so no head is measured on the prompts that chose it.
+Ablation reference: ``mean_corrupted``, Wang et al. (2022)'s ABC means (each head's output replaced
+by its mean over the corrupted prompts of the same template, position by position), and zero.
+Intervals: percentile bootstrap over prompts (1,000 resamples, seeded); "% lower" is the ratio of
+the mean ablation effect to the mean clean logit difference, both over the same resampled prompts.
 
     python examples/smollm2/ioi.py
 """
@@ -13,83 +19,88 @@ from __future__ import annotations
 
 import torch
 
-from analyses import logit_diff_metric, patch_heads
-from analyses.interventions.ablation import prepare_ablation
+from analyses import patch_effects
+from analyses.core.stats import bootstrap_ratio
 from analyses.core.tokens import model_tokenizer
+from analyses.interventions.controls import control_effects
+from analyses.interventions.ablation import prepare_ablation
 from analyses.report.task_page import task_dla
-from analyses.tasks.task import ioi_task, task_batch, task_metric
+from analyses.tasks.task import ioi_task, task_ablation, task_batch, task_metric, task_split
 from setup_smollm2 import head_name, load
 
-N_PROMPTS = 32
+N_PROMPTS = 200
 TOP = 5
+N_DRAWS = 50
 
 
-def per_prompt_logit_diff(model, task, batch) -> torch.Tensor:
-    """(n,) logit(answer) - logit(distractor) at each prompt's last real token; and accuracy is
-    whether the answer's logit is the higher of the two."""
+def interval(mean: float, low: float, high: float, digits: int = 2) -> str:
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def accuracy_line(task, batch, model) -> str:
+    """Accuracy and the logit difference over ``task``'s clean prompts, each with its interval."""
     with torch.no_grad():
         logits = model(batch.clean)
     final = logits[torch.arange(len(task)), batch.last]
     answer = torch.tensor([a[0] for a in task.answers])
     subject = torch.tensor([d[0] for d in task.distractors])
-    return final.gather(1, answer[:, None])[:, 0] - final.gather(1, subject[:, None])[:, 0]
+    diffs = (final.gather(1, answer[:, None]) - final.gather(1, subject[:, None]))[:, 0]
+    ones = torch.ones(len(task))
+    acc, diff = bootstrap_ratio((diffs > 0).double(), ones), bootstrap_ratio(diffs.double(), ones)
+    return (f"accuracy {interval(*(100 * float(v) for v in acc), 0)}%, logit difference "
+            f"{interval(*map(float, diff))} (per prompt {diffs.min():.2f} to {diffs.max():.2f})")
 
 
-def head_writers(model, task) -> list[tuple[tuple[int, int], float]]:
-    """Heads by their mean direct contribution to the logit difference, most positive first."""
+def writers(model, task) -> list[tuple[int, int]]:
+    """Heads by their mean direct contribution to the logit difference on ``task``, most positive first."""
     dla = task_dla(model, task, task_batch(model, task))
     heads = dla[dla["kind"] == "head"].sort_values("dla", ascending=False)
-    return [((int(l), int(h)), float(v)) for l, h, v in zip(heads["layer"], heads["head"], heads["dla"])]
+    return [(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])]
 
 
-def halves(task):
-    half = len(task) // 2
-    rest = type(task)(task.name, task.clean[half:], task.corrupted[half:], task.answers[half:],
-                      task.distractors[half:], task.metric)
-    return task.take(half), rest
+def share_lower(model, batch, heads, method: str, metric, reference) -> str:
+    """How much lower ablating ``heads`` makes the logit difference, as a share of the clean one."""
+    ablation = prepare_ablation(model, batch.clean, method, metric, reference=reference)
+    ablated, clean = ablation.scores([heads], progress=False), ablation.baseline_scores()
+    change = (clean.numerators - ablated.numerators[0]).double()  # (prompts,) per-prompt drop
+    share = bootstrap_ratio(change, clean.numerators.double())
+    return f"{interval(*(100 * float(v) for v in share), 0)}% lower"
 
 
 def main() -> None:
+    torch.set_grad_enabled(False)
     model = load()
     task = ioi_task(model, n=N_PROMPTS, seed=0)
-    batch = task_batch(model, task)
-    diffs = per_prompt_logit_diff(model, task, batch)
-    print(f"IOI, {len(task)} prompts ({task.dropped} names/prompts dropped): accuracy {(diffs > 0).float().mean():.0%}, "
-          f"logit difference {diffs.mean():.2f} (min {diffs.min():.2f}, max {diffs.max():.2f})")
-    print("e.g.", repr(task.clean[0]), "->", repr(model_tokenizer(model).decode([task.answers[0][0]])))
-
-    choose, test = halves(task)
-    writers = head_writers(model, choose)
-    print("top positive direct writers:", ", ".join(f"{head_name(*h)} {v:+.2f}" for h, v in writers[:TOP]))
-    print("top negative direct writers:", ", ".join(f"{head_name(*h)} {v:+.2f}" for h, v in writers[::-1][:TOP]))
-    all_heads = sum(v for _, v in writers)
-    print(f"all heads' direct writes sum to {all_heads:+.2f}; the top {TOP} positive give "
-          f"{sum(v for _, v in writers[:TOP]):+.2f}")
-
-    # texts of unequal token lengths: the ablation pads them, binds each prompt's own last position to
-    # the metric, and keeps the padding out of the mean replacement
-    metric = logit_diff_metric([a[0] for a in test.answers], [d[0] for d in test.distractors])
-    top = [h for h, _ in writers[:TOP]]
-    for method in ("mean", "zero"):
-        ablation = prepare_ablation(model, list(test.clean), method, metric)
-        value = ablation.run([top], progress=False)[0].item()
-        base = ablation.baseline
-        print(f"{method}-ablating the top {TOP} writers on the other {len(test)} prompts: logit difference "
-              f"{base:.2f} -> {value:.2f} ({(base - value) / base:.0%} lower)")
-
+    split = task_split(task, seed=0)
+    choose, test = task.subset(split.selection), task.subset(split.measurement)
     test_batch = task_batch(model, test)
-    test_metric = task_metric(test, test_batch.last)
-    patched = patch_heads(model, test_batch.clean, test_batch.corrupted, test_metric, progress=False)
-    with torch.no_grad():
-        corrupted, clean = (test_metric(model(tokens)).item() for tokens in (test_batch.corrupted, test_batch.clean))
-    gain = (patched - corrupted).flatten()
-    order = gain.argsort(descending=True)[:TOP].tolist()
-    n_heads = model.cfg.n_heads
-    print(f"head patching on those {len(test)} prompts (each head's clean output into the corrupted run; "
-          f"logit difference corrupted {corrupted:.2f}, clean {clean:.2f}):")
-    print("  largest gains:", ", ".join(f"{head_name(i // n_heads, i % n_heads)} {gain[i]:+.2f}" for i in order))
-    lowest = gain.argsort()[:3].tolist()
-    print("  largest losses:", ", ".join(f"{head_name(i // n_heads, i % n_heads)} {gain[i]:+.2f}" for i in lowest))
+    print(f"IOI, {len(task)} prompts ({task.dropped} names/prompts dropped); chosen on {len(choose)}, measured on "
+          f"{len(test)} (split by template, seed 0)")
+    print("e.g.", repr(task.clean[0]), "->", repr(model_tokenizer(model).decode([task.answers[0][0]])))
+    print("measurement prompts:", accuracy_line(test, test_batch, model))
+
+    top = writers(model, choose)[:TOP]
+    print(f"top {TOP} direct writers, chosen on the selection prompts:", ", ".join(head_name(*h) for h in top))
+    dla = task_dla(model, test, test_batch).set_index(["kind", "layer", "head"])
+    for layer, head in top:
+        row = dla.loc[("head", layer, head)]
+        print(f"  {head_name(layer, head)} DLA on the measurement prompts: {interval(row.dla, row.ci_low, row.ci_high)} "
+              f"(+answer {row.dla_answer:+.2f}, -subject {row.dla_distractor:+.2f})")
+
+    metric = task_metric(test, test_batch.last)
+    for method in ("mean_corrupted", "zero"):
+        reference, words = task_ablation(test, test_batch, method)
+        control = control_effects(model, test_batch.clean, top, method, metric, reference=reference,
+                                  n_draws=N_DRAWS, progress=False)
+        print(f"{method} ablation ({words}): {control.describe()}")
+        print(f"  the logit difference {share_lower(model, test_batch, top, method, metric, reference)}")
+
+    patched = patch_effects(model, test_batch.clean, test_batch.corrupted, metric)
+    print(f"head patching on the measurement prompts (each head's clean output into the corrupted run; "
+          f"corrupted {patched.baseline.iloc[0]:.2f}):")
+    for label, rows in (("largest gains", patched.nlargest(TOP, "effect")), ("largest losses", patched.nsmallest(3, "effect"))):
+        print(f"  {label}:", ", ".join(f"{head_name(r.layer, r.head)} {interval(r.effect, r.ci_low, r.ci_high)}"
+                                       for r in rows.itertuples()))
 
 
 if __name__ == "__main__":

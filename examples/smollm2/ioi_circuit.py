@@ -39,8 +39,8 @@ from analyses import edge_agreement, patch_heads, path_patch, shortlist_path_pat
 from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve
 from analyses.circuits.edges import edges_of
 from analyses.core.plots import new_figure
-from analyses.tasks.task import ioi_task, task_batch, task_metric
-from ioi import halves, head_writers
+from analyses.tasks.task import ioi_task, task_batch, task_metric, task_split
+from ioi import writers as head_writers
 from setup_smollm2 import head_name, load
 
 FIGURE = Path(__file__).resolve().parents[2] / "docs" / "smollm2_ioi_faithfulness.png"
@@ -168,13 +168,14 @@ def main() -> None:
     torch.set_num_threads(1)
     model = load()
     task = ioi_task(model, n=args.prompts, seed=0)
-    choose_task, test_task = halves(task)
+    split = task_split(task, seed=0)  # stratified by template: both halves hold ABBA and BABA prompts
+    choose_task, test_task = task.subset(split.selection), task.subset(split.measurement)
     choose, test = Half(model, choose_task), Half(model, test_task)
     print(f"IOI, {len(choose_task)} prompts to choose on (logit difference clean {choose.clean_value:.2f}, "
           f"corrupted {choose.corrupted_value:.2f}), {len(test_task)} to test on (clean {test.clean_value:.2f}, "
           f"corrupted {test.corrupted_value:.2f})")
 
-    writers = [h for h, _ in head_writers(model, choose_task)[:N_WRITERS]]
+    writers = head_writers(model, choose_task)[:N_WRITERS]
     print("answer writers (direct logit attribution, choosing prompts):", ", ".join(map(name, writers)))
     writer_queries(model, choose, test, writers)
 
