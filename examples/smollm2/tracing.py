@@ -1,66 +1,56 @@
-"""Causal tracing of factual recall on SmolLM2 (Meng et al. 2022), with ``analyses.causal_trace``.
+"""Causal tracing of factual recall on SmolLM2 at Meng et al.'s (2022) scale, with ``analyses.trace_facts``.
 
-The subject's token embeddings get Gaussian noise (3 x the embedding's standard deviation, 3
-draws); then one clean state -- a layer's residual output, its MLP output or its attention
-output, at one position -- is restored, and the answer's probability at the last token measured.
-Prompts are kept only where SmolLM2's top next token is the expected answer. Writes
-docs/smollm2_trace.png (the Eiffel Tower trace).
+The shipped fact set (``analyses.tasks.facts``: capitals, languages, currencies, continents, the
+countries of cities and companies, landmarks, founders, authors; 595 facts) is kept to the facts
+SmolLM2 answers top-1; each is traced with 10 noise draws of 3 x the standard deviation of the subject
+tokens' embeddings, restoring one hidden state, or a 10-layer window of MLP or attention outputs, at
+each position class (first / middle / last subject token, first subsequent token, further tokens,
+last token). Prints the average indirect effects of the last subject token's MLP window with their
+95% intervals and the verdict; writes docs/smollm2_trace.png (Meng et al.'s panels). The same as
 
-    python examples/smollm2/tracing.py
+    interp trace --model smollm2 --facts builtin --out smollm2-trace
+
+    python examples/smollm2/tracing.py [EVERY]   # trace every EVERY-th fact kept (default 1: all of them)
+
+``python examples/smollm2/tracing.py 16`` traces 13 of the 207 (12 minutes with one thread on a shared
+2-core machine; all 207 would take about 3 hours there): the numbers in docs/guides/smollm2.md.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
-import torch
-
-from analyses import causal_trace, trace_figure
-from analyses.core.tokens import encode, model_tokenizer
+from analyses.tasks.facts import builtin_facts, top1_facts
+from analyses.tasks.tracing import facts_figure, trace_facts, trace_verdict
 from setup_smollm2 import load
 
-FACTS = (  # prompt, subject, expected answer
-    ("The Eiffel Tower is in", "The Eiffel Tower", " Paris"),
-    ("The Colosseum is located in the city of", "The Colosseum", " Rome"),
-    ("The capital of Japan is", "Japan", " Tokyo"),
-)
-SAMPLES = 3
 FIGURE = Path(__file__).resolve().parents[2] / "docs" / "smollm2_trace.png"
-
-
-def top_token(model, prompt: str) -> str:
-    with torch.no_grad():
-        logits = model(encode(model, prompt).tokens)
-    return model_tokenizer(model).decode([int(logits[0, -1].argmax())])
-
-
-def summary(trace) -> None:
-    last_subject, last = trace.subject[-1], len(trace.tokens) - 1
-    print(f"  p(answer): clean {trace.clean_prob:.3f}, subject noised {trace.corrupted_prob:.3f}")
-    for kind in trace.kinds:
-        grid = trace.grid(kind)  # (layer, pos)
-        layer, pos = divmod(int(grid.argmax()), grid.shape[1])
-        at_subject, at_last = grid[:, last_subject], grid[:, last]
-        print(f"  {kind:5s} best restore: layer {layer} at {trace.tokens[pos]!r} (pos {pos}) -> {grid.max():.3f}; "
-              f"at the subject's last token {trace.tokens[last_subject]!r}: best layer {int(at_subject.argmax())} "
-              f"-> {at_subject.max():.3f}; at the last token: best layer {int(at_last.argmax())} -> {at_last.max():.3f}")
 
 
 def main() -> None:
     model = load()
-    first = None
-    for prompt, subject, answer in FACTS:
-        said = top_token(model, prompt)
-        if said != answer:
-            print(f"{prompt!r}: SmolLM2 says {said!r}, not {answer!r}; not traced")
-            continue
-        print(f"{prompt!r} -> {answer!r} (SmolLM2's top token); subject {subject!r}")
-        trace = causal_trace(model, prompt, subject, answer, samples=SAMPLES, progress=False)
-        summary(trace)
-        first = first or trace
-    if first is not None:
-        trace_figure(first).savefig(FIGURE, dpi=80, bbox_inches="tight")
-        print(f"wrote {FIGURE.relative_to(FIGURE.parents[1])}")
+    facts = builtin_facts()
+    kept, _ = top1_facts(model, facts)
+    traced = kept[:: int(sys.argv[1]) if len(sys.argv) > 1 else 1]
+    print(f"{len(kept)} of {len(facts)} facts answered top-1 by SmolLM2; tracing {len(traced)}")
+    began = time.monotonic()
+    trace = trace_facts(model, traced)
+    print(f"traced in {time.monotonic() - began:.0f} s; noise std {trace.noise_std:.4f}")
+    effect, low, high = trace.total_effect()
+    print(f"total effect (clean - noised p(answer)): {effect:.4f} [{low:.4f}, {high:.4f}]")
+    aie = trace.aie
+    for name in ("first subject token", "middle subject tokens", "last subject token", "last token"):
+        line = aie[(aie["kind"] == "mlp") & (aie["position"] == name)].set_index("layer")
+        if len(line):
+            best = line["aie"].idxmax()
+            print(f"  MLP window at the {name}: peak layer {best}, AIE {line.loc[best, 'aie']:.4f} "
+                  f"[{line.loc[best, 'ci_low']:.4f}, {line.loc[best, 'ci_high']:.4f}] (n = {line.loc[best, 'n_prompts']})")
+    verdict = trace_verdict(trace)
+    print(verdict.text)
+    facts_figure(trace, verdict).savefig(FIGURE, dpi=80, bbox_inches="tight")
+    print(f"wrote {FIGURE.relative_to(FIGURE.parents[1])}")
 
 
 if __name__ == "__main__":
