@@ -380,3 +380,52 @@ def test_a_bridge_and_gptmodel_of_one_grouped_query_llama_give_the_same_criteria
     gap = (ours["value"] - theirs["value"]).abs()
     assert gap.max() < 1e-4 and ours["value"].isna().equals(theirs["value"].isna())
     assert ours.groupby("criterion")["value"].apply(lambda v: v.abs().max()).min() > 1e-4  # every criterion moves
+
+
+def planted_name_mover(template: str, sign: float = 1.0):
+    """(GPTModel, IOI task) of a 2-layer GPT-2 whose one live head, L0H0, is a name mover by
+    construction: the names' embeddings live in dims 0-15 (d_head), the first name's position has a
+    spike in dim 63 that every query of L0H0 attends to (a constant query, a key reading dim 63), and
+    its OV circuit is ``sign`` times the identity on dims 0-15, so it copies (sign -1: suppresses) the
+    name it attends to; every other
+    head, MLP and bias writes nothing. The task: the template's ABBA prompts, whose IO is the first name."""
+    hf_model, tokenizer = random_hf_model("gpt2", seed=1, n_ctx=128, d_vocab=257, n_layer=2, n_embd=64, n_head=4)
+    names = "BCDEGHJKLMNPRS"
+    task = ioi_task(from_hf(hf_model, tokenizer), n=16, names=tuple(names), templates=(template,))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in hf_model.named_parameters():
+            if not name.startswith(("transformer.ln_", "transformer.h.0.ln_", "transformer.h.1.ln_")) and ".ln_" not in name:
+                parameter.zero_()
+        wte, wpe = hf_model.transformer.wte.weight, hf_model.transformer.wpe.weight
+        wte[:, 16:63] = 0.3 * torch.randn(wte.shape[0], 47, generator=generator)
+        for letter in names:
+            wte[tokenizer.encode(letter)[-1], :16] = 3 * torch.nn.functional.normalize(torch.randn(16, generator=generator), dim=0)
+        batch = task_batch(from_hf(hf_model, tokenizer), task)
+        at = ioi_positions(task, batch)
+        first = int(at.io.min())  # ABBA: IO is the first name
+        wpe[first, 63] = 10.0
+        attn = hf_model.transformer.h[0].attn
+        u = torch.nn.functional.normalize(torch.ones(16), dim=0)
+        attn.c_attn.bias[:16] = 10 * u  # the query: a constant
+        attn.c_attn.weight[63, 64:80] = u  # the key: the spike
+        attn.c_attn.weight[:16, 128:144] = torch.eye(16)  # the value: the name's dims
+        attn.c_proj.weight[:16, :16] = sign * torch.eye(16)  # the output: back onto them
+    kept = [i for i in range(len(task)) if bool(at.kept[i]) and int(at.io[i]) == first]
+    return from_hf(hf_model, tokenizer), task.subset(kept)
+
+
+@pytest.mark.parametrize("sign, planted_class", [(1.0, "name mover"), (-1.0, "negative name mover")])
+def test_a_planted_name_mover_is_the_one_head_classified(sign, planted_class):
+    model, task = planted_name_mover("When [A] and [B] went to the store, [B] gave a drink to", sign)
+    assert len(task) >= 5
+    result = ioi_classes(model, task, n_boot=200)
+    got = result.classes.set_index(["layer", "head"])["class"]
+    assert got.loc[(0, 0)] == planted_class
+    assert (got.drop(index=(0, 0)) == UNCLASSIFIED).all()
+    planted = result.criteria[(result.criteria["layer"] == 0) & (result.criteria["head"] == 0)].set_index("criterion")
+    assert planted.loc["attn_end_io", "value"] > 0.9 and sign * planted.loc["dla", "value"] > 1.0
+    if sign > 0:
+        assert result.movers == [(0, 0)] and result.movers_are == "name movers"
+    else:  # no name mover, and no head of positive DLA to stand in: nothing downstream is measured
+        assert result.movers == [] and len(result.notes) == 3
