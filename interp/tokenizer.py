@@ -125,7 +125,8 @@ class HFTokenizer:
 
 
 # where a model's start-token setting came from (``set_start_token``)
-START_TOKEN_SOURCES = ("tokenizer", "gguf", "family default", "model config", "chat template", "command line")
+START_TOKEN_SOURCES = ("tokenizer", "gguf", "family default", "model config", "chat template", "command line",
+                       "study spec")
 
 
 def tokenizer_adds_bos(hf_tokenizer) -> bool | None:

@@ -33,10 +33,11 @@ from analyses.components.explanation import decisive_attention, explain, explana
 from analyses.core.metrics import evaluate_metric
 from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
-from analyses.cli.args import SEED, add_model_args, check_head_count, load_cli_model, number, whole
+from analyses.cli.args import SEED, add_chat_arg, add_model_args, check_head_count, load_cli_model, number, whole
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
-from analyses.tasks.task import BUILT_IN, TASK_ABLATIONS, make_task, task_batch, task_metric, task_scores, task_split
+from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, make_task, task_batch, task_metric, task_scores,
+                                 task_split)
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
@@ -145,6 +146,7 @@ def register_task(subparsers) -> None:
     task.add_argument("name", help=f"{', '.join(BUILT_IN)}, or a .jsonl / .csv file of clean, corrupted, answer, "
                                    "distractor rows")
     add_model_args(task)
+    add_chat_arg(task)
     task.add_argument("--n", type=whole(1), help="number of prompts (default: the generator's, or every row)")
     task.add_argument("--top", type=whole(1), default=3, help="path-patch from this many top heads (default 3)")
     task.add_argument("--seed", type=SEED, default=0)
@@ -170,6 +172,12 @@ def register_task(subparsers) -> None:
     task.set_defaults(func=run_task)
 
 
+def prompted_task(model, args):
+    """The task ``args.name`` names (``--n``, ``--seed``), its prompts in the chat template with ``--chat``."""
+    task = make_task(model, args.name, args.n, args.seed)
+    return chat_task(model, task) if args.chat else task
+
+
 def run_task(args) -> int:
     if not args.exact_all and args.screen_top == 0 and args.screen_share == float("inf"):
         raise UserError("--screen-top 0 with --screen-share inf measures no cell exactly; give --screen-top >= 1, "
@@ -180,7 +188,7 @@ def run_task(args) -> int:
         check_steps_dir(args.out, args.resume)  # before any model loads
         model = load_cli_model(args)
         check_head_count(model, args.top, "--top")
-        task = make_task(model, args.name, args.n, args.seed)
+        task = prompted_task(model, args)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
         split = None if args.no_split else task_split(task, args.seed)
@@ -203,6 +211,7 @@ def register_explain(subparsers) -> None:
                         "gradients, occlusion) beside attention, rollout and flow; is the attended token decisive?")
     explain_parser.add_argument("name", help=f"{', '.join(BUILT_IN)}, or a .jsonl / .csv task file")
     add_model_args(explain_parser)
+    add_chat_arg(explain_parser)
     explain_parser.add_argument("--n", type=whole(1), default=8, help="number of prompts (default 8)")
     explain_parser.add_argument("--top", type=whole(1), default=3,
                                 help="read the attention of this many heads, the strongest by exact head patching "
@@ -240,7 +249,7 @@ def run_explain(args) -> int:
     model = load_cli_model(args)
     if not args.heads:
         check_head_count(model, args.top, "--top")
-    task = make_task(model, args.name, args.n, args.seed)
+    task = prompted_task(model, args)
     batch = task_batch(model, task)
     metric, scores = task_metric(task, batch.last), task_scores(task, batch.last)
     heads = (parse_heads(args.heads) if args.heads else

@@ -63,7 +63,8 @@ from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
 from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
-from analyses.tasks.task import Task, TaskBatch, task_ablation, task_batch, task_metric, task_split
+from analyses.tasks.task import (Task, TaskBatch, task_ablation, task_batch, task_measure_intervals, task_metric,
+                                  task_split)
 from interp.errors import UserError
 
 
@@ -338,7 +339,8 @@ def circuit(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | Non
 def measure_chosen(model, prompts: tuple, chosen: dict[str, list[tuple[int, int]]], tested: list[tuple[int, int]],
                    ablation: str, with_dla: bool, options: Options, seed: int) -> dict:
     """What was chosen, measured on ``prompts`` (the measurement split: its ``Task``, ``TaskBatch``
-    and ``task_ablation`` reference) -> {"values": its clean and corrupted metric, "dla":
+    and ``task_ablation`` reference) -> {"values": its clean and corrupted metric, "measures": the
+    task's measures there with their intervals (``task_measure_intervals``), "dla":
     ``task_dla`` (None without DLA), "heads": ``measured_heads`` of every chosen head, "control":
     ``tested`` (the top writers) against matched random sets, ``control_effects(...).summary()``
     ablated by ``ablation``, or {"refused": why}}."""
@@ -352,8 +354,9 @@ def measure_chosen(model, prompts: tuple, chosen: dict[str, list[tuple[int, int]
                                   memory_mb=options.memory_mb, progress=options.progress).summary()
     except UserError as refusal:  # e.g. a layer with too few other heads to draw matched sets from
         control = {"refused": str(refusal)}
-    return {"values": {"clean": contrast.source_value, "corrupted": contrast.baseline}, "dla": dla,
-            "heads": measured_heads(contrast, chosen, dla, options, seed), "control": control}
+    measures = task_measure_intervals(model, task, batch, seed=seed, memory_mb=options.memory_mb)
+    return {"values": {"clean": contrast.source_value, "corrupted": contrast.baseline}, "measures": measures,
+            "dla": dla, "heads": measured_heads(contrast, chosen, dla, options, seed), "control": control}
 
 
 def measured_heads(contrast: Contrast, chosen: dict[str, list[tuple[int, int]]], dla: pd.DataFrame | None,
@@ -403,7 +406,8 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
              *([f"Note: {task.note}."] if task.note else []), split_text(analysis),
              f"- clean: `{task.clean[0]}`", f"- corrupted: `{task.corrupted[0]}`"]
     sections = [*left_out_section(analysis.left_out), Section("Task", "\n".join(about)),
-                Section("Metric", "The task metric on the unpatched runs.", table=metric_table(analysis))]
+                Section("Metric", "The task's measures on the unpatched runs, with their 95% intervals over "
+                                  "prompts on the split the effects are measured on.", table=metric_table(analysis))]
     patched = [_figure("heads", "denoising: each head's output patched clean into corrupted (all positions)",
                        patching_figure(analysis.heads, "metric", "head patching")),
                _figure("heads_by_pos", "denoising: each head at each position",
@@ -451,11 +455,16 @@ def split_text(analysis: TaskAnalysis) -> str:
 
 
 def metric_table(analysis: TaskAnalysis) -> pd.DataFrame:
-    """The metric on the clean and corrupted runs of each split (``all`` in-sample)."""
-    parts = ({"all": analysis.values} if analysis.split is None else
-             {"selection": analysis.values, "measurement": analysis.measured["values"]})
-    return pd.DataFrame([{"run": run, "split": name, "metric": value}
-                         for name, values in parts.items() for run, value in values.items()])
+    """The metric on the clean and corrupted runs of the selection split (without an interval), then
+    on the measurement split (``all`` in-sample) each of the task's measures (``task_measures``: the
+    metric and, for greater-than, the cutoff sharpness) with its 95% interval over prompts."""
+    measured = analysis.measured["measures"].rename(columns={"value": "metric"})
+    measured.insert(1, "split", "all" if analysis.split is None else "measurement")
+    if analysis.split is None:
+        return measured
+    chosen = pd.DataFrame([{"run": run, "split": "selection", "measure": analysis.task.metric, "metric": value}
+                           for run, value in analysis.values.items()])
+    return pd.concat([chosen, measured], ignore_index=True)
 
 
 def chosen_figure(frame: pd.DataFrame) -> Figure:

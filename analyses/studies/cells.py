@@ -20,6 +20,7 @@ from analyses.studies.spec import Cell, StudySpec
 from analyses.core.tokens import encode, read_text_lines, single_token_id
 from interp import load_model, provenance
 from interp.errors import UserError
+from interp.tokenizer import set_start_token
 
 Targets = list[tuple[str, list[Component]]]
 
@@ -109,11 +110,15 @@ class StudyCells:
         self._cell: tuple[int, CellPlan, Ablation] | None = None
 
     def _load(self, spec: StudySpec):
-        key = (spec.model, spec.impl, spec.dtype)
+        """The cell's model, its prompts beginning with the start token as ``[model].prepend_bos`` says
+        (absent: the model's own setting), as ``--prepend-bos`` does on the command line."""
+        key = (spec.model, spec.impl, spec.dtype, spec.prepend_bos)
         if key != self._model_key:
             self._model = self._cell = None  # free the previous model before loading the next
             self._model = load_model(spec.model, impl=None if spec.impl == "auto" else spec.impl,
                                      device=self.device, dtype=spec.dtype).eval()
+            if spec.prepend_bos is not None:
+                set_start_token(self._model, spec.prepend_bos, "study spec")
             self._model_key = key
         return self._model
 

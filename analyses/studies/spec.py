@@ -9,6 +9,7 @@ spec = "toy"                # anything load_model takes; a relative path is the 
 impl = "auto"               # auto (load_model's choice) | scratch | transformer_lens
 dtype = "float32"           # float32 | bfloat16 | float16
 device = "cpu"              # cpu | cuda | cuda:N | mps (the local executor's; Ray gives each actor its own)
+prepend_bos = true          # begin every prompt with the start token (absent: the model's own setting)
 [prompts]
 kind = "repeated"           # repeated | text (with file = "prompts.txt", one prompt per line)
 n = 64
@@ -41,6 +42,11 @@ many as each node's CPUs and memory hold), ``memory_mb`` (each analysis's budget
 part of the study's identity: a run may be resumed by another executor, on another device. The
 ``[model].dtype`` is: results in bfloat16 are not those in float32.
 
+``[model].prepend_bos`` (``true`` | ``false``) says whether every prompt, text or probe, begins with
+the model's start token, as ``--prepend-bos/--no-prepend-bos`` does on the command line
+(``interp.tokenizer.set_start_token``, source ``"study spec"``); absent, the model's own setting
+(its tokenizer's, else its family's). It is part of the study's identity.
+
 Every mistake is a one-line ``ValueError`` naming the key, e.g. ``[ablation].method``.
 """
 
@@ -69,7 +75,7 @@ EXECUTORS = ("local", "ray")
 
 # section -> its keys, in the order that orders a grid's cells
 _ALLOWED = {
-    "model": ("spec", "impl", "dtype"),
+    "model": ("spec", "impl", "dtype", "prepend_bos"),
     "prompts": ("kind", "n", "seed", "seq_len", "file"),
     "ablation": ("method", "targets", "preserve_patterns", "seed"),
     "metric": ("kind", "correct", "incorrect"),
@@ -97,6 +103,7 @@ class StudySpec:
     correct: str | None
     incorrect: str | None
     dtype: str = "float32"
+    prepend_bos: bool | None = None  # None: the model's own setting
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +165,8 @@ def _get(table: dict, section: str, key: str, kind, default=..., choices=None):
     value = table[key]
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         _fail(name, f"must be an integer, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        _fail(name, f"must be true or false, got {value!r}")
     if kind is not int and not isinstance(value, kind):
         _fail(name, f"must be a {getattr(kind, '__name__', 'number')}, got {value!r}")
     if choices is not None and value not in choices:
@@ -230,6 +239,7 @@ def parse_spec(data: dict, base_dir: Path = Path(".")) -> StudySpec:
         model=_model_spec(_get(model, "model", "spec", str, "toy"), base_dir),
         impl=_get(model, "model", "impl", str, "auto", IMPLS),
         dtype=_get(model, "model", "dtype", str, "float32", tuple(DTYPES)),
+        prepend_bos=_get(model, "model", "prepend_bos", bool, None),
         prompt_kind=prompt_kind,
         n_prompts=n_prompts,
         prompt_seed=_get(prompts, "prompts", "seed", int, 0),

@@ -9,7 +9,8 @@ that are a single token there, saying how many they dropped (``Task.dropped``):
   ABBA and BABA orders; the corruption is ABC (three other, distinct names: no name repeats);
 - ``greater_than_task`` (Hanna et al. 2023): "The war lasted from the year 1732 to the year 17" ->
   any two-digit YY > 32 against YY <= 32, with the probability-difference metric
-  ``sum p(YY > 32) - sum p(YY <= 32)``; the corruption is the start year 1701;
+  ``sum p(YY > 32) - sum p(YY <= 32)``; the corruption is the start year 1701. Its cutoff sharpness
+  (``cutoff_scores``) is Hanna et al.'s p(YY + 1) - p(YY - 1): p(33) - p(31) here;
 - ``induction_text_task``: a natural sentence and its repeat, cut mid-way, predicting the next
   word's first token; the corruption shuffles the words of the first copy, so nothing can be
   copied from it;
@@ -22,13 +23,16 @@ that are a single token there, saying how many they dropped (``Task.dropped``):
 Where the tokenizer gives a word's leading space a token of its own (bytes), the space moves to the
 end of the prompt and the word itself must be one token; a byte tokenizer therefore keeps no
 multi-letter name, and ``ioi_task`` falls back to single capital letters (said in ``Task.note``),
-``greater_than_task`` to the decade digit (start year 17D9; end decade > D against <= D).
+``greater_than_task`` to the decade digit (start year 17D9; end decade > D against <= D: see its
+docstring for what is then measured).
 
 Metrics (``task_metric``) read each prompt's last real token, so prompts of different token
 lengths share one right-padded batch; clean and corrupted prompts of one pair must have equal
 token lengths (refused otherwise). ``"logit_diff"``: mean over prompts of (mean logit of the
 answers - mean logit of the distractors); ``"prob_diff"``: mean over prompts of (sum of the answers'
-probabilities - sum of the distractors').
+probabilities - sum of the distractors'). ``task_measures`` adds a task's other measures (the cutoff
+sharpness of one with ``cutoffs``) and ``measure_intervals`` gives each with its 95% interval over
+prompts. ``chat_task`` gives every prompt as a user's message in the model's chat template.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
 import torch
 
-from analyses.core.metrics import Metric
+from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.metrics import Metric, PromptScores, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, split_prompts
-from analyses.core.tokens import encode, model_tokenizer, read_text
+from analyses.core.stats import bootstrap_ratio
+from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
 from analyses.interventions.ablation import METHODS as ABLATION_METHODS, PAIRED_METHODS, CorruptedReference
+from analyses.interventions.run import Run
 from interp.errors import UserError
 from interp.tokenizer import Tokenizer
 
@@ -117,6 +125,9 @@ class Task:
     (``ioi``: the sentence; ``greater-than``: the noun; ``brackets``: the line; ``identifier``: the
     name's prefix), else empty. Prompts of one template put the same kinds of token at the same
     positions: the split is stratified by template and ``mean_corrupted`` ablation averages within one.
+    cutoffs: per pair, (the token just above the cutoff, the token just below it) where the task has a
+    cutoff (``greater-than``: the years YY + 1 and YY - 1, or the decades D + 1 and D - 1), for the
+    cutoff sharpness (``cutoff_scores``), else empty.
     """
 
     name: str
@@ -128,6 +139,7 @@ class Task:
     dropped: int = 0
     note: str = ""
     templates: tuple[int, ...] = ()
+    cutoffs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -140,6 +152,8 @@ class Task:
                             f"{len(self.answers)} answer sets and {len(self.distractors)} distractor sets")
         if self.templates and len(self.templates) != n:
             raise UserError(f"task {self.name!r}: {n} prompts but {len(self.templates)} template labels")
+        if self.cutoffs and len(self.cutoffs) != n:
+            raise UserError(f"task {self.name!r}: {n} prompts but {len(self.cutoffs)} cutoffs")
         for i, (good, bad) in enumerate(zip(self.answers, self.distractors)):
             if not good or not bad:
                 raise UserError(f"task {self.name!r}, prompt {i}: needs at least one answer and one distractor")
@@ -154,9 +168,10 @@ class Task:
         return self.subset(range(min(n, len(self))))
 
     def subset(self, indices: Sequence[int]) -> "Task":
-        """The prompts ``indices`` (in that order), with their answers, distractors and templates."""
+        """The prompts ``indices`` (in that order), with their answers, distractors, templates and cutoffs."""
         indices = [int(i) for i in indices]
-        fields = ("clean", "corrupted", "answers", "distractors", *(("templates",) if self.templates else ()))
+        fields = ("clean", "corrupted", "answers", "distractors",
+                  *(name for name in ("templates", "cutoffs") if getattr(self, name)))
         return replace(self, **{name: tuple(getattr(self, name)[i] for i in indices) for name in fields})
 
 
@@ -218,6 +233,23 @@ def task_scores(task: Task, last: torch.Tensor):
     return scores
 
 
+def cutoff_scores(task: Task, last: torch.Tensor):
+    """Hanna et al. 2023's cutoff sharpness per prompt: logits (batch, pos, d_vocab) -> (batch,)
+    float32, p(the token just above the prompt's cutoff) - p(the token just below it) (``Task.cutoffs``),
+    each p a softmax over the whole vocabulary at ``last`` (batch,), the prompt's last real position.
+    Refused in one line for a task without cutoffs."""
+    if not task.cutoffs:
+        raise UserError(f"task {task.name!r} has no cutoff; the cutoff sharpness is greater-than's")
+    above, below = torch.tensor(task.cutoffs).T
+
+    def scores(logits: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        probs = logits[rows, last.to(logits.device)].float().softmax(dim=-1)  # (batch, d_vocab)
+        return probs[rows, above.to(logits.device)] - probs[rows, below.to(logits.device)]
+
+    return scores
+
+
 def task_metric(task: Task, last: torch.Tensor) -> Metric:
     """The task's metric: logits (batch, pos, d_vocab) -> scalar, the mean over prompts of
     ``task_scores``. Differentiable; declares the positions it reads (``read_positions``) so
@@ -225,7 +257,55 @@ def task_metric(task: Task, last: torch.Tensor) -> Metric:
     ``analyses.core.metrics.metric_part``: a part's mean weighted by its prompts, with its per-prompt
     form, so every effect on a task gets its interval over prompts), so an intervention holds a
     chunk of prompts at a time, not the whole batch."""
-    scores = task_scores(task, last)
+    return _mean_metric(task, last, task_scores)
+
+
+def task_measures(task: Task, last: torch.Tensor) -> dict[str, Metric]:
+    """The task's measures, each a metric as ``task_metric`` makes (a mean over prompts with its
+    per-prompt form): its own metric (named ``task.metric``) and, for a task with cutoffs,
+    ``"cutoff_sharpness"`` (``cutoff_scores``): Hanna et al. 2023's two for greater-than."""
+    measures = {task.metric: task_metric(task, last)}
+    return measures | ({"cutoff_sharpness": _mean_metric(task, last, cutoff_scores)} if task.cutoffs else {})
+
+
+def interval_frame(scores: dict[str, PromptScores], seed: int = 0) -> pd.DataFrame:
+    """measure name -> its ``PromptScores`` on a batch (per-prompt numerators and counts) -> one row
+    per measure: ``measure``, ``value`` (the mean over prompts), ``ci_low``, ``ci_high`` (the 95%
+    percentile bootstrap over prompts, seeded: ``analyses.core.stats.bootstrap_ratio``), ``n_prompts``."""
+    rows = []
+    for name, found in scores.items():
+        value, low, high = bootstrap_ratio(found.numerators, found.counts, seed=seed)
+        rows.append({"measure": name, "value": float(value), "ci_low": float(low), "ci_high": float(high),
+                     "n_prompts": len(found.counts)})
+    return pd.DataFrame(rows)
+
+
+def measure_intervals(task: Task, last: torch.Tensor, logits: torch.Tensor, seed: int = 0) -> pd.DataFrame:
+    """Each of ``task_measures`` on ``logits`` (batch, pos, d_vocab) of the task's prompts, read at
+    ``last`` (batch,): ``interval_frame``'s rows (measure, value, ci_low, ci_high, n_prompts)."""
+    return interval_frame({name: prompt_scores(metric, logits) for name, metric in task_measures(task, last).items()},
+                          seed)
+
+
+def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0,
+                           memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+    """Each of ``task_measures`` on the task's clean and on its corrupted prompts (``batch``:
+    ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``):
+    ``interval_frame``'s rows, ``run`` ("clean", "corrupted") first."""
+    measures = task_measures(task, batch.last)
+    frames = []
+    for name, tokens in (("clean", batch.clean), ("corrupted", batch.corrupted)):
+        run = Run.make(model, tokens, measures[task.metric], starts=False, memory_mb=memory_mb)
+        frames.append(interval_frame({measure: run.scores(metric) for measure, metric in measures.items()}, seed)
+                      .assign(run=name))
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[["run", *(column for column in frame.columns if column != "run")]]
+
+
+def _mean_metric(task: Task, last: torch.Tensor, scorer) -> Metric:
+    """The mean over prompts of ``scorer(task, last)`` (logits -> (batch,)) as a metric with its read
+    positions and its parts (see ``task_metric``)."""
+    scores = scorer(task, last)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return scores(logits).mean()
@@ -233,9 +313,8 @@ def task_metric(task: Task, last: torch.Tensor) -> Metric:
     def part(rows: slice, read: torch.Tensor | None) -> tuple[Metric, float]:
         """The metric on the prompts ``rows`` alone, its logits (rows, pos or len(read), d_vocab)."""
         at = last[rows].cpu() if read is None else torch.searchsorted(read, last[rows].cpu())
-        sliced = replace(task, clean=task.clean[rows], corrupted=task.corrupted[rows], answers=task.answers[rows],
-                         distractors=task.distractors[rows], templates=task.templates[rows])
-        part_scores = task_scores(sliced, at)
+        sliced = task.subset(range(len(task))[rows])
+        part_scores = scorer(sliced, at)
 
         def part_metric(logits: torch.Tensor) -> torch.Tensor:
             return part_scores(logits).mean()
@@ -268,6 +347,27 @@ def task_split(task: Task, seed: int = 0, share: float = DEFAULT_SELECTION_SHARE
                             f"{'selection' if inside == 0 else 'measurement'} split would hold none of it; give more "
                             "prompts (--n) or --no-split (choose and measure on the same prompts: in-sample)")
     return split
+
+
+# ----------------------------------------------------------------------------- chat template
+def chat_task(model, task: Task) -> Task:
+    """``task`` with each prompt, clean and corrupted, given as the user's one message in the model's
+    chat template with the assistant's turn opened after it (``analyses.core.tokens.chat_texts``;
+    a one-line refusal where the model has none), so the metric reads the first token of the
+    model's reply; the answers and distractors keep the ids they had after the bare prompts. Texts in a
+    template are encoded without the start token unless told otherwise (``--chat`` sets that). A pair
+    the template makes of unequal token lengths is refused in one line naming it."""
+    clean, corrupted = chat_texts(model, task.clean), chat_texts(model, task.corrupted)
+    tokenizer = model_tokenizer(model)
+    for i, (good, bad) in enumerate(zip(clean, corrupted)):
+        lengths = len(tokenizer.encode(good)), len(tokenizer.encode(bad))
+        if lengths[0] != lengths[1]:
+            raise UserError(f"task {task.name!r}, prompt {i}: in the chat template the clean prompt is {lengths[0]} "
+                            f"tokens but the corrupted one {lengths[1]}, so the pair no longer lines up; drop --chat")
+    said = ("each prompt given as the user's message in the model's chat template, the metric read at the reply's "
+            "first token")
+    return replace(task, clean=tuple(clean), corrupted=tuple(corrupted),
+                   note="; ".join(filter(None, (task.note, said))))
 
 
 # -------------------------------------------------------------------------------- ablation
@@ -379,40 +479,60 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
 
 
 def greater_than_task(model, n: int = 60, seed: int = 0, nouns: Sequence[str] = GT_NOUNS) -> Task:
-    """Greater-than: "The NOUN lasted from the year 17YY to the year 17" with YY in 02..98, the
-    answers every two-digit token > YY, the distractors every one <= YY, the metric
-    ``prob_diff``; corrupted: the start year 1701. Two-digit numbers that are not one token there
-    are dropped (counted); if fewer than 10 remain, the decade digit stands in (see the module
-    docstring)."""
+    """Greater-than (Hanna et al. 2023): "The NOUN lasted from the year 17YY to the year 17", the
+    nouns in turn, YY drawn (seeded) from 02..98; the metric ``prob_diff`` at the last token, the
+    corruption the start year 1701 (same tokens, YY = 01). Which token is measured depends on the
+    tokenizer:
+
+    - where the two-digit numbers are single tokens after "... to the year 17" (GPT-2's), the
+      answers are the tokens of every two-digit number > YY, the distractors every one <= YY (YY
+      itself is not greater), so the metric is Hanna et al.'s probability difference
+      ``sum p(y > YY) - sum p(y <= YY)`` over those tokens (the ones that are not single tokens are
+      dropped, counted in ``Task.dropped``, and YY is drawn among those whose neighbours YY +- 1
+      are kept);
+    - else (fewer than 10 such tokens: a tokenizer that writes digits one by one, as SmolLM2's and
+      Llama 2's do), the decade digit stands in: the start year is 17D9 with D drawn from 1..8 (YY =
+      D9, the last year of decade D; corrupted 1709), the token measured is the end year's first
+      digit E, the answers the digits E > D and the distractors E <= D. An end year 17E? is greater
+      than 17D9 exactly when E > D, whatever its second digit, so ``prob_diff`` is the probability
+      that the model begins an end year greater than the start year minus that it begins one not
+      greater (a non-digit next token counts in neither). The prompt stops after "17"; the model is
+      not asked for the second digit.
+
+    ``Task.cutoffs``: per prompt, the tokens just above and just below the cutoff, (YY + 1, YY - 1),
+    or (D + 1, D - 1) for decades, whose probability difference is Hanna et al.'s cutoff sharpness
+    (``cutoff_scores``): how steeply the probability rises across the start year. Prompts whose clean
+    and corrupted token lengths differ are dropped (counted)."""
     tokenizer = model_tokenizer(model)
     probe = f"The {nouns[0]} lasted from the year {GT_CENTURY}50 to the year {GT_CENTURY}"
     pairs = [f"{y:02d}" for y in range(100)]
     found = {yy: single_token(tokenizer, probe, yy, sep="") for yy in pairs}
     kept = {yy: hit for yy, hit in found.items() if hit is not None and hit[0] == probe}
-    rng = random.Random(seed)
-    rows = []
     if len(kept) >= 10:
-        dropped, note = 100 - len(kept), ""
+        dropped, note, start, lowest, highest = 100 - len(kept), "", "{:02d}", 2, 98
         ids = {int(yy): hit[1] for yy, hit in kept.items()}
-        for i in range(n):
-            noun, year = nouns[i % len(nouns)], rng.randint(2, 98)
-            rows.append((f"The {noun} lasted from the year {GT_CENTURY}{year:02d} to the year {GT_CENTURY}",
-                         f"The {noun} lasted from the year {GT_CENTURY}01 to the year {GT_CENTURY}",
-                         tuple(t for y, t in ids.items() if y > year), tuple(t for y, t in ids.items() if y <= year),
-                         i % len(nouns)))
+        corrupted_start = "01"
     else:
         digits = {d: single_token(tokenizer, probe, str(d), sep="") for d in range(10)}
         if any(hit is None or hit[0] != probe for hit in digits.values()):
             raise UserError("greater-than: neither two-digit numbers nor single digits are single tokens after "
                             f"{probe!r} for this tokenizer")
-        dropped, note = 100, "no two-digit number is a single token for this tokenizer: the decade digit D of start year 17D9 stands in"
+        dropped, start, lowest, highest = 100, "{}9", 1, 8
+        note = ("no two-digit number is a single token for this tokenizer: the decade digit D of start year 17D9 "
+                "stands in (the end year's first digit, > D against <= D)")
         ids = {d: hit[1] for d, hit in digits.items()}
-        for i in range(n):
-            noun, decade = nouns[i % len(nouns)], rng.randint(1, 8)
-            rows.append((f"The {noun} lasted from the year {GT_CENTURY}{decade}9 to the year {GT_CENTURY}",
-                         f"The {noun} lasted from the year {GT_CENTURY}09 to the year {GT_CENTURY}",
-                         tuple(t for d, t in ids.items() if d > decade), tuple(t for d, t in ids.items() if d <= decade),
-                         i % len(nouns)))
+        corrupted_start = "09"
+    cutoffs = [value for value in range(lowest, highest + 1) if value - 1 in ids and value + 1 in ids]
+    if not cutoffs:
+        raise UserError("greater-than: no start year has both neighbouring years as single tokens for this tokenizer")
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        noun, value = nouns[i % len(nouns)], rng.choice(cutoffs)
+        prompt = f"The {noun} lasted from the year {GT_CENTURY}{{}} to the year {GT_CENTURY}"
+        rows.append((prompt.format(start.format(value)), prompt.format(corrupted_start),
+                     tuple(t for v, t in ids.items() if v > value), tuple(t for v, t in ids.items() if v <= value),
+                     i % len(nouns), (ids[value + 1], ids[value - 1])))
     rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
     return _from_rows("greater-than", rows, "prob_diff", dropped + skipped, note)
 
@@ -465,7 +585,7 @@ def _fitting_rows(tokenizer: Tokenizer, rows: list, n_ctx: int) -> tuple[list, i
 
 
 def _from_rows(name: str, rows: list, metric: str, dropped: int, note: str) -> Task:
-    """A task from rows (clean, corrupted, answers, distractors[, template])."""
+    """A task from rows (clean, corrupted, answers, distractors[, template[, cutoff]])."""
     if not rows:
         raise UserError(f"{name}: no prompt survived for this tokenizer")
     clean, corrupted, answers, distractors, *templates = zip(*rows)

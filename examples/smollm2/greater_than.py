@@ -6,6 +6,10 @@ SmolLM2's tokenizer writes every digit as a token of its own, so no two-digit ye
 the digits <= D, the metric the probability difference sum p(> D) - sum p(<= D) at the last token.
 The corruption is the start year 1709 (the same tokens, decade 0).
 
+First, Hanna et al.'s two measures on ``MEASURE_PROMPTS`` prompts, each a mean over prompts with its
+95% bootstrap interval (``analyses.tasks.task.task_measure_intervals``): the probability difference
+and the cutoff sharpness p(D + 1) - p(D - 1), the decades either side of the start decade.
+
 Heads and MLPs are ranked on the first half of the prompts (direct logit attribution, one forward)
 and tested on the second half (activation patching of every head and MLP; mean ablation of the top
 ranked, against as many random heads), so none is chosen on the prompts that test it.
@@ -21,10 +25,11 @@ from analyses import matched_random_sets, patch_heads
 from analyses.interventions.ablation import MLP, prepare_ablation
 from analyses.interventions.patching import patch_mlps
 from analyses.report.task_page import task_dla
-from analyses.tasks.task import greater_than_task, task_batch, task_metric, task_split
+from analyses.tasks.task import greater_than_task, task_batch, task_measure_intervals, task_metric, task_split
 from setup_smollm2 import head_name, load
 
 N_PROMPTS = 48
+MEASURE_PROMPTS = 100
 TOP = 5
 N_DRAWS = 10
 
@@ -79,9 +84,20 @@ def mean_ablated(model, tokens, components, metric):
     return ablation.run([components], progress=False)[0].item(), ablation
 
 
+def hanna_measures(model) -> None:
+    """Print Hanna et al.'s probability difference and cutoff sharpness on ``MEASURE_PROMPTS`` prompts,
+    clean and corrupted, each with its 95% interval over prompts."""
+    task = greater_than_task(model, n=MEASURE_PROMPTS, seed=0)
+    frame = task_measure_intervals(model, task, task_batch(model, task), seed=0)
+    print(f"Hanna et al.'s measures on {len(task)} prompts (mean [95% bootstrap interval over prompts]):")
+    for row in frame.itertuples():
+        print(f"  {row.run:9s} {row.measure:16s} {row.value:+.3f} [{row.ci_low:+.3f}, {row.ci_high:+.3f}]")
+
+
 def main() -> None:
     torch.set_num_threads(1)
     model = load()
+    hanna_measures(model)
     task = greater_than_task(model, n=N_PROMPTS, seed=0)
     print(f"greater-than, {len(task)} prompts: {task.note}")
     print("e.g.", repr(task.clean[0]), "| corrupted", repr(task.corrupted[0]))
