@@ -164,15 +164,7 @@ def logit_diff_metric(correct: torch.Tensor | int, incorrect: torch.Tensor | int
                                 f"but the logits only {n_pos} positions")
             return _diffs(logits, rows_at if read is None else torch.searchsorted(read, rows_at), *part_ids)
 
-        def part_metric(logits: torch.Tensor) -> torch.Tensor:
-            return diffs(logits).mean()
-
-        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            each = diffs(logits)
-            return each.mean(), each
-
-        part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(rows.stop - rows.start)
-        return part_metric, float(rows.stop - rows.start)
+        return prompt_mean_part(diffs, rows.stop - rows.start)
 
     metric.part = part
 
@@ -227,6 +219,22 @@ def metric_part(metric: Metric, rows: slice, read: torch.Tensor | None) -> tuple
     weight. See ``evaluate_part``."""
     part = getattr(metric, "part", None)
     return None if part is None else part(rows, read)
+
+
+def prompt_mean_part(scores: Callable[[torch.Tensor], torch.Tensor], n_rows: int) -> tuple[Metric, float]:
+    """A metric part whose value is the mean of one score per prompt: ``scores`` maps the part's
+    logits to (n_rows,) scores; returns (the part's metric, with the per-prompt form intervals need,
+    each prompt counting once; its weight ``n_rows``)."""
+
+    def part_metric(logits: torch.Tensor) -> torch.Tensor:
+        return scores(logits).mean()
+
+    def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        each = scores(logits)
+        return each.mean(), each
+
+    part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(n_rows)
+    return part_metric, float(n_rows)
 
 
 @dataclass(frozen=True)

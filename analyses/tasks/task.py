@@ -49,7 +49,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.metrics import Metric, PromptScores, prompt_scores
+from analyses.core.metrics import Metric, PromptScores, prompt_mean_part, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, split_prompts
 from analyses.core.stats import bootstrap_ratio
 from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
@@ -314,18 +314,7 @@ def _mean_metric(task: Task, last: torch.Tensor, scorer) -> Metric:
         """The metric on the prompts ``rows`` alone, its logits (rows, pos or len(read), d_vocab)."""
         at = last[rows].cpu() if read is None else torch.searchsorted(read, last[rows].cpu())
         sliced = task.subset(range(len(task))[rows])
-        part_scores = scorer(sliced, at)
-
-        def part_metric(logits: torch.Tensor) -> torch.Tensor:
-            return part_scores(logits).mean()
-
-        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """(the part's value, each prompt's score (rows,)): the per-prompt form intervals need."""
-            each = part_scores(logits)
-            return each.mean(), each
-
-        part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(len(sliced))
-        return part_metric, float(len(sliced))
+        return prompt_mean_part(scorer(sliced, at), len(sliced))
 
     metric.read_positions = torch.unique(last).cpu()
     metric.part = part

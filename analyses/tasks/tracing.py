@@ -50,6 +50,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.metrics import prompt_mean_part
 from analyses.core.plots import new_figure, token_label
 from analyses.core.progress import progress_bar
 from analyses.core.stats import bootstrap_ratio
@@ -193,15 +194,7 @@ def answer_probability(answer: int, parts: bool = False):
         return probabilities(logits).mean()
 
     def part(rows: slice, read: torch.Tensor | None):
-        def part_metric(logits: torch.Tensor) -> torch.Tensor:
-            return probabilities(logits).mean()
-
-        def per_prompt(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            each = probabilities(logits)
-            return each.mean(), each
-
-        part_metric.per_prompt, part_metric.counts = per_prompt, torch.ones(rows.stop - rows.start)
-        return part_metric, float(rows.stop - rows.start)
+        return prompt_mean_part(probabilities, rows.stop - rows.start)
 
     metric.read_positions = -1
     if parts:
