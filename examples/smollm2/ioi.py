@@ -1,6 +1,6 @@
 """Indirect-object identification on SmolLM2: accuracy, logit difference, the heads that write the
 answer (direct logit attribution), and two interventions on them (ablation against layer-matched
-random heads, activation patching), every number with its 95% interval.
+random heads, activation patching of each writer), every number with its 95% interval.
 
 Prompts: ``analyses.tasks.task.ioi_task``, 200 of them, ABBA and BABA alternating over the
 templates; the corruption puts three other names in the same template (ABC). Metric: logit(indirect
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from analyses import patch_effects
 from analyses.core.stats import bootstrap_ratio
 from analyses.core.tokens import model_tokenizer
 from analyses.interventions.controls import control_effects
 from analyses.interventions.ablation import prepare_ablation
-from analyses.report.task_page import task_dla
+from analyses.interventions.patching import COMPONENTS, prepare
+from analyses.interventions.run import Options
+from analyses.report.task_page import measured_heads, task_dla
 from analyses.tasks.task import ioi_task, task_ablation, task_batch, task_metric, task_split
 from setup_smollm2 import head_name, load
 
@@ -95,12 +96,12 @@ def main() -> None:
         print(f"{method} ablation ({words}): {control.describe()}")
         print(f"  the logit difference {share_lower(model, test_batch, top, method, metric, reference)}")
 
-    patched = patch_effects(model, test_batch.clean, test_batch.corrupted, metric)
-    print(f"head patching on the measurement prompts (each head's clean output into the corrupted run; "
-          f"corrupted {patched.baseline.iloc[0]:.2f}):")
-    for label, rows in (("largest gains", patched.nlargest(TOP, "effect")), ("largest losses", patched.nsmallest(3, "effect"))):
-        print(f"  {label}:", ", ".join(f"{head_name(r.layer, r.head)} {interval(r.effect, r.ci_low, r.ci_high)}"
-                                       for r in rows.itertuples()))
+    contrast = prepare(model, test_batch.clean, test_batch.corrupted, metric, COMPONENTS["heads"].names(model))
+    patched = measured_heads(contrast, {"top DLA": top}, None, Options(progress=False), seed=0)
+    print(f"patching each writer's clean output into the corrupted run on the measurement prompts "
+          f"(logit difference corrupted {contrast.baseline:.2f}, clean {contrast.source_value:.2f}):")
+    print("  " + ", ".join(f"{head_name(r.layer, r.head)} {interval(r.effect, r.ci_low, r.ci_high)}"
+                           for r in patched.itertuples()))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,22 @@ the model its text with no ``<|im_start|>`` (its BOS, id 1) in front, and that i
 same 16 probes of 64 tokens, seed 0, as the other SmolLM2 scripts) both ways: the model's own
 format (no start token) and with the start token prepended, as interp did before. For each role it
 prints the Spearman rank correlation of the 270 heads' scores between the two, and the top 5 heads
-each way.
+each way. Then, both ways: the five strongest induction heads' (by the scores without the start
+token) mean-aligned ablation effect on the copy loss, and IOI's logit difference on 100 prompts,
+each with its 95% interval over prompts.
 
-    OMP_NUM_THREADS=2 nice python examples/smollm2/start_token.py
+    OMP_NUM_THREADS=1 python examples/smollm2/start_token.py
 """
 
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
-from analyses import classify_heads
+from analyses import classify_heads, loss_metric
+from analyses.core.stats import bootstrap_ratio
+from analyses.interventions.ablation import prepare_ablation
+from analyses.tasks.task import ioi_task, task_batch
 from analyses.roles.classify import ROLES
 from interp.tokenizer import set_start_token, start_token_setting
 from setup_smollm2 import N_PROMPTS, SEQ_LEN, head_name, load, probes
@@ -42,6 +48,33 @@ def main() -> None:
         tops = [", ".join(f"{head_name(l, h)} {s:.2f}" for (l, h), s in frame[role].nlargest(TOP).items())
                 for frame in (without, with_bos)]
         print(f"{role:16} {rho:8.3f}  {tops[0]} | {tops[1]}")
+    induction = [(int(l), int(h)) for l, h in without["induction"].nlargest(TOP).index]
+    for prepend in (False, True):
+        set_start_token(model, prepend, "command line")
+        print(f"prepend_bos={prepend}: {induction_effect(model, induction)}; {ioi_difference(model)}")
+
+
+def induction_effect(model, heads) -> str:
+    """The heads' mean-aligned ablation effect on the copy loss of the probes, with its interval."""
+    test = probes(model)
+    ablation = prepare_ablation(model, test, "mean_aligned", loss_metric(test.tokens, positions=test.predictable))
+    scores = ablation.scores([heads], progress=False)
+    low, high, n = ablation.intervals(scores)
+    effect = float(scores.values[0]) - ablation.baseline
+    return (f"ablating {'+'.join(head_name(*h) for h in heads)} (mean_aligned) raises the copy loss "
+            f"{ablation.baseline:.2f} by {effect:+.2f} [{float(low[0]):+.2f}, {float(high[0]):+.2f}] nats ({n} probes)")
+
+
+def ioi_difference(model, n: int = 100) -> str:
+    """IOI's logit difference on ``n`` prompts, with its interval over prompts."""
+    task = ioi_task(model, n=n, seed=0)
+    batch = task_batch(model, task)
+    with torch.no_grad():
+        logits = model(batch.clean)
+    final = logits[torch.arange(n), batch.last]
+    diffs = final[torch.arange(n), [a[0] for a in task.answers]] - final[torch.arange(n), [d[0] for d in task.distractors]]
+    mean, low, high = (float(v) for v in bootstrap_ratio(diffs.double(), torch.ones(n)))
+    return f"IOI logit difference {mean:.2f} [{low:.2f}, {high:.2f}] ({n} prompts)"
 
 
 if __name__ == "__main__":
