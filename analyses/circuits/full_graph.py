@@ -503,34 +503,52 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, scores, fraction
     with their 95% intervals ``cpr_ci``, ``cmd_ci`` (the same bootstrap resamples), ``full``,
     ``empty``, ``graph_edges``."""
     graph = full_graph(model)
-    scores = scores.detach().cpu().double().numpy() if torch.is_tensor(scores) else np.asarray(scores, dtype=float)
-    scores = np.abs(scores)
-    if scores.shape != (graph.n_edges,):
-        raise UserError(f"scores must be one per edge of the full graph ({graph.n_edges},); got shape {scores.shape}")
-    fractions = np.asarray(fractions, dtype=float)
-    if len(fractions) < 2 or (np.diff(fractions) <= 0).any() or fractions[0] <= 0 or fractions[-1] > 1:
-        raise UserError(f"fractions must be two or more increasing numbers in (0, 1]; got {fractions.tolist()}")
-    order = np.argsort(-scores, kind="stable")
-    sizes = np.rint(fractions * graph.n_edges).astype(int)
-    circuits = []
-    for k in sizes:
-        mask = np.zeros(graph.n_edges, dtype=bool)
-        mask[order[:k]] = True
-        circuits.append(mask)
+    circuits = top_edge_circuits(graph, scores, check_fractions(fractions))
+    sizes = np.array([int(c.sum()) for c in circuits])
     found = evaluate_faithfulness(model, clean, corrupted, metric, circuits, memory_mb=memory_mb, progress=progress)
     estimate, low, high = found.interval()
     kept = sizes / graph.n_edges
     frame = pd.DataFrame({"fraction": kept, "n_edges": sizes, "value": found.values, "faithfulness": estimate,
                           "ci_low": low, "ci_high": high, "n_prompts": found.n_prompts})
     cpr, cmd = curve_areas(kept, estimate)
+    frame.attrs.update(cpr=float(cpr), cmd=float(cmd), **area_intervals(kept, found.resampled), full=found.full,
+                       empty=found.empty, graph_edges=graph.n_edges)
+    return frame
+
+
+def check_fractions(fractions: Sequence[float]) -> np.ndarray:
+    """MIB-style circuit sizes -> (points,) float, refused unless two or more increasing in (0, 1]."""
+    fractions = np.asarray(fractions, dtype=float)
+    if len(fractions) < 2 or (np.diff(fractions) <= 0).any() or fractions[0] <= 0 or fractions[-1] > 1:
+        raise UserError(f"fractions must be two or more increasing numbers in (0, 1]; got {fractions.tolist()}")
+    return fractions
+
+
+def top_edge_circuits(graph: Graph, scores, fractions: Sequence[float]) -> list[np.ndarray]:
+    """The circuits of the top-k edges by |``scores``| (n_edges,), in ``graph.edges`` order, ties
+    broken by edge order), k = round(fraction * n_edges) for each of ``fractions`` -> masks (n_edges,)."""
+    scores = scores.detach().cpu().double().numpy() if torch.is_tensor(scores) else np.asarray(scores, dtype=float)
+    if scores.shape != (graph.n_edges,):
+        raise UserError(f"scores must be one per edge of the full graph ({graph.n_edges},); got shape {scores.shape}")
+    order = np.argsort(-np.abs(scores), kind="stable")
+    circuits = []
+    for k in np.rint(np.asarray(fractions, dtype=float) * graph.n_edges).astype(int):
+        mask = np.zeros(graph.n_edges, dtype=bool)
+        mask[order[:k]] = True
+        circuits.append(mask)
+    return circuits
+
+
+def area_intervals(kept: np.ndarray, resampled: np.ndarray | None) -> dict[str, tuple[float, float]]:
+    """95% intervals of CPR and CMD (``curve_areas`` over ``kept`` (points,)) from the bootstrap
+    resamples of the faithfulness ``resampled`` (n_boot, points) -> {"cpr_ci": (low, high),
+    "cmd_ci": (low, high)}; NaN without resamples."""
     intervals = {"cpr_ci": (np.nan, np.nan), "cmd_ci": (np.nan, np.nan)}
-    if found.resampled is not None:
-        for name, areas in zip(("cpr_ci", "cmd_ci"), curve_areas(kept, found.resampled)):
+    if resampled is not None:
+        for name, areas in zip(("cpr_ci", "cmd_ci"), curve_areas(kept, resampled)):
             bounds = percentile_bounds(torch.as_tensor(areas))
             intervals[name] = (float(bounds[0]), float(bounds[1]))
-    frame.attrs.update(cpr=float(cpr), cmd=float(cmd), **intervals, full=found.full, empty=found.empty,
-                       graph_edges=graph.n_edges)
-    return frame
+    return intervals
 
 
 def circuit_nodes(graph: Graph, circuit: np.ndarray) -> list[Node]:
