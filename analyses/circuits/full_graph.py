@@ -432,7 +432,7 @@ class Faithfulness:
 
     @classmethod
     def of(cls, scores: PromptScores, n_batch: int) -> "Faithfulness":
-        values = scores.values.double().cpu().numpy()
+        values = scores.values.cpu().double().numpy()
         full, empty = values[0], values[1]
         estimates = (values[2:] - empty) / (full - empty)
         if scores.numerators is None:

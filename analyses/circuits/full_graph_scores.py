@@ -179,7 +179,7 @@ def full_graph_edge_scores(model, clean, corrupted, metric: Metric, *, steps: in
                 start = torch.lerp(clean_out[0] + diff[0], clean_out[0], alpha)
                 _scored_run(model, graph, clean[part.rows], part.metric, positions, start, diff, table)
                 bar.update(1)
-            total += part.share * table.double().cpu() / len(alphas)
+            total += part.share * table.cpu().double() / len(alphas)
     frame = graph.edges.copy()
     frame["score"] = total.numpy()[graph.valid]
     frame.attrs.update(method=method, steps=steps)

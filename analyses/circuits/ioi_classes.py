@@ -290,7 +290,7 @@ def criteria_frame(values: dict[str, torch.Tensor], *, n_boot: int = N_BOOT, see
     frames = []
     for criterion, per_prompt in values.items():
         batch, n_layers, n_heads = per_prompt.shape
-        estimate, low, high = bootstrap_ratio(per_prompt.reshape(batch, -1).double(), torch.ones(batch),
+        estimate, low, high = bootstrap_ratio(per_prompt.reshape(batch, -1).cpu().double(), torch.ones(batch),
                                               n_boot=n_boot, seed=seed)
         layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
         frames.append(pd.DataFrame({"layer": layer, "head": head, "criterion": criterion, "value": estimate.numpy(),
