@@ -36,25 +36,34 @@ def probes(toy):
 def test_report_runs_the_probe_batch_once(toy):
     """Count the probe rows the model embeds, as ``benchmarks/bench_report.py`` does (a forward of any
     subset or chunk of the probes counts its share): the report's steps, the components section's 16
-    prompts included, all read one ``Run``, so the probe batch goes through the model once."""
+    prompts included, all read one ``Run`` of the intervention probes, so those go through the model
+    once; of the probes that choose the roles, only the selection rows the report's lists are chosen
+    on (``selection_probes``: as many as the intervention probes) go through again, three more times:
+    their run, the backup pairs' first-order screen (a forward with its backward) and the circuit's
+    edge attribution on their clean prompts; every other choosing probe once."""
     n_prompts, seq_len = 20, 24
     # one draw: the intervention probes first, then the n_prompts that choose the roles
     drawn = DEFAULT_INTERVENTION_PROMPTS + n_prompts
     batch = probes_for(toy, drawn, seq_len, seed=0).tokens
-    probe_rows = {tuple(row.tolist()) for row in batch}
-    passes = []
+    rows = {tuple(row.tolist()): index for index, row in enumerate(batch)}
+    passes = torch.zeros(drawn)
 
     def count(module, args):
         tokens = args[0]
         if tokens.dim() == 2:
-            passes.append(sum(tuple(row.tolist()) in probe_rows for row in tokens) / drawn)
+            for row in tokens:
+                if tuple(row.tolist()) in rows:
+                    passes[rows[tuple(row.tolist())]] += 1
 
     handle = toy.embed.register_forward_pre_hook(count)
     try:
         build_report(toy, model_name="toy", n_prompts=n_prompts, seq_len=seq_len, seed=0, progress=False)
     finally:
         handle.remove()
-    assert sum(passes) == 1
+    selection = min(DEFAULT_INTERVENTION_PROMPTS, n_prompts)
+    assert passes[:DEFAULT_INTERVENTION_PROMPTS].eq(1).all(), passes
+    chosen_on = passes[DEFAULT_INTERVENTION_PROMPTS:]
+    assert chosen_on[selection:].eq(1).all() and chosen_on[:selection].eq(4).all(), passes
 
 
 def test_run_read_equals_a_full_forward(toy, probes):

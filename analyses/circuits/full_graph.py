@@ -442,7 +442,7 @@ class Faithfulness:
         weights = resample_weights(numerators.shape[1], N_BOOT)  # (n_boot, n)
         drawn = weights @ numerators.T  # (n_boot, 2 + circuits)
         resampled = (drawn[:, 2:] - drawn[:, 1:2]) / (drawn[:, :1] - drawn[:, 1:2])
-        return cls(values[2:], estimates, resampled.numpy(), full, empty, int(counted.sum()))
+        return cls(values[2:], estimates, resampled.cpu().numpy(), full, empty, int(counted.sum()))
 
     def interval(self, combination: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The estimate and 95% interval of ``combination`` (k, circuits) times the faithfulnesses
@@ -452,7 +452,7 @@ class Faithfulness:
         if self.resampled is None:
             return estimate, np.full(len(estimate), np.nan), np.full(len(estimate), np.nan)
         low, high = percentile_bounds(torch.as_tensor(self.resampled @ combination.T))
-        return estimate, low.numpy(), high.numpy()
+        return estimate, low.cpu().numpy(), high.cpu().numpy()
 
 
 def evaluate_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,

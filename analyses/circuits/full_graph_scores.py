@@ -181,7 +181,7 @@ def full_graph_edge_scores(model, clean, corrupted, metric: Metric, *, steps: in
                 bar.update(1)
             total += part.share * table.cpu().double() / len(alphas)
     frame = graph.edges.copy()
-    frame["score"] = total.numpy()[graph.valid]
+    frame["score"] = total.cpu().numpy()[graph.valid]
     frame.attrs.update(method=method, steps=steps)
     return frame
 

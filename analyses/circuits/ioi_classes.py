@@ -293,8 +293,8 @@ def criteria_frame(values: dict[str, torch.Tensor], *, n_boot: int = N_BOOT, see
         estimate, low, high = bootstrap_ratio(per_prompt.reshape(batch, -1).cpu().double(), torch.ones(batch),
                                               n_boot=n_boot, seed=seed)
         layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-        frames.append(pd.DataFrame({"layer": layer, "head": head, "criterion": criterion, "value": estimate.numpy(),
-                                    "ci_low": low.numpy(), "ci_high": high.numpy(), "n_prompts": batch,
+        frames.append(pd.DataFrame({"layer": layer, "head": head, "criterion": criterion, "value": estimate.cpu().numpy(),
+                                    "ci_low": low.cpu().numpy(), "ci_high": high.cpu().numpy(), "n_prompts": batch,
                                     "evidence": CRITERIA[criterion]}))
     return pd.concat(frames, ignore_index=True)[CRITERIA_COLUMNS]
 

@@ -541,7 +541,7 @@ def predictable_dla(model, probes: RepeatedProbes, cache: dict) -> pd.DataFrame:
     the frame's ``logits`` note (``direct_logit_attribution``)."""
     answers, positions = next_token_answers(probes.tokens)
     found = direct_logit_attribution(model, cache, answers, positions=positions)
-    found = found[probes.predictable[:, 1:].reshape(-1).cpu().repeat(found["component"].nunique()).numpy()]
+    found = found[probes.predictable[:, 1:].reshape(-1).repeat(found["component"].nunique()).cpu().numpy()]
     means = dla_intervals(found)
     means.attrs["logits"] = found["logits"].iloc[0]
     return means

@@ -482,9 +482,9 @@ def aie_frame(effects: np.ndarray, corrupted: np.ndarray, kinds: tuple[str, ...]
         estimate, low, high = bootstrap_ratio(each, torch.ones(int(have.sum())), seed=seed)
         restored = each.mean(0) + float(corrupted[have].mean())
         grid = pd.MultiIndex.from_product([kinds, range(n_layers)], names=["kind", "layer"]).to_frame(index=False)
-        parts.append(grid.assign(position=name, restored_prob=restored.flatten().numpy(),
-                                 aie=estimate.flatten().numpy(), ci_low=low.flatten().numpy(),
-                                 ci_high=high.flatten().numpy(), n_prompts=int(have.sum())))
+        parts.append(grid.assign(position=name, restored_prob=restored.flatten().cpu().numpy(),
+                                 aie=estimate.flatten().cpu().numpy(), ci_low=low.flatten().cpu().numpy(),
+                                 ci_high=high.flatten().cpu().numpy(), n_prompts=int(have.sum())))
     return pd.concat(parts, ignore_index=True)
 
 
