@@ -18,6 +18,16 @@ def zero_head(layer: int, head: int):
     return f"blocks.{layer}.attn.hook_z", hook
 
 
+def add_to_embed(draw: torch.Tensor, positions):
+    """A hand-written ``hook_embed`` hook adding ``draw`` (len(positions), d_model) to prompt 0's
+    embeddings at ``positions`` (a copy: the hook's input is left as it was)."""
+    def add_noise(embed, hook):
+        embed = embed.clone()
+        embed[0, positions] += draw
+        return embed
+    return add_noise
+
+
 def bootstrap_by_hand(effects: np.ndarray, counts: np.ndarray, seed: int = 0) -> tuple[float, float]:
     """Efron's percentile interval of sum(effects) / sum(counts) over prompts drawn with replacement
     (the draws of ``analyses.core.stats.resample_weights``: one seeded randint)."""

@@ -12,6 +12,7 @@ from analyses.tasks.tracing import (
 )
 from analyses.core.tokens import encode
 from interp import UserError, load_model
+from hand_checks import add_to_embed
 
 PROMPT = "When Mary met Tom, Mary said hi to"
 
@@ -36,18 +37,14 @@ def naive_trace(model, prompt, subject, answer, samples, noise, seed, state):
             for pos in range(ids.shape[1]):
                 probs = []
                 for draw in draws:
-                    def add_noise(embed, hook, draw=draw):
-                        embed = embed.clone()
-                        embed[0, positions] += draw
-                        return embed
-
                     def restore(act, hook, name=name, pos=pos):
                         act = act.clone()
                         act[0, pos] = clean[name][0, pos]
                         return act
 
                     with torch.no_grad():
-                        logits = model.run_with_hooks(ids, fwd_hooks=[("hook_embed", add_noise), (name, restore)])
+                        hooks = [("hook_embed", add_to_embed(draw, positions)), (name, restore)]
+                        logits = model.run_with_hooks(ids, fwd_hooks=hooks)
                     probs.append(logits[0, -1].softmax(-1)[answer].item())
                 found[kind, layer, pos] = sum(probs) / len(probs)
     return found

@@ -17,6 +17,7 @@ from analyses.tasks.tracing import (
 )
 from interp import UserError, from_hf, load_model
 from interp.random_models import random_hf_model
+from hand_checks import add_to_embed
 
 FACTS = [Fact("The capital of Fr is", "Fr", "x"), Fact("Big Ben stands in", "Big Ben", "y")]
 
@@ -40,13 +41,8 @@ def naive_effects(model, fact, index, samples, std, seed, window=10):
     def noised_prob(extra):
         probs = []
         for draw in draws:
-            def add_noise(embed, hook, draw=draw):
-                embed = embed.clone()
-                embed[0, subject] += draw
-                return embed
-
             with torch.no_grad():
-                logits = model.run_with_hooks(ids, fwd_hooks=[("hook_embed", add_noise), *extra])
+                logits = model.run_with_hooks(ids, fwd_hooks=[("hook_embed", add_to_embed(draw, subject)), *extra])
             probs.append(logits[0, -1].softmax(-1)[answer].item())
         return sum(probs) / len(probs)
 
