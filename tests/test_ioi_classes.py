@@ -78,6 +78,40 @@ def test_positions_are_the_names_in_the_text(model, task, batch):
         assert int(at.end[i]) == int(batch.last[i]) == offset + len(text) - 1
 
 
+@pytest.fixture(scope="module")
+def both_orders(model):
+    """20 prompts (one pass of the 15 templates in ABBA order, then 5 in BABA), as the prompts kept
+    (a letter name that also starts a word of the template is left out), and their classes."""
+    task = ioi_task(model, n=20, seed=1)
+    kept = ioi_positions(task, task_batch(model, task)).kept.nonzero()[:, 0].tolist()
+    return task.subset(kept), ioi_classes(model, task, movers=MOVERS, s_inhibition=S_INHIBITION, n_boot=200)
+
+
+def test_order_is_abba_where_the_indirect_object_is_named_first(model, both_orders):
+    task, result = both_orders
+    tokenizer = model.tokenizer
+    expected = []
+    for text, (io,), (s,) in zip(task.clean, task.answers, task.distractors):
+        first_io, first_s = (word_positions(text, tokenizer.decode([i]), 0)[0] for i in (io, s))
+        expected.append("ABBA" if first_io < first_s else "BABA")
+    assert result.order.tolist() == expected and {"ABBA", "BABA"} <= set(expected)
+
+
+def test_criteria_on_some_prompts_equal_a_run_on_those_prompts_alone(model, both_orders):
+    """``on`` re-aggregates the per-prompt values; a run on the subset measures them again from scratch
+    (dla by ``dla_effects`` there, by the per-prompt attribution here). Two differ by design: the
+    subset's own run takes ``backup_rise``'s ABC means and ``ov_copy``'s other names from the subset."""
+    task, result = both_orders
+    rows = [i for i, order in enumerate(result.order) if order == "BABA"]
+    alone = ioi_classes(model, task.subset(rows), movers=MOVERS, s_inhibition=S_INHIBITION, n_boot=200)
+    kept = lambda frame: frame[~frame["criterion"].isin(["backup_rise", "ov_copy"])].reset_index(drop=True)
+    ours = result.on(result.order == "BABA", n_boot=200)
+    pd.testing.assert_frame_equal(kept(ours.criteria), kept(alone.criteria), atol=TOLERANCE, rtol=TOLERANCE)
+    assert (ours.order == "BABA").all() and (ours.criteria["n_prompts"] == len(rows)).all()
+    with pytest.raises(UserError, match="rows"):
+        result.on([], n_boot=10)
+
+
 def test_prompts_whose_names_are_ambiguous_are_left_out(model, task):
     """"When W and ..." with W a name: the letter is also the first of "When", so IO is not once."""
     ambiguous = "When W and N went to the store, N gave a drink to "

@@ -43,7 +43,7 @@ interval (the bound on the class's side beyond the threshold); a head with none 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -122,6 +122,11 @@ class IOIPositions:
 
     def take(self, kept: torch.Tensor) -> "IOIPositions":
         return IOIPositions(self.io[kept], self.s1[kept], self.s2[kept], self.end[kept], self.kept[kept])
+
+    def order(self) -> np.ndarray:
+        """(batch,) each prompt's name order: "ABBA" where the indirect object is named first (IO
+        before S1), "BABA" where the subject is; "" where the prompt is left out."""
+        return np.where(~self.kept.numpy(), "", np.where((self.io < self.s1).numpy(), "ABBA", "BABA"))
 
 
 def ioi_positions(task: Task, batch: TaskBatch) -> IOIPositions:
@@ -337,7 +342,9 @@ class IOIClasses:
     """``ioi_classes``' result: ``criteria`` (``CRITERIA_COLUMNS``, one row per head and criterion),
     ``classes`` (``classify_ioi``), ``movers`` (the heads S-inhibition and backup are measured
     against) and ``movers_are`` (what they are), ``s_inhibition`` (the receivers of ``v_path``),
-    ``left_out`` (prompts whose names' positions were ambiguous) and ``notes`` (criteria not measured, and why)."""
+    ``left_out`` (prompts whose names' positions were ambiguous), ``notes`` (criteria not measured,
+    and why), ``per_prompt`` ({criterion: (prompt, layer, head) float32}, the values the criteria
+    average, over the prompts kept) and ``order`` ((prompt,) "ABBA" or "BABA", ``IOIPositions.order``)."""
 
     criteria: pd.DataFrame
     classes: pd.DataFrame
@@ -346,6 +353,26 @@ class IOIClasses:
     s_inhibition: list[Head]
     left_out: int
     notes: list[str]
+    per_prompt: dict[str, torch.Tensor]
+    order: np.ndarray
+
+    def on(self, rows, *, n_boot: int = N_BOOT, seed: int = 0) -> "IOIClasses":
+        """The criteria and classes over the kept prompts ``rows`` alone (indices, or a (prompt,) bool
+        mask such as ``order == "ABBA"``), each mean with its interval over those prompts. The movers
+        and S-inhibition receivers stay the whole run's, and so do the ABC means ``backup_rise``
+        ablates with and the names ``ov_copy`` compares IO's with (a run on those prompts alone would
+        take both from them)."""
+        rows = np.asarray(rows)
+        index = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(int)
+        if rows.dtype == bool and len(rows) != len(self.order):
+            raise UserError(f"rows: a mask of {len(rows)} for {len(self.order)} prompts; give one per kept prompt")
+        if not len(index) or index.min() < 0 or index.max() >= len(self.order):
+            raise UserError(f"rows: {len(index)} prompt(s) in [0, {len(self.order)}) needed, got {index.tolist()[:5]}")
+        values = {name: value[torch.as_tensor(index)] for name, value in self.per_prompt.items()}
+        criteria = criteria_frame(values, n_boot=n_boot, seed=seed).sort_values(["layer", "head"], kind="stable",
+                                                                                ignore_index=True)
+        return replace(self, criteria=criteria, classes=classify_ioi(criteria), per_prompt=values,
+                       order=self.order[index])
 
 
 def clean_reads(model) -> list[str]:
@@ -379,6 +406,7 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
     names = torch.tensor(sorted({ids[0] for ids in (*task.answers, *task.distractors)}))
     io = torch.tensor([ids[0] for ids in task.answers])
     values["ov_copy"] = ov_copy_scores(model, cache["blocks.0.hook_resid_post"][rows, at.io.to(rows.device)], io, names)
+    per_prompt = {**values, "dla": prompt_dla(model, cache, task, batch.last)}
     frames = [criteria_frame(values, n_boot=n_boot, seed=seed), _dla_rows(model, cache, task, batch, n_boot, seed)]
     first = classify_ioi(pd.concat(frames, ignore_index=True))
     notes = []
@@ -403,7 +431,8 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
     if later:
         frames.append(criteria_frame(later, n_boot=n_boot, seed=seed))
     criteria = pd.concat(frames, ignore_index=True).sort_values(["layer", "head"], kind="stable", ignore_index=True)
-    return IOIClasses(criteria, classify_ioi(criteria), movers, movers_are, s_inhibition, int((~kept).sum()), notes)
+    return IOIClasses(criteria, classify_ioi(criteria), movers, movers_are, s_inhibition, int((~kept).sum()), notes,
+                      {**per_prompt, **later}, at.order())
 
 
 def _dla_rows(model, cache, task: Task, batch: TaskBatch, n_boot: int, seed: int) -> pd.DataFrame:
