@@ -14,10 +14,15 @@ clean model; 95% intervals from a bootstrap over prompts):
 - minimality (``analyses.minimality``): per node v, F(C\\K) - F(C\\(K + v)) for the K among the empty
   set and random subsets that makes it largest.
 
+Each full-graph evaluation of one circuit costs about 0.8 s per prompt on one thread (40 s for 50
+prompts on a loaded machine), so the defaults are small: 20 prompts, 8 random K, no greedy steps (one
+costs two evaluations per node), and minimality with K empty (F(C) - F(C\\v) per node); together
+about 85 evaluations.
+
 The model: the Q4_1 GGUF weights dequantised to float32, prompts without a start token.
 
     OMP_NUM_THREADS=1 python examples/smollm2/circuit_completeness.py
-    OMP_NUM_THREADS=1 python examples/smollm2/circuit_completeness.py --measure-prompts 16 --random 2 --greedy 1
+    OMP_NUM_THREADS=1 python examples/smollm2/circuit_completeness.py --measure-prompts 8 --random 2   # a quick look
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", type=int, default=6116, help="the circuit's most edges (circuit_methods.py's smallest)")
     parser.add_argument("--score-prompts", type=int, default=24, help="selection prompts node patching ranks on")
-    parser.add_argument("--measure-prompts", type=int, default=50, help="measurement prompts evaluated on")
-    parser.add_argument("--random", type=int, default=8, help="random K of completeness (minimality: a quarter)")
-    parser.add_argument("--greedy", type=int, default=2, help="greedy steps of completeness")
+    parser.add_argument("--measure-prompts", type=int, default=20, help="measurement prompts evaluated on")
+    parser.add_argument("--random", type=int, default=8, help="random K of completeness")
+    parser.add_argument("--greedy", type=int, default=0, help="greedy steps of completeness (each: 2 x nodes evaluations)")
+    parser.add_argument("--minimality-random", type=int, default=0, help="random K per node of minimality (0: K empty)")
     parser.add_argument("--memory-mb", type=float, default=2048)
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -85,7 +91,7 @@ def main() -> None:
               f"{outside} of {len(randoms)} intervals exclude 0")
 
     began = time.monotonic()
-    minimal = minimality(model, *measure, circuit, n_random=max(args.random // 4, 0), **common)
+    minimal = minimality(model, *measure, circuit, n_random=args.minimality_random, **common)
     print(f"\n== minimality ({time.monotonic() - began:.0f} s): per node, F(C\\K) - F(C\\(K + v)) at its best K")
     minimal = minimal.sort_values("score", ascending=False, ignore_index=True)
     held = minimal[minimal.ci_low > 0]
