@@ -4,10 +4,11 @@ naive computation by hand-written hooks, and its ends against the clean run and 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve
+from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve, faithfulness_figure
 from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import path_patch
 from analyses.core.metrics import loss_metric
@@ -131,3 +132,27 @@ def test_bad_circuits_and_orders_are_refused_in_one_line(llama, pair):
         faithfulness_curve(llama, clean, corrupted, metric, candidates, [0, 0, 1, 2], [1])
     with pytest.raises(UserError, match="sizes must be integers"):
         faithfulness_curve(llama, clean, corrupted, metric, candidates, np.arange(len(candidates)), [99])
+
+
+def test_the_figure_draws_edge_counts_from_0_and_each_complement_against_the_edges_it_removes(llama, pair):
+    clean, corrupted, metric = pair
+    candidates = edges_of(llama, [(0, 0), (0, 1), (1, 0)], [(1, 1), (2, 0)])
+    sizes = [0, 1, 2, len(candidates)]
+    curve = faithfulness_curve(llama, clean, corrupted, metric, candidates, np.arange(len(candidates)), sizes)
+    figure = faithfulness_figure({"exact": curve, "by hand": pd.DataFrame(
+        {"size": sizes, "faithfulness": [0.0, 0.5, 0.7, 1.0], "complement": [1.0, 0.6, 0.2, 0.0]})},
+        len(candidates), "title")
+    figure.canvas.draw()
+    kept_ax, removed_ax = figure.axes
+    for ax in (kept_ax, removed_ax):
+        assert ax.get_xlim() == (0, len(candidates))
+        ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        assert ticks and not any("-" in t or "\u2212" in t for t in ticks), ticks  # no negative edge count
+        for line in ax.get_lines():
+            assert min(line.get_xdata()) >= 0
+    assert "kept" in kept_ax.get_xlabel() and "removed" in removed_ax.get_xlabel()
+    # each panel holds one curve per ranking: the circuits on the left, their complements on the right
+    drawn = [line for line in kept_ax.get_lines() if len(line.get_xdata()) == len(sizes)]
+    assert [list(line.get_ydata()) for line in drawn] == [list(curve["faithfulness"]), [0.0, 0.5, 0.7, 1.0]]
+    drawn = [line for line in removed_ax.get_lines() if len(line.get_xdata()) == len(sizes)]
+    assert [list(line.get_ydata()) for line in drawn] == [list(curve["complement"]), [1.0, 0.6, 0.2, 0.0]]

@@ -33,7 +33,7 @@ differences (``analyses.core.stats.bootstrap_ratio``), for a metric with a per-p
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,7 @@ from analyses.circuits.edges import VIAS, Edges, output_weights
 from analyses.circuits.path_patching import require_path_edits
 from analyses.core.hook_names import final_resid_name, qkv_input_name, z_name, z_names
 from analyses.core.metrics import Metric, PromptScores, prompt_scores
+from analyses.core.plots import new_figure
 from analyses.core.stats import bootstrap_ratio
 from analyses.core.tokens import as_tokens
 from analyses.interventions.engine import cache_run, runs_suffix_only
@@ -184,3 +185,32 @@ def faithfulness_intervals(scores: PromptScores, n_sizes: int, n_batch: int) -> 
     return {"faithfulness_ci_low": low[0::2].cpu().numpy(), "faithfulness_ci_high": high[0::2].cpu().numpy(),
             "complement_ci_low": low[1::2].cpu().numpy(), "complement_ci_high": high[1::2].cpu().numpy(),
             "n_prompts": int(counted.sum())}
+
+
+def faithfulness_figure(curves: Mapping[str, pd.DataFrame], n_candidates: int, title: str = ""):
+    """``faithfulness_curve`` frames, one per ranking (name -> frame), in two panels that share the
+    y axis: the circuit of the top k edges kept against k (left), and its complement, every
+    candidate but those k, against the k edges removed (right); each with its 95% band where the
+    frame has intervals. x from 0 to ``n_candidates`` (symlog: 0 and 1 apart, then log), 0.8 and 5%
+    of the candidates marked. Returns the ``Figure``."""
+    figure = new_figure(figsize=(11, 4.5), layout="constrained")
+    kept_ax, removed_ax = figure.subplots(1, 2, sharey=True)
+    panels = ((kept_ax, "faithfulness", "-o", "edges kept: the top k", "the circuit: the top k kept"),
+              (removed_ax, "complement", "--o", "edges removed: the top k", "its complement: all but the top k"))
+    for ax, column, style, xlabel, panel_title in panels:
+        for (method, curve), colour in zip(curves.items(), ("black", "tab:blue", "tab:orange", "tab:green",
+                                                             "tab:red", "tab:purple")):
+            ax.plot(curve["size"], curve[column], style, ms=3, color=colour, label=method)
+            low, high = curve.get(f"{column}_ci_low"), curve.get(f"{column}_ci_high")
+            if low is not None and high is not None and np.isfinite(low).any():
+                ax.fill_between(curve["size"], low, high, color=colour, alpha=0.15, linewidth=0)
+        ax.axvline(0.05 * n_candidates, color="0.6", lw=0.8)
+        ax.axhline(0.8, color="0.6", lw=0.8)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(0, n_candidates)
+        ax.set(xlabel=f"{xlabel} (of {n_candidates} candidate edges; grey line: 5%)", title=panel_title)
+    kept_ax.set_ylabel("faithfulness (0: every candidate edge corrupted, 1: clean)")
+    kept_ax.legend(fontsize=8, frameon=False)
+    if title:
+        figure.suptitle(title)
+    return figure

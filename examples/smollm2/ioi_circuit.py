@@ -2,11 +2,13 @@
 faithfulness as a curve (top-k edges kept) with its complement, and exact edge patching against
 EAP and EAP-IG on it.
 
-Prompts: ``ioi_task`` (ABBA and BABA over the 15 templates; the corruption puts three other names
-in the same template); the metric is logit(IO) - logit(S) at the last token (``task_metric``). The
-first half of the prompts chooses (the writers, the nodes, every edge ranking), the second half
-tests (path patching into the writers, the interventions, every curve), so nothing is measured on
-the prompts that chose it.
+Prompts: ``ioi_task`` (ABBA for one pass over the 15 templates, BABA for the next; the corruption
+puts three other names in the same template); the metric is logit(IO) - logit(S) at the last token
+(``task_metric``). ``task_split`` (seed 0) splits the prompts by template: half of each template's
+prompts choose (the writers, the nodes, every edge ranking), the other half test (path patching
+into the writers, the interventions, every curve), so nothing is measured on the prompts that chose
+it; each template needs at least two prompts (at least 30 prompts), and the split does not balance
+ABBA against BABA within a template (at the default 30: 8 ABBA and 7 BABA choose, 7 and 8 test).
 
 1. Writers: the top 3 heads by direct logit attribution. Senders into their queries: path patching
    by noising (the clean run with one sender's write into one writer's query input taken from the
@@ -19,11 +21,13 @@ the prompts that chose it.
    that edge alone carries its corrupted write), by |EAP| and by |EAP-IG| (both by noising, as
    Hanna et al. 2024 score edges), and by the signed exact effect (the edges whose removal lowers
    the logit difference most first); ``faithfulness_curve``: the circuit of the top k edges kept
-   (every other candidate edge carries its corrupted write) and its complement.
+   (every other candidate edge carries its corrupted write) and its complement, each with its 95%
+   interval over the test prompts; ``faithfulness_figure`` draws both (complements against the k
+   edges removed).
 3. Rank agreement of EAP and EAP-IG with exact (Spearman, top-k overlap) and faithfulness at equal k.
 
-    python examples/smollm2/ioi_circuit.py            # 32 prompts (16 choose, 16 test), 24 nodes
-    python examples/smollm2/ioi_circuit.py --prompts 8 --nodes 12   # a quick look
+    python examples/smollm2/ioi_circuit.py            # 30 prompts (15 choose, 15 test), 20 nodes
+    python examples/smollm2/ioi_circuit.py --nodes 8  # a quick look
 """
 
 from __future__ import annotations
@@ -36,9 +40,8 @@ import numpy as np
 import torch
 
 from analyses import edge_agreement, patch_heads, path_patch, shortlist_path_patch
-from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve
+from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve, faithfulness_figure
 from analyses.circuits.edges import edges_of
-from analyses.core.plots import new_figure
 from analyses.tasks.task import ioi_task, task_batch, task_metric, task_split
 from ioi import writers as head_writers
 from setup_smollm2 import head_name, load
@@ -130,23 +133,6 @@ def rankings(model, choose, candidates_frame) -> dict[str, np.ndarray]:
             "EAP-IG": eap_ig["attribution"].to_numpy(), "frame": exact}
 
 
-def figure(curves, n_edges, path: Path) -> None:
-    fig = new_figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.subplots()
-    for (method, curve), colour in zip(curves.items(), ("black", "tab:blue", "tab:orange", "tab:green")):
-        ax.plot(curve["size"], curve["faithfulness"], "-o", ms=3, color=colour, label=f"{method}: top k kept")
-        ax.plot(curve["size"], curve["complement"], "--", color=colour, label=f"{method}: all but the top k")
-    ax.axvline(0.05 * n_edges, color="0.6", lw=0.8)
-    ax.axhline(0.8, color="0.6", lw=0.8)
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlim(0, n_edges)
-    ax.set_xlabel(f"edges kept, k (of {n_edges} candidate edges; grey line: 5%)")
-    ax.set_ylabel("faithfulness (0: every candidate edge corrupted, 1: clean)")
-    ax.set_title("SmolLM2-135M IOI: circuits of the top-k edges by each ranking (held-out prompts)")
-    ax.legend(fontsize=8, frameon=False)
-    fig.savefig(path, dpi=110)
-
-
 class Half:
     """One half of the prompts as tokens, its metric and its two ends."""
 
@@ -154,6 +140,7 @@ class Half:
         batch = task_batch(model, task)
         self.clean, self.corrupted, self.metric = batch.clean, batch.corrupted, task_metric(task, batch.last)
         self.positions = name_positions(task, batch)
+        self.abba = int((self.positions["IO"] < self.positions["S1"]).sum())  # the indirect object named first
         with torch.no_grad():
             self.clean_value = self.metric(model(self.clean)).item()
             self.corrupted_value = self.metric(model(self.corrupted)).item()
@@ -161,7 +148,8 @@ class Half:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=24, help="IOI prompts, half to choose and half to test")
+    parser.add_argument("--prompts", type=int, default=30,
+                        help="IOI prompts, half of each template's to choose and half to test (at least 30)")
     parser.add_argument("--nodes", type=int, default=20, help="heads whose edges are the candidates")
     parser.add_argument("--figure", type=Path, default=FIGURE)
     args = parser.parse_args()
@@ -171,9 +159,9 @@ def main() -> None:
     split = task_split(task, seed=0)  # stratified by template: both halves hold ABBA and BABA prompts
     choose_task, test_task = task.subset(split.selection), task.subset(split.measurement)
     choose, test = Half(model, choose_task), Half(model, test_task)
-    print(f"IOI, {len(choose_task)} prompts to choose on (logit difference clean {choose.clean_value:.2f}, "
-          f"corrupted {choose.corrupted_value:.2f}), {len(test_task)} to test on (clean {test.clean_value:.2f}, "
-          f"corrupted {test.corrupted_value:.2f})")
+    print(f"IOI, {len(choose_task)} prompts to choose on ({choose.abba} ABBA; logit difference clean "
+          f"{choose.clean_value:.2f}, corrupted {choose.corrupted_value:.2f}), {len(test_task)} to test on "
+          f"({test.abba} ABBA; clean {test.clean_value:.2f}, corrupted {test.corrupted_value:.2f})")
 
     writers = head_writers(model, choose_task)[:N_WRITERS]
     print("answer writers (direct logit attribution, choosing prompts):", ", ".join(map(name, writers)))
@@ -218,9 +206,12 @@ def main() -> None:
         reached = curve[curve["faithfulness"] >= 0.8]
         at_five = curve[curve["size"] == five].iloc[0]
         print(f"  {method} ranking at 5% ({five} edges): faithfulness {at_five.faithfulness:.2f} "
+              f"[{at_five.faithfulness_ci_low:.2f}, {at_five.faithfulness_ci_high:.2f}] "
               f"({(at_five.value - test.corrupted_value) / span:.0%} of the clean - corrupted logit difference), "
-              f"complement {at_five.complement:.2f}; 0.8 first reached at k = "
-              f"{int(reached['size'].iloc[0]) if len(reached) else 'never'}")
+              f"complement {at_five.complement:.2f} [{at_five.complement_ci_low:.2f}, "
+              f"{at_five.complement_ci_high:.2f}]; 0.8 first reached at k = "
+              f"{int(reached['size'].iloc[0]) if len(reached) else 'never'} (95% intervals over the "
+              f"{int(at_five.n_prompts)} test prompts)")
     print(f"\n3. agreement with exact path patching on the {len(candidates)} candidate edges (choosing prompts):")
     for method in ("EAP", "EAP-IG"):
         pair = frame.assign(attribution=scores[method])
@@ -228,7 +219,8 @@ def main() -> None:
             found = edge_agreement(pair, top_k=k)
             print(f"  {method}: Spearman {found['spearman']:.2f}, Pearson {found['pearson']:.2f}, "
                   f"top-{k} overlap {found['top_k_overlap']:.0%}")
-    figure(curves, len(candidates), args.figure)
+    faithfulness_figure(curves, len(candidates), "SmolLM2-135M IOI: circuits of the top-k candidate edges by each "
+                        "ranking (held-out prompts)").savefig(args.figure, dpi=110)
     print(f"figure: {args.figure}")
 
 
