@@ -7,6 +7,9 @@ templates; the corruption puts three other names in the same template (ABC). Met
 object) - logit(subject) at the last token, mean over prompts. The prompts are split by
 ``task_split`` (stratified by template, seed 0): the writers are ranked on the selection half and
 every effect is measured on the other half, so no head is measured on the prompts that chose it.
+The measurement prompts are measured pooled, then their ABBA prompts (the indirect object named
+first) and their BABA prompts apart (``IOIPositions.order``), each part with its own ABC means and
+its own intervals; the writers stay the ones the selection prompts chose.
 Ablation reference: ``mean_corrupted``, Wang et al. (2022)'s ABC means (each head's output replaced
 by its mean over the corrupted prompts of the same template, position by position), and zero.
 Intervals: percentile bootstrap over prompts (1,000 resamples, seeded); "% lower" is the ratio of
@@ -17,8 +20,10 @@ the mean ablation effect to the mean clean logit difference, both over the same 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from analyses.circuits.ioi_classes import ioi_positions
 from analyses.core.stats import bootstrap_ratio
 from analyses.core.tokens import model_tokenizer
 from analyses.interventions.controls import control_effects
@@ -68,6 +73,26 @@ def share_lower(model, batch, heads, method: str, metric, reference) -> str:
     return f"{interval(*(100 * float(v) for v in share), 0)}% lower"
 
 
+def measure(model, task, top, label: str) -> None:
+    """Print, on ``task``'s prompts: the accuracy and logit difference, each writer of ``top``'s DLA,
+    and the ablation of all of ``top`` (``mean_corrupted`` with this task's own ABC means, and zero)
+    against layer-matched random heads, each with its interval over these prompts."""
+    batch = task_batch(model, task)
+    print(f"{label} ({len(task)} prompts): {accuracy_line(task, batch, model)}")
+    dla = task_dla(model, task, batch).set_index(["kind", "layer", "head"])
+    for layer, head in top:
+        row = dla.loc[("head", layer, head)]
+        print(f"  {head_name(layer, head)} DLA: {interval(row.dla, row.ci_low, row.ci_high)} "
+              f"(+answer {row.dla_answer:+.2f}, -subject {row.dla_distractor:+.2f})")
+    metric = task_metric(task, batch.last)
+    for method in ("mean_corrupted", "zero"):
+        reference, words = task_ablation(task, batch, method)
+        control = control_effects(model, batch.clean, top, method, metric, reference=reference,
+                                  n_draws=N_DRAWS, progress=False)
+        print(f"  {method} ablation ({words}): {control.describe()}")
+        print(f"    the logit difference {share_lower(model, batch, top, method, metric, reference)}")
+
+
 def main() -> None:
     torch.set_grad_enabled(False)
     model = load()
@@ -78,24 +103,15 @@ def main() -> None:
     print(f"IOI, {len(task)} prompts ({task.dropped} names/prompts dropped); chosen on {len(choose)}, measured on "
           f"{len(test)} (split by template, seed 0)")
     print("e.g.", repr(task.clean[0]), "->", repr(model_tokenizer(model).decode([task.answers[0][0]])))
-    print("measurement prompts:", accuracy_line(test, test_batch, model))
 
     top = writers(model, choose)[:TOP]
     print(f"top {TOP} direct writers, chosen on the selection prompts:", ", ".join(head_name(*h) for h in top))
-    dla = task_dla(model, test, test_batch).set_index(["kind", "layer", "head"])
-    for layer, head in top:
-        row = dla.loc[("head", layer, head)]
-        print(f"  {head_name(layer, head)} DLA on the measurement prompts: {interval(row.dla, row.ci_low, row.ci_high)} "
-              f"(+answer {row.dla_answer:+.2f}, -subject {row.dla_distractor:+.2f})")
+    measure(model, test, top, "measurement prompts")
+    order = ioi_positions(test, test_batch).order()
+    for name in ("ABBA", "BABA"):
+        measure(model, test.subset(np.flatnonzero(order == name)), top, f"{name} measurement prompts")
 
     metric = task_metric(test, test_batch.last)
-    for method in ("mean_corrupted", "zero"):
-        reference, words = task_ablation(test, test_batch, method)
-        control = control_effects(model, test_batch.clean, top, method, metric, reference=reference,
-                                  n_draws=N_DRAWS, progress=False)
-        print(f"{method} ablation ({words}): {control.describe()}")
-        print(f"  the logit difference {share_lower(model, test_batch, top, method, metric, reference)}")
-
     contrast = prepare(model, test_batch.clean, test_batch.corrupted, metric, COMPONENTS["heads"].names(model))
     patched = measured_heads(contrast, {"top DLA": top}, None, Options(progress=False), seed=0)
     print(f"patching each writer's clean output into the corrupted run on the measurement prompts "
