@@ -132,7 +132,7 @@ def test_the_lists_are_chosen_on_the_selection_rows(toy_report):
                                                                                         chosen[0, 0].item()])
     assert any(torch.equal(t, chosen) for t in calls.tokens["predictable_dla"])
     rule = report.meta["probe_split"]["rule"]
-    for part in ("direct logit attribution", "circuit edges", "backup groups", "excess interval excludes 0"):
+    for part in ("direct logit attribution", "circuit edges", "backup groups", "at least 0.05 nats", "excess interval excludes 0"):
         assert part in rule
 
 

@@ -317,8 +317,8 @@ def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: boo
 CHOSEN_LISTS = ("the lists the page prints are chosen on the first intervention_prompts selection rows: the top-5 "
                 "direct logit attribution (exact DLA there), the circuit edges printed and drawn (edge attribution, "
                 "EAP, there: a screen, not the exact path-patching sweep), the backup pairs' heads (their first-order "
-                "ablation effect there) and backup groups (pairwise ablation there, pairs whose excess interval "
-                "excludes 0)")
+                f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
+                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0)")
 
 
 def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
