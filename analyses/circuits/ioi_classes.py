@@ -126,7 +126,7 @@ class IOIPositions:
     def order(self) -> np.ndarray:
         """(batch,) each prompt's name order: "ABBA" where the indirect object is named first (IO
         before S1), "BABA" where the subject is; "" where the prompt is left out."""
-        return np.where(~self.kept.numpy(), "", np.where((self.io < self.s1).numpy(), "ABBA", "BABA"))
+        return np.where(~self.kept.cpu().numpy(), "", np.where((self.io < self.s1).cpu().numpy(), "ABBA", "BABA"))
 
 
 def ioi_positions(task: Task, batch: TaskBatch) -> IOIPositions:
