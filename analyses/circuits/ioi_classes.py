@@ -19,7 +19,7 @@ The criteria (``CRITERIA``; one row per head and criterion, ``value`` the mean o
   IO name's logit minus the mean logit of the task's other names (every answer and distractor id of
   the task). Positive: the head copies the name; negative: it suppresses it;
 - ``dla`` (DLA): the head's direct logit attribution onto logit(IO) - logit(S) at END
-  (``analyses.components.decompose.dla_effects``);
+  (``prompt_dla``: ``analyses.components.decompose.direct_logit_attribution``, the final norm frozen);
 - ``s_inhibition`` (intervention): path patching from the head into the movers' queries only
   (noising: the head's ABC-run output minus its clean output added to the movers' query input, keys
   and values clean, ``analyses.circuits.path_patching.receiver_activations``): the change of the
@@ -55,7 +55,7 @@ from matplotlib.patches import Patch
 
 from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import prepare_paths, receiver_activations, receiver_z
-from analyses.components.decompose import component_hooks, direct_logit_attribution, dla_effects
+from analyses.components.decompose import component_hooks, direct_logit_attribution
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import pattern_name, z_name
 from analyses.core.plots import new_figure
@@ -406,11 +406,11 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
     names = torch.tensor(sorted({ids[0] for ids in (*task.answers, *task.distractors)}))
     io = torch.tensor([ids[0] for ids in task.answers])
     values["ov_copy"] = ov_copy_scores(model, cache["blocks.0.hook_resid_post"][rows, at.io.to(rows.device)], io, names)
-    per_prompt = {**values, "dla": prompt_dla(model, cache, task, batch.last)}
-    frames = [criteria_frame(values, n_boot=n_boot, seed=seed), _dla_rows(model, cache, task, batch, n_boot, seed)]
-    first = classify_ioi(pd.concat(frames, ignore_index=True))
+    values["dla"] = prompt_dla(model, cache, task, batch.last)
+    frames = [criteria_frame(values, n_boot=n_boot, seed=seed)]
+    first = classify_ioi(frames[0])
     notes = []
-    movers, movers_are = _movers(model, first, frames[-1], movers)
+    movers, movers_are = _movers(model, first, frames[0][frames[0]["criterion"] == "dla"], movers)
     later = {}
     if movers:
         later["backup_rise"] = backup_rise(model, task, batch, movers, cache, memory_mb=memory_mb)
@@ -432,17 +432,7 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
         frames.append(criteria_frame(later, n_boot=n_boot, seed=seed))
     criteria = pd.concat(frames, ignore_index=True).sort_values(["layer", "head"], kind="stable", ignore_index=True)
     return IOIClasses(criteria, classify_ioi(criteria), movers, movers_are, s_inhibition, int((~kept).sum()), notes,
-                      {**per_prompt, **later}, at.order())
-
-
-def _dla_rows(model, cache, task: Task, batch: TaskBatch, n_boot: int, seed: int) -> pd.DataFrame:
-    """The ``dla`` criterion's rows: ``dla_effects`` of the clean run onto the logit difference, its heads."""
-    dla = dla_effects(model, cache, task.answers, task.distractors, at=batch.last, n_boot=n_boot, seed=seed)
-    heads = dla[dla["head"].notna()]
-    return pd.DataFrame({"layer": heads["layer"].to_numpy(int), "head": heads["head"].to_numpy(int), "criterion": "dla",
-                         "value": heads["dla"].to_numpy(), "ci_low": heads["ci_low"].to_numpy(),
-                         "ci_high": heads["ci_high"].to_numpy(), "n_prompts": heads["n_prompts"].to_numpy(),
-                         "evidence": CRITERIA["dla"]})[CRITERIA_COLUMNS]
+                      {**values, **later}, at.order())
 
 
 def _movers(model, first: pd.DataFrame, dla: pd.DataFrame, given: Sequence[Head] | None) -> tuple[list[Head], str]:
