@@ -42,6 +42,7 @@ def test_each_step_estimate_matches_the_counted_forwards(make, monkeypatch, caps
     monkeypatch.setattr(build, "probes_for", probes)
     monkeypatch.setattr(build.ReportSteps, "begin", counted_begin)
     monkeypatch.setenv("INTERP_PROGRESS_SECONDS", "1000")
+    monkeypatch.setattr(build, "LIST_PROMPTS", 2)  # the lists chosen on fewer selection rows than the 4 measuring
     with counter:
         report = build.build_report(model, model_name="tiny", n_prompts=8, seq_len=32, intervention_prompts=4)
     cost = report.meta["cost"]["steps"]
@@ -54,8 +55,8 @@ def test_each_step_estimate_matches_the_counted_forwards(make, monkeypatch, caps
             assert record["estimated_fe"] == pytest.approx(counted, rel=0.1, abs=1e-9), step
         assert record["estimated_s"] == pytest.approx(record["estimated_fe"] * report.meta["cost"]["seconds_per_fe"])
         assert record["actual_s"] > 0, step
-    # the probes' forward, and the selection rows' the lists are chosen on (as many as the 4 intervention probes)
-    assert counter.fe["calibration"] > 0 and cost["probe run"]["estimated_fe"] == pytest.approx(1.0 + 4 / 12)
+    # the probes' forward, and the selection rows' the lists are chosen on (2 of the 12 drawn)
+    assert counter.fe["calibration"] > 0 and cost["probe run"]["estimated_fe"] == pytest.approx(1.0 + 2 / 12)
     lines = capsys.readouterr().err.splitlines()
     probe_run = next(i for i, line in enumerate(lines) if line.startswith("report: probe run"))
     first_sweep = next(i for i, line in enumerate(lines) if line.startswith("report: classification"))

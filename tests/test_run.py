@@ -17,7 +17,7 @@ from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import path_patch, path_reads
 from analyses.interventions.patching import component_patches, mlp_out_names, patch_heads, patch_mlps, prepare
 from analyses.core.probes import corrupt_first_copy, probes_for
-from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, build_report
+from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, LIST_PROMPTS, build_report
 from analyses.interventions.run import FirstRows, Options, Run
 from interp import load_model
 from interp.errors import UserError
@@ -38,7 +38,7 @@ def test_report_runs_the_probe_batch_once(toy):
     subset or chunk of the probes counts its share): the report's steps, the components section's 16
     prompts included, all read one ``Run`` of the intervention probes, so those go through the model
     once; of the probes that choose the roles, only the selection rows the report's lists are chosen
-    on (``selection_probes``: as many as the intervention probes) go through again, three more times:
+    on (``selection_probes``: ``LIST_PROMPTS`` of them, half the intervention probes) go through again, three more times:
     their run, the backup pairs' first-order screen (a forward with its backward) and the circuit's
     edge attribution on their clean prompts; every other choosing probe once."""
     n_prompts, seq_len = 20, 24
@@ -60,7 +60,8 @@ def test_report_runs_the_probe_batch_once(toy):
         build_report(toy, model_name="toy", n_prompts=n_prompts, seq_len=seq_len, seed=0, progress=False)
     finally:
         handle.remove()
-    selection = min(DEFAULT_INTERVENTION_PROMPTS, n_prompts)
+    selection = min(LIST_PROMPTS, DEFAULT_INTERVENTION_PROMPTS, n_prompts)
+    assert selection < DEFAULT_INTERVENTION_PROMPTS  # the lists are chosen on fewer rows than measure
     assert passes[:DEFAULT_INTERVENTION_PROMPTS].eq(1).all(), passes
     chosen_on = passes[DEFAULT_INTERVENTION_PROMPTS:]
     assert chosen_on[selection:].eq(1).all() and chosen_on[:selection].eq(4).all(), passes

@@ -17,8 +17,8 @@ and a circuit section (the edges among the role heads: ``analyses.circuits.circu
 The roles are chosen on the selection rows of the probe draw, every effect measured on the
 intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
 the circuit edges listed and drawn, the backup groups) are chosen on the selection rows' first
-``intervention_prompts`` (``selection_probes``, ``CHOSEN_LISTS``) and printed with their effects on
-the intervention rows.
+``LIST_PROMPTS`` (fewer where ``intervention_prompts`` is fewer: ``selection_probes``, ``CHOSEN_LISTS``)
+and printed with their effects on the intervention rows.
 
 Same model, prompts and seed -> the same bytes. Every file is written atomically.
 """
@@ -94,6 +94,7 @@ CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
 CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
 CIRCUIT_FIGURE_EDGES = 12  # and those it draws
 TOP_DLA = 5  # the components the page lists by direct logit attribution (chosen on the selection probes)
+LIST_PROMPTS = 8  # the selection rows that choose the page's lists (``selection_probes``): half the default 16 measuring
 
 
 @dataclass
@@ -254,21 +255,28 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
     share = first / probes.n_prompts
-    shape = ReportShape(model, probes.tokens.numel(), share, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
+    lists = min(list_prompts(intervention_prompts), probes.n_prompts - first) / probes.n_prompts  # ``selection_probes``
+    shape = ReportShape(model, probes.tokens.numel(), share, lists, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
                         encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
                         DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
     return shape, report_estimate(shape, ReportSteps.STEPS, float("nan"))
 
 
+def list_prompts(intervention_prompts: int) -> int:
+    """How many selection rows choose the report's lists: ``LIST_PROMPTS``, or as many as the
+    intervention probes where those are fewer."""
+    return min(LIST_PROMPTS, intervention_prompts)
+
+
 def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float,
                      progress: bool | None = None) -> FirstProbes:
-    """The selection rows' first ``intervention_prompts`` probes (as many as the intervention probes,
-    fewer where the selection has fewer), their loss metric on the predictable tokens and a ``Run``
+    """The selection rows' first ``list_prompts(intervention_prompts)`` probes (fewer where the
+    selection has fewer), their loss metric on the predictable tokens and a ``Run``
     of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
     heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
     (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
     the circuit's edge attribution runs its own (``chosen_edges``)."""
-    chosen = probes.after(intervention_prompts).first(intervention_prompts)
+    chosen = probes.after(intervention_prompts).first(list_prompts(intervention_prompts))
     metric = loss_metric(chosen.tokens, chosen.predictable)
     names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
     run = Run.make(model, chosen.tokens, metric, list(dict.fromkeys(names)), memory_mb=memory_mb, progress=progress,
@@ -303,10 +311,12 @@ def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: boo
     """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
     intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
     effect and the other rows choosing the roles (on ``texts``, the texts choose them and the selection
-    rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges)."""
+    rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges), and
+    ``lists`` the selection rows that choose the page's lists (``selection_probes``)."""
     total = intervention_prompts + n_prompts
+    lists = intervention_prompts + min(list_prompts(intervention_prompts), n_prompts)
     return {"probes_drawn": total, "seed": seed, "measurement": [0, intervention_prompts],
-            "selection": [intervention_prompts, total], "disjoint": True,
+            "selection": [intervention_prompts, total], "lists": [intervention_prompts, lists], "disjoint": True,
             "rule": ("the roles are chosen on the texts (the selection rows give the calibration's null bands)"
                      if texts else "the roles (classification, nulls, false-discovery rate) are chosen on the "
                      "selection rows") + "; " + CHOSEN_LISTS + "; every ablation, control, circuit and component "
@@ -314,7 +324,8 @@ def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: boo
 
 
 # how the report's lists are chosen on the selection rows (meta.json's probe_split rule, the guide)
-CHOSEN_LISTS = ("the lists the page prints are chosen on the first intervention_prompts selection rows: the top-5 "
+CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPTS} selection rows (as many as the "
+                "intervention probes where those are fewer): the top-5 "
                 "direct logit attribution (exact DLA there), the circuit edges printed and drawn (edge attribution, "
                 "EAP, there: a screen, not the exact path-patching sweep), the backup pairs' heads (their first-order "
                 f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
@@ -327,7 +338,7 @@ def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = 
     return (f"Every effect is measured on prompts that did not choose the heads: the {intervention_prompts} "
             f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
             "attributions, the circuit edges listed and the backup groups on the first "
-            f"{intervention_prompts} probes of the selection rows (meta.json: probe_split).")
+            f"{min(list_prompts(intervention_prompts), n_prompts)} probes of the selection rows (meta.json: probe_split).")
 
 
 def screen_meta(circuit: CircuitSection | None) -> dict | None:

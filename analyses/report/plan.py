@@ -46,7 +46,8 @@ def left_out_section(left: dict[str, str]) -> list[Section]:
 @dataclass(frozen=True)
 class ReportShape:
     """What the report's cost follows: the model; ``batch_rows``: the probes' rows (prompts x
-    tokens: one FE); ``share``: the intervention probes' share of them; ``role_share``: the share
+    tokens: one FE); ``share``: the intervention probes' share of them; ``list_share``: that of the
+    selection rows the page's lists are chosen on (``selection_probes``); ``role_share``: the share
     the roles are chosen on (the nulls' and the control probes' forwards); ``text_rows``: the texts'
     rows (0 on probes); ``view_rows``: the pattern views' rows (the display probe and the text);
     ``null_seeds``, ``pair_heads``, ``draws``: the null models, the most heads pairwise ablation
@@ -55,6 +56,7 @@ class ReportShape:
     model: object
     batch_rows: int
     share: float
+    list_share: float
     role_share: float
     text_rows: int
     view_rows: int
@@ -71,8 +73,8 @@ def one_block_fe(model) -> float:
 
 def probe_run_cost(shape: ReportShape) -> StepCost:
     """The probes' one forward (``probe_run``): 1 FE; and that of the selection rows the report's lists
-    are chosen on, as many as the intervention probes (``selection_probes``)."""
-    return StepCost(1.0 + shape.share)
+    are chosen on (``selection_probes``)."""
+    return StepCost(1.0 + shape.list_share)
 
 
 def classification_cost(shape: ReportShape) -> StepCost:
@@ -88,8 +90,8 @@ def calibration_cost(shape: ReportShape) -> StepCost:
     ``pair_heads`` role heads and their backup groups (``backup_report``), which heads is known only
     after the nulls: bounded by the earliest heads, each pair from the earlier head's layer on,
     at most one group per two heads, each from block 0; the pairs and each head alone (the excess is
-    per prompt) run twice, on the selection rows that choose the groups and on the intervention
-    probes, as many of each (``choose``), with the heads' first-order screen there (a forward; its
+    per prompt) run twice, on the selection rows that choose the groups (``choose``: ``list_share``)
+    and on the intervention probes, with the heads' first-order screen there (a forward; its
     backward is not counted)."""
     model = shape.model
     cfg = model.cfg
@@ -100,8 +102,10 @@ def calibration_cost(shape: ReportShape) -> StepCost:
     pairs = sum(suffix_fe(model, min(a, b)) for a, b in combinations(earliest, 2))
     singles = sum(suffix_fe(model, layer) for layer in earliest)  # each head alone, for the excess per prompt
     groups = len(earliest) // 2 * suffix_fe(model, 0)
-    exact = shape.role_share * (1 + shape.null_seeds) + shape.share * (one_block_fe(model) + totals + 1)
-    return StepCost(exact) + StepCost(shape.share * (2 * (pairs + singles) + groups), at_most=True)
+    exact = (shape.role_share * (1 + shape.null_seeds) + shape.share * (one_block_fe(model) + totals)
+             + shape.list_share)  # the heads' first-order screen on the selection rows
+    return StepCost(exact) + StepCost((shape.share + shape.list_share) * (pairs + singles) + shape.share * groups,
+                                      at_most=True)
 
 
 def control_cost(shape: ReportShape) -> StepCost:
@@ -120,9 +124,9 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     q/k/v edge one run from the receiver's layer (from its MLP where the receiver's moved z
     reaches ``hook_resid_mid`` alone); per logits edge the last block (``path_values``). With a
     ``screen``, edge attribution first (a forward of each prompt set) and at most every edge
-    exact. The edges the page lists are chosen by edge attribution on as many selection rows
-    (``chosen_edges``: a forward of each prompt set). 0 where the circuit is left out or no head has
-    a circuit role."""
+    exact. The edges the page lists are chosen by edge attribution on the selection rows of the
+    lists (``chosen_edges``: a forward of each prompt set, ``list_share``). 0 where the circuit is
+    left out or no head has a circuit role."""
     if not shape.circuit or heads == []:
         return StepCost(0.0)
     if heads is None:
@@ -131,10 +135,10 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     edges = edges_of(model, heads, heads, VIAS).table.tolist()  # sender layer, head, receiver layer, head, via
     qkv = [VIAS.index(via) for via in QKV]
     step_one = {(s_layer, s_head, r_layer, via) for s_layer, s_head, r_layer, _, via in edges if via in qkv}
-    fe = 4.0 + len(step_one) * one_block_fe(model)
+    fe = 2.0 + len(step_one) * one_block_fe(model)
     for _, _, layer, _, via in edges:
         fe += one_block_fe(model) if via not in qkv else suffix_fe(model, layer, after_attention=from_mid(model, layer))
-    cost = StepCost(shape.share * fe)
+    cost = StepCost(shape.share * fe + 2.0 * shape.list_share)  # ``chosen_edges``' two forwards
     return cost if screen is None else cost + StepCost(2.0 * shape.share, at_most=True)
 
 
