@@ -31,9 +31,11 @@ def task_args(model: Path, out: Path, *more: str) -> list[str]:
 
 
 def files(directory: Path) -> dict[str, bytes]:
-    """Every file under ``directory`` (its path in meta.json's arguments put as OUT)."""
+    """Every file under ``directory`` (its path in meta.json's arguments put as OUT; meta.json without
+    its cost record, which holds the seconds measured on this run: issue 45.3)."""
     found = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-    found["meta.json"] = found["meta.json"].replace(json.dumps(str(directory)).encode(), b'"OUT"')
+    meta = json.loads(found["meta.json"].replace(json.dumps(str(directory)).encode(), b'"OUT"'))
+    found["meta.json"] = json.dumps(meta | {"cost": None}, indent=2, sort_keys=True).encode()
     return found
 
 

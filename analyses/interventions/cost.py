@@ -8,9 +8,10 @@ block's MLP share of its parameters instead of the whole block. A backward is no
 the benchmark), nor the unembedding.
 
 Each command's steps get their FE from their shapes (the report's in ``analyses.report.plan``, a
-task's in ``analyses.report.task_page``); the seconds are FE x the seconds of one FE on this machine,
-timed by the command's own first forward of its whole batch (``CostEstimate.timed_by``: the report's
-probe run, 1 FE with its caches and the metric's readout, so the timing adds no forward; the
+task's in ``analyses.report.task_cost``); the seconds are FE x the seconds of one FE on this machine,
+timed by the command's own first forward (``CostEstimate.timed_by``: the report's
+probe run, 1 FE with its caches and the metric's readout, so the timing adds no forward; a task's clean
+run of its selection prompts, which its metric step makes anyway; the
 estimate then leaves out the unembedding's share in later steps beyond that run's, and any backward). ``CostEstimate`` holds both, prints them as one line per step, and
 with each step's measured seconds (``StepClock``) is the record ``meta.json`` keeps.
 """
@@ -65,9 +66,10 @@ class CostEstimate:
     seconds_per_fe: float
     actual: dict[str, float] = field(default_factory=dict)
     later: set[str] = field(default_factory=set)
+    clock: str = "the probe run"  # the run that timed one FE (``timed_by``)
 
     def at_start(self, step: str, cost: StepCost, progress: bool | None) -> None:
-        """Cost ``step`` as it begins (it had no estimate before the first sweep) and print it."""
+        """Cost ``step`` as it begins (it had no estimate, or a bound, before the first sweep) and print it."""
         self.steps[step] = cost
         self.later.add(step)
         if progress is not False:
@@ -87,12 +89,12 @@ class CostEstimate:
         head = (f"{what} cost estimate: {'at most ' if bounded else ''}{total:.1f} forward-equivalents "
                 f"x {self.seconds_per_fe:.3g} s = {'<= ' if bounded else '~'}{_clock(total * self.seconds_per_fe)} "
                 "on this machine" + (" and the steps costed when they begin" if len(known) < len(self.steps) else "")
-                + " (timed by the probe run; any backward is left out)")
+                + f" (timed by {self.clock}; any backward is left out)")
         return [head] + [self.step_line(name, cost) for name, cost in self.steps.items()]
 
-    def timed_by(self, seconds: float, fe: float = 1.0) -> None:
-        """The seconds of one FE, from a run of ``fe`` forward-equivalents that took ``seconds``."""
-        self.seconds_per_fe = seconds / fe
+    def timed_by(self, seconds: float, fe: float = 1.0, by: str = "the probe run") -> None:
+        """The seconds of one FE, from a run of ``fe`` forward-equivalents that took ``seconds`` (``by``: it, in words)."""
+        self.seconds_per_fe, self.clock = seconds / fe, by
 
     def show(self, what: str, progress: bool | None) -> None:
         """Print ``lines`` on stderr, unless ``progress`` is False (``--quiet``)."""

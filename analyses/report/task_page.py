@@ -28,7 +28,13 @@ measures on every prompt (in-sample).
 Before any step the hook self-test plans the analysis (``task_plan``, ``analyses.report.plan``): the
 circuit (edge attribution, path patching) and direct logit attribution are left out where the model
 cannot run them, and the page and ``meta.json`` (``left_out``) say why; a model whose head
-patching cannot run is refused in one line."""
+patching cannot run is refused in one line.
+
+After the clean run, before the first sweep, ``analyse_task`` prints on stderr (unless ``progress`` is
+False) what each step will cost in forward-equivalents and seconds on this machine
+(``analyses.report.task_cost``; the clean run is the clock), the circuit's and the measured step's
+again as they begin, from the heads chosen; ``meta.json``'s ``cost`` keeps the estimate and each
+step's measured seconds (a step a resumed run read back finished is marked ``reused``)."""
 
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ from analyses.core.hook_check import left_out, require
 from analyses.report.intervention_figures import patching_figure
 from analyses.core.hook_names import has_mlps
 from analyses.core.splits import PromptSplit
-from analyses.interventions.controls import control_effects, describe_control
+from analyses.interventions.controls import DEFAULT_DRAWS, control_effects, describe_control
 from analyses.interventions.engine import head_cells
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_needs, path_patch, screened_path_patch
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen, screened_patches
@@ -63,8 +69,9 @@ from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
 from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
-from analyses.tasks.task import (Task, TaskBatch, task_ablation, task_batch, task_measure_intervals, task_metric,
-                                  task_split)
+from analyses.report.task_cost import TASK_COSTS, ClockedSteps, TaskShape, measured_cost, task_estimate
+from analyses.tasks.task import (Task, TaskBatch, task_ablation, task_batch, task_measure_intervals, task_measures,
+                                  task_metric, task_split)
 from interp.errors import UserError
 
 
@@ -92,7 +99,8 @@ class TaskAnalysis:
     ``dla`` holds), ``heads`` (``measured_heads``: the chosen heads, why each was chosen, its exact
     patching effect and DLA with their intervals) and ``control`` (the top writers against matched
     random sets, ``ControlEffects.summary``, or {"refused": why}). ablation: how the control ablates
-    (``task_ablation``: method and reference in words)."""
+    (``task_ablation``: method and reference in words). cost: each step's estimate and measured
+    seconds (``analyses.report.task_cost``: ``ClockedSteps.record``), meta.json's ``cost``."""
 
     task: Task
     values: dict
@@ -108,6 +116,7 @@ class TaskAnalysis:
     split: PromptSplit | None = None
     measured: dict = field(default_factory=dict)
     ablation: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)
 
 
 # edge attribution methods beside path patching: frame column -> method (same edges, same frame)
@@ -119,6 +128,8 @@ ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": 
 # (the last measures on the measurement split what the others chose)
 STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "attribution", "path_patching",
          "attribution_ig", "measured")
+CIRCUIT_STEPS = ("attribution", "path_patching", "attribution_ig")
+CIRCUIT_EDGES = 5  # the strongest exact edges whose heads are chosen (``circuit_heads``)
 Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
 CIRCUIT = "circuit (edge attribution and path patching)"  # a part a model may not run (``task_plan``)
 
@@ -266,34 +277,63 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     measured_on = task.subset(split.measurement) if split is not None else task
     measure_batch = task_batch(model, measured_on)
     reference, replaced_by = task_ablation(measured_on, measure_batch, ablation)  # a refusal before any step
-    step = steps or _compute
     batch = task_batch(model, chosen_on)
     metric = task_metric(chosen_on, batch.last)
     options = Options(memory_mb=memory_mb, progress=progress)
     runs = TaskRuns(model, batch, metric, options)
+    with_mlps, with_dla = has_mlps(model), task.metric == "logit_diff" and DLA not in left
+    shape = task_shape(model, (batch, measure_batch if split is not None else None), measured_on, top, screen,
+                       with_dla, CIRCUIT not in left, reference is not None)
+    step = ClockedSteps(steps or _compute, task_estimate(shape, steps_run(model, with_dla, CIRCUIT not in left)),
+                        progress)
+    step.timed("metric", lambda: runs.clean, shape.selection, "the clean run")  # the metric step's first forward
     values = step("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
     heads = step("heads", lambda: patch_sweep(runs, "heads", False, screen))
     heads_by_pos = step("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
-    with_mlps = has_mlps(model)
     mlps = step("mlps", lambda: patch_sweep(runs, "mlps", False, screen)) if with_mlps else None
     mlps_by_pos = step("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen)) if with_mlps else None
-    with_dla = task.metric == "logit_diff" and DLA not in left
     writers = top_heads(step("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
     exact = heads[heads["exact"].astype(bool)]
     senders = top_heads(exact.assign(moved=exact["metric"] - values["corrupted"]), "moved", top)
     edges, agreement = None, {}
     if CIRCUIT not in left:
+        for name in CIRCUIT_STEPS:  # their edges known now
+            step.at_start(name, TASK_COSTS[name](shape, senders))
         edges, agreement = circuit(runs, senders, screen, step)
     chosen = {"patching": senders, "dla": writers,
               "circuit": [] if edges is None else circuit_heads(edges[edges["exact"].astype(bool)])}
     tested = writers or senders
     with_reference = (measured_on, measure_batch, reference)
+    step.at_start("measured", measured_cost(shape, list(dict.fromkeys(sum(chosen.values(), []))), tested))
     measured = step("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla,
                                                        options, seed))
     record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if writers else
               "top heads by patching"}
     return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, measured["dla"], edges, agreement,
-                        screen, left, split, measured, record)
+                        screen, left, split, measured, record, step.record())
+
+
+def task_shape(model, batches: tuple[TaskBatch, TaskBatch | None], measured_on: Task, top: int,
+               screen: Screen | None, with_dla: bool, with_circuit: bool, with_reference: bool) -> TaskShape:
+    """What the analysis's cost follows (``analyses.report.task_cost.TaskShape``): ``batches``, the
+    selection split's and the measurement split's (None: in-sample, both on the one batch), whose
+    rows together are one FE; ``measured_on``: the prompts the measured step runs on; the others as
+    ``analyse_task`` has them."""
+    chosen, measure = batches
+    rows = chosen.clean.numel() + (0 if measure is None else measure.clean.numel())
+    measured_rows = chosen.clean.numel() if measure is None else measure.clean.numel()
+    most = top * (1 + with_dla) + (2 * CIRCUIT_EDGES if with_circuit else 0)  # ``chosen``: with repeats, a bound
+    return TaskShape(model, chosen.clean.numel() / rows, measured_rows / rows, chosen.clean.shape[1], top, screen,
+                     most, len(task_measures(measured_on, (measure or chosen).last)), DEFAULT_DRAWS, with_dla,
+                     with_reference)
+
+
+def steps_run(model, with_dla: bool, with_circuit: bool) -> list[str]:
+    """Which of ``STEPS`` the analysis runs, in order: the MLPs' on a model with MLPs, DLA's with it
+    (``with_dla``), the circuit's where it is not left out (``with_circuit``)."""
+    skipped = {*(() if has_mlps(model) else ("mlps", "mlps_by_pos")), *(() if with_dla else ("dla",)),
+               *(() if with_circuit else CIRCUIT_STEPS)}
+    return [name for name in STEPS if name not in skipped]
 
 
 def top_heads(frame: pd.DataFrame, value: str, top: int) -> list[tuple[int, int]]:
@@ -305,7 +345,7 @@ def top_heads(frame: pd.DataFrame, value: str, top: int) -> list[tuple[int, int]
     return [(int(frame.at[i, "layer"]), int(frame.at[i, "head"])) for i in order]
 
 
-def circuit_heads(edges: pd.DataFrame, top: int = 5) -> list[tuple[int, int]]:
+def circuit_heads(edges: pd.DataFrame, top: int = CIRCUIT_EDGES) -> list[tuple[int, int]]:
     """The heads of the ``top`` strongest edges (senders and receiving heads), in order of appearance."""
     found = []
     for row in strongest(edges, top).itertuples():
@@ -564,5 +604,6 @@ def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
         tables["dla.csv"] = analysis.dla
     title = f"interp task {analysis.task.name}"
     meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)},
-                   "left_out": analysis.left_out, "split": split_record(analysis.split), "ablation": analysis.ablation}
+                   "left_out": analysis.left_out, "split": split_record(analysis.split), "ablation": analysis.ablation,
+                   "cost": analysis.cost}
     return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta, tables)
