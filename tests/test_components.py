@@ -157,6 +157,17 @@ def test_logit_lens_equals_transformer_lens_accumulated_resid(models, family):
     final = lens[lens["stage"] == "final_post"]["log_prob"].to_numpy().reshape(answers.shape)
     expected = logits[:, :-1].log_softmax(-1).gather(-1, answers[..., None])[..., 0]
     assert torch.allclose(torch.as_tensor(final), expected.float(), atol=TOL)
+    # ``where`` reads some entries only: TransformerLens's values there, labelled by prompt and position
+    where = torch.rand(answers.shape, generator=torch.Generator().manual_seed(0)) < 0.3
+    some = logit_lens(bridge, cache, answers, positions=positions, where=where, memory_mb=0.01)
+    prompt, column = where.nonzero(as_tuple=True)
+    assert len(some) == len(labels) * len(prompt)
+    assert (some["prompt"].to_numpy() == prompt.repeat(len(labels)).numpy()).all()
+    assert (some["position"].to_numpy() == column.repeat(len(labels)).numpy()).all()
+    assert torch.allclose(torch.as_tensor(some["logit"].to_numpy()), picked[:, where].reshape(-1).float(), atol=TOL)
+    assert (torch.as_tensor(some["rank"].to_numpy()) == rank[:, where].reshape(-1)).all()
+    with pytest.raises(UserError, match="where of shape"):
+        logit_lens(bridge, cache, answers, positions=positions, where=where[:, 1:])
 
 
 def test_convenience_run_caches_only_what_it_reads(scratch_gpt2):

@@ -509,44 +509,60 @@ def accumulated_residual(model, source, *, positions: Sequence[int] | None = Non
 
 
 @torch.no_grad()
-def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None,
+def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None, where: torch.Tensor | None = None,
                memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """The logit lens: each stage of ``accumulated_residual`` through the final norm (recomputed on
     it) and the unembedding, read at ``answers`` (as in ``direct_logit_attribution``). One row per
     stage, prompt and position: ``stage, layer, prompt, position, answer, logit, log_prob, rank``
-    (rank 0: the answer is the top token). Full logits are made for ``memory_mb`` worth of rows at a
-    time, never for the whole stack."""
+    (rank 0: the answer is the top token). ``where``: (batch, n) bool over the positions read, the
+    (prompt, position) entries to read (None: all); only those are unembedded, which is most of the
+    work (a vocabulary-sized product per row). Full logits are made for ``memory_mb`` worth of rows
+    at a time, never for the whole stack."""
     cache = _cache(model, source, lens=True)
     n_batch, n_pos = cache[final_resid_name(model)].shape[:2]
     answers, positions = _targets(answers, n_batch, n_pos, positions)
     _check_tokens(model, answers, "answers")
     stack, stages = accumulated_residual(model, cache, positions=positions)
     index = _positions(cache, model, positions)
+    if where is None:
+        where = torch.ones(n_batch, len(index), dtype=torch.bool)
+    elif tuple(where.shape) != (n_batch, len(index)) or where.dtype != torch.bool:
+        raise UserError(f"where of shape {tuple(where.shape)} and dtype {where.dtype} must be bool (batch={n_batch}, "
+                        f"positions={len(index)})")
+    where = where.to(stack.device)
     W_U, b_U = model.W_U.detach(), model.b_U.detach().float()  # W_U as stored, made float32 a slice at a time
-    rows = stack.flatten(0, 2)  # (stage * batch * n, d_model)
-    targets = answers.reshape(-1).repeat(len(stages))
-    # per logit: the slices' products and their join (4 + 4 bytes), the exponentials logsumexp makes
-    # (4) and the rank's comparison (1), with room for the float32 slice of W_U (a quarter, below)
-    chunk = max(1, int(0.75 * memory_mb * 2**20 // (16 * W_U.shape[1])))
+    rows = stack[:, where].flatten(0, 1)  # (stage * entries, d_model)
+    targets = answers.to(where.device)[where].repeat(len(stages))
+    # per logit: the chunk's logits (4 bytes), the exponentials logsumexp makes (4) and the rank's
+    # comparison (1), with room for a float32 slice of a lower-precision W_U (a quarter, below)
+    chunk = max(1, min(len(rows), int(0.75 * memory_mb * 2**20 // (16 * W_U.shape[1]))))
     step = max(1, int(memory_mb * 2**20 // (4 * 4 * W_U.shape[0])))  # vocabulary columns of W_U per slice
-    logit, log_prob, rank = [], [], []
+    # one buffer for every chunk's logits and the outputs made once: a fresh (chunk, vocab) block per
+    # chunk between small kept pieces fragments glibc's heap (14 GB resident at a 262k vocabulary)
+    buffer = rows.new_empty((chunk, W_U.shape[1]), dtype=torch.float32)
+    logit, log_prob = rows.new_empty(len(rows), dtype=torch.float32), rows.new_empty(len(rows), dtype=torch.float32)
+    rank = rows.new_empty(len(rows), dtype=torch.long)
     for start in range(0, len(rows), chunk):
-        normed = model.ln_final(rows[start:start + chunk][:, None]).float()[:, 0]
-        parts = [normed @ W_U[:, at:at + step].float() for at in range(0, W_U.shape[1], step)]
-        logits = parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # one slice: no copy to join
-        logits += b_U  # in place: the product is ours
-        target = targets[start:start + chunk, None]
-        picked = logits.gather(-1, target)[:, 0]
-        logit.append(picked)
-        log_prob.append(picked - logits.logsumexp(-1))
-        rank.append((logits > picked[:, None]).sum(-1))
-    n_rows = n_batch * len(index)
+        at_rows = slice(start, min(start + chunk, len(rows)))
+        normed = model.ln_final(rows[at_rows][:, None]).float()[:, 0]
+        logits = buffer[:len(normed)]
+        if W_U.dtype == torch.float32:
+            torch.mm(normed, W_U, out=logits)
+        else:
+            for at in range(0, W_U.shape[1], step):
+                torch.mm(normed, W_U[:, at:at + step].float(), out=logits[:, at:at + step])
+        logits += b_U
+        picked = logits.gather(-1, targets[at_rows, None])[:, 0]
+        logit[at_rows] = picked
+        log_prob[at_rows] = picked - logits.logsumexp(-1)
+        rank[at_rows] = (logits > picked[:, None]).sum(-1)
+    prompt, column = where.nonzero(as_tuple=True)  # the entries read, prompt-major as the rows
+    n_rows = len(prompt)
     return pd.DataFrame({
         "stage": stages["stage"].repeat(n_rows).to_numpy(), "layer": stages["layer"].repeat(n_rows).to_numpy(),
-        "prompt": torch.arange(n_batch).repeat_interleave(len(index)).repeat(len(stages)).cpu().numpy(),
-        "position": index.repeat(n_batch * len(stages)).cpu().numpy(), "answer": targets.cpu().numpy(),
-        "logit": torch.cat(logit).cpu().numpy(), "log_prob": torch.cat(log_prob).cpu().numpy(),
-        "rank": torch.cat(rank).cpu().numpy(),
+        "prompt": prompt.repeat(len(stages)).cpu().numpy(),
+        "position": index.to(column.device)[column].repeat(len(stages)).cpu().numpy(), "answer": targets.cpu().numpy(),
+        "logit": logit.cpu().numpy(), "log_prob": log_prob.cpu().numpy(), "rank": rank.cpu().numpy(),
     })
 
 

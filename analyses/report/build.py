@@ -501,7 +501,6 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
     (``top_dla``; None: on ``probes``, in-sample), their values printed from ``probes``."""
     tokens = probes.tokens
     answers, positions = next_token_answers(tokens)
-    predictable = probes.predictable[:, 1:].reshape(-1).cpu()
     cache = (components_cache(model, tokens, lens=True) if run is None else
              run.read(component_hooks(model, lens=True)))
     figures, attribution = [], "Which components write the answer."
@@ -520,8 +519,7 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
             f"logit{', before the final soft cap' if means.attrs['logits'] != 'as output' else ''}). The largest, "
             "chosen on the first probes of the selection rows and measured on the intervention probes:\n\n"
             + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in top.itertuples()))
-    lens = logit_lens(model, cache, answers, positions=positions, memory_mb=memory_mb)
-    lens = lens[predictable.repeat(lens["stage"].nunique()).cpu().numpy()]
+    lens = logit_lens(model, cache, answers, positions=positions, where=probes.predictable[:, 1:], memory_mb=memory_mb)
     del cache
     roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
     per_kind = effects.groupby("kind")[["direct", "total"]].sum(min_count=1)
