@@ -255,28 +255,28 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
     share = first / probes.n_prompts
-    lists = min(list_prompts(intervention_prompts), probes.n_prompts - first) / probes.n_prompts  # ``selection_probes``
+    lists = list_prompts(intervention_prompts, probes.n_prompts - first) / probes.n_prompts  # ``selection_probes``
     shape = ReportShape(model, probes.tokens.numel(), share, lists, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
                         encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
                         DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
     return shape, report_estimate(shape, ReportSteps.STEPS, float("nan"))
 
 
-def list_prompts(intervention_prompts: int) -> int:
-    """How many selection rows choose the report's lists: ``LIST_PROMPTS``, or as many as the
-    intervention probes where those are fewer."""
-    return min(LIST_PROMPTS, intervention_prompts)
+def list_prompts(intervention_prompts: int, selection_rows: int) -> int:
+    """How many of the ``selection_rows`` choose the report's lists: ``LIST_PROMPTS``, or as many as
+    the intervention probes or the selection rows where those are fewer."""
+    return min(LIST_PROMPTS, intervention_prompts, selection_rows)
 
 
 def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float,
                      progress: bool | None = None) -> FirstProbes:
-    """The selection rows' first ``list_prompts(intervention_prompts)`` probes (fewer where the
-    selection has fewer), their loss metric on the predictable tokens and a ``Run``
-    of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
+    """The selection rows' first ``list_prompts`` probes, their loss metric on the predictable
+    tokens and a ``Run`` of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
     heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
     (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
     the circuit's edge attribution runs its own (``chosen_edges``)."""
-    chosen = probes.after(intervention_prompts).first(list_prompts(intervention_prompts))
+    selection = probes.after(intervention_prompts)
+    chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
     metric = loss_metric(chosen.tokens, chosen.predictable)
     names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
     run = Run.make(model, chosen.tokens, metric, list(dict.fromkeys(names)), memory_mb=memory_mb, progress=progress,
@@ -314,7 +314,7 @@ def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: boo
     rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges), and
     ``lists`` the selection rows that choose the page's lists (``selection_probes``)."""
     total = intervention_prompts + n_prompts
-    lists = intervention_prompts + min(list_prompts(intervention_prompts), n_prompts)
+    lists = intervention_prompts + list_prompts(intervention_prompts, n_prompts)
     return {"probes_drawn": total, "seed": seed, "measurement": [0, intervention_prompts],
             "selection": [intervention_prompts, total], "lists": [intervention_prompts, lists], "disjoint": True,
             "rule": ("the roles are chosen on the texts (the selection rows give the calibration's null bands)"
@@ -338,7 +338,7 @@ def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = 
     return (f"Every effect is measured on prompts that did not choose the heads: the {intervention_prompts} "
             f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
             "attributions, the circuit edges listed and the backup groups on the first "
-            f"{min(list_prompts(intervention_prompts), n_prompts)} probes of the selection rows (meta.json: probe_split).")
+            f"{list_prompts(intervention_prompts, n_prompts)} probes of the selection rows (meta.json: probe_split).")
 
 
 def screen_meta(circuit: CircuitSection | None) -> dict | None:
