@@ -23,6 +23,7 @@ blocks are ours to count). Prints one table per model and writes nothing.
     python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
     python benchmarks/bench_report.py --shape llama-1b-width --prompts 8 --seq-len 64 --dtype bfloat16
     python benchmarks/bench_report.py --shape gemma3-270m --prompts 64   # Gemma 3 270M's shape, random init
+    python benchmarks/bench_report.py --shape qwen2-0.5b --prompts 64 --precision mixed --threads 2   # issue 45.4
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from analyses.core.probes import probes_for
 from analyses.report.build import build_report
 from interp import GPTConfig, GPTModel, from_hf, load_model
+from interp.precision import PRECISIONS
 from interp.random_models import random_hf_model
 from interp.model import TransformerBlock
 
@@ -58,8 +60,13 @@ HF_SHAPES = {
         hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
         intermediate_size=2048, query_pre_attn_scalar=256, sliding_window=512, rope_theta=1_000_000.0,
         rope_local_base_freq=10_000.0, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)),
+    # Qwen2.5-0.5B: 24 layers of 14 query heads over 2 key/value heads (d_head 64), d_model 896, MLP 4,864,
+    # vocabulary 151,936, untied output (the issue's "0.5B class"; 494M parameters, 136M of them each end)
+    "qwen2-0.5b": ("qwen2", dict(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
 }
-HF_VOCAB = {"gemma3-270m": 262144}
+HF_VOCAB = {"gemma3-270m": 262144, "qwen2-0.5b": 151936}
 
 
 class ForwardCounter:
@@ -205,7 +212,9 @@ def subject(args) -> GPTModel:
     if args.shape in HF_SHAPES:
         family, keys = HF_SHAPES[args.shape]
         hf, tokenizer = random_hf_model(family, d_vocab=args.vocab or HF_VOCAB[args.shape], n_ctx=2048, **keys)
-        return from_hf(hf, tokenizer).to(getattr(torch, args.dtype)).eval()
+        model = from_hf(hf, tokenizer)
+        del hf  # its weights are not the report's: only the converted model's stay resident
+        return model.to(getattr(torch, args.dtype)).eval()
     torch.manual_seed(0)
     config = GPTConfig(d_vocab=args.vocab or SHAPE_VOCAB[args.shape], **SHAPES[args.shape])
     return GPTModel(config).to(getattr(torch, args.dtype)).eval()
@@ -219,6 +228,8 @@ def main() -> None:
                         help="vocabulary of a --shape model (default the shape's: 50,257; 128,256)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the --shape model's weights")
+    parser.add_argument("--precision", default="float32", choices=PRECISIONS,
+                        help="the model's precision (GPTModel.set_precision; 'mixed': the linear maps' products in bfloat16)")
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--model", default=None, help="a model spec load_model takes (a Hugging Face directory, "
                         "'smollm2'): counted instead of --shape (it must load as a GPTModel)")
@@ -228,6 +239,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = subject(args)
+    model.set_precision(args.precision)
     own_new_models()
     mark_owned(model)
     probes = probes_for(model, args.prompts, args.seq_len, seed=0)
@@ -238,7 +250,7 @@ def main() -> None:
                                         {"intervention_prompts": args.intervention_prompts}))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"{args.model or args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
-          f"vocabulary {model.cfg.d_vocab}, {next(model.parameters()).dtype}; report {seconds:.1f} s wall, "
+          f"vocabulary {model.cfg.d_vocab}, {next(model.parameters()).dtype} ({model.cfg.precision}); report {seconds:.1f} s wall, "
           f"{cpu:.1f} s CPU ({args.threads} thread{'s' if args.threads > 1 else ''})")
     steps = list(dict.fromkeys([*counter.peak_mb, *counter.passes, *(key[1:] for key in counter.block_rows)]))
     print(f"{'step':<28} {'substep':<44} {'probe passes':>12} {'FE main':>9} {'FE other':>9} {'peak MB':>8} {'s':>7}")

@@ -104,3 +104,26 @@ def test_agreement_sees_a_swap_of_the_top_cells(peer):
     assert found["top2_overlap"] == 1.0 and found["same_order"] == 0.0
     assert found["max_abs_error"] == pytest.approx(1.4)
     assert peer.agreement(peer_values, peer_values, 0.0, 2)["same_order"] == 1.0
+
+
+def test_forward_equals_hugging_face(peer, pair):
+    scratch, bridge = pair
+    tokens = torch.randint(3, scratch.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    row = peer.forward(scratch, bridge.original_model, tokens, 1)
+    assert row.exact and row.agreement["max_abs_error"] <= peer.TOLERANCE, row.agreement
+    assert row.agreement["argmax_agreement"] == 1.0
+    assert row.peer_time.result.std() > 0.1  # logits far from constant: the comparison can fail
+
+
+def test_bfloat16_pair_runs_everyone_in_bfloat16(peer, pair, tmp_path):
+    """``--dtype bfloat16``: both models' weights are bfloat16, and their forwards (the same maths,
+    rounded in other orders) stay within bfloat16's rounding of the float32 logits, not equal."""
+    directory = save_random_model("llama", tmp_path / "llama", seed=7, num_hidden_layers=3, initializer_range=0.3)
+    scratch, bridge = peer.load_pair(str(directory), "bfloat16")
+    assert {p.dtype for p in scratch.parameters()} == {p.dtype for p in bridge.original_model.parameters()} == {
+        torch.bfloat16}
+    tokens = torch.randint(3, scratch.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    row = peer.forward(scratch, bridge.original_model, tokens, 1)
+    float32 = pair[0](tokens)
+    assert 0 < row.agreement["max_abs_error"] < 0.05 * float32.abs().max().item(), row.agreement
+    assert row.agreement["argmax_agreement"] > 0.9
