@@ -188,3 +188,26 @@ def test_top_k_shares_in_small_chunks_equal_the_full_rows():
     assert top.std() > 0  # heads differ: a mix-up of heads would show
     chunked = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=0.01)).float()
     assert torch.allclose(chunked, _naive_copying(model), atol=1e-4)
+
+
+@pytest.mark.parametrize("span", [7, 64])
+def test_top_k_shares_settled_early_equal_the_full_count(monkeypatch, span):
+    """ov_top_k compares ``SPAN_COLUMNS`` columns at a time and stops counting a token once both its
+    counts reach k: on the planted model (a copier whose own entries are at the top of most rows, so
+    those rows are read to the end, and a suppressor at the bottom), with a span that cuts the
+    64-token vocabulary into several pieces, every share equals the naive full count."""
+    from analyses.components import meaning
+
+    model = _planted_model()
+    monkeypatch.setattr(meaning, "SPAN_COLUMNS", span)
+    k = 3
+    top, bottom = meaning.ov_top_k(model, k, n_tokens=64)
+    W_V, W_O = model.W_V.detach().double(), model.W_O.detach().double()
+    W_E, W_U = model.W_E.detach().double(), model.W_U.detach().double()
+    for layer in range(2):
+        for head in range(4):
+            rows = W_E @ W_V[layer, head] @ W_O[layer, head] @ W_U
+            own = rows.diagonal()[:, None]
+            assert top[layer, head].item() == pytest.approx(((rows > own).sum(1) < k).double().mean().item(), abs=1e-6)
+            assert bottom[layer, head].item() == pytest.approx(((rows < own).sum(1) < k).double().mean().item(), abs=1e-6)
+    assert top[COPIER] > 0.9 and bottom[SUPPRESSOR] > 0.9 and top.median() < 0.5
