@@ -45,3 +45,13 @@ def test_benchmarks_name_no_file_outside_the_repository():
     named = {path.name: line for path in [root / "README.md", *sorted(root.glob("*.py"))]
              for line in path.read_text(encoding="utf-8").splitlines() if "/work/" in line}
     assert not named, named
+
+
+def test_the_code_points_only_at_pages_that_exist():
+    """A help text or docstring that sends the reader to ``docs/...md`` names a page that is there
+    (``--precision``'s help once named a guide that was never written)."""
+    named = {target: path.name for package in ("interp", "analyses", "benchmarks")
+             for path in (ROOT / package).rglob("*.py")
+             for target in re.findall(r"docs/[\w/.-]+\.md", path.read_text(encoding="utf-8"))}
+    missing = {target: where for target, where in named.items() if not (ROOT / target).exists()}
+    assert named and not missing, missing
