@@ -22,8 +22,9 @@ unpatched value; for scores, from 0): how many both name, and whether in the sam
   TransformerLens refuses keys and values on a grouped-query model: its error is printed (interp
   computes those edges; ``tests/test_path_patching.py`` checks them against naive reruns).
 
-- forward (issue 45.5): ``GPTModel``'s forward against Hugging Face's own (the model the bridge
-  wraps: transformers' load of the same file, eager attention) on the classification probes; the
+- forward (issue 45.5): ``GPTModel``'s forward against Hugging Face's own (transformers' load of the
+  same file, loaded apart from the bridge, which wraps its modules; eager attention) on the
+  classification probes; the
   values: the logits' largest difference and the share of positions whose argmax both pick.
 
 ``--dtype bfloat16`` loads every model in bfloat16 (interp's and the peers'), so the ratios are
@@ -46,6 +47,7 @@ import argparse
 import contextlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformer_lens import patching as tl_patching
@@ -53,7 +55,7 @@ from transformer_lens.head_detector import HEAD_NAMES, detect_head
 
 from analyses.circuits.path_patching import path_patch
 from analyses.core.probes import RepeatedProbes, repeated_probes
-from analyses.core.tokens import model_tokenizer, ordinary_token_ids, start_token_id
+from analyses.core.tokens import model_tokenizer, ordinary_token_ids, start_ids
 from analyses.interventions.attribution import attribution_agreement
 from analyses.interventions.patching import patch_heads
 from analyses.roles.classify import classify_heads
@@ -61,6 +63,7 @@ from analyses.roles.tl_compat import detect_heads
 from analyses.tasks.task import ioi_task, task_batch, task_metric
 from common import Samples, load_note, path_grid, time_interleaved, tl_direct_path_sweep, tl_sweep
 from interp import load_model
+from interp.loading import SHIPPED, shipped_file
 from interp.errors import first_line
 from interp.precision import PRECISIONS
 
@@ -114,6 +117,17 @@ def load_pair(spec: str, dtype: str = "float32", precision: str = "float32"):
 
 
 # ------------------------------------------------------------------ forward
+def hugging_face_model(spec: str, dtype: str):
+    """transformers' own causal LM of ``spec`` (the shipped GGUF file for "smollm2", a GGUF file, or a
+    Hugging Face directory) in ``dtype``, eager attention, eval mode: not wrapped by the bridge."""
+    from transformers import AutoModelForCausalLM
+
+    path = shipped_file(spec) if spec in SHIPPED else Path(spec)
+    where = dict(gguf_file=path.name) if path.suffix.lower() == ".gguf" else {}
+    return AutoModelForCausalLM.from_pretrained(str(path.parent if where else path), dtype=getattr(torch, dtype),
+                                                attn_implementation="eager", **where).eval()
+
+
 def forward(model, hf_model, tokens: torch.Tensor, repeats: int) -> Comparison:
     """``model``'s forward of ``tokens`` (batch, pos) against Hugging Face's ``hf_model``'s, timed
     interleaved; the values: the logits' largest difference (float32) and ``argmax_agreement``,
@@ -140,10 +154,12 @@ def round_trip_vocab(model) -> list[int]:
 
 
 def word_probes(model, n_prompts: int, seq_len: int, seed: int = 0) -> tuple[RepeatedProbes, list[str]]:
-    """Repeated random-word probes (``repeated_probes`` over ``round_trip_vocab``) and their texts,
-    which ``model.to_tokens`` (``detect_head``'s tokenisation) turns back into the probes' tokens."""
-    probes = repeated_probes(n_prompts, seq_len, round_trip_vocab(model), start_token_id(model), seed=seed)
-    texts = [model_tokenizer(model).decode(row[1:].tolist()) for row in probes.tokens]
+    """Repeated random-word probes (``repeated_probes`` over ``round_trip_vocab``, after the model's
+    start token where its texts begin with one: SmolLM2's do not) and their texts, which
+    ``model.to_tokens`` (``detect_head``'s tokenisation) turns back into the probes' tokens."""
+    start = start_ids(model)
+    probes = repeated_probes(n_prompts, seq_len, round_trip_vocab(model), start[0] if start else None, seed=seed)
+    texts = [model_tokenizer(model).decode(row[len(start):].tolist()) for row in probes.tokens]
     for text, row in zip(texts, probes.tokens):
         if not torch.equal(model.to_tokens(text)[0].cpu(), row):
             raise RuntimeError(f"probe text {text[:60]!r}... does not tokenise back to its tokens")
@@ -292,7 +308,7 @@ def main():
     print_rows(rows, args.top, exact)
 
     print(f"\nforward: the {args.prompts} probes x {args.seq_len} tokens, every position's logits", flush=True)
-    rows.append(forward(scratch, bridge.original_model, probes.tokens, max(3, args.repeats)))
+    rows.append(forward(scratch, hugging_face_model(args.model, args.dtype), probes.tokens, max(3, args.repeats)))
     print_rows(rows[-1:], args.top, exact)
 
     task = ioi_task(scratch, n=args.prompts)

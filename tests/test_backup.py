@@ -279,10 +279,12 @@ def test_split_readout_equals_the_unembedding(knobs):
     moved = final + dz @ W_O
     split = readout.logits(readout.linear(final), dz, readout.head_readout(W_O), readout.scale(moved))
     change = torch.randn(4, 5, 24)  # a residual change (an MLP's) through the whole readout
-    whole = readout.logits(readout.linear(final), readout.centre(change), readout.readout, readout.scale(final + change))
+    whole = readout.logits(readout.linear(final), readout.normed(change), readout.readout, readout.scale(final + change))
     with torch.no_grad():
         assert (split - model.unembed(moved)).abs().max() < 1e-4
         assert (whole - model.unembed(final + change)).abs().max() < 1e-4
+    unembedding = model.embed.weight if model.cfg.tie_word_embeddings else model.lm_head.weight
+    assert readout.readout.data_ptr() == unembedding.data_ptr()  # the model's own weight: no (d_model, vocab) copy
     assert not FinalReadout.exact_for(model.to(torch.bfloat16))
 
 

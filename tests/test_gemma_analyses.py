@@ -82,7 +82,7 @@ def test_the_fast_readout_caps_the_logits_as_the_model_does(gemma):
     change = torch.randn(final.shape, generator=torch.Generator().manual_seed(2))
     readout = FinalReadout(model)
     moved = final + change
-    fast = readout.logits(readout.linear(final), readout.centre(change), readout.readout, readout.scale(moved))
+    fast = readout.logits(readout.linear(final), readout.normed(change), readout.readout, readout.scale(moved))
     expected = model.unembed(moved)
     torch.testing.assert_close(fast, expected, atol=1e-5, rtol=0)
     uncapped = model.ln_final(moved) @ model.embed.weight.T  # Gemma ties its unembedding to its embedding

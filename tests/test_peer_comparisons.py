@@ -33,12 +33,16 @@ def peer():
 
 
 @pytest.fixture(scope="module")
-def pair(peer, tmp_path_factory):
+def llama_dir(tmp_path_factory):
+    return save_random_model("llama", tmp_path_factory.mktemp("llama_gqa"), seed=7, num_hidden_layers=3,
+                             initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def pair(peer, llama_dir):
     """(GPTModel, bridge) of a 3-layer random Llama, 4 query heads over 2 key/value heads; weights of
     std 0.3 so that attention is far from uniform and effects are far above 1e-4."""
-    directory = save_random_model("llama", tmp_path_factory.mktemp("llama_gqa"), seed=7, num_hidden_layers=3,
-                                  initializer_range=0.3)
-    scratch, bridge = peer.load_pair(str(directory))
+    scratch, bridge = peer.load_pair(str(llama_dir))
     assert scratch.cfg.n_key_value_heads == 2 < scratch.cfg.n_heads == 4
     return scratch, bridge
 
@@ -106,24 +110,37 @@ def test_agreement_sees_a_swap_of_the_top_cells(peer):
     assert peer.agreement(peer_values, peer_values, 0.0, 2)["same_order"] == 1.0
 
 
-def test_forward_equals_hugging_face(peer, pair):
-    scratch, bridge = pair
+def test_forward_equals_hugging_face(peer, pair, llama_dir):
+    scratch, _ = pair
     tokens = torch.randint(3, scratch.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
-    row = peer.forward(scratch, bridge.original_model, tokens, 1)
+    hf = peer.hugging_face_model(str(llama_dir), "float32")
+    assert not any("Bridge" in type(module).__name__ for module in hf.modules())  # transformers' own, unwrapped
+    row = peer.forward(scratch, hf, tokens, 1)
     assert row.exact and row.agreement["max_abs_error"] <= peer.TOLERANCE, row.agreement
     assert row.agreement["argmax_agreement"] == 1.0
     assert row.peer_time.result.std() > 0.1  # logits far from constant: the comparison can fail
 
 
-def test_bfloat16_pair_runs_everyone_in_bfloat16(peer, pair, tmp_path):
-    """``--dtype bfloat16``: both models' weights are bfloat16, and their forwards (the same maths,
+def test_bfloat16_pair_runs_everyone_in_bfloat16(peer, pair, llama_dir):
+    """``--dtype bfloat16``: every model's weights are bfloat16, and the forwards (the same maths,
     rounded in other orders) stay within bfloat16's rounding of the float32 logits, not equal."""
-    directory = save_random_model("llama", tmp_path / "llama", seed=7, num_hidden_layers=3, initializer_range=0.3)
-    scratch, bridge = peer.load_pair(str(directory), "bfloat16")
-    assert {p.dtype for p in scratch.parameters()} == {p.dtype for p in bridge.original_model.parameters()} == {
-        torch.bfloat16}
+    scratch, bridge = peer.load_pair(str(llama_dir), "bfloat16")
+    hf = peer.hugging_face_model(str(llama_dir), "bfloat16")
+    assert {p.dtype for model in (scratch, bridge, hf) for p in model.parameters()} == {torch.bfloat16}
     tokens = torch.randint(3, scratch.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
-    row = peer.forward(scratch, bridge.original_model, tokens, 1)
+    row = peer.forward(scratch, hf, tokens, 1)
     float32 = pair[0](tokens)
     assert 0 < row.agreement["max_abs_error"] < 0.05 * float32.abs().max().item(), row.agreement
     assert row.agreement["argmax_agreement"] > 0.9
+
+
+def test_word_probes_follow_a_model_whose_texts_have_no_start_token(peer, pair, monkeypatch):
+    """SmolLM2's GGUF says not to add its start token: the probes then begin with a word, and their
+    texts still tokenise back to them (the script once put the start token first and failed there)."""
+    _, bridge = pair
+    with_start, _ = peer.word_probes(bridge, 2, 12)
+    assert with_start.tokens[0, 0].item() == bridge.tokenizer.bos_token_id
+    monkeypatch.setattr(bridge.cfg, "default_prepend_bos", False)
+    without, texts = peer.word_probes(bridge, 2, 12)
+    assert (without.tokens[:, 0] != bridge.tokenizer.bos_token_id).all()
+    assert torch.equal(bridge.to_tokens(texts[0])[0], without.tokens[0])

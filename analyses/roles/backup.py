@@ -543,7 +543,7 @@ def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Compone
             component = components[v]
             change = read(scaled_change(ablation, clean, component, rows, at))  # (rows, n, d_head or d_model) or (m, ...)
             if isinstance(component, MLP):
-                readout.logits(base, readout.centre(change), readout.readout, readout.scale(final + change), out=out)
+                readout.logits(base, readout.normed(change), readout.readout, readout.scale(final + change), out=out)
             else:
                 write = change @ head_W_O(ablation, component)
                 readout.logits(base, change, head_readout(*component), readout.scale(final + write), out=out)

@@ -7,11 +7,13 @@ For the norms ``GPTModel`` has (DESIGN 2), with ``x`` a final residual (d_model,
 - RMSNorm:   ``logits(x) = s(x) * (x * w) @ W_U^T + b_U``, ``s = rsqrt(mean(x^2) + eps)``;
 - no norm:   ``logits(x) = x @ W_U^T + b_U``, ``s = 1``.
 
-The part ``linear(x) = (centre(x) * w) @ W_U^T`` (centring for LayerNorm only) is linear in ``x``, so
+The part ``linear(x) = normed(x) @ W_U^T``, ``normed(x) = centre(x) * w`` (centring for LayerNorm
+only), is linear in ``x``, so
 ``linear(clean + change) = linear(clean) + linear(change)``: the clean part is made once per
 position and shared by every change, and a head's change ``dz @ W_O[head]`` (dz: (n, d_head)) has
-``linear = dz @ (centre(W_O[head]) * w) @ W_U^T``, a product of depth d_head instead of d_model once
-the (d_head, d_vocab) matrix is made. Only ``s`` needs the whole changed residual, which costs d_model
+``linear = dz @ normed(W_O[head]) @ W_U^T``, a product of depth d_head instead of d_model once
+the (d_head, d_vocab) matrix is made. ``W_U`` is the model's own (a float32 model's weight read in
+place, not copied), so the split holds only the heads' (d_head, d_vocab) readouts. Only ``s`` needs the whole changed residual, which costs d_model
 per row. A final soft cap (``output_logits_soft_cap``: Gemma 2's ``logits -> cap * tanh(logits /
 cap)``) is elementwise on the logits, so it is applied to them last, as ``model.unembed`` applies
 it. The result equals ``model.unembed(clean + change)`` up to float rounding (a different order of
@@ -36,7 +38,8 @@ class FinalReadout:
         self.centred = cfg.normalization_type == "LN"  # GPTModel's norms (interp.model.NORMS): "LN", "RMS", None
         self.rms = cfg.normalization_type == "RMS"
         self.eps = getattr(norm, "eps", 0.0)
-        self.readout = (W_U * weight).T.contiguous()  # (d_model, vocab): the norm's weight folded in
+        self.weight = weight  # (d_model,): the norm's weight, applied by ``normed``
+        self.readout = W_U.T  # (d_model, vocab): the unembedding as the model holds it (float32: no copy)
         offset = torch.zeros(W_U.shape[0], device=W_U.device)
         if self.centred and norm.bias is not None:
             offset = offset + W_U @ norm.bias.detach().float()
@@ -54,23 +57,26 @@ class FinalReadout:
 
     @staticmethod
     def held_mb(model) -> float:
-        """What the split holds while it works, in MB: the float32 readout (d_model, vocab) and the
-        (d_head, vocab) readouts of one layer's heads."""
+        """What the split holds while it works, in MB: the (d_head, vocab) float32 readouts of one
+        layer's heads (the unembedding it reads is the model's own)."""
         cfg = model.cfg
-        return (cfg.d_model + cfg.n_heads * cfg.d_head) * cfg.d_vocab * 4 / 2 ** 20
+        return cfg.n_heads * cfg.d_head * cfg.d_vocab * 4 / 2 ** 20
 
-    def centre(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., d) -> (..., d): minus the mean over the last axis for LayerNorm, else as it is."""
-        return x - x.mean(-1, keepdim=True) if self.centred else x
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., d_model) -> (..., d_model) float32: the norm without its scale, ``centre(x) * w``
+        (minus the mean over the last axis for LayerNorm only); ``normed(x) @ self.readout`` is
+        ``linear(x)``."""
+        x = x.float()
+        return (x - x.mean(-1, keepdim=True) if self.centred else x) * self.weight
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """Final residuals (..., d_model) -> their linear part (..., vocab), float32."""
-        return self.centre(x.float()) @ self.readout
+        return self.normed(x) @ self.readout
 
     def head_readout(self, W_O: torch.Tensor) -> torch.Tensor:
         """A head's output projection (d_head, d_model) -> (d_head, vocab): ``linear`` of its write
         ``dz @ W_O`` is ``dz @`` this."""
-        return self.centre(W_O.detach().float()) @ self.readout
+        return self.normed(W_O.detach()) @ self.readout
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         """Final residuals (..., d_model) -> the norm's scale (..., 1), float32."""
@@ -87,7 +93,7 @@ class FinalReadout:
         model caps its logits (``cap * tanh(logits / cap)``), written into ``out``
         where given: ``base`` (..., vocab) the clean residual's ``linear``, ``change`` (..., k) what a
         change feeds ``readout`` (k, vocab) (a head's z change and its ``head_readout``, or a residual
-        change centred and ``self.readout``), ``scale`` (..., 1) the changed residual's. One
+        change through ``normed`` and ``self.readout``), ``scale`` (..., 1) the changed residual's. One
         elementwise pass and one product (the scale multiplies ``change`` before it: equal up to float
         rounding)."""
         out = torch.addcmul(self.offset, base, scale, out=out)
