@@ -294,8 +294,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     exact = args.dtype == "float32" and args.precision == "float32"
-    print(f"{args.model}; {args.dtype} (interp's GPTModel: {args.precision}); torch threads {torch.get_num_threads()}; "
-          f"{load_note()}", flush=True)
+    mixed = ", interp's GPTModel in mixed precision" if args.precision == "mixed" else ""
+    print(f"{args.model}; every model in {args.dtype}{mixed}; torch threads {torch.get_num_threads()}; {load_note()}",
+          flush=True)
     scratch, bridge = load_pair(args.model, args.dtype, args.precision)
     models = {"GPTModel": scratch} | ({"the bridge": bridge} if args.bridge else {})
     cfg = scratch.cfg
