@@ -465,7 +465,7 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
 
     Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights) and
-    one head's (d_head, vocab) readout fits beside the chunks' quarter of ``memory_mb``, the logits come from
+    its readouts fit beside the chunks' quarter of ``memory_mb``, the logits come from
     ``readout_logits``: the clean residual's linear part made once per chunk of prompts (and kept
     for later components in what the readouts leave of the budget), a head's change through its own
     (d_head, vocab) readout, the norm's scale recomputed (``analyses.roles.readout``). Elsewhere each
@@ -474,11 +474,9 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     heads = {c[0] for c in components if not isinstance(c, MLP)}
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components)),
                                 *output_norm_reads(model, sorted(heads))])
-    room = 0.75 * memory_mb  # beside the chunks' quarter
-    kept = min(model.cfg.n_heads, int(room // FinalReadout.head_mb(model)))  # heads whose readouts are held at once
-    split = FinalReadout.exact_for(model) and kept >= 1
-    chunk_logits = (readout_logits(ablation, clean, components, kept, keep_mb=room - kept * FinalReadout.head_mb(model))
-                    if split
+    spare = 0.75 * memory_mb - FinalReadout.held_mb(model)  # what the readouts leave beside the chunks' quarter
+    split = FinalReadout.exact_for(model) and spare >= 0
+    chunk_logits = (readout_logits(ablation, clean, components, keep_mb=spare) if split
                     else unembedded_logits(ablation, clean, components))
     with torch.no_grad():
         return score_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
@@ -508,21 +506,20 @@ def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Comp
     return chunk_logits
 
 
-def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component], kept_heads: int,
-                   keep_mb: float = 0.0):
+def readout_logits(ablation: Ablation, clean: dict, components: Sequence[Component], keep_mb: float = 0.0):
     """``score_chunks``' ``chunk_logits`` for ``final_residual_effects`` through the split
     unembedding (``FinalReadout``): logits ``scale(final + change) * (linear(final) + linear(change))
     + offset`` at the read positions (at the metric part's ``entries`` alone where it has them), where
     a head's ``linear(change)`` is its z change (n, d_head)
-    times its (d_head, vocab) readout (the latest ``kept_heads`` kept: a layer's heads where they fit,
-    as the chunks come layer by layer; else each remade when its head comes again) and ``linear(final)`` is made once per chunk of prompts and kept for the
+    times its (d_head, vocab) readout (kept for the heads of one layer at a time, as the chunks come
+    layer by layer) and ``linear(final)`` is made once per chunk of prompts and kept for the
     components after (the latest chunks' within ``keep_mb``, at least the last one's); equal to
     ``unembedded_logits`` up to float rounding."""
     model = ablation.model
     readout = FinalReadout(model)
     clean_linear: dict[tuple, torch.Tensor] = {}  # a chunk's prompts -> linear(final_clean) there (rows, n or m, vocab)
 
-    @lru_cache(maxsize=kept_heads)
+    @lru_cache(maxsize=model.cfg.n_heads)
     def head_readout(layer: int, head: int) -> torch.Tensor:  # (d_head, vocab)
         return readout.head_readout(head_W_O(ablation, (layer, head)))
 

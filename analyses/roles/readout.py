@@ -56,10 +56,11 @@ class FinalReadout:
         return model.embed.weight.dtype in (torch.float32, torch.float64)
 
     @staticmethod
-    def head_mb(model) -> float:
-        """One head's (d_head, vocab) float32 readout, in MB: what the split holds for each head whose
-        readout it keeps (the unembedding it reads is the model's own)."""
-        return model.cfg.d_head * model.cfg.d_vocab * 4 / 2 ** 20
+    def held_mb(model) -> float:
+        """What the split holds while it works, in MB: the (d_head, vocab) float32 readouts of one
+        layer's heads (the unembedding it reads is the model's own)."""
+        cfg = model.cfg
+        return cfg.n_heads * cfg.d_head * cfg.d_vocab * 4 / 2 ** 20
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
         """(..., d_model) -> (..., d_model) float32: the norm without its scale, ``centre(x) * w``
