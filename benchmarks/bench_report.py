@@ -23,7 +23,7 @@ blocks are ours to count). Prints one table per model and writes nothing.
     python benchmarks/bench_report.py --shape gpt2-small --prompts 16 --vocab 50257
     python benchmarks/bench_report.py --shape llama-1b-width --prompts 8 --seq-len 64 --dtype bfloat16
     python benchmarks/bench_report.py --shape gemma3-270m --prompts 64   # Gemma 3 270M's shape, random init
-    python benchmarks/bench_report.py --shape qwen2-0.5b --prompts 64 --precision mixed --threads 2   # issue 45.4
+    python benchmarks/bench_report.py --shape qwen2-0.5b --prompts 64 --precision mixed --threads 2 --memory-mb 3072
 """
 
 from __future__ import annotations
@@ -234,6 +234,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model spec load_model takes (a Hugging Face directory, "
                         "'smollm2'): counted instead of --shape (it must load as a GPTModel)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the tables so far)")
+    parser.add_argument("--memory-mb", type=float, default=None,
+                        help="the report's memory_mb (default the report's own, 1,024)")
     parser.add_argument("--intervention-prompts", type=int, default=None,
                         help="the report's intervention_prompts (default the report's own)")
     args = parser.parse_args()
@@ -247,7 +249,8 @@ def main() -> None:
     with ForwardCounter(model, probes.tokens) as counter:
         build_report(model, model_name=args.model or args.shape, n_prompts=args.prompts, seq_len=args.seq_len, seed=0,
                      progress=False, **({} if args.intervention_prompts is None else
-                                        {"intervention_prompts": args.intervention_prompts}))
+                                        {"intervention_prompts": args.intervention_prompts}),
+                     **({} if args.memory_mb is None else {"memory_mb": args.memory_mb}))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"{args.model or args.shape}: {args.prompts} prompts x {probes.seq_len} tokens, {model.cfg.n_layers} layers, "
           f"vocabulary {model.cfg.d_vocab}, {next(model.parameters()).dtype} ({model.cfg.precision}); report {seconds:.1f} s wall, "
