@@ -40,7 +40,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="float32", choices=list(PRECISIONS),
                         help="float32 (default), or mixed: the from-scratch model's linear maps multiply in "
                              "bfloat16 (float32 accumulation), the residual, norms, attention scores, unembedding "
-                             "and every hook stay float32 (docs/guides/sizes.md, 'Mixed precision')")
+                             "and every hook stay float32; heads' findings hold, edge rankings (path patching) do not: "
+                             "rank edges in float32 (docs/guides/sizes.md, 'Mixed precision')")
     parser.add_argument("--memory-mb", type=number(above=0), default=DEFAULT_MEMORY_MB,
                         help=f"memory an analysis may add beyond the weights, in MB (default {DEFAULT_MEMORY_MB:g})")
     parser.add_argument("--prepend-bos", action=argparse.BooleanOptionalAction, default=None,
