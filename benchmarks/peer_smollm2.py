@@ -136,9 +136,9 @@ def forward(model, hf_model, tokens: torch.Tensor, repeats: int) -> Comparison:
     samples = interleaved({"forward of GPTModel": lambda: model(tokens).float(),
                            peer: lambda: hf_model(tokens).logits.float()}, repeats, mode=torch.inference_mode)
     ours, theirs = samples["forward of GPTModel"], samples[peer]
+    same = (ours.result.argmax(-1) == theirs.result.argmax(-1)).double().mean().item()
     found = {"max_abs_error": (ours.result - theirs.result).abs().max().item(), "spearman": float("nan"),
-             "argmax_agreement": (ours.result.argmax(-1) == theirs.result.argmax(-1)).double().mean().item(),
-             "same_order": 1.0}
+             "argmax_agreement": same, "same_order": float(same == 1.0)}  # "same": every position's top token
     return Comparison("forward", "forward of GPTModel", peer, ours, theirs, found, True)
 
 

@@ -13,8 +13,8 @@ only), is linear in ``x``, so
 position and shared by every change, and a head's change ``dz @ W_O[head]`` (dz: (n, d_head)) has
 ``linear = dz @ normed(W_O[head]) @ W_U^T``, a product of depth d_head instead of d_model once
 the (d_head, d_vocab) matrix is made. ``W_U`` is the model's own (a float32 model's weight read in
-place, not copied), so the split holds only the heads' (d_head, d_vocab) readouts. Only ``s`` needs the whole changed residual, which costs d_model
-per row. A final soft cap (``output_logits_soft_cap``: Gemma 2's ``logits -> cap * tanh(logits /
+place, not copied), so the split holds only the heads' (d_head, d_vocab) readouts. Only ``s`` needs
+the whole changed residual, which costs d_model per row. A final soft cap (``output_logits_soft_cap``: Gemma 2's ``logits -> cap * tanh(logits /
 cap)``) is elementwise on the logits, so it is applied to them last, as ``model.unembed`` applies
 it. The result equals ``model.unembed(clean + change)`` up to float rounding (a different order of
 the same sums); ``exact_for`` says where that holds to float32 precision.
