@@ -21,7 +21,7 @@ from analyses.interventions.attribution import (
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.interventions.engine import gradient_parts
 from interp import UserError, load_model
-from analyses.interventions.patching import patch_components, patch_heads
+from analyses.interventions.patching import patch_components, patch_effects, patch_heads
 from analyses.core.probes import corrupt_first_copy, probes_for, repeated_probes
 
 
@@ -165,6 +165,25 @@ def test_shortlist_confirms_top_k_exactly(scratch_gpt2, pair):
         assert row.attribution == pytest.approx(attributed[row.layer, row.head].item(), abs=1e-5)
     with pytest.raises(ValueError, match=r"k=9 out of range \[0, 8\]"):
         shortlist_patch_heads(scratch_gpt2, clean, corrupted, metric, k=9)
+
+
+def test_shortlist_exact_rows_carry_the_sweeps_intervals(scratch_gpt2, pair):
+    """Every exact row of the shortlist is an effect with its interval: the effect is the patched
+    metric minus the unpatched run's (by hand), and the interval and n_prompts are the full exact
+    sweep's (``patch_effects``) for that head, in either normalisation; estimates carry none."""
+    clean, corrupted, metric = pair
+    for normalize in (False, True):
+        frame = shortlist_patch_heads(scratch_gpt2, clean, corrupted, metric, k=3, normalize=normalize, progress=False)
+        sweep = patch_effects(scratch_gpt2, clean, corrupted, metric, normalize=normalize).set_index(["layer", "head"])
+        unpatched = 0.0 if normalize else metric(scratch_gpt2(corrupted)).item()
+        exact, estimated = frame[frame["exact"]], frame[~frame["exact"]]
+        assert len(exact) == 3 and estimated[["effect", "ci_low", "ci_high"]].isna().all().all()
+        assert estimated["n_prompts"].isna().all()
+        for row in exact.itertuples():
+            full = sweep.loc[(row.layer, row.head)]
+            assert row.effect == pytest.approx(row.value - unpatched, abs=1e-5)
+            assert (row.ci_low, row.ci_high) == pytest.approx((full.ci_low, full.ci_high), abs=1e-5)
+            assert row.ci_low < row.ci_high and row.n_prompts == full.n_prompts == 3
 
 
 def test_shortlist_in_chunks_of_prompts_is_the_batch_shortlist(scratch_gpt2, pair):

@@ -125,9 +125,14 @@ def test_patch_other_targets_on_text_match_the_api(tmp_path, gpt2_dir, model, wh
     torch.testing.assert_close(column(frame, "normalized"), expected.flatten(), atol=1e-5, rtol=0)
 
 
-def test_patch_shortlist_matches_the_api(tmp_path, gpt2_dir, model, probes):
+def test_patch_shortlist_matches_the_api(tmp_path, gpt2_dir, model, probes, capsys):
+    """The CSV is the API's shortlist, and the terminal prints each exact head's effect with its
+    interval (the CSV's ``effect, ci_low, ci_high``)."""
     assert main(["patch", *common(gpt2_dir, tmp_path), "--shortlist", "3"]) == 0
     frame = pd.read_csv(tmp_path / "patching.csv")
+    printed = capsys.readouterr().out
+    for row in frame[frame["exact"]].itertuples():
+        assert f"  {row.target}: {row.effect:+.3f} [{row.ci_low:+.3f}, {row.ci_high:+.3f}]" in printed
     corrupted = corrupt_first_copy(probes, seed=1)
     expected = shortlist_patch_heads(model, probes.tokens, corrupted, loss_metric(probes.tokens, probes.predictable),
                                      3, progress=False)

@@ -17,6 +17,7 @@ from analyses.report.intervention_figures import ablation_figure, bars, patching
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.cli.args import add_model_args, add_probe_args, check_head_count, load_cli_model, whole
 from analyses.report.meta import model_meta, write_meta
+from analyses.report.page import effect_text
 from analyses.interventions.patching import DIRECTIONS, patch_effects
 from analyses.core.probes import check_prompt_count, corrupt_first_copy, probes_for
 from analyses.core.tokens import as_tokens, single_token_id
@@ -145,9 +146,14 @@ def run_patch(args) -> int:
     value = "normalized" if args.normalize else "metric"
     if args.shortlist is not None:
         frame = shortlist_patch_heads(model, clean, corrupted, metric, args.shortlist, progress=args.progress,
-                                      memory_mb=args.memory_mb, **options)
+                                      memory_mb=args.memory_mb, seed=args.seed, **options)
         frame.insert(1, "target", "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str))
-        figure = bars(frame[frame["exact"]], "target", "value", f"exact patching of the top {args.shortlist} heads")
+        exact = frame[frame["exact"]]
+        figure = bars(exact, "target", "value", f"exact patching of the top {args.shortlist} heads")
+        print(f"exact {args.direction} patching of the top {len(exact)} heads by attribution: effect on the "
+              f"{'normalized ' if args.normalize else ''}metric [95% interval over {exact['n_prompts'].max()} prompts]")
+        for row in exact.itertuples():
+            print(f"  {row.target}: {effect_text(row.effect, row.ci_low, row.ci_high)}")
     else:
         component, by_position = PATCH_TARGETS[args.what]
         frame = patch_effects(model, clean, corrupted, metric, component, by_position=by_position, seed=args.seed,

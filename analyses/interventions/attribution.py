@@ -18,7 +18,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
-from analyses.core.metrics import Metric
+from analyses.core.metrics import Metric, PromptScores
 from analyses.interventions.engine import check_choice
 from analyses.interventions.patching import COMPONENTS, base_and_source, patch_components, prepare
 from analyses.interventions.run import Contrast, Options, Run
@@ -108,11 +108,14 @@ DEFAULT_SCREEN = Screen(top_k=20, share=0.02)
 @dataclass
 class Screened:
     """A screened sweep, each of the sweep's shape: ``values`` (the exact patched metric where
-    ``exact``, the estimate elsewhere), ``exact`` (bool) and ``estimate`` (every cell's)."""
+    ``exact``, the estimate elsewhere), ``exact`` (bool) and ``estimate`` (every cell's); and
+    ``scores``, the exact cells' per-prompt scores (``PromptScores``, in the flattened order of the
+    exact cells), from which their intervals are drawn (``Contrast.intervals``)."""
 
     values: torch.Tensor
     exact: torch.Tensor
     estimate: torch.Tensor
+    scores: PromptScores
 
 
 def screened_patches(model, clean_tokens, corrupted_tokens, metric: Metric, component: str = "heads", *,
@@ -139,11 +142,11 @@ def screened_patches(model, clean_tokens, corrupted_tokens, metric: Metric, comp
     exact = screen.chosen(estimate - contrast.baseline, contrast.clean_value - contrast.corrupted_value)
     chosen = exact.flatten().nonzero()[:, 0].tolist()
     values = estimate.detach().clone().float()
-    values.view(-1)[chosen] = contrast.evaluate([variants[i] for i in chosen], raw,
-                                                f"patch {component} (screened)").to(values.device)
+    scores = contrast.score([variants[i] for i in chosen], raw, f"patch {component} (screened)")
+    values.view(-1)[chosen] = scores.values.to(values.device)
     if options.normalize:
         values, estimate = contrast.normalize(values), contrast.normalize(estimate)
-    return Screened(values, exact, estimate)
+    return Screened(values, exact, estimate, scores)
 
 
 def shortlist_patch_heads(
@@ -157,12 +160,17 @@ def shortlist_patch_heads(
     normalize: bool = False,
     memory_mb: float = DEFAULT_MEMORY_MB,
     progress: bool | None = None,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Attribution ranks every head; exact patching confirms the ``k`` with the largest estimated
     effect (``screened_patches`` with ``Screen(k, math.inf)``).
 
     Returns one row per head, by rank: ``rank, layer, head, attribution`` (estimated patched
-    metric), ``value`` (exact where ``exact`` is True, else the attribution estimate), ``exact``.
+    metric), ``value`` (exact where ``exact`` is True, else the attribution estimate), ``exact``,
+    ``baseline`` (the unpatched run's metric, in ``value``'s units), and for the exact rows
+    ``effect`` (value - baseline) with its 95% bootstrap interval over prompts ``ci_low, ci_high``
+    (seeded by ``seed``, as ``patch_effects`` draws it) and ``n_prompts``; an estimate has no
+    interval (NaN), being a first-order estimate rather than a measurement.
     Costs about 5 forwards (the attribution's over chunks of prompts within ``memory_mb``) + the
     exact patches of k heads (suffix forwards on GPTModel).
     """
@@ -181,4 +189,14 @@ def shortlist_patch_heads(
     frame["attribution"] = screened.estimate.flatten()[order].cpu().numpy()
     frame["value"] = screened.values.flatten()[order].cpu().numpy()
     frame["exact"] = screened.exact.flatten()[order].cpu().numpy()
+    frame["baseline"] = float(baseline)
+    low, high, n_prompts = contrast.intervals(screened.scores, normalize=normalize, seed=seed)
+    exact_cells = screened.exact.flatten().nonzero()[:, 0].cpu()  # the order of ``screened.scores``
+    row_of = {int(cell): row for row, cell in enumerate(order.tolist())}
+    rows = [row_of[int(cell)] for cell in exact_cells]
+    for column, values in (("effect", screened.values.flatten()[exact_cells].cpu().double() - float(baseline)),
+                           ("ci_low", low), ("ci_high", high)):
+        frame[column] = float("nan")
+        frame.loc[rows, column] = values.numpy()
+    frame["n_prompts"] = pd.array([n_prompts if exact else pd.NA for exact in frame["exact"]], dtype="Int64")
     return frame
