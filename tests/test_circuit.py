@@ -14,7 +14,8 @@ from matplotlib.patches import FancyArrowPatch
 from analyses import cli
 from analyses.circuits.circuit import (VIA_COLOURS, circuit_edges, circuit_figure, circuit_section, edge_lines, induction_pair,
                               role_heads, with_roles)
-from analyses.roles.classify import assign_roles, classify_heads
+from analyses.roles.classify import DEFAULT_THRESHOLD, assign_roles, classify_heads
+from analyses.roles.nulls import calibrate_roles
 from analyses.circuits.path_patching import edge_attribution
 from analyses.interventions.attribution import Screen
 from analyses.report.build import chosen_edges, circuit_report_section, screen_meta, selection_probes
@@ -179,21 +180,30 @@ def _circuit(argv) -> int:
 
 
 def test_command_writes_edges_figure_and_meta(tmp_path, toy):
-    model, probes, table = toy
+    """The command chooses its heads on the selection rows of one draw and path-patches on the
+    other rows, as the report does: its edges are the circuit of the roles classified on rows
+    [8, 24) measured on rows [0, 8), and meta.json records the split."""
+    model, _, _ = toy
     out = tmp_path / "circuit"
-    assert _circuit(["--prompts", "16", "--senders", "previous_token", "--out", str(out), "--quiet"]) == 0
+    argv = ["--prompts", "16", "--intervention-prompts", "8", "--senders", "previous_token", "--quiet"]
+    assert _circuit([*argv, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["circuit.png", "edges.csv", "meta.json"]
     assert (out / "circuit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     written = pd.read_csv(out / "edges.csv", keep_default_na=False, na_values=[""])
-    expected = circuit_section(model, table, probes, sender_role="previous_token").edges
+    probes = probes_for(model, 24, seed=0)
+    table = assign_roles(classify_heads(model, probes=probes.after(8), seed=0), DEFAULT_THRESHOLD,
+                         calibration=calibrate_roles(model, probes.after(8), seed=0))
+    expected = circuit_section(model, table, probes.first(8), sender_role="previous_token").edges
     assert set(written["sender_role"]) == {"previous_token"}
     pd.testing.assert_frame_equal(written[KEYS], expected[KEYS].reset_index(drop=True), check_dtype=False)
     torch.testing.assert_close(torch.tensor(written["effect"].to_numpy()), torch.tensor(expected["effect"].to_numpy(),
                                dtype=torch.float64), rtol=0, atol=1e-6)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["command"] == "circuit" and meta["senders"] == [[0, 3]] and meta["impl"] == "scratch"
+    split = meta["probe_split"]
+    assert (split["probes_drawn"], split["measurement"], split["selection"]) == (24, [0, 8], [8, 24])
     again = tmp_path / "again"
-    assert _circuit(["--prompts", "16", "--senders", "previous_token", "--out", str(again), "--quiet"]) == 0
+    assert _circuit([*argv, "--out", str(again)]) == 0
     for name in ("edges.csv", "circuit.png"):  # same seed, same bytes
         assert (again / name).read_bytes() == (out / name).read_bytes()
 

@@ -10,6 +10,7 @@ import math
 from typing import Callable
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS
 from analyses.core.probes import MIN_SEQ_LEN
 from analyses.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV
 from interp import load_model
@@ -67,6 +68,15 @@ def add_probe_args(parser: argparse.ArgumentParser, prompts: int) -> None:
     parser.add_argument("--prompts", type=whole(1), default=prompts, help=f"number of probe prompts (default {prompts})")
     parser.add_argument("--seq-len", type=whole(MIN_SEQ_LEN), default=None, help="probe length (default min(n_ctx, 128))")
     parser.add_argument("--seed", type=SEED, default=0, help="seed of the probes (default 0)")
+
+
+def add_intervention_prompts_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--intervention-prompts``: ``what`` runs on this many more probes of the same draw as the
+    ``--prompts`` that choose the roles (the report's split, meta.json's ``probe_split``)."""
+    parser.add_argument("--intervention-prompts", type=whole(1), default=DEFAULT_INTERVENTION_PROMPTS,
+                        help=f"{what} run on this many more probes of the same draw (default "
+                             f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are chosen on the --prompts others, so every "
+                             "effect is measured on prompts that did not choose the heads")
 
 
 # Argparse types: a bad value is refused while the command line is parsed, before any model loads or

@@ -5,11 +5,13 @@
     circuit.png   the strongest edges as a layered graph
     meta.json     the model (spec, family, impl, weights hash), the arguments, the chosen heads
 
-Heads are classified on repeated-segment probes (``analyses.roles.classify``) and given roles as the
-report gives them (against their nulls, ``analyses.roles.nulls``, and the threshold); the senders and
-receivers are the heads with the roles asked for (every role head by default); path patching
-runs on the same probes against their first-copy-corrupted twins, with the loss on the
-predictable tokens as the metric. A model whose hooks or output projection cannot carry path
+The probes are split as the report splits them (one draw of ``--intervention-prompts + --prompts``
+repeated-segment probes, recorded as meta.json's ``probe_split``): heads are classified on the
+``--prompts`` selection rows (``analyses.roles.classify``) and given roles as the report gives them
+(against their nulls, ``analyses.roles.nulls``, and the threshold); the senders and receivers are
+the heads with the roles asked for (every role head by default); path patching runs on the
+``--intervention-prompts`` measurement rows, which chose nothing, against their first-copy-corrupted
+twins, with the loss on the predictable tokens as the metric. A model whose hooks or output projection cannot carry path
 patching (the hook self-test, ``interp check``) is refused in one line before any sweep.
 
 On a model whose true circuit is stored beside it (``interp tracr`` writes ``ground_truth/``),
@@ -30,7 +32,8 @@ from analyses.cli.tracr import write_discovery
 from analyses.roles.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, classify_heads
 from analyses.roles.nulls import calibrate_roles
 from analyses.report.intervention_figures import save_csv, save_figure
-from analyses.cli.args import add_model_args, add_probe_args, load_cli_model, whole
+from analyses.cli.args import add_intervention_prompts_arg, add_model_args, add_probe_args, load_cli_model, whole
+from analyses.report.build import probe_split
 from analyses.report.meta import model_meta, write_meta
 from analyses.circuits.edges import VIAS, check_vias
 from analyses.circuits.path_patching import path_needs
@@ -51,6 +54,7 @@ def register(subparsers) -> None:
     parser.add_argument("--direction", default="noise", choices=DIRECTIONS,
                         help="noise (default: the clean run with one edge corrupted) or denoise")
     add_probe_args(parser, prompts=16)
+    add_intervention_prompts_arg(parser, "path patching")
     parser.add_argument("--top", type=whole(1), default=12, help="edges drawn in circuit.png (default 12)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.set_defaults(func=run_circuit)
@@ -62,6 +66,8 @@ def run_circuit(args: argparse.Namespace) -> int:
     vias = check_vias(args.via.split(","))
     check_prompt_count(args.prompts, f"--prompts {args.prompts}",
                        "the role nulls' t-test that picks the circuit's heads has prompts - 1 degrees of freedom")
+    check_prompt_count(args.intervention_prompts, f"--intervention-prompts {args.intervention_prompts}",
+                       "each edge's interval bootstraps over the measurement prompts")
     model = load_cli_model(args)
     truth = read_truth(args.model)
     if truth is not None:  # a model whose circuit is known (``interp tracr``): score discovery against it
@@ -70,13 +76,15 @@ def run_circuit(args: argparse.Namespace) -> int:
         return 0
     for need in path_needs(vias):  # the hook self-test, before any sweep: without these no edge can be scored
         require(model, need, "interp circuit")
-    probes = probes_for(model, args.prompts, args.seq_len, seed=args.seed)
-    scores = classify_heads(model, probes=probes, seed=args.seed, memory_mb=args.memory_mb, progress=args.progress)
+    # one draw, split as the report splits it: the selection rows choose the heads, the others measure
+    probes = probes_for(model, args.intervention_prompts + args.prompts, args.seq_len, seed=args.seed)
+    chosen_on, measured_on = probes.after(args.intervention_prompts), probes.first(args.intervention_prompts)
+    scores = classify_heads(model, probes=chosen_on, seed=args.seed, memory_mb=args.memory_mb, progress=args.progress)
     # the report's rule: a score that beats its nulls at FDR 0.05 and reaches the threshold
     table = assign_roles(scores, DEFAULT_THRESHOLD,
-                         calibration=calibrate_roles(model, probes, seed=args.seed, memory_mb=args.memory_mb,
+                         calibration=calibrate_roles(model, chosen_on, seed=args.seed, memory_mb=args.memory_mb,
                                                      progress=args.progress))
-    section = circuit_section(model, table, probes, sender_role=args.senders, receiver_role=args.receivers,
+    section = circuit_section(model, table, measured_on, sender_role=args.senders, receiver_role=args.receivers,
                               via=vias, direction=args.direction, top=args.top, seed=args.seed,
                               memory_mb=args.memory_mb, progress=args.progress)
     if section.figure is None:
@@ -90,6 +98,7 @@ def run_circuit(args: argparse.Namespace) -> int:
                  for key, value in vars(args).items() if key not in ("func", "command")}
     write_meta(args.out, model_meta(model, args.model) | {
         "command": "circuit", "seed": args.seed, "arguments": arguments,
+        "probe_split": probe_split(args.prompts, args.intervention_prompts, args.seed),
         "senders": [list(h) for h in section.senders], "receivers": [list(h) for h in section.receivers]})
     print(f"{len(section.edges)} edges among {len(set(section.senders) | set(section.receivers))} role heads; "
           f"wrote {csv_path} and {png_path}")

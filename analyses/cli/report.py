@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from analyses.circuits.ground_truth import read_truth
-from analyses.cli.args import add_chat_arg, add_model_args, add_probe_args, load_cli_model, number, whole
+from analyses.cli.args import add_chat_arg, add_intervention_prompts_arg, add_model_args, add_probe_args, load_cli_model, number
 from analyses.core.probes import check_prompt_count
 from analyses.core.tokens import chat_texts, read_text_lines
-from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, PROMPTS_NEEDED_BY, build_report, write_report
+from analyses.report.build import PROMPTS_NEEDED_BY, build_report, write_report
 from analyses.interventions.attribution import DEFAULT_SCREEN
 from analyses.report.truth_page import write_truth_report
 from analyses.roles.classify import DEFAULT_FDR, DEFAULT_THRESHOLD
@@ -46,11 +46,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("report", help="classify every head and write the head-role report")
     add_model_args(parser)
     add_probe_args(parser, prompts=64)
-    parser.add_argument("--intervention-prompts", type=whole(1), default=DEFAULT_INTERVENTION_PROMPTS,
-                        help=f"the per-head interventions (total and direct effects, backup, path patching, the "
-                             f"components' patching) run on this many more probes of the same draw (default "
-                             f"{DEFAULT_INTERVENTION_PROMPTS}); the roles are chosen on the --prompts others, so every "
-                             "effect is measured on prompts that did not choose the heads")
+    add_intervention_prompts_arg(parser, "the per-head interventions (total and direct effects, backup, path "
+                                         "patching, the components' patching)")
     parser.add_argument("--exact-all", action="store_true",
                         help="path-patch every edge of the circuit exactly (default: edge attribution estimates "
                              f"every edge and {DEFAULT_SCREEN.describe('edges')} are path-patched exactly)")
