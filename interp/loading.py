@@ -78,6 +78,35 @@ def toy_checkpoint_dir() -> Path:
 
 # the embedded models: spec -> (package folder, the `interp train` arguments that make it)
 EMBEDDED = {"toy": ("toy_model", ""), "code": ("code_model", " --preset code")}
+# each embedded model's shipped training checkpoints: ``toy@200`` loads the toy model after 200 steps
+EMBEDDED_CHECKPOINTS = {"toy": "toy_checkpoints", "code": "code_model/checkpoints"}
+
+
+def embedded_checkpoints(name: str = "toy") -> dict[int, Path]:
+    """An embedded model's shipped training checkpoints: step -> checkpoint directory. The toy's are
+    made by ``interp train --out DIR --save-every 50`` (the default recipe, one thread), whose final
+    weights are byte for byte the shipped ``toy`` model's (step 200 is before the induction phase
+    change); the code model's by ``interp train --preset code --out interp/code_model --save-every 1000``."""
+    if name not in EMBEDDED_CHECKPOINTS:
+        raise UserError(f"{name!r} has no shipped checkpoints; allowed: {', '.join(EMBEDDED_CHECKPOINTS)}")
+    root = Path(str(resources.files("interp") / EMBEDDED_CHECKPOINTS[name]))
+    found = sorted(root.glob("step_*/model.safetensors")) if root.is_dir() else []
+    return {int(path.parent.name.removeprefix("step_")): path.parent for path in found}
+
+
+def embedded_path(spec: str) -> Path | None:
+    """The directory of an embedded model (``toy``, ``code``) or of one of its shipped checkpoints
+    (``toy@200``: after 200 training steps), wherever the package is installed; None for any other spec."""
+    name, at, step = spec.partition("@")
+    if name not in EMBEDDED:
+        return None
+    if not at:
+        return Path(str(resources.files("interp") / EMBEDDED[name][0]))
+    steps = embedded_checkpoints(name)
+    if not step.isdigit() or int(step) not in steps:
+        raise UserError(f"{spec!r}: {name} ships checkpoints at steps {', '.join(map(str, steps)) or 'none'} "
+                        f"(e.g. {name}@{next(iter(steps), 0)})")
+    return steps[int(step)]
 
 
 @dataclass(frozen=True)
@@ -172,7 +201,7 @@ def load_model(spec: str | os.PathLike = "toy", impl: str | None = None, device:
     if device_map is not None:
         check_device_map(spec, impl, device, device_map)
     place = resolve_device(device)
-    path = Path(str(resources.files("interp") / EMBEDDED[spec][0])) if spec in EMBEDDED else Path(spec).expanduser()
+    path = embedded_path(spec) or Path(spec).expanduser()
     if spec in SHIPPED:
         path = shipped_file(spec)
     if path.suffix in _PICKLE_SUFFIXES:

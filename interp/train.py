@@ -374,17 +374,6 @@ def step_dirname(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def toy_checkpoints(folder: str = "toy_checkpoints") -> dict[int, Path]:
-    """The embedded model's shipped training checkpoints: step -> checkpoint directory. Made by
-    ``interp train --out DIR --save-every 50`` (the default recipe, one thread), whose final weights
-    are byte for byte the shipped ``toy`` model's; step 200 is before the induction phase change.
-    ``folder="code_model/checkpoints"``: the embedded "code" model's, from ``interp train --preset
-    code --out interp/code_model --save-every 1000``."""
-    root = Path(str(resources.files("interp") / folder))
-    found = sorted(root.glob("step_*/model.safetensors")) if root.is_dir() else []
-    return {int(path.parent.name.removeprefix("step_")): path.parent for path in found}
-
-
 def learning_rate(recipe: Recipe, step: int) -> float:
     """Linear warm-up to ``lr`` over ``warmup_steps``, then constant: a decaying rate delayed the
     induction phase change past the end of short runs."""

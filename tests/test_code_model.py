@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from interp import UserError, load_model
-from interp.loading import EMBEDDED
-from interp.train import PRESETS, EvalSet, evaluate, load_corpus, pinned_files, toy_checkpoints, train
+from interp.loading import EMBEDDED, embedded_checkpoints
+from interp.train import PRESETS, EvalSet, evaluate, load_corpus, pinned_files, train
 
 CODE = PRESETS["code"]
 
@@ -41,7 +41,7 @@ def test_rerunning_the_recipe_reproduces_the_shipped_first_steps(training):
 
 
 def test_the_shipped_checkpoints_are_steps_of_the_recorded_run(training):
-    checkpoints = toy_checkpoints("code_model/checkpoints")
+    checkpoints = embedded_checkpoints("code")
     assert sorted(checkpoints) == list(range(1000, CODE.steps + 1, 1000))
     _, held_out, _ = load_corpus(CODE.corpus)
     data = EvalSet.build(CODE, held_out)

@@ -20,9 +20,9 @@ from analyses.report.compare import (checkpoint_step, compare_models, js_diverge
                               scores_over_training, training_figure)
 from interp import load_model, provenance
 from interp.random_models import make_random_gpt2
-from interp.train import toy_checkpoints
+from interp.loading import embedded_checkpoints
 
-EARLY = toy_checkpoints()[200]  # the shipped checkpoint of the embedded model's run, before its phase change
+EARLY = embedded_checkpoints()[200]  # the shipped checkpoint of the embedded model's run, before its phase change
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -237,3 +237,22 @@ def test_a_device_map_that_cannot_be_honoured_is_one_line(gpt2_dir, spec, option
     with pytest.raises(UserError, match=message) as error:
         load_model(gpt2_dir if spec == "gpt2_dir" else spec, **options)
     assert "\n" not in str(error.value)
+
+
+def test_shipped_checkpoints_load_by_name_from_any_directory(tmp_path, monkeypatch):
+    """``toy@200`` is the toy model's shipped step-200 checkpoint wherever the command runs (the
+    README's ``interp compare toy@200 toy`` worked only from the repository root as a path); a step
+    that was not shipped is refused in one line naming the ones that were."""
+    from interp.loading import embedded_checkpoints
+    from safetensors.torch import load_file
+
+    monkeypatch.chdir(tmp_path)
+    model = load_model("toy@200")
+    stored = load_file(str(embedded_checkpoints("toy")[200] / "model.safetensors"))
+    ours = model.state_dict()
+    assert stored and all(torch.equal(ours[name], tensor) for name, tensor in stored.items())
+    final = load_model("toy").state_dict()["blocks.1.attn.W_query.weight"]
+    assert not torch.equal(ours["blocks.1.attn.W_query.weight"], final)
+    with pytest.raises(UserError, match=r"^'toy@199': toy ships checkpoints at steps 200 \(e.g. toy@200\)$"):
+        load_model("toy@199")
+    assert load_model("code@1000").cfg.n_layers == 2

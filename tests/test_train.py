@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from interp import GPTModel, load_model
-from interp.loading import toy_checkpoint_dir
+from interp.loading import embedded_checkpoints, toy_checkpoint_dir
 from interp.errors import UserError
 from interp.train import (
     BOS,
@@ -30,7 +30,6 @@ from interp.train import (
     stdlib_files,
     text_batch,
     VARIANT_DEFAULTS,
-    toy_checkpoints,
     train,
 )
 
@@ -285,7 +284,7 @@ def test_save_every_writes_checkpoints_and_leaves_the_run_unchanged(tmp_path, ca
 def test_the_shipped_early_checkpoint_is_step_200_of_the_recorded_run():
     """Evaluated as the recipe evaluates, the shipped checkpoint gives the embedded model's
     recorded history row of step 200 (before the induction phase change)."""
-    early = toy_checkpoints()[200]
+    early = embedded_checkpoints()[200]
     recipe = PRESETS["full"]
     model = load_model(early)
     assert model.cfg == load_model("toy").cfg

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("compare", help="compare the heads of two models of the same shape "
                                                    "(two checkpoints, a model and its fine-tune)")
-    parser.add_argument("a", help="model A (the baseline): toy, a checkpoint of ours, a Hugging Face directory or id")
+    parser.add_argument("a", help="model A (the baseline): toy, a shipped checkpoint of it (toy@200), a checkpoint of ours, a Hugging Face directory or id")
     parser.add_argument("b", help="model B (compared with A): same kinds, same shape as A")
     add_impl_arg(parser)
     add_run_args(parser)
