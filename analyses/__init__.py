@@ -36,6 +36,7 @@ from analyses.report.compare import compare_models, scores_over_training, traini
 from analyses.components.decompose import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
                                  logit_lens_figure, mlp_ablation)
+from analyses.components.qk import QKAttribution, qk_attribution
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
 from analyses.circuits.ioi_classes import IOIClasses, classify_ioi, ioi_classes, ioi_classes_figure, ioi_positions
 from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
