@@ -24,6 +24,7 @@ from analyses.circuits.composition import composition_figure, composition_scores
 from analyses.circuits.path_patching import (eap_ig, edge_attribution, path_patch, screened_path_patch,
                                              shortlist_path_patch)
 from analyses.circuits.edge_attribution import edge_agreement
+from analyses.circuits.qk_check import QKCheck, qk_intervention_check, role_pairs
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores
 from analyses.circuits.full_graph import (circuit_faithfulness, completeness, faithfulness_curve, full_graph,

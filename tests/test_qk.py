@@ -208,3 +208,32 @@ def test_bad_pairs_and_options_are_refused_in_one_line(scratch_gpt2, change, sai
         qk_attribution(scratch_gpt2, torch.zeros(1, 4, dtype=torch.long), 1, options["head"], options["query"],
                        options["key"], baseline=options["baseline"])
     assert "\n" not in str(error.value) and said in str(error.value)
+
+
+# ---- confirmed by intervention -----------------------------------------------------------------------
+
+def test_the_planted_heads_removal_from_the_key_input_agrees_with_the_attribution():
+    from analyses.circuits.qk_check import qk_intervention_check
+
+    generator = torch.Generator().manual_seed(1)
+    segment = torch.stack([torch.randperm(V, generator=generator)[:5] for _ in range(6)])
+    tokens = torch.cat([segment, segment], dim=1)
+    query = torch.arange(6, 10).repeat(6, 1)
+    check = qk_intervention_check(planted(), tokens, 1, 0, query, query - 4, side="key", k=1, n_boot=200)
+    drops = check.frame.set_index("component")["drop"]
+    # removing L0H0 from the key input alone leaves the induction head no reason to prefer the target:
+    # its attention falls from ~1 to uniform over the keys it sees; removing anything else moves nothing
+    assert drops["L0H0"] > 0.5 and drops.drop("L0H0").abs().max() < 1e-6
+    assert check.overlap == 1.0 and check.overlap_ci == (1.0, 1.0)
+
+
+def test_role_pairs_are_the_roles_targets():
+    from analyses.circuits.qk_check import role_pairs
+    from analyses.core.probes import probes_for
+
+    probes = probes_for(planted(), 4, 16)
+    query, key = role_pairs(probes, "induction")
+    rows = torch.arange(4)[:, None]
+    assert (probes.tokens[rows, key - 1] == probes.tokens[rows, query]).all() and (key < query).all()
+    query, key = role_pairs(probes, "previous_token", max_pairs=3)
+    assert query.shape == (4, 3) and (key == query - 1).all()
