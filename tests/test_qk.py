@@ -237,3 +237,39 @@ def test_role_pairs_are_the_roles_targets():
     assert (probes.tokens[rows, key - 1] == probes.tokens[rows, query]).all() and (key < query).all()
     query, key = role_pairs(probes, "previous_token", max_pairs=3)
     assert query.shape == (4, 3) and (key == query - 1).all()
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+def test_the_qk_command_writes_its_tables_figure_and_check(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from analyses.cli import main
+
+    code = main(["qk", "--model", "toy", "--head", "1.5", "--prompts", "4", "--seq-len", "24", "--max-pairs", "3",
+                 "--check", "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    sides = pd.read_csv(tmp_path / "attribution.csv")
+    assert set(sides["side"]) == {"query", "key"} and (sides["ci_low"] <= sides["ci_high"]).all()
+    assert len(pd.read_csv(tmp_path / "top_pairs.csv")) == 10
+    assert (tmp_path / "qk.png").read_bytes()[:4] == b"\x89PNG"
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["head"] == [1, 5] and set(meta["check"]) == {"key", "query"}
+    assert "Spearman" in capsys.readouterr().out
+
+
+def test_the_qk_command_reads_pairs_from_a_file_and_refuses_unequal_ones(tmp_path, capsys):
+    from analyses.cli import main
+
+    good = tmp_path / "pairs.csv"
+    good.write_text("text,query_pos,key_pos\nabcabc,4,2\nabcabc,5,3\nxyzxyz,4,2\nxyzxyz,5,3\n")
+    assert main(["qk", "--model", "toy", "--head", "1.0", "--pairs", str(good), "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,query_pos,key_pos\nabcabc,4,2\nxyzxyz,4,2\nxyzxyz,5,3\n")
+    assert main(["qk", "--model", "toy", "--head", "1.0", "--pairs", str(bad), "--out", str(tmp_path / "p"),
+                 "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "as many pairs" in error and "\n" not in error and not (tmp_path / "p").exists()

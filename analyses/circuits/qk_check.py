@@ -84,7 +84,9 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
                           k: int = 3, n_boot: int = N_BOOT, seed: int = 0,
                           memory_mb: float = DEFAULT_MEMORY_MB) -> QKCheck:
     """Agreement of ``head``'s ``side`` attribution with removal of each component from that input
-    alone (module docstring). tokens (prompts, pos); query_pos, key_pos (prompts, pairs)."""
+    alone (module docstring). tokens (prompts, pos); query_pos, key_pos (prompts, pairs); ``k``: the
+    top-k of the overlap, at most the number of components (a layer-0 head reads two or three;
+    ``QKCheck.k`` says which k was used)."""
     check_choice("side", side, SIDES)
     attribution = qk_attribution(model, tokens, layer, head, query_pos, key_pos, "mean_other_keys", memory_mb=memory_mb)
     query_pos, key_pos = attribution.query_pos, attribution.key_pos
@@ -94,8 +96,9 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
                               key_pos[at:at + chunk], side) for at in range(0, len(tokens), chunk)])
     n_parts = drops.shape[1]  # the residual's parts; the extra terms (biases, ALiBi) cannot be removed from the input
     names, per_side = attribution.names[:n_parts], per_side[:, :n_parts].double()
-    if not 1 <= k <= n_parts:
-        raise UserError(f"k={k} must be in [1, {n_parts}] (the components of the head's input)")
+    if k < 1:
+        raise UserError(f"k={k} must be at least 1")
+    k = min(k, n_parts)
     weights = resample_weights(len(tokens), n_boot, seed)  # (n_boot, prompts)
     attr_means, drop_means = (weights @ values / len(tokens) for values in (per_side, drops))
     spearman = _spearman(attr_means, drop_means)

@@ -47,13 +47,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import pandas as pd
+import seaborn as sns
 import torch
 from einops import einsum, rearrange
+from matplotlib.figure import Figure
 
 from analyses.components.decompose import component_hooks, decompose_residual, frozen_affine_norm
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import FrozenNorm, frozen_norm
 from analyses.core.hook_names import qkv_name
+from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.interventions.engine import cache_run, check_choice
 from interp.attention import GroupedQueryAttention, apply_rotary
@@ -88,6 +91,14 @@ class QKAttribution:
     query_pos: torch.Tensor
     key_pos: torch.Tensor
     note: str
+
+    def pair_means(self) -> "QKAttribution":
+        """The same attribution with each prompt's pairs averaged: terms (prompts, 1, C, C), score
+        (prompts, 1), positions -1 (no single pair). Its ``key_side``, ``query_side`` and
+        ``top_pairs`` are this one's (every prompt has as many pairs), at 1/pairs of the memory."""
+        none = torch.full((len(self.terms), 1), -1, dtype=torch.long)
+        return QKAttribution(self.names, self.terms.mean(1, keepdim=True), self.score.mean(1, keepdim=True),
+                             self.baseline, self.layer, self.head, none, none, self.note)
 
     def key_side(self, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
         """Each component's key-side attribution (its terms summed over the query components): one
@@ -289,3 +300,28 @@ def _uncapped(attn: GroupedQueryAttention, scores: torch.Tensor, position_term: 
     position = 0.0 if position_term is None else position_term
     capped = (scores - position) / attn.soft_cap
     return attn.soft_cap * torch.atanh(capped.clamp(-1.0, 1.0)) + position
+
+
+def qk_figure(result: QKAttribution, top: int = 10) -> Figure:
+    """A heatmap of the mean terms over the ``top`` query-side and ``top`` key-side components (largest
+    |attribution|), and the two sides' bar charts with their 95% intervals."""
+    key_side, query_side = result.key_side().head(top), result.query_side().head(top)
+    rows = [result.names.index(name) for name in query_side["component"]]
+    columns = [result.names.index(name) for name in key_side["component"]]
+    grid = pd.DataFrame(result.terms.mean((0, 1))[rows][:, columns].numpy(), index=query_side["component"],
+                        columns=key_side["component"])
+    figure = new_figure(figsize=(15, 0.35 * top + 2.5))
+    heat, query_ax, key_ax = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    sns.heatmap(grid, ax=heat, center=0.0, cmap="RdBu_r", annot=top <= 10, fmt=".2f", annot_kws={"size": 6})
+    heat.set_xlabel("key component")
+    heat.set_ylabel("query component")
+    heat.set_title(f"L{result.layer}H{result.head}: mean terms")
+    for ax, frame, side in ((query_ax, query_side, "query"), (key_ax, key_side, "key")):
+        errors = [frame["attribution"] - frame["ci_low"], frame["ci_high"] - frame["attribution"]]
+        ax.barh(frame["component"], frame["attribution"], xerr=errors, color="tab:blue", ecolor="grey")
+        ax.invert_yaxis()
+        ax.axvline(0.0, color="grey", lw=0.5)
+        ax.set_title(f"{side} side")
+    figure.suptitle(result.note, fontsize=9)
+    figure.tight_layout()
+    return figure
