@@ -24,6 +24,7 @@ from analyses.circuits.composition import composition_figure, composition_scores
 from analyses.circuits.path_patching import (eap_ig, edge_attribution, path_patch, screened_path_patch,
                                              shortlist_path_patch)
 from analyses.circuits.edge_attribution import edge_agreement
+from analyses.circuits.qk_check import QKCheck, qk_intervention_check, role_pairs
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from analyses.circuits.circuit_eval import evaluate_discovery, graph_edge_scores
 from analyses.circuits.full_graph import (circuit_faithfulness, completeness, faithfulness_curve, full_graph,
@@ -36,6 +37,7 @@ from analyses.report.compare import compare_models, scores_over_training, traini
 from analyses.components.decompose import (accumulated_residual, attention_vs_mlp, attention_vs_mlp_figure, component_hooks,
                                  decompose_residual, direct_logit_attribution, dla_heatmap, logit_lens,
                                  logit_lens_figure, mlp_ablation)
+from analyses.components.qk import QKAttribution, qk_attribution
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
 from analyses.circuits.ioi_classes import IOIClasses, classify_ioi, ioi_classes, ioi_classes_figure, ioi_positions
 from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,

@@ -27,6 +27,7 @@ _COMMANDS = [
     "analyses.cli.compare",
     "analyses.cli.tasks",
     "analyses.cli.tracr",
+    "analyses.cli.qk",
 ]
 
 

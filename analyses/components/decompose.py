@@ -81,44 +81,59 @@ UNEMBED_BIAS = "unembed bias"
 COMPONENT_COLUMNS = ["component", "kind", "layer", "head"]
 
 
-def component_hooks(model, *, lens: bool = False) -> list[str]:
+def component_hooks(model, *, lens: bool = False, layer: int | None = None) -> list[str]:
     """The hooks the decomposition reads: the embeddings, every ``hook_z``, every ``hook_mlp_out`` the
     model has, the final residual, and where blocks norm their attention output what freezes that norm
     (``output_norm_reads``: ``attn.hook_out``, ``hook_attn_out``); with ``lens``, every block's
-    ``hook_resid_pre`` too."""
+    ``hook_resid_pre`` too. With ``layer``: those of the blocks before ``layer`` only, and that
+    block's ``hook_resid_pre`` (the residual they add up to) instead of the final residual."""
     hooks = getattr(model, "hook_dict", {})
+    blocks = range(model.cfg.n_layers if layer is None else layer)
     names = [EMBED, *([POS_EMBED] if POS_EMBED in hooks else [])]
-    for layer in range(model.cfg.n_layers):
-        names += [z_name(layer), *([mlp_out_name(layer)] if mlp_out_name(layer) in hooks else [])]
-    names += output_norm_reads(model)
+    for block in blocks:
+        names += [z_name(block), *([mlp_out_name(block)] if mlp_out_name(block) in hooks else [])]
+    names += output_norm_reads(model, blocks)
     if lens:
-        names += [resid_pre_name(layer) for layer in range(model.cfg.n_layers)]
-    return [*names, final_resid_name(model)]
+        names += [resid_pre_name(block) for block in range(model.cfg.n_layers)]
+    return [*names, _target_name(model, layer)]
 
 
-def components_cache(model, tokens: torch.Tensor, *, lens: bool = False) -> Mapping[str, torch.Tensor]:
-    """One forward of ``tokens`` (batch, pos) caching only ``component_hooks(model, lens=lens)``,
-    stopped once they are stored (no logits: at a 128k vocabulary those would be the largest tensor)."""
-    _, cache = cache_run(model, tokens, component_hooks(model, lens=lens), logits=False)
+def _target_name(model, layer: int | None) -> str:
+    """The residual the parts add up to: the final one (``layer`` None) or the one entering block ``layer``."""
+    if layer is None:
+        return final_resid_name(model)
+    if not 0 <= layer < model.cfg.n_layers:
+        raise UserError(f"layer={layer} must be in [0, {model.cfg.n_layers})")
+    return resid_pre_name(layer)
+
+
+def components_cache(model, tokens: torch.Tensor, *, lens: bool = False,
+                     layer: int | None = None) -> Mapping[str, torch.Tensor]:
+    """One forward of ``tokens`` (batch, pos) caching only ``component_hooks(model, lens=lens,
+    layer=layer)``, stopped once they are stored (no logits: at a 128k vocabulary those would be the
+    largest tensor)."""
+    _, cache = cache_run(model, tokens, component_hooks(model, lens=lens, layer=layer), logits=False)
     return cache
 
 
-def _cache(model, source, *, lens: bool = False) -> Mapping[str, torch.Tensor]:
+def _cache(model, source, *, lens: bool = False, layer: int | None = None) -> Mapping[str, torch.Tensor]:
     """``source`` as a cache: a cache is used as it is, token ids get one ``components_cache`` run."""
-    cache = components_cache(model, source, lens=lens) if isinstance(source, torch.Tensor) else source
+    cache = components_cache(model, source, lens=lens, layer=layer) if isinstance(source, torch.Tensor) else source
     names = set(cache.keys())
-    required = [EMBED, *map(z_name, range(model.cfg.n_layers)), final_resid_name(model), *output_norm_reads(model),
+    blocks = range(model.cfg.n_layers if layer is None else layer)
+    required = [EMBED, *map(z_name, blocks), _target_name(model, layer), *output_norm_reads(model, blocks),
                 *(map(resid_pre_name, range(model.cfg.n_layers)) if lens else ())]
     missing = [name for name in required if name not in names]
     if missing:
         raise UserError(f"the cache lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; cache "
-                        "analyses.component_hooks(model) (or pass the token ids)")
+                        f"analyses.component_hooks(model{'' if layer is None else f', layer={layer}'}) "
+                        "(or pass the token ids)")
     return cache
 
 
 def _positions(cache: Mapping[str, torch.Tensor], model, positions: Sequence[int] | None) -> torch.Tensor:
     """The absolute positions (n,) that ``positions`` names (negative ones count from the end; None: all)."""
-    n_pos = cache[final_resid_name(model)].shape[1]
+    n_pos = cache[EMBED].shape[1]
     if positions is None:
         return torch.arange(n_pos)
     index = torch.as_tensor(list(positions), dtype=torch.long)
@@ -132,13 +147,15 @@ def _label(component: str, kind: str, layer: int | None = None, head: int | None
 
 
 def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
-                 reader: torch.Tensor | None = None) -> Iterator[tuple[list[dict], torch.Tensor]]:
-    """The parts of the final residual at positions ``index``, a group at a time in residual order:
+                 reader: torch.Tensor | None = None, layer: int | None = None) -> Iterator[tuple[list[dict], torch.Tensor]]:
+    """The parts of the final residual (with ``layer``: of the residual entering block ``layer``, the
+    parts written by the blocks before it) at positions ``index``, a group at a time in residual order:
     (labels, parts (k, batch, n, d_model) float32), or with ``reader`` (batch, n, d_model) each part
     dotted with it, (k, batch, n): heads then go through ``W_O @ reader`` and never make their
     d_model-wide outputs (a layer's heads hold n_heads times its ``hook_z``). After the last group,
-    checks that the parts add up to the cached final residual."""
-    final = cache[final_resid_name(model)][:, index].float()
+    checks that the parts add up to the cached residual they decompose."""
+    target = _target_name(model, layer)
+    final = cache[target][:, index].float()
     total = torch.zeros_like(final)
 
     def read(name: str) -> torch.Tensor:
@@ -166,20 +183,20 @@ def _part_groups(model, cache: Mapping[str, torch.Tensor], index: torch.Tensor,
     yield [_label("embed", "embed")], parts(read(EMBED)[None])
     if POS_EMBED in cache.keys():
         yield [_label("pos_embed", "pos_embed")], parts(read(POS_EMBED)[None])
-    for layer in range(model.cfg.n_layers):
-        norm = frozen_output_norm(model, layer, cache, at=index)  # None: the block adds its attention output as it is
-        yield ([_label(f"L{layer}H{head}", "head", layer, head) for head in range(model.cfg.n_heads)],
-               layer_heads(layer, norm))
-        bias = model.blocks[layer].attn.b_O
+    for block in range(model.cfg.n_layers if layer is None else layer):
+        norm = frozen_output_norm(model, block, cache, at=index)  # None: the block adds its attention output as it is
+        yield ([_label(f"L{block}H{head}", "head", block, head) for head in range(model.cfg.n_heads)],
+               layer_heads(block, norm))
+        bias = model.blocks[block].attn.b_O
         bias = final.new_zeros(final.shape[-1]) if bias is None else bias.detach().float()
-        yield [_label(f"L{layer} attn bias", "attn_bias", layer)], parts(through(norm, bias.expand_as(final))[None])
-        if mlp_out_name(layer) in cache.keys():
-            yield [_label(f"L{layer} MLP", "mlp", layer)], parts(read(mlp_out_name(layer))[None])
+        yield [_label(f"L{block} attn bias", "attn_bias", block)], parts(through(norm, bias.expand_as(final))[None])
+        if mlp_out_name(block) in cache.keys():
+            yield [_label(f"L{block} MLP", "mlp", block)], parts(read(mlp_out_name(block))[None])
     gap = float((final - total).abs().max())
-    rounded = rounded_dtype(model, cache[final_resid_name(model)].dtype)  # mixed precision: bfloat16 products
+    rounded = rounded_dtype(model, cache[target].dtype)  # mixed precision: bfloat16 products
     tolerance = max(1e-4, 32 * torch.finfo(rounded).eps) * max(1.0, float(final.abs().max()))
     if gap > tolerance:
-        raise UserError(f"the embeddings, heads, attention biases and MLPs add up to {final_resid_name(model)} only "
+        raise UserError(f"the embeddings, heads, attention biases and MLPs add up to {target} only "
                         f"within {gap:.3g} (allowed {tolerance:.2g}): this model writes to its residual stream "
                         "elsewhere, or the cache lacks a part (see `interp check`)")
 
@@ -208,13 +225,16 @@ def _components_frame(labels: list[dict]) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def decompose_residual(model, source, *, positions: Sequence[int] | None = None) -> Decomposition:
+def decompose_residual(model, source, *, positions: Sequence[int] | None = None,
+                       layer: int | None = None) -> Decomposition:
     """The final residual stream as the sum of its parts (module docstring), at ``positions`` (None:
-    all). ``source``: a cache or token ids (batch, pos)."""
-    cache = _cache(model, source)
+    all); with ``layer``, the residual entering block ``layer`` (``blocks.{layer}.hook_resid_pre``), the
+    parts the blocks before it write. ``source``: a cache (``component_hooks(model, layer=layer)``) or
+    token ids (batch, pos)."""
+    cache = _cache(model, source, layer=layer)
     index = _positions(cache, model, positions)
     labels, stacks = [], []
-    for group_labels, parts in _part_groups(model, cache, index):
+    for group_labels, parts in _part_groups(model, cache, index, layer=layer):
         labels += group_labels
         stacks.append(parts)
     return Decomposition(torch.cat(stacks), _components_frame(labels), index)
@@ -222,19 +242,35 @@ def decompose_residual(model, source, *, positions: Sequence[int] | None = None)
 
 @dataclass
 class FinalNorm:
-    """The final norm at the clean run, as the affine map ``y = weight * centre(x) / scale + bias``:
-    weight, bias (d_model,), scale (batch, n, 1), ``centre`` whether it subtracts the mean."""
+    """A norm (the final one, or a block's on its input) at the clean run, as the affine map ``y =
+    weight * centre(x) / scale + bias``: weight, bias (d_model,), scale (batch, n, 1), ``centre``
+    whether it subtracts the mean."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     scale: torch.Tensor
     centre: bool
 
+    def linear(self, part: torch.Tensor) -> torch.Tensor:
+        """part (..., batch, n, d_model) -> its share of the normed output, ``weight * centre(part) /
+        scale`` float32 (the parts' shares plus ``bias`` give the norm's output)."""
+        part = part.float()
+        if self.centre:
+            part = part - part.mean(-1, keepdim=True)
+        return self.weight * part / self.scale
+
 
 def final_norm(model, final: torch.Tensor) -> FinalNorm:
     """The final norm's affine map at the residuals ``final`` (batch, n, d_model) it was applied to in
     the clean run (module docstring: the scale by least squares, checked against the norm's output)."""
-    norm = model.ln_final
+    return frozen_affine_norm(model, model.ln_final, final, "the final norm", "direct logit attribution")
+
+
+def frozen_affine_norm(model, norm, final: torch.Tensor, what: str, needed_by: str) -> FinalNorm:
+    """``norm``'s affine map (``FinalNorm``) at the residuals ``final`` (batch, n, d_model) it was
+    applied to in the clean run: the scale by least squares (module docstring), checked against the
+    norm's own output; refused in one line naming ``what`` and ``needed_by`` where it is no LayerNorm,
+    RMSNorm or identity."""
     d_model = final.shape[-1]
     normed = norm(final)
     output = normed.float()
@@ -254,8 +290,8 @@ def final_norm(model, final: torch.Tensor) -> FinalNorm:
     gap = float((written / scale - shifted).abs().max())
     # float32: 1e-4 of the output's scale; a narrower dtype: the output's own rounding (4 epsilons)
     if not gap <= max(1e-4, 4 * torch.finfo(normed.dtype).eps) * max(1.0, float(output.abs().max())):
-        raise UserError(f"the final norm is not weight * centre(x) / scale + bias within {gap:.3g}; direct logit "
-                        "attribution needs a LayerNorm, an RMSNorm or no final norm")
+        raise UserError(f"{what} is not weight * centre(x) / scale + bias within {gap:.3g}; {needed_by} "
+                        "needs a LayerNorm, an RMSNorm or no norm there")
     return FinalNorm(weight, bias, scale, centre)
 
 
