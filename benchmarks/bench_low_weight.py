@@ -9,7 +9,7 @@
 
 Run it at two commits to compare the bfloat16 weights' handling (held copy against a cast per call):
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_low_weight.py --rounds 7
+    OMP_NUM_THREADS=1 python benchmarks/bench_low_weight.py --rounds 9
 """
 
 from __future__ import annotations
