@@ -434,16 +434,14 @@ class GPTModel(HeadWeights, HookedModule):
 
     def set_precision(self, precision: str) -> None:
         """``"float32"`` (the default) or ``"mixed"``: the products of the query, key, value and output
-        projections and of the MLPs run in bfloat16 (float32 accumulation), on bfloat16 copies of
-        their weights held beside the float32 ones; the residual stream, norms, rotary, attention
+        projections and of the MLPs run in bfloat16 (float32 accumulation), on their float32
+        weights cast to bfloat16 at each product; the residual stream, norms, rotary, attention
         scores and pattern, the embeddings, the unembedding and every hook stay float32
         (``interp.precision``). ``cfg.precision`` says which."""
         self.cfg.precision = check_precision(precision)
         for module in self.modules():
             if isinstance(module, Linear):
                 module.mixed = precision == "mixed"
-                if not module.mixed:
-                    module.forget_low_weight()
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give every query head its own hooked copies of the residual for its query, key and

@@ -9,7 +9,7 @@ CPU: oneDNN's bf16 gemm, OpenBLAS's sbgemm into a float C, or ATen's own kernel 
 and only its result is rounded to bfloat16; ``tests/test_precision.py`` checks the accumulation.
 
 What stays float32 (measured on SmolLM2, ``benchmarks/bench_precision.py``): the weights themselves
-(a bfloat16 copy of each linear map's weight is held beside them for the products), the residual
+(each linear map's weight is cast to bfloat16 for each product, no copy held), the residual
 stream, every norm, the rotary angles, the attention scores, softmax and pattern, the attention's
 mix of values, the unembedding (tied or not), the embeddings, and every hook: each product's input
 is cast to bfloat16 just before it and its output back to float32 (the bias added in float32) just
@@ -41,9 +41,12 @@ class Linear(nn.Linear):
     ``x`` and the weight rounded to bfloat16, accumulated in float32, the result rounded to
     bfloat16, cast back and the bias added in x's dtype.
 
-    The bfloat16 weight is made once and held until the weight changes (another tensor, another
-    place, or an in-place edit, which bumps its version counter); where autograd records the
-    weight (training) it is cast on every call instead, so gradients reach the float32 weight."""
+    The weight is cast to bfloat16 at every product, never held: a held copy goes stale when the
+    float32 weight is edited through ``.data`` (as ablation scripts do), an edit that leaves no
+    trace on the parameter (its version counter, its storage, its identity) to check against. The
+    cast reads the weight once per product, a small part of the product's own cost from tens of
+    token rows up (``benchmarks/README.md``, "Mixed precision's bfloat16 weights"); gradients reach
+    the float32 weight through it."""
 
     mixed: bool = False
 
@@ -53,21 +56,8 @@ class Linear(nn.Linear):
         return restore(F.linear(x.to(LOW), self.low_weight()), x.dtype, self.bias)
 
     def low_weight(self) -> torch.Tensor:
-        """The weight (out, in) in bfloat16: the held copy, remade when the weight changed."""
-        weight = self.weight
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return weight.to(LOW)
-        state = (weight._version, weight.data_ptr(), weight.device)
-        held = self.__dict__.get("_low")  # (the weight it was made from, its state then, the copy)
-        if held is None or held[0] is not weight or held[1] != state:
-            with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable outside inference mode
-                held = (weight, state, weight.detach().to(LOW))
-            self.__dict__["_low"] = held
-        return held[2]
-
-    def forget_low_weight(self) -> None:
-        """Drop the held bfloat16 copy (the float32 run needs none)."""
-        self.__dict__.pop("_low", None)
+        """The weight (out, in) cast to bfloat16 now, from its float32 values as they are."""
+        return self.weight.to(LOW)
 
 
 def restore(product: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:

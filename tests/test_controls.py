@@ -4,6 +4,7 @@ hand-written hook_z hooks, the ratio's interval against a naive loop, and on the
 from __future__ import annotations
 
 from collections import Counter
+from itertools import combinations
 
 import pytest
 import torch
@@ -76,6 +77,37 @@ def test_a_multi_head_model_is_matched_by_layer():
     model = GPTModel(GPTConfig(d_vocab=300, n_ctx=16, d_model=32, n_heads=4, n_layers=2)).eval()
     sets = matched_random_sets(model, [(1, 0)], n_draws=3)
     assert sorted(map(tuple, sets)) == [((1, 1),), ((1, 2),), ((1, 3),)]
+
+
+def test_excluded_heads_are_never_drawn(gqa):
+    """``exclude`` bars heads from the pool (pool sizes by hand; groups of 4 query heads):
+    layer 0, tested (0, 1) and (0, 5), excluded (0, 0), (0, 1), (0, 2), (0, 4): group 0 keeps (0, 3)
+    alone, group 1 keeps (0, 6) and (0, 7), so 1 x 2 = 2 sets, 6 draws use each 3 times. Layer 1,
+    tested (1, 0) and (1, 1), excluded (1, 2) and (1, 3): group 0 has no head left, so the layer is
+    matched by layer alone from (1, 4) ... (1, 7): C(4, 2) = 6 sets, 12 draws use each twice. Layer 2,
+    every other head excluded: refused. Without ``exclude`` the excluded heads are drawn."""
+    tested, exclude = [(0, 1), (0, 5)], [(0, 0), (0, 1), (0, 2), (0, 4)]
+    sets = matched_random_sets(gqa, tested, n_draws=6, exclude=exclude)
+    assert Counter(map(tuple, sets)) == {((0, 3), (0, 6)): 3, ((0, 3), (0, 7)): 3}
+    assert {(0, 0), (0, 2), (0, 4)} <= {head for drawn in matched_random_sets(gqa, tested, n_draws=50)
+                                        for head in drawn}
+
+    sets = matched_random_sets(gqa, [(1, 0), (1, 1)], n_draws=12, exclude=[(1, 2), (1, 3)])
+    assert Counter(map(tuple, sets)) == {pair: 2 for pair in combinations([(1, h) for h in range(4, 8)], 2)}
+
+    with pytest.raises(UserError, match=r"layer 2 has 1 tested heads and only 0 others \(7 more excluded\)"):
+        matched_random_sets(gqa, [(2, 0)], exclude=[(2, h) for h in range(1, 8)])
+    with pytest.raises(UserError, match="out of range"):
+        matched_random_sets(gqa, [(2, 0)], exclude=[(5, 0)])
+
+
+def test_control_effects_draws_no_excluded_head(gqa):
+    """``control_effects`` passes ``exclude`` to its draws: tested (1, 2), excluded (1, 0), (1, 1),
+    (1, 3): the tested head's group has no other head left, so every set is one of (1, 4) ... (1, 7)."""
+    tokens = torch.randint(300, (4, 16), generator=torch.Generator().manual_seed(0))
+    control = control_effects(gqa, tokens, [(1, 2)], "zero", n_draws=8, n_boot=10, exclude=[(1, 0), (1, 1), (1, 3)])
+    assert {tuple(s) for s in control.sets} == {((1, h),) for h in range(4, 8)}
+    assert control.n_distinct == 4 and control.matching == "layer-matched"
 
 
 def _zeroed(model, tokens, heads, per_token: bool = False) -> torch.Tensor:

@@ -113,12 +113,12 @@ def test_per_head_inputs_run_in_the_same_precision_as_the_shared_forward():
     assert (split - shared).abs().max() < (shared - exact).abs().max() / 10
 
 
-def test_the_held_bfloat16_weights_follow_an_edit_and_gradients_reach_the_float32_weights():
+def test_mixed_follows_an_in_place_edit_and_gradients_reach_the_float32_weights():
     model, tokens = tiny("llama")
     model.set_precision("mixed")
     with torch.no_grad():
         before = model(tokens)
-        model.blocks[1].mlp.proj.weight.mul_(0.5)  # in place: the held copy must be remade
+        model.blocks[1].mlp.proj.weight.mul_(0.5)  # in place: the next products must see it
         after = model(tokens)
         model.set_precision("float32")
         exact = model(tokens)
@@ -127,6 +127,34 @@ def test_the_held_bfloat16_weights_follow_an_edit_and_gradients_reach_the_float3
     model(tokens, return_type="loss").backward()
     weight = model.blocks[0].attn.W_query.weight
     assert weight.grad is not None and weight.grad.dtype == torch.float32 and weight.grad.abs().sum() > 0
+
+
+def _zero_head_write(model, layer: int, head: int) -> None:
+    """Zero head ``head``'s columns of layer ``layer``'s W_O through ``.data``, as an ablation script
+    does (an edit that leaves the parameter's version counter as it was)."""
+    width = model.cfg.d_model // model.cfg.n_heads
+    model.blocks[layer].attn.out_proj.weight.data[:, head * width:(head + 1) * width] = 0.0
+
+
+@pytest.mark.parametrize("edit", [
+    lambda model: _zero_head_write(model, 1, 4),
+    lambda model: model.blocks[0].attn.W_value.weight.data.mul_(0.5),
+], ids=["W_O head zeroed", "W_V halved"])
+def test_mixed_follows_a_weight_edit_through_data(edit):
+    """The toy in mixed precision, run, edited through ``.data``, run again: the logits equal those of
+    a model loaded fresh in mixed precision with the same edit, never run before it (and differ from
+    the unedited logits)."""
+    used = load_model("toy", precision="mixed")
+    tokens = torch.randint(0, used.cfg.d_vocab, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = used(tokens)
+        edit(used)
+        after = used(tokens)
+        fresh = load_model("toy", precision="mixed")
+        edit(fresh)
+        want = fresh(tokens)
+    assert torch.equal(after, want)
+    assert (after - before).abs().max() > 0.01
 
 
 def test_the_precision_flag_reaches_the_model_and_mixed_is_float32_weights_only():

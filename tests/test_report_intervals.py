@@ -19,7 +19,9 @@ import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
 from analyses.core.probes import probes_for
 from analyses.core.metrics import loss_metric
+from analyses.components.decompose import component_hooks
 from analyses.report.build import build_report, write_report
+from analyses.report.calibration_figures import FirstProbes, probe_run
 from analyses.roles.backup import direct_and_total_effects
 from analyses.roles.causal_check import ablation_effects
 from analyses.roles.classify import classify_heads
@@ -67,17 +69,17 @@ def toy_report():
 
 
 def test_roles_are_chosen_on_probes_the_effects_are_not_measured_on(toy_report):
-    """Classification and the role nulls see the draw's last N_PROMPTS probes, every ablation (the
-    effects, the control) its first INTERVENTION_PROMPTS: no prompt in both (the old report chose on
-    every probe, these included), and meta.json says which rows are which."""
+    """Classification and the role nulls see the draw's last N_PROMPTS probes, every ablation its
+    first INTERVENTION_PROMPTS: no prompt in both (the old report chose on every probe, these
+    included), and meta.json says which rows are which. (The toy has no control to run:
+    ``test_the_control_draws_no_head_of_the_role`` measures one on these probes.)"""
     model, report, seen = toy_report
     drawn = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0).tokens.cpu()
     measured, chosen = drawn[:INTERVENTION_PROMPTS], drawn[INTERVENTION_PROMPTS:]
     assert not (measured[:, None] == chosen[None]).all(-1).any()  # no prompt of one set is in the other
     for step in ("classify_heads", "calibrate_roles"):
         assert [tokens.shape for tokens in seen.tokens[step]] == [chosen.shape] and torch.equal(seen.tokens[step][0], chosen)
-    for step in ("direct_and_total_effects", "control_effects"):
-        assert all(torch.equal(tokens, measured) for tokens in seen.tokens[step]), step
+    assert all(torch.equal(tokens, measured) for tokens in seen.tokens["direct_and_total_effects"])
     split = report.meta["probe_split"]
     assert split["measurement"] == [0, INTERVENTION_PROMPTS] and split["disjoint"] is True
     assert split["selection"] == [INTERVENTION_PROMPTS, INTERVENTION_PROMPTS + N_PROMPTS]
@@ -101,11 +103,49 @@ def test_the_role_scores_are_those_of_the_choosing_probes_alone(toy_report):
 def test_the_page_says_the_effects_were_measured_apart(toy_report):
     _, report, _ = toy_report
     roles = next(s for s in report.sections if s.title == "Roles").text
-    control = next(s for s in report.sections if s.title.endswith("vs layer-matched random heads")).text
-    for text in (roles, control):
-        assert "measured on prompts that did not choose the heads" in text
-        assert f"the {INTERVENTION_PROMPTS} intervention probes" in text and f"the other {N_PROMPTS} probes" in text
-    assert "these included" not in control
+    assert "measured on prompts that did not choose the heads" in roles
+    assert f"the {INTERVENTION_PROMPTS} intervention probes" in roles and f"the other {N_PROMPTS} probes" in roles
+    assert "these included" not in roles
+
+
+def test_the_toy_has_no_matched_control(toy_report):
+    """Every induction head of the toy is in layer 1, whose 8 heads all have the role: no head
+    without the role is left to draw from, so the page says no matched control is possible in layer
+    1 and prints no ratio (it used to test 4 of them against the other 4)."""
+    model, report, seen = toy_report
+    induction = report.table[report.table["role"].str.split(";").apply(lambda roles: "induction" in roles)]
+    assert list(zip(induction["layer"], induction["head"])) == [(1, head) for head in range(model.cfg.n_heads)]
+    control = next(s for s in report.sections if s.title == "Induction heads vs layer-matched random heads")
+    assert control.text == ("No matched control is possible in layer 1: every head there has the role induction, so "
+                            "no head without it is left to draw a layer-matched random set from.")
+    assert not control.figures and control.table is None and "control_effects" not in seen.returned
+
+
+def test_the_control_draws_no_head_of_the_role(toy_report):
+    """The report's control on a hand-made head table of the toy model: layer 0 has 6 induction heads
+    (scores 0.9 ... 0.4), layer 1 all 8. Layer 1 has no head without the role: no matched control
+    there, none of its heads tested. Layer 0 keeps 2 heads without the role, so its top 2 induction
+    heads are tested, the other 4 left out, and every random set is the only set left, (0, 6) and
+    (0, 7), never an induction head; the page says the pool excludes all 14 induction heads and that
+    layer 1 has no matched control. The ablations run on the intervention probes."""
+    model, report, _ = toy_report
+    table = report.table.copy()
+    layer0 = table["layer"] == 0
+    table.loc[layer0, "role"] = ["induction" if head < 6 else "" for head in table.loc[layer0, "head"]]
+    table.loc[layer0, "induction"] = [0.9 - 0.1 * head for head in table.loc[layer0, "head"]]
+    assert table.loc[table["layer"] == 1, "role"].str.contains("induction").all()
+    probes = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0)
+    run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=INTERVENTION_PROMPTS,
+                    progress=False)
+    first = FirstProbes.of(probes, run, run.metric, INTERVENTION_PROMPTS)
+    control = build.role_control(model, table, first, n_draws=3, progress=False)
+    assert control.heads == [(0, 0), (0, 1)] and control.left == [(0, h) for h in range(2, 6)]
+    assert control.unmatched == [1] and len(control.excluded) == 14
+    assert control.found.sets == [[(0, 6), (0, 7)]] * 3
+    assert torch.equal(first.probes.tokens, measured_probes(model).tokens)
+    text = build.control_report_section(control, "").text
+    assert "excludes all 14 induction heads" in text
+    assert "No matched control is possible in layer 1: every head there has the role induction" in text
 
 
 def measured_probes(model):

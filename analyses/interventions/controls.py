@@ -3,7 +3,9 @@ the ratio's interval.
 
 ``matched_random_sets`` draws head sets matched to a tested set: in each layer as many heads as
 the tested set has there and, on a grouped-query model, as many in each key/value group of that
-layer, never a tested head (see ``matched_strata`` for the rule and its fallback).
+layer, never a tested head nor one of the ``exclude`` heads (see ``matched_strata`` for the rule and
+its fallback). A caller testing the heads of a role or class passes every head of it as ``exclude``
+(those it tests and those it leaves out), so the random sets hold none of them.
 ``control_effects`` ablates the tested set and every drawn set as the variants of ONE batched sweep
 (``Ablation.scores``: one call of the engine, each prompt's numerator kept) and returns a
 ``ControlEffects``: the tested effect and the random sets' mean effect, each with its 95% interval,
@@ -14,7 +16,8 @@ the random sets' effects.
 A control drawn from any layer compares a set of late heads with random heads that are mostly
 elsewhere, and may draw the very heads that matter; matching by layer (and key/value group, whose
 heads share their keys and values) and excluding the tested heads makes the random sets what the
-tested set would be had its heads been chosen at random where they sit.
+tested set would be had its heads been chosen at random where they sit; excluding the rest of the
+role makes them heads outside the role, not the role's other heads.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ Head = tuple[int, int]
 @dataclass(frozen=True)
 class Stratum:
     """One part of every random set: ``count`` heads drawn without replacement from ``pool`` (the
-    untested heads of one ``layer``, or of one key/value ``group`` of it; None: the whole layer)."""
+    eligible heads, neither tested nor excluded, of one ``layer``, or of one key/value ``group`` of
+    it; None: the whole layer)."""
 
     layer: int
     group: int | None
@@ -59,30 +63,34 @@ def kv_group_size(model) -> int:
     return model.cfg.n_heads // n_kv
 
 
-def matched_strata(model, heads: Sequence[Head]) -> list[Stratum]:
-    """Where the random sets matched to ``heads`` [(layer, head), ...] are drawn, layer by layer.
+def matched_strata(model, heads: Sequence[Head], exclude: Sequence[Head] = ()) -> list[Stratum]:
+    """Where the random sets matched to ``heads`` [(layer, head), ...] are drawn, layer by layer,
+    from the eligible heads: those neither in ``heads`` nor in ``exclude`` [(layer, head), ...]
+    (heads that may never be drawn, e.g. every head of the role under test; it may name tested heads).
 
     On a grouped-query model a layer is matched by key/value group: as many heads from each group's
-    untested heads as the tested set has in that group, where every group holding tested heads has
-    at least as many untested ones. Elsewhere (a group with too few others, or a model whose every
-    query head has its own keys and values) the layer is matched by layer alone: as many heads from
-    all its untested heads. A layer with fewer untested heads than tested ones is refused in one line."""
+    eligible heads as the tested set has in that group, where every group holding tested heads has
+    at least as many eligible ones. Elsewhere (a group with too few, or a model whose every query
+    head has its own keys and values) the layer is matched by layer alone: as many heads from all
+    its eligible heads. A layer with fewer eligible heads than tested ones is refused in one line."""
     heads = check_heads(model, heads)
     if not heads:
         raise UserError("no heads to test: a control needs at least one (layer, head)")
     if len(set(heads)) < len(heads):
         repeated = next(head for head in heads if heads.count(head) > 1)
         raise UserError(f"head {repeated} is listed twice; a tested set names each head once")
-    tested, size, n_heads = set(heads), kv_group_size(model), model.cfg.n_heads
+    barred, size, n_heads = set(heads) | set(check_heads(model, exclude)), kv_group_size(model), model.cfg.n_heads
     strata = []
     for layer in sorted({layer for layer, _ in heads}):
         count = sum(1 for l, _ in heads if l == layer)
-        others = tuple((layer, h) for h in range(n_heads) if (layer, h) not in tested)
+        others = tuple((layer, h) for h in range(n_heads) if (layer, h) not in barred)
         if len(others) < count:
-            raise UserError(f"layer {layer} has {count} tested heads and only {len(others)} others, too few to "
-                            "draw a layer-matched random set; test fewer of that layer's heads")
+            excluded = sum(1 for l, _ in barred if l == layer) - count
+            raise UserError(f"layer {layer} has {count} tested heads and only {len(others)} others"
+                            + (f" ({excluded} more excluded)" if excluded else "") + ", too few to draw a "
+                            "layer-matched random set; test fewer of that layer's heads")
         groups = [[(layer, h) for h in range(g * size, (g + 1) * size)] for g in range(n_heads // size)]
-        wanted = [(g, [h for h in group if h not in tested], sum(h in tested for h in group))
+        wanted = [(g, [h for h in group if h not in barred], sum(h in heads for h in group))
                   for g, group in enumerate(groups)]
         wanted = [(g, pool, n) for g, pool, n in wanted if n]
         if size > 1 and all(len(pool) >= n for _, pool, n in wanted):
@@ -97,9 +105,11 @@ def distinct_sets(strata: Sequence[Stratum]) -> int:
     return prod(comb(len(stratum.pool), stratum.count) for stratum in strata)
 
 
-def matched_random_sets(model, heads: Sequence[Head], n_draws: int = DEFAULT_DRAWS, seed: int = 0) -> list[list[Head]]:
+def matched_random_sets(model, heads: Sequence[Head], n_draws: int = DEFAULT_DRAWS, seed: int = 0,
+                        exclude: Sequence[Head] = ()) -> list[list[Head]]:
     """``n_draws`` random head sets matched to ``heads`` (``matched_strata``: by layer and, on a
-    grouped-query model, by key/value group; no tested head), each sorted (layer, head), seeded.
+    grouped-query model, by key/value group; no tested head and none of ``exclude``), each sorted
+    (layer, head), seeded.
 
     The sets are all different where the strata allow at least ``n_draws`` different sets (drawn
     uniformly, a repeat drawn again); where they allow fewer, every possible set is used, in a
@@ -107,7 +117,7 @@ def matched_random_sets(model, heads: Sequence[Head], n_draws: int = DEFAULT_DRA
     only then do sets repeat."""
     if isinstance(n_draws, bool) or not isinstance(n_draws, int) or n_draws < 1:
         raise UserError(f"n_draws={n_draws!r}: draw at least 1 random set (the default is {DEFAULT_DRAWS})")
-    strata = matched_strata(model, heads)
+    strata = matched_strata(model, heads, exclude)
     generator = torch.Generator().manual_seed(seed)
     n_distinct = distinct_sets(strata)
     if n_distinct < n_draws:
@@ -204,9 +214,10 @@ def describe_control(row) -> str:
 def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", metric: Metric | None = None, *,
                     n_draws: int = DEFAULT_DRAWS, seed: int = 0, reference=None, preserve_patterns: bool = False,
                     run: Run | None = None, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                    n_boot: int = N_BOOT) -> ControlEffects:
+                    n_boot: int = N_BOOT, exclude: Sequence[Head] = ()) -> ControlEffects:
     """Ablate ``heads`` [(layer, head), ...] and ``n_draws`` matched random sets
-    (``matched_random_sets``), all as the variants of one batched sweep, on ``tokens`` (ids, texts
+    (``matched_random_sets``; never a head of ``exclude``: pass every head of the role or class under
+    test, tested or not), all as the variants of one batched sweep, on ``tokens`` (ids, texts
     or ``RepeatedProbes``) -> ``ControlEffects``.
 
     ``method``, ``metric`` (default: the mean next-token loss), ``reference``, ``preserve_patterns``,
@@ -218,8 +229,8 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
     (weights w, seed ``seed``) and the draws (weights v, seed ``seed + 1``) at once, sum over prompts
     and draws of w * differences * v over (n_draws * sum of w * counts), and the ratio's from the same
     resamples (``analyses.core.stats.control_intervals``). Prompts that count nothing are left out."""
-    sets = matched_random_sets(model, heads, n_draws, seed)
-    strata = matched_strata(model, heads)
+    sets = matched_random_sets(model, heads, n_draws, seed, exclude)
+    strata = matched_strata(model, heads, exclude)
     heads = check_heads(model, heads)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
                                 seed=seed, run=run, memory_mb=memory_mb)

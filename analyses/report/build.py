@@ -11,8 +11,9 @@
 
 Beside the roles, the page has a calibration section (each score against its nulls, backup
 groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``),
-the role heads against layer-matched random heads (``role_control``: ``analyses.interventions.controls``)
-and a circuit section (the edges among the role heads: ``analyses.circuits.circuit``).
+the role heads against layer-matched random heads without the role (``role_control``:
+``analyses.interventions.controls``) and a circuit section (the edges among the role heads:
+``analyses.circuits.circuit``).
 
 The roles are chosen on the selection rows of the probe draw, every effect measured on the
 intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
@@ -26,6 +27,7 @@ Same model, prompts and seed -> the same bytes. Every file is written atomically
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -387,13 +389,18 @@ def role_rule(thresholds, fdr: float | None) -> str:
 
 @dataclass
 class RoleControl:
-    """The report's control: ``role``'s heads (``heads``, at most half of each layer's) ablated against
-    layer-matched random sets (``found``), or why there is none (``why``); ``left``: the role heads
-    left out so that every layer keeps as many others to draw from."""
+    """The report's control: ``role``'s heads (``heads``) ablated against layer-matched random sets
+    drawn from the heads without the role (``found``), or why there is none (``why``).
+    ``excluded``: every head with the role, tested or not, none of which a random set holds;
+    ``unmatched``: the layers whose every head has the role, where no matched control is possible
+    (none of their heads is tested); ``left``: the role heads of the other layers left untested, so
+    that each layer keeps as many heads without the role as it has tested heads."""
 
     role: str
     heads: list[tuple[int, int]]
     left: list[tuple[int, int]]
+    excluded: list[tuple[int, int]]
+    unmatched: list[int]
     found: ControlEffects | None = None
     why: str = ""
 
@@ -403,38 +410,59 @@ def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int
     """The heads of the role the page opens on (``start_measure``: induction, else previous-token)
     ablated as the head table's ablation effect is (position-aligned mean, the loss of the
     predictable tokens, on ``first``'s probes and run) against ``n_draws`` layer-matched random sets,
-    in one batched sweep of ``n_draws + 1`` variants (``control_effects``). A layer where more than
-    half the heads have the role keeps its highest-scoring half, so the random sets have heads to
-    come from (the others are listed in ``left``)."""
+    in one batched sweep of ``n_draws + 1`` variants (``control_effects``). The random sets never
+    hold a head with the role (every one is passed as ``exclude``), so a layer with k role heads of n
+    tests its highest-scoring min(k, n - k); a layer whose every head has the role is unmatched."""
     role = start_measure(table)
     ranked = table[table["role"].str.split(";").apply(lambda roles: role in roles)].sort_values(
         [role, "layer", "head"], ascending=[False, True, True])
-    heads, left, per_layer = [], [], {}
-    for layer, head in ranked[["layer", "head"]].itertuples(index=False):
-        kept = per_layer.get(int(layer), 0) < model.cfg.n_heads // 2
-        (heads if kept else left).append((int(layer), int(head)))
-        per_layer[int(layer)] = per_layer.get(int(layer), 0) + kept
-    if not heads:
-        why = (f"no head has the role {role}, so there is no set to test" if not left else
-               f"the {role} heads' layers have too few heads to draw a layer-matched random set from")
-        return RoleControl(role, [], left, why=why)
-    found = control_effects(model, first.probes, sorted(heads), "mean_aligned", first.metric, n_draws=n_draws,
-                            seed=seed, run=first.run, memory_mb=memory_mb, progress=progress)
-    return RoleControl(role, sorted(heads), sorted(left), found)
+    role_heads = [(int(layer), int(head)) for layer, head in ranked[["layer", "head"]].itertuples(index=False)]
+    per_layer = Counter(layer for layer, _ in role_heads)
+    unmatched = sorted(layer for layer, count in per_layer.items() if count == model.cfg.n_heads)
+    heads, left, taken = [], [], Counter()
+    for layer, head in role_heads:
+        if layer in unmatched:
+            continue
+        kept = taken[layer] < model.cfg.n_heads - per_layer[layer]
+        (heads if kept else left).append((layer, head))
+        taken[layer] += kept
+    control = RoleControl(role, sorted(heads), sorted(left), sorted(role_heads), unmatched)
+    if not role_heads:
+        control.why = f"no head has the role {role}, so there is no set to test"
+    elif not heads:
+        control.why = unmatched_text(control)
+    else:
+        control.found = control_effects(model, first.probes, control.heads, "mean_aligned", first.metric,
+                                        n_draws=n_draws, seed=seed, run=first.run, memory_mb=memory_mb,
+                                        progress=progress, exclude=control.excluded)
+    return control
+
+
+def unmatched_text(control: RoleControl) -> str:
+    """Where ``control`` has no matched control and why, in words."""
+    plural = "s" if len(control.unmatched) > 1 else ""
+    return (f"no matched control is possible in layer{plural} {', '.join(map(str, control.unmatched))}: every head "
+            f"there has the role {control.role}, so no head without it is left to draw a layer-matched random "
+            "set from")
 
 
 def control_report_section(control: RoleControl, chosen: str) -> Section:
-    """The role heads against layer-matched random heads: the effects, the ratio and its interval;
-    ``chosen``: where the heads were chosen (``chosen_apart``)."""
+    """The role heads against layer-matched random heads without the role: the effects, the ratio
+    and its interval, or why no matched control is possible; ``chosen``: where the heads were chosen
+    (``chosen_apart``)."""
     title = f"{control.role.replace('_', '-').capitalize()} heads vs layer-matched random heads"
     if control.found is None:
         return Section(title, control.why.capitalize() + ".")
     found = control.found
     left = (f" {len(control.left)} more {control.role} heads ({', '.join(f'L{l}H{h}' for l, h in control.left)}) "
-            "are left out so that each layer keeps at least as many other heads to draw from." if control.left else "")
+            "are left out so that each layer keeps at least as many heads without the role to draw from."
+            if control.left else "")
+    unmatched = f" {unmatched_text(control).capitalize()}." if control.unmatched else ""
     text = (f"The {control.role} heads ablated together (position-aligned mean, the rise in loss on the predictable "
             f"tokens of the first {found.n_prompts} probes) against {found.n_draws} random sets with as many heads "
-            "in each layer (and key/value group) and none of the tested heads, all in one batched sweep." + left
+            f"in each layer (and key/value group); the pool the sets are drawn from excludes all "
+            f"{len(control.excluded)} {control.role} heads, tested or left out, so every random head is one without "
+            "the role. All in one batched sweep." + left + unmatched
             + " Each interval is a 95% percentile bootstrap: the tested effect over prompts; the random mean and "
             "the ratio over prompts and draws together, the same resamples for both. p: (1 + the random sets whose "
             "|effect| is at least the tested one's) / (1 + the random sets), each different set once. " + chosen
