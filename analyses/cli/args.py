@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Callable
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
@@ -114,6 +115,27 @@ def number(above: float = -math.inf, below: float = math.inf, *, infinite: bool 
 
     parse.__name__ = allowed
     return parse
+
+
+# The options of a resumable command (``interp task --resume``) that say where it writes and how it
+# shows its progress, never what it computes: the only ones its fingerprint leaves out. Every other
+# option is fingerprinted, one added later too, since any may change a number: even --memory-mb and
+# --device do (the budget cuts the prompts into chunks whose sums round differently; another device
+# runs other kernels), so a run is resumed with the settings it began with.
+NOT_FINGERPRINTED = ("out", "resume", "progress")
+
+
+def arguments_record(args: argparse.Namespace, leave_out: tuple[str, ...] = ("resume", "progress")) -> dict:
+    """The command's parsed arguments as data, by their names in ``args`` (paths as strings), but
+    ``leave_out`` and argparse's ``func`` and ``command``: by default what ``meta.json`` records, not
+    ``--resume`` nor ``--progress``, which say how the run went, not what it is."""
+    return {key: str(value) if isinstance(value, Path) else value
+            for key, value in vars(args).items() if key not in ("func", "command", *leave_out)}
+
+
+def fingerprinted_arguments(args: argparse.Namespace) -> dict:
+    """Every argument a resumable run's results may depend on: all but ``NOT_FINGERPRINTED``."""
+    return arguments_record(args, NOT_FINGERPRINTED)
 
 
 def add_impl_arg(parser: argparse.ArgumentParser) -> None:
