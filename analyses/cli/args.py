@@ -70,6 +70,11 @@ def add_probe_args(parser: argparse.ArgumentParser, prompts: int) -> None:
     parser.add_argument("--seed", type=SEED, default=0, help="seed of the probes (default 0)")
 
 
+# A role's score threshold (``--threshold``): the attention roles' scores are attention masses in [0, 1]
+# (``analyses.roles.classify``), so a threshold outside [0, 1] names no role, or every head. 0 keeps
+# the threshold out of the decision (every score reaches it); 1 asks for a perfect score.
+THRESHOLD_HELP = "in [0, 1]: 0 lets every score through, 1 asks for a perfect one"
+
 # Argparse types: a bad value is refused while the command line is parsed, before any model loads or
 # any work starts, in one line naming the option, the value and what is allowed, e.g.
 # "argument --top: -1 is not a whole number >= 1".
@@ -93,12 +98,15 @@ def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
 SEED = whole(0, 2**32 - 1)  # what every generator (torch, numpy, random) takes
 
 
-def number(above: float = -math.inf, below: float = math.inf, *, infinite: bool = False,
+def number(above: float = -math.inf, below: float = math.inf, *, closed: bool = False, infinite: bool = False,
            none: bool = False) -> Callable[[str], float | None]:
-    """An argparse type: a number strictly between ``above`` and ``below`` (never nan, nor an
-    infinity unless ``infinite``: then also +inf); with ``none``, also the word 'none' -> None."""
-    bounds = [f"above {above:g}"] * math.isfinite(above) + [f"below {below:g}"] * math.isfinite(below)
-    allowed = (f"a number in ({above:g}, {below:g})" if len(bounds) == 2 else
+    """An argparse type: a number strictly between ``above`` and ``below`` (with ``closed``, the
+    bounds included; never nan, nor an infinity unless ``infinite``: then also +inf); with ``none``,
+    also the word 'none' -> None."""
+    low, high = ("at least", "at most") if closed else ("above", "below")
+    bounds = [f"{low} {above:g}"] * math.isfinite(above) + [f"{high} {below:g}"] * math.isfinite(below)
+    interval = f"[{above:g}, {below:g}]" if closed else f"({above:g}, {below:g})"
+    allowed = (f"a number in {interval}" if len(bounds) == 2 else
                " ".join(["a", "number" if infinite else "finite number", *bounds]))
     allowed += ", or inf" * infinite + ", or none" * none
 
@@ -109,7 +117,8 @@ def number(above: float = -math.inf, below: float = math.inf, *, infinite: bool 
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text} is not {allowed}") from None
-        if not (above < value < below and math.isfinite(value) or infinite and value == math.inf):
+        inside = above <= value <= below if closed else above < value < below
+        if not (inside and math.isfinite(value) or infinite and value == math.inf):
             raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
         return value
 
