@@ -56,10 +56,13 @@ REFUSED = [  # (command line, the option, the line's "VALUE is not ALLOWED")
     (["patch", "--shortlist", "0", *OUT], "--shortlist", "0 is not a whole number >= 1"),
     (["circuit", "--seed", "-2", *OUT], "--seed", "-2 is not a whole number in [0, 4294967295]"),
     (["circuit", "--top", "0", *OUT], "--top", "0 is not a whole number >= 1"),
-    (["compare", "toy", "toy", "--threshold", "nan"], "--threshold", "nan is not a finite number"),
+    (["compare", "toy", "toy", "--threshold", "nan"], "--threshold", "nan is not a number in [0, 1]"),
+    (["compare", "toy", "toy", "--threshold", "7"], "--threshold", "7 is not a number in [0, 1]"),
     (["report", "--fdr", "1.5"], "--fdr", "1.5 is not a number in (0, 1), or none"),
     (["report", "--fdr", "0"], "--fdr", "0 is not a number in (0, 1), or none"),
-    (["report", "--threshold", "nan"], "--threshold", "nan is not a finite number, or none"),
+    (["report", "--threshold", "nan"], "--threshold", "nan is not a number in [0, 1], or none"),
+    (["report", "--threshold", "7"], "--threshold", "7 is not a number in [0, 1], or none"),
+    (["report", "--threshold", "-0.5"], "--threshold", "-0.5 is not a number in [0, 1], or none"),
     (["report", "--prompts", "0"], "--prompts", "0 is not a whole number >= 1"),
     (["report", "--intervention-prompts", "0"], "--intervention-prompts", "0 is not a whole number >= 1"),
     (["attention-map", "--text", "a b", "--layer", "-1", *OUT], "--layer", "-1 is not a whole number >= 0"),
@@ -80,7 +83,8 @@ def test_a_bad_number_is_refused_by_the_parser(argv, option, problem, no_load, c
 
 
 @pytest.mark.parametrize("option, accepted, refused", [("--fdr", "none", "1"), ("--fdr", "0.999", "1"),
-                                                     ("--threshold", "none", "inf"), ("--threshold", "-0.5", "nan")])
+                                                     ("--threshold", "none", "inf"), ("--threshold", "0", "-0.01"),
+                                                     ("--threshold", "1", "1.01")])
 def test_the_bounds_are_where_they_say(option, accepted, refused):
     parser = analyses.cli.build_parser()
     value = parser.parse_args(["report", option, accepted]).__dict__[option[2:]]

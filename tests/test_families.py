@@ -34,6 +34,7 @@ from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 from analyses import classify_heads, detect_heads, loss_metric, patch_heads
 from analyses.cli import main
 from analyses.core.probes import corrupt_first_copy, probes_for
+from analyses.report.meta import run_setting
 from interp import load_model, provenance
 from interp.convert import scratch_families
 from interp.random_models import SPECIALS, _byte_alphabet, save_random_model
@@ -252,7 +253,7 @@ def test_study(family, family_dir, loaded, tmp_path):
     assert list(results["target"]) == ["L0", "L1"]
     finite(results, ["layer", "n_heads", "metric", "baseline", "effect"])
     assert results["effect"].abs().max() > 0
-    assert json.loads((out / "provenance.json").read_text()) == provenance(loaded(family))
+    assert json.loads((out / "provenance.json").read_text()) == provenance(loaded(family)) | run_setting(loaded(family))
     assert (out / "results.png").read_bytes().startswith(PNG)
 
 

@@ -1,5 +1,5 @@
 """Commands print their own lines only: Hugging Face's per-load progress bars and the libraries'
-warnings stay off the terminal (issue 23.4)."""
+warnings stay off the terminal, and so does any warning our own code would provoke."""
 
 from __future__ import annotations
 
@@ -29,3 +29,17 @@ def test_library_warnings_are_not_silenced_outside_commands():
     done = subprocess.run([sys.executable, "-c", "import warnings, analyses, interp; "
                            "warnings.warn('still here', UserWarning)"], capture_output=True, text=True, timeout=300)
     assert "still here" in done.stderr
+
+
+def test_patch_with_attribution_prints_only_its_own_lines(tmp_path):
+    """No torch warning (a tensor made over the read-only array a DataFrame column gives) and, with
+    --quiet, no progress of the attribution pass: stderr stays empty."""
+    out = tmp_path / "patch"
+    done = subprocess.run([sys.executable, "-m", "analyses", "patch", "--model", "toy", "--prompts", "4", "--seq-len",
+                           "16", "--attribution", "--quiet", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    agreement, wrote = done.stdout.splitlines()
+    assert agreement.startswith("attribution vs exact: pearson ")
+    assert wrote == f"wrote {out / 'patching.csv'} and {out / 'patching.png'}"

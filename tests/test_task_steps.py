@@ -131,12 +131,13 @@ def test_a_resumed_run_with_other_inputs_is_refused_naming_what_changed(gpt2_dir
     capsys.readouterr()
     args = task_args(gpt2_dir, out, "--resume")
     assert main([a if a != "2" else "1" for a in args]) == 2
-    assert "holds the steps of other inputs (options.top was 2, now 1" in capsys.readouterr().err
+    assert "holds the steps of other inputs (arguments.top was 2, now 1; options.top was 2, now 1" in capsys.readouterr().err
     assert main([a if a != "30" else "32" for a in args]) == 2
     error = capsys.readouterr().err
-    assert "n_prompts was 30, now 32" in error and error.count("\n") == 1  # the split names it first
+    assert "(arguments.n was 30, now 32; " in error and error.count("\n") == 1
     assert main(task_args("toy", out, "--resume")) == 2  # another model
-    assert "(model.family was 'gpt2', now 'interp-gpt'" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "; model.family was 'gpt2', now 'interp-gpt'; " in error and "model.weights_hash was" in error
     calls = Counter()
     with pytest.MonkeyPatch.context() as patched:
         counting(patched, calls)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Callable
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
@@ -79,6 +80,12 @@ def add_intervention_prompts_arg(parser: argparse.ArgumentParser, what: str) -> 
                              "effect is measured on prompts that did not choose the heads")
 
 
+# A role's score threshold (``--threshold``): the attention roles' scores are attention masses in [0, 1]
+# (``analyses.roles.classify``), so a threshold outside [0, 1] names no role, or every head. 0 keeps
+# the threshold out of the decision (every score reaches it); 1 asks for a perfect score.
+THRESHOLD_HELP = "in [0, 1]: 0 lets every score through, 1 asks for a perfect one"
+
+
 # Argparse types: a bad value is refused while the command line is parsed, before any model loads or
 # any work starts, in one line naming the option, the value and what is allowed, e.g.
 # "argument --top: -1 is not a whole number >= 1".
@@ -102,12 +109,15 @@ def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
 SEED = whole(0, 2**32 - 1)  # what every generator (torch, numpy, random) takes
 
 
-def number(above: float = -math.inf, below: float = math.inf, *, infinite: bool = False,
+def number(above: float = -math.inf, below: float = math.inf, *, closed: bool = False, infinite: bool = False,
            none: bool = False) -> Callable[[str], float | None]:
-    """An argparse type: a number strictly between ``above`` and ``below`` (never nan, nor an
-    infinity unless ``infinite``: then also +inf); with ``none``, also the word 'none' -> None."""
-    bounds = [f"above {above:g}"] * math.isfinite(above) + [f"below {below:g}"] * math.isfinite(below)
-    allowed = (f"a number in ({above:g}, {below:g})" if len(bounds) == 2 else
+    """An argparse type: a number strictly between ``above`` and ``below`` (with ``closed``, the
+    bounds included; never nan, nor an infinity unless ``infinite``: then also +inf); with ``none``,
+    also the word 'none' -> None."""
+    low, high = ("at least", "at most") if closed else ("above", "below")
+    bounds = [f"{low} {above:g}"] * math.isfinite(above) + [f"{high} {below:g}"] * math.isfinite(below)
+    interval = f"[{above:g}, {below:g}]" if closed else f"({above:g}, {below:g})"
+    allowed = (f"a number in {interval}" if len(bounds) == 2 else
                " ".join(["a", "number" if infinite else "finite number", *bounds]))
     allowed += ", or inf" * infinite + ", or none" * none
 
@@ -118,12 +128,34 @@ def number(above: float = -math.inf, below: float = math.inf, *, infinite: bool 
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text} is not {allowed}") from None
-        if not (above < value < below and math.isfinite(value) or infinite and value == math.inf):
+        inside = above <= value <= below if closed else above < value < below
+        if not (inside and math.isfinite(value) or infinite and value == math.inf):
             raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
         return value
 
     parse.__name__ = allowed
     return parse
+
+
+# The options of a resumable command (``interp task --resume``) that say where it writes and how it
+# shows its progress, never what it computes: the only ones its fingerprint leaves out. Every other
+# option is fingerprinted, one added later too, since any may change a number: even --memory-mb and
+# --device do (the budget cuts the prompts into chunks whose sums round differently; another device
+# runs other kernels), so a run is resumed with the settings it began with.
+NOT_FINGERPRINTED = ("out", "resume", "progress")
+
+
+def arguments_record(args: argparse.Namespace, leave_out: tuple[str, ...] = ("resume", "progress")) -> dict:
+    """The command's parsed arguments as data, by their names in ``args`` (paths as strings), but
+    ``leave_out`` and argparse's ``func`` and ``command``: by default what ``meta.json`` records, not
+    ``--resume`` nor ``--progress``, which say how the run went, not what it is."""
+    return {key: str(value) if isinstance(value, Path) else value
+            for key, value in vars(args).items() if key not in ("func", "command", *leave_out)}
+
+
+def fingerprinted_arguments(args: argparse.Namespace) -> dict:
+    """Every argument a resumable run's results may depend on: all but ``NOT_FINGERPRINTED``."""
+    return arguments_record(args, NOT_FINGERPRINTED)
 
 
 def add_impl_arg(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from analyses.roles.classify import DEFAULT_THRESHOLD
 from analyses.report.compare import PROMPTS_NEEDED_BY, compare_models, write_comparison
-from analyses.cli.args import add_impl_arg, add_probe_args, add_run_args, load_cli_model, number
+from analyses.cli.args import THRESHOLD_HELP, add_impl_arg, add_probe_args, add_run_args, load_cli_model, number
 from analyses.core.probes import check_prompt_count
 
 
@@ -28,6 +28,7 @@ def register(subparsers) -> None:
     add_impl_arg(parser)
     add_run_args(parser)
     add_probe_args(parser, prompts=64)
-    parser.add_argument("--threshold", type=number(), default=DEFAULT_THRESHOLD, help="role score threshold (default 0.4)")
+    parser.add_argument("--threshold", type=number(0, 1, closed=True), default=DEFAULT_THRESHOLD,
+                        help=f"a role's minimum score, {THRESHOLD_HELP} (default {DEFAULT_THRESHOLD:g})")
     parser.add_argument("--out", default="reports/compare", help="output directory (default reports/compare)")
     parser.set_defaults(func=run)

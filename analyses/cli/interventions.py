@@ -159,16 +159,15 @@ def run_patch(args) -> int:
         frame = patch_effects(model, clean, corrupted, metric, component, by_position=by_position, seed=args.seed,
                               progress=args.progress, memory_mb=args.memory_mb, **options)
         frame = frame.rename(columns={"metric": value})  # with effect, ci_low, ci_high, n_prompts
-        result = torch.from_numpy(frame[value].to_numpy())
         if args.attribution:
             if args.what not in ATTRIBUTION:
                 raise UserError(f"--attribution covers {', '.join(ATTRIBUTION)}, not --what {args.what}")
             attributed = ATTRIBUTION[args.what](model, clean, corrupted, metric, by_position=by_position,
-                                                memory_mb=args.memory_mb, **options)
+                                                memory_mb=args.memory_mb, progress=args.progress, **options)
             frame["attribution"] = attributed.flatten().cpu().numpy()
-            agreement = attribution_agreement(
-                attributed, result.reshape(attributed.shape).to(attributed.dtype), baseline=unpatched_value(model, clean, corrupted, metric, memory_mb=args.memory_mb,
-                                                             **options))
+            exact = torch.tensor(frame[value].to_numpy(), dtype=attributed.dtype).reshape(attributed.shape)  # a copy
+            baseline = unpatched_value(model, clean, corrupted, metric, memory_mb=args.memory_mb, **options)
+            agreement = attribution_agreement(attributed, exact, baseline=baseline)
             print("attribution vs exact: " + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
         figure = patching_figure(frame, value, f"{args.direction} patching of {args.what}")
     csv_path = save_csv(frame, args.out / "patching.csv")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from analyses.circuits.ground_truth import read_truth
-from analyses.cli.args import add_chat_arg, add_intervention_prompts_arg, add_model_args, add_probe_args, load_cli_model, number
+from analyses.cli.args import (THRESHOLD_HELP, add_chat_arg, add_intervention_prompts_arg, add_model_args, add_probe_args,
+                               load_cli_model, number)
 from analyses.core.probes import check_prompt_count
 from analyses.core.tokens import chat_texts, read_text_lines
 from analyses.report.build import PROMPTS_NEEDED_BY, build_report, write_report
@@ -53,8 +54,9 @@ def register(subparsers) -> None:
                              f"every edge and {DEFAULT_SCREEN.describe('edges')} are path-patched exactly)")
     parser.add_argument("--text-file", default=None, help="score the text-defined roles on these texts (one per line)")
     add_chat_arg(parser)
-    parser.add_argument("--threshold", type=number(none=True), default=DEFAULT_THRESHOLD,
-                        help="a role's minimum score (default 0.4); 'none': significance alone decides")
+    parser.add_argument("--threshold", type=number(0, 1, closed=True, none=True), default=DEFAULT_THRESHOLD,
+                        help=f"a role's minimum score, {THRESHOLD_HELP} (default {DEFAULT_THRESHOLD:g}); 'none': "
+                             "significance alone decides")
     parser.add_argument("--fdr", type=number(0, 1, none=True), default=DEFAULT_FDR,
                         help="false-discovery rate of roles against their nulls (default 0.05); "
                              "'none': the fixed rule (threshold and an interval above chance)")

@@ -33,7 +33,8 @@ from analyses.components.explanation import decisive_attention, explain, explana
 from analyses.core.metrics import evaluate_metric
 from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
-from analyses.cli.args import SEED, add_chat_arg, add_model_args, check_head_count, load_cli_model, number, whole
+from analyses.cli.args import (SEED, add_chat_arg, add_model_args, arguments_record, check_head_count,
+                               fingerprinted_arguments, load_cli_model, number, whole)
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, make_task, task_batch, task_metric, task_scores,
@@ -47,10 +48,9 @@ from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, fa
 
 
 def _arguments(args) -> dict:
-    """The command's arguments for meta.json (paths as strings; not ``--resume`` nor ``--progress``,
-    which say how the run went, not what it is: a resumed run writes the same files as one run through)."""
-    return {key: str(value) if isinstance(value, Path) else value
-            for key, value in vars(args).items() if key not in ("func", "command", "resume", "progress")}
+    """The command's arguments for meta.json (``arguments_record``: a resumed run writes the same
+    files as one run through)."""
+    return arguments_record(args)
 
 
 def register(subparsers) -> None:
@@ -192,7 +192,8 @@ def run_task(args) -> int:
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
         split = None if args.no_split else task_split(task, args.seed)
-        steps = Steps(args.out, task_inputs(task, meta, args.top, screen, split, args.ablation), resume=args.resume)
+        inputs = task_inputs(model, task, args.top, screen, split, args.ablation)
+        steps = Steps(args.out, inputs | {"arguments": fingerprinted_arguments(args)}, resume=args.resume)
         analysis = analyse_task(model, task, top=args.top, screen=screen, split=split or False,
                                 ablation=args.ablation, seed=args.seed, memory_mb=args.memory_mb,
                                 progress=args.progress, steps=steps)

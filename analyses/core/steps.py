@@ -3,14 +3,14 @@ them (``interp task --resume``), as a study keeps its rows (DESIGN 4.5, ``analys
 
 ``Steps(directory, inputs, resume)`` is the store: ``inputs`` is the run's fingerprint, a JSON
 record of everything its results depend on (the model's ``interp.provenance``, with its weights
-hash; the task's contents; the options), written to ``directory/steps.json`` when the run starts.
-``steps(name, compute)`` returns the step's value: read from ``directory/steps/<name>.json`` where
-that file holds the same fingerprint, else computed by ``compute()`` and written there at once
-(to a temporary name, then renamed: a file on disk is always a finished step). So a rerun with the
-same inputs computes only the steps that were not finished; a rerun with other inputs is refused
-in one line naming the first input that changed; a directory that already holds steps is refused
-without ``resume``, as a study's results are (pass ``--resume`` to finish or reuse them, or choose
-another ``--out``).
+hash, and how it runs; the task's contents and tokens; every option that may change a number),
+written to ``directory/steps.json`` when the run starts. ``steps(name, compute)`` returns the
+step's value: read from ``directory/steps/<name>.json`` where that file holds the same fingerprint,
+else computed by ``compute()`` and written there at once (to a temporary name, then renamed: a file
+on disk is always a finished step). So a rerun with the same inputs computes only the steps that
+were not finished; a rerun with other inputs is refused in one line naming the inputs that changed,
+their old and new values; a directory that already holds steps is refused without ``resume``, as
+a study's results are (pass ``--resume`` to finish or reuse them, or choose another ``--out``).
 
 Values are stored as JSON, exactly: floats by their shortest round-trip text, a ``pandas.DataFrame``
 with its columns' dtypes and its index, so a value read back equals the one computed (the page made
@@ -70,13 +70,14 @@ def _flat(record: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def first_change(before: dict, now: dict) -> str:
-    """The first input (in sorted order of the flattened keys) whose value differs, in words."""
+def changes(before: dict, now: dict, most: int = 4) -> str:
+    """The inputs whose values differ, in words, in sorted order of the flattened keys: the first
+    ``most`` of them, then how many more."""
     old, new = _flat(before), _flat(now)
-    for key in sorted(old.keys() | new.keys()):
-        if old.get(key, "(none)") != new.get(key, "(none)"):
-            return f"{key} was {old.get(key, '(none)')!r}, now {new.get(key, '(none)')!r}"
-    return "nothing"
+    changed = [f"{key} was {old.get(key, '(none)')!r}, now {new.get(key, '(none)')!r}"
+               for key in sorted(old.keys() | new.keys()) if old.get(key, "(none)") != new.get(key, "(none)")]
+    more = f"; and {len(changed) - most} more" if len(changed) > most else ""
+    return "; ".join(changed[:most]) + more if changed else "nothing"
 
 
 def encode_value(value) -> object:
@@ -140,8 +141,8 @@ class Steps:
             except (UnicodeDecodeError, json.JSONDecodeError):
                 raise UserError(f"{recorded} is not the JSON record this run writes; use a new --out") from None
             if before != inputs:
-                raise UserError(f"--resume: {self.directory} holds the steps of other inputs ({first_change(before, inputs)}, "
-                                f"see {recorded}); use a new --out")
+                raise UserError(f"--resume: {self.directory} holds the steps of other inputs ({changes(before, inputs)}; "
+                                f"see {recorded}); resume with the inputs it began with, or use a new --out")
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomic(recorded, record_text(inputs))
         self.reused: list[str] = []

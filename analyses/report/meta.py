@@ -28,16 +28,21 @@ def versions() -> dict[str, str]:
 
 
 def model_meta(model, spec: str) -> dict:
-    """For an output's meta.json: ``{"model": spec, "family", "impl", "weights_hash", "dtype", "precision"
-    (``GPTModel.set_precision``; float32 for the bridge), "device"}``,
-    ``"start_token": {"prepend_bos", "source"}`` (whether texts and probes began with the start token,
-    and where that setting came from: ``interp.tokenizer.START_TOKEN_SOURCES``), the hook
-    self-test's verdicts (``analyses.core.hook_check.describe``) and the package versions."""
+    """For an output's meta.json: ``{"model": spec, "family", "impl", "weights_hash"}``, the hook
+    self-test's verdicts (``analyses.core.hook_check.describe``), how the model ran (``run_setting``)
+    and the package versions."""
+    return {"model": str(spec), **describe(model), **run_setting(model), "versions": versions()}
+
+
+def run_setting(model) -> dict:
+    """How ``model`` runs, each part of which changes its numbers: ``{"dtype", "precision"
+    (``GPTModel.set_precision``; float32 for the bridge), "device", "start_token": {"prepend_bos",
+    "source"}}`` (whether texts and probes begin with the start token, and where that setting came
+    from: ``interp.tokenizer.START_TOKEN_SOURCES``)."""
     weight = next(model.parameters())
     prepend, source = start_token_setting(model)
-    return {"model": str(spec), **describe(model), "dtype": str(weight.dtype).removeprefix("torch."),
-            "precision": getattr(model.cfg, "precision", "float32"), "device": str(weight.device),
-            "start_token": {"prepend_bos": prepend, "source": source}, "versions": versions()}
+    return {"dtype": str(weight.dtype).removeprefix("torch."), "precision": getattr(model.cfg, "precision", "float32"),
+            "device": str(weight.device), "start_token": {"prepend_bos": prepend, "source": source}}
 
 
 def write_meta(directory: str | Path, meta: dict) -> Path:

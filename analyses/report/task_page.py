@@ -11,7 +11,7 @@ every cell and edge exactly. Either way the clean and corrupted runs are made on
 every sweep.
 
 Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps``, keyed by
-``task_inputs``: the model's weights hash, the task's contents, the options), ``analyse_task``
+``task_inputs``: the model and how it runs, the task's contents and tokens, the options), ``analyse_task``
 reads the steps already finished from it and writes each other step to it as soon as it is done,
 so an interrupted ``interp task --resume`` computes only the rest.
 
@@ -68,11 +68,13 @@ from analyses.core.plots import new_figure
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.plots import png_bytes
 from analyses.report.page import ReportFigure, Section, write_report_files
+from analyses.report.meta import run_setting, versions
 from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
 from analyses.report.task_cost import TASK_COSTS, ClockedSteps, TaskShape, measured_cost, task_estimate
 from analyses.tasks.task import (Task, TaskBatch, task_ablation, task_batch, task_measure_intervals, task_measures,
                                   task_metric, task_split)
 from interp.errors import UserError
+from interp.provenance import provenance
 
 
 @dataclass
@@ -147,17 +149,22 @@ def split_record(split: PromptSplit | None) -> dict:
     return split.record() if split is not None else {"none": "heads chosen and measured on every prompt (in-sample)"}
 
 
-def task_inputs(task: Task, record: dict[str, str], top: int, screen: Screen | None = DEFAULT_SCREEN,
+def task_inputs(model, task: Task, top: int, screen: Screen | None = DEFAULT_SCREEN,
                 split: PromptSplit | None = None, ablation: str = "mean_corrupted") -> dict:
-    """What a task's analysis depends on, for a step store (``analyses.core.steps.Steps``): the
-    model's ``record`` (``interp.provenance``: family, impl, weights hash), the task's contents
-    (its name, size, metric, and the SHA-256 of its prompts, answers, distractors and templates),
-    ``top``, the ``screen``, the ``split`` (``task_split``'s, or None) and the ``ablation`` method.
-    The memory budget and the device say how, not what, and are left out, as a study's are."""
+    """What a task's analysis on ``model`` depends on, for a step store (``analyses.core.steps.Steps``):
+    the model (``interp.provenance``: family, impl, weights hash) and how it runs (``run_setting``:
+    dtype, precision, device, start token), the package versions, the task's contents (its name,
+    size, metric, and the SHA-256 of its prompts, answers, distractors and templates), the SHA-256 of
+    the tokens the model reads (``task_batch``'s clean and corrupted tokens: the tokenizer and the
+    start token change them), ``top``, the ``screen``, the ``split`` (``task_split``'s, or None) and
+    the ``ablation`` method. ``interp task`` adds its command line's options."""
     contents = json.dumps([task.clean, task.corrupted, task.answers, task.distractors, task.metric, task.templates])
-    return {"model": {key: record[key] for key in ("family", "impl", "weights_hash")},
+    batch = task_batch(model, task)
+    tokens = json.dumps([batch.clean.tolist(), batch.corrupted.tolist()])
+    return {"model": provenance(model) | run_setting(model), "versions": versions(),
             "task": {"name": task.name, "prompts": len(task), "metric": task.metric,
-                     "sha256": hashlib.sha256(contents.encode()).hexdigest()},
+                     "sha256": hashlib.sha256(contents.encode()).hexdigest(),
+                     "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest()},
             "options": {"top": top, "screen": screen_record(screen), "split": split_record(split),
                         "ablation": ablation}}
 

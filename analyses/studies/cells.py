@@ -18,6 +18,7 @@ from analyses.core.metrics import Metric, logit_diff_metric, loss_metric
 from analyses.core.probes import check_prompt_count, probes_for
 from analyses.studies.spec import Cell, StudySpec
 from analyses.core.tokens import encode, read_text_lines, single_token_id
+from analyses.report.meta import run_setting
 from interp import load_model, provenance
 from interp.errors import UserError
 from interp.tokenizer import set_start_token
@@ -90,8 +91,9 @@ def ablates_mlps(spec: StudySpec) -> bool:
 
 class CellPlan(NamedTuple):
     """What the driver needs of a prepared cell: its rows' targets in order, the unablated metric,
-    the model's provenance record, and how many rows make one block of work (those one forward
-    under the default memory budget would hold)."""
+    the model's record (``interp.provenance`` and how it ran, ``run_setting``: its dtype, precision,
+    device and start token, each of which changes the rows' numbers), and how many rows make one
+    block of work (those one forward under the default memory budget would hold)."""
 
     targets: Targets
     baseline: float
@@ -127,7 +129,8 @@ class StudyCells:
             model = self._load(self.cells[index].spec)
             targets, ablation = prepare_study(model, self.cells[index].spec, memory_mb=self.memory_mb)
             block = rows_per_chunk(model, ablation.tokens.shape[0], ablation.tokens.shape[1], self.memory_mb)
-            self._cell = (index, CellPlan(targets, ablation.baseline, provenance(model), block), ablation)
+            record = provenance(model) | run_setting(model)
+            self._cell = (index, CellPlan(targets, ablation.baseline, record, block), ablation)
         return self._cell[1:]
 
     def plan(self, index: int) -> CellPlan:

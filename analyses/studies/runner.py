@@ -7,9 +7,10 @@ Ray, gives the very same bytes). A killed run loses at most the rows in flight (
 dropped on resume); ``--resume`` checks that the rows on disk are the spec's rows in order and
 computes only the missing ones. A run holds an exclusive lock on DIR (``flock`` of ``DIR/.lock``,
 dropped when it ends or is killed), so a second run on DIR is refused. Once a model is loaded and
-the spec checked against it, ``DIR/spec.json`` records the spec and ``DIR/provenance.json`` the
-model (``interp.provenance``: family, impl, weights hash); resuming with a different spec or another
-model is refused. ``DIR/results.png`` plots the table.
+the spec checked against it, ``DIR/spec.json`` records the spec (with ``[run].memory_mb``) and
+``DIR/provenance.json`` the model (``interp.provenance``: family, impl, weights hash) and how it ran
+(dtype, precision, device, start token); resuming with a different spec, another model or the
+model run otherwise is refused. ``DIR/results.png`` plots the table.
 
 Columns: ``row, target, layer, head, n_heads, metric, baseline, effect`` (layer / head empty
 where the target is not one layer / one head; floats written in full precision). A grid (a list in
@@ -42,7 +43,7 @@ from matplotlib.figure import Figure
 from analyses.interventions.ablation import MLP, target_location
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
 from analyses.core.progress import progress_bar
-from analyses.core.steps import directory_lock, first_change, record_text
+from analyses.core.steps import changes, directory_lock, record_text
 from analyses.studies.spec import EXECUTORS, Study, load_spec
 from analyses.core.plots import new_figure
 from interp.files import write_atomic
@@ -166,7 +167,7 @@ def check_out_dir(out: Path, study: Study, resume: bool) -> None:
         now = json.loads(record_text(study.record()))  # as written: a tuple is a list
         if before != now:
             raise UserError(f"--resume: {out} holds a study of a different spec or prompt file "
-                            f"({first_change(before, now)}; see {recorded}); use a new --out")
+                            f"({changes(before, now)}; see {recorded}); use a new --out")
 
 
 def _model_records(out: Path) -> dict | None:
@@ -180,8 +181,9 @@ def _model_records(out: Path) -> dict | None:
 
 
 def check_model(out: Path, cell: str | None, model_record: dict[str, str]) -> None:
-    """Refuse to add rows to rows of another model: ``model_record`` (``interp.provenance`` of the
-    model loaded now: family, impl, weights hash) must be the one recorded for the cell's rows."""
+    """Refuse to add rows to rows of another model, or of the model run otherwise: ``model_record``
+    (``CellPlan.record`` of the model loaded now: family, impl, weights hash, dtype, precision,
+    device, start token) must be the one recorded for the cell's rows."""
     recorded = _model_records(out)
     if cell is not None and recorded is not None:
         recorded = recorded.get("cells", {}).get(cell)

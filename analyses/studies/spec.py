@@ -36,11 +36,15 @@ cell per combination, in the order of the keys above and then of the values list
 study named ``"spec=toy method=zero"`` (``section.key`` where the key alone is ambiguous:
 ``prompts.seed``, ``ablation.seed``, ``prompts.kind``, ``metric.kind``).
 
-**[run]** says how, never what: ``executor = "local" | "ray"``, ``address`` (a Ray cluster,
+**[run]** says how the study runs: ``executor = "local" | "ray"``, ``address`` (a Ray cluster,
 ``HOST:PORT`` or ``ray://HOST:PORT``; default a local one), ``workers`` (default one per GPU, else as
-many as each node's CPUs and memory hold), ``memory_mb`` (each analysis's budget beyond the weights). Neither it nor ``[model].device`` is
-part of the study's identity: a run may be resumed by another executor, on another device. The
-``[model].dtype`` is: results in bfloat16 are not those in float32.
+many as each node's CPUs and memory hold), ``memory_mb`` (each analysis's budget beyond the weights).
+The executor, address and workers change no number, so a run may be resumed by another executor;
+``memory_mb`` does (the budget cuts the prompts into chunks, whose sums round differently), so it
+is part of the study's identity (``Study.record``), as ``[model].dtype`` is (results in bfloat16
+are not those in float32). ``[model].device`` (the local executor's; Ray gives each actor its own)
+is not a grid axis: the device the rows ran on is recorded with the model (``provenance.json``,
+``analyses.studies.runner``), and a resume on another device is refused.
 
 ``[model].prepend_bos`` (``true`` | ``false``) says whether every prompt, text or probe, begins with
 the model's start token, as ``--prepend-bos/--no-prepend-bos`` does on the command line
@@ -133,11 +137,13 @@ class Study:
         return self.cells[0].name is not None
 
     def record(self) -> dict:
-        """What identifies the study's results (``spec.json``): the cells' specs and the contents of
-        the prompt files they read (``inputs_record``), not how they run."""
+        """What identifies the study's results (``spec.json``): the cells' specs, the contents of the
+        prompt files they read (``inputs_record``) and ``memory_mb`` (the budget cuts the prompts into
+        chunks, whose sums round differently); not the executor, which changes no number."""
         if not self.is_grid:
-            return inputs_record(self.cells[0].spec)
-        return {"cells": [{"cell": name, "spec": inputs_record(spec)} for name, spec in self.cells]}
+            return inputs_record(self.cells[0].spec) | {"memory_mb": self.memory_mb}
+        return {"cells": [{"cell": name, "spec": inputs_record(spec)} for name, spec in self.cells],
+                "memory_mb": self.memory_mb}
 
 
 def inputs_record(spec: StudySpec) -> dict:
