@@ -309,7 +309,7 @@ def _gguf_bridge(file: GGUFFile, config, device_map, dtype: torch.dtype):
     bridge has no adapter for is refused in one line naming it, as is a file transformers reads
     only in part (``GGUFFile.check_transformers_load``)."""
     file.check_transformers_load(config)
-    hf_model = _gguf_hf_model(file, device_map, dtype)
+    hf_model = _gguf_hf_model(file, config, device_map, dtype)
     try:
         return boot_bridge(hf_model, file.tokenizer(config), name=str(file.path), copy=False)
     except UserError:
@@ -319,14 +319,16 @@ def _gguf_bridge(file: GGUFFile, config, device_map, dtype: torch.dtype):
                         f"transformers, but the TransformerLens bridge cannot run it: {first_line(error)[:200]}") from None
 
 
-def _gguf_hf_model(file: GGUFFile, device_map, dtype: torch.dtype):
-    """transformers' own load of a GGUF file, in eval mode, with eager attention."""
+def _gguf_hf_model(file: GGUFFile, config, device_map, dtype: torch.dtype):
+    """transformers' own load of a GGUF file's weights into the model of ``config``
+    (``GGUFFile.hf_config``: what the file lacks derived as llama.cpp derives it), in eval mode,
+    with eager attention."""
     from transformers import AutoModelForCausalLM
 
     placement = {} if device_map is None else {"device_map": device_map}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(file.path.parent), gguf_file=file.path.name, dtype=dtype,
-                                                     attn_implementation="eager", **placement)
+        model = AutoModelForCausalLM.from_pretrained(str(file.path.parent), gguf_file=file.path.name, config=config,
+                                                     dtype=dtype, attn_implementation="eager", **placement)
     except ValueError as error:  # a config class with no causal LM
         raise UserError(f"{file.path} ({file.architecture}) is not a causal language model transformers can "
                         f"load: {first_line(error)}") from None

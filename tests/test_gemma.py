@@ -117,3 +117,65 @@ def test_the_frozen_norm_check_fails_with_another_norm_s_weight(monkeypatch):
     monkeypatch.setattr(hook_check, "output_norm", lambda model, layer: model.blocks[layer].ln2)
     check = check_hooks(model)
     assert check.sum_error < 1e-5 and check.norm_error > 1e-2 and not check.ok
+
+
+def with_trained_sizes():
+    """(Hugging Face model, our model) of a random Gemma 3 whose attention outputs are as large as a
+    trained Gemma's: the norms on the attention output multiply by up to 1000, so hook_attn_out
+    reaches the thousands (trained Gemma 3 270M: an absolute error of 1.2e-3 in float32)."""
+    hf, tokenizer = random_hf_model("gemma3_text", seed=4, initializer_range=0.2)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            weight = layer.post_attention_layernorm.weight
+            weight.copy_(1000 * torch.rand(weight.shape, generator=generator))
+    return hf, from_hf(hf, tokenizer)
+
+
+@torch.no_grad()
+def test_the_frozen_norm_check_holds_on_attention_outputs_as_large_as_a_trained_gemmas():
+    """Recomputed in float64 from the clean run (Hugging Face's own norm weight and eps), the
+    post-norm output is the pre-norm one so mapped to float32 rounding relative to its size, while
+    its absolute error is beyond the 1e-4 a fixed tolerance allowed: the check holds."""
+    hf, model = with_trained_sizes()
+    _, cache = model.run_with_cache(hook_check.probe_tokens(model))
+    largest, absolute, relative = 0.0, 0.0, 0.0
+    for layer, hf_layer in enumerate(hf.model.layers):
+        pre = cache[f"blocks.{layer}.attn.hook_out"].double()
+        out = cache[f"blocks.{layer}.hook_attn_out"].double()
+        rms = (pre.pow(2).mean(-1, keepdim=True) + hf.config.rms_norm_eps).sqrt()
+        error = ((1 + hf_layer.post_attention_layernorm.weight.double()) * pre / rms - out).abs().max()
+        largest, absolute = max(largest, float(out.abs().max())), max(absolute, float(error))
+        relative = max(relative, float(error / out.abs().max()))
+    assert largest > 1000 and absolute > 1e-4 and relative < 1e-6, (largest, absolute, relative)
+    check = check_hooks(model)
+    assert check.ok and check.norm_ok and check.sums_ok, check.summary()
+    assert check.norm_error < 1e-6
+    assert "(frozen): yes (max error" in check.summary()
+
+
+def scaled_output_projection(monkeypatch, model, factor: float) -> None:
+    """The self-test reads every block's W_O times ``factor``; the model computes with its own."""
+    attention = type(model.blocks[0].attn)
+    weights = attention.W_O.fget
+    monkeypatch.setattr(attention, "W_O", property(lambda attn: factor * weights(attn)))
+
+
+@pytest.mark.parametrize("gap", ["W_O", "norm weight"])
+def test_a_gap_of_a_thousandth_of_the_output_is_caught_on_attention_outputs_as_large(monkeypatch, gap):
+    """The tolerance is relative, not loosened: the heads' sum or the frozen norm off by about 0.1%
+    of the output fails the check, on outputs in the thousands as on small ones."""
+    _, model = with_trained_sizes()
+    if gap == "W_O":
+        scaled_output_projection(monkeypatch, model, 1.001)
+    else:
+        weight = hook_check.norm_weight  # every other dimension's: a factor common to all the fitted scale absorbs
+        monkeypatch.setattr(hook_check, "norm_weight",
+                            lambda norm: weight(norm) * torch.tensor([1.002, 1.0]).repeat(model.cfg.d_model // 2))
+    check = check_hooks(model)
+    assert not check.ok, check.summary()
+    if gap == "W_O":
+        assert check.sums_ok is False and 5e-4 < check.sum_error < 2e-3
+    else:
+        assert check.sums_ok and check.norm_ok is False and 5e-4 < check.norm_error < 2e-3
+        assert "(frozen): NO (max error" in check.summary()

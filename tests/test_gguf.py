@@ -28,10 +28,17 @@ SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
              max_position_embeddings=128)
 
 
-def transformers_load(path, dtype=torch.float32):
-    """transformers' own GGUF load of ``path``, eager attention."""
+def transformers_load(path, dtype=torch.float32, **config):
+    """transformers' own GGUF load of ``path``, eager attention, ``config`` set on its config."""
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype,
-                                                attn_implementation="eager").eval()
+                                                attn_implementation="eager", **config).eval()
+
+
+def not_in_gguf(config) -> dict:
+    """What of ``config`` a GGUF file does not hold and transformers' GGUF load takes from its config
+    class's defaults: Gemma's score scale (256), which llama.cpp derives from the file's shapes (for
+    these models, their head width: ``tests/test_gguf_gemma.py``)."""
+    return {name: getattr(config, name) for name in ("query_pre_attn_scalar",) if hasattr(config, name)}
 
 
 def other_family(model_type: str, vocab: int = 320, **shape):
@@ -51,8 +58,8 @@ SCRATCH_CASES = {  # id -> (how to make the model, the ggml type of its 2-D weig
     "qwen2-Q5_1": (lambda: random_hf_model("qwen2"), "Q5_1"),
     "gpt2-F16": (lambda: random_hf_model("gpt2", n_ctx=1024), "F16"),  # transformers reads no GPT-2 context length
     "bloom-Q8_0": (lambda: other_family("bloom", n_layer=2, hidden_size=64, n_head=4), "Q8_0"),
-    "gemma2-F16": (lambda: other_family("gemma2", head_dim=16, **SMALL), "F16"),
-    "gemma3_text-Q8_0": (lambda: other_family("gemma3_text", head_dim=16, **SMALL), "Q8_0"),
+    "gemma2-F16": (lambda: other_family("gemma2", head_dim=16, query_pre_attn_scalar=16, **SMALL), "F16"),
+    "gemma3_text-Q8_0": (lambda: other_family("gemma3_text", head_dim=16, query_pre_attn_scalar=16, **SMALL), "Q8_0"),
     **{f"llama-{kind}": (lambda: random_hf_model("llama", **K_WIDE), kind)
        for kind in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},
 }
@@ -74,11 +81,12 @@ def written(tmp_path, case: str, cases: dict):
 
 @pytest.mark.parametrize("case", list(SCRATCH_CASES))
 def test_a_gguf_file_of_a_scratch_family_loads_from_scratch_with_transformers_logits(tmp_path, case):
-    _, path = written(tmp_path, case, SCRATCH_CASES)
+    original, path = written(tmp_path, case, SCRATCH_CASES)
     ours = load_model(path)
     assert ours.impl == "scratch" and ours.family == case.split("-")[0]
+    theirs = transformers_load(path, **not_in_gguf(original.config))
     with torch.no_grad():
-        torch.testing.assert_close(ours(PROBE), transformers_load(path)(PROBE).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours(PROBE), theirs(PROBE).logits, atol=1e-4, rtol=0)
 
 
 ROUND_TRIP = {"llama-F32": SCRATCH_CASES["llama-F32"], "mistral-F32": (lambda: random_hf_model("mistral"), "F32"),

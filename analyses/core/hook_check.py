@@ -28,7 +28,10 @@ reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change n
   residual (``blocks.{l}.ln1_post``: Gemma 2 and 3), they add up to the output before that norm
   (``attn.hook_out``), and ``hook_attn_out`` is linear in them given the norm's scale from the
   clean run, frozen: weight * (heads + b_O) / scale, scale (batch, pos, 1) fitted per row as the
-  final norm's is for direct logit attribution. An analysis that takes a head's write to be its
+  final norm's is for direct logit attribution. Each of these errors is measured relative to the
+  size of the activation it is compared with (its largest |entry|, at least 1): a trained Gemma's
+  attention outputs run into the hundreds and thousands, where float32 rounds in the fourth
+  decimal while the decomposition is exact to a few of its epsilons. An analysis that takes a head's write to be its
   ``z @ W_O`` (``HEAD_WRITES``) is refused on such a block: the write the residual receives is
   that map of it. One that applies the map (``HEAD_CONTRIBUTIONS``: direct logit attribution,
   exact path patching, direct effects; ``frozen_output_norm``) runs where the check holds.
@@ -66,6 +69,8 @@ EDITABLE = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern")
 NEURONS = "mlp.hook_post"  # the MLP's hidden activation (batch, pos, d_mlp), checked on models with MLPs
 # relative change of the logits below which an edit counts as not reaching the output
 EDIT_TOLERANCE = 1e-6
+# the error allowed in float32 where heads and b_O are added up against the attention's output, relative to that
+# output's size (its largest |entry|, at least 1: below 1, the error is absolute)
 SUM_TOLERANCE = 1e-4
 HEAD_WRITES = "head_writes"  # the need: each head's write is z @ W_O (with b_O they give hook_attn_out)
 # the need: each head's contribution to the residual is known from its z: z @ W_O, or in a block that norms its
@@ -87,13 +92,14 @@ class HookCheck:
         documented. reaches_output: hook name -> whether an edit of it changed the computation
         (the layer's ``hook_attn_out`` where that is on the path, else the logits), with
         ``effects`` the largest relative change. sum_error: the largest |sum of head outputs +
-        b_O - hook_attn_out| over layers (summed in float32), None where the projection is not
-        reachable; sum_tolerance: what it may be (``SUM_TOLERANCE`` in float32; in a narrower
-        dtype, ``hook_attn_out``'s own rounding: 8 epsilons of its largest value). In blocks that norm
-        their attention output (``output_normed``) the sum is against ``attn.hook_out``, the output
-        before the norm, and norm_error is the largest |weight * (heads + b_O) / scale -
-        hook_attn_out|, scale the norm's from the clean run (frozen), with the same tolerance;
-        None elsewhere.
+        b_O - hook_attn_out| over layers (summed in float32), relative to hook_attn_out's size in
+        its layer (``relative_error``), None where the projection is not reachable;
+        sum_tolerance: what it may be (``SUM_TOLERANCE`` in float32; in a narrower dtype, the
+        output's own rounding: 8 of its epsilons). In blocks that norm their attention output
+        (``output_normed``) the sum is against ``attn.hook_out``, the output before the norm, and
+        norm_error is the largest |weight * (heads + b_O) / scale - hook_attn_out| relative to
+        hook_attn_out's size, scale the norm's from the clean run (frozen), with the same
+        tolerance; None elsewhere.
     """
 
     family: str
@@ -163,6 +169,9 @@ class HookCheck:
         return (f"{needed_by} needs each head's write z @ W_O, and on this {self.family} model ({self.impl}) "
                 f"blocks.{{l}}.attn.W_O {found}; see `interp check`")
 
+    def _error(self, error: float) -> str:
+        return f"max error {error:.1e} of the output's size, {self.sum_tolerance:.0e} allowed"
+
     def summary(self) -> str:
         """A few lines for a terminal."""
         lines = [f"{self.family} ({self.impl})"]
@@ -175,12 +184,13 @@ class HookCheck:
         if self.sum_error is None:
             lines.append("heads + b_O = hook_attn_out: not checked (output projection not reachable)")
         elif not self.output_normed:
-            lines.append(f"heads + b_O = hook_attn_out: {'yes' if self.sums_ok else 'NO'} (max error {self.sum_error:.1e})")
+            lines.append(f"heads + b_O = hook_attn_out: {'yes' if self.sums_ok else 'NO'} "
+                         f"({self._error(self.sum_error)})")
         else:
             lines.append(f"heads + b_O = attn.hook_out (before the norm on the attention output): "
-                         f"{'yes' if self.sums_ok else 'NO'} (max error {self.sum_error:.1e})")
+                         f"{'yes' if self.sums_ok else 'NO'} ({self._error(self.sum_error)})")
             lines.append(f"hook_attn_out = weight * (heads + b_O) / scale, the norm's scale from the clean run "
-                         f"(frozen): {'yes' if self.norm_ok else 'NO'} (max error {self.norm_error:.1e})")
+                         f"(frozen): {'yes' if self.norm_ok else 'NO'} ({self._error(self.norm_error)})")
         return "\n".join(lines + self.notes)
 
 
@@ -352,16 +362,24 @@ def norms_inside_heads(model) -> bool:
                or output_norm(model, layer) is not None for layer, block in enumerate(model.blocks))
 
 
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| (same shape) in float32, over ``reference``'s size: its largest
+    |entry|, at least 1 (an activation smaller than that is held to the error itself)."""
+    error = (value.float() - reference.float()).abs().max()
+    return float(error / reference.float().abs().max().clamp(min=1.0))
+
+
 @torch.no_grad()
 def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | None]:
-    """(max |sum_h z_h @ W_O[h] + b_O - the attention's output| over layers, summed in float32, or
-    None where ``W_O`` is not reachable as ``blocks.{l}.attn.W_O`` (head, d_head, d_model); the error
-    allowed: ``SUM_TOLERANCE``, or in a dtype narrower than float32 (or under mixed precision,
-    ``interp.precision.rounded_dtype``: bfloat16), 8 of its epsilons times the largest
-    |hook_attn_out|, the rounding of the output itself; the norm error). The attention's
+    """(max over layers of |sum_h z_h @ W_O[h] + b_O - the attention's output|, summed in float32,
+    relative to that output's size (``relative_error``), or None where ``W_O`` is not reachable as
+    ``blocks.{l}.attn.W_O`` (head, d_head, d_model); the relative error allowed: ``SUM_TOLERANCE``,
+    or in a dtype narrower than float32 (or under mixed precision, ``interp.precision.rounded_dtype``:
+    bfloat16) 8 of its epsilons, the rounding of the output itself; the norm error). The attention's
     output is ``hook_attn_out``, or in a block that norms it (``output_norm``) ``attn.hook_out``,
-    before the norm; there the norm error is max |weight * sum / scale - hook_attn_out| with the
-    norm's scale (batch, pos, 1) from the clean run (``frozen_norm_error``), else None."""
+    before the norm; there the norm error is max |weight * sum / scale - hook_attn_out|, relative
+    to hook_attn_out's size, with the norm's scale (batch, pos, 1) from the clean run
+    (``frozen_norm_error``), else None."""
     errors, norm_errors, tolerance = [], [], SUM_TOLERANCE
     for layer in range(model.cfg.n_layers):
         try:
@@ -374,20 +392,19 @@ def head_sum_error(model, cache: dict) -> tuple[float | None, float, float | Non
         if w_o is None or z is None or pre_norm is None or tuple(w_o.shape[:2]) != tuple(z.shape[2:]):
             return None, tolerance, None
         total = einsum(z.float(), w_o.float(), "b p h d, h d m -> b p m") + (0 if b_o is None else b_o.float())
-        errors.append(float((total - pre_norm.float()).abs().max()))
+        errors.append(relative_error(total, pre_norm))
         if norm is not None:
             norm_errors.append(frozen_norm_error(norm, total, pre_norm.float(), out.float()))
         rounded = rounded_dtype(model, out.dtype)  # mixed precision: float32 outputs of bfloat16 products
-        if torch.finfo(rounded).eps > torch.finfo(torch.float32).eps:
-            tolerance = max(tolerance, 8 * torch.finfo(rounded).eps * float(out.abs().max()))
+        tolerance = max(tolerance, 8 * torch.finfo(rounded).eps)
     return max(errors), tolerance, max(norm_errors) if norm_errors else None
 
 
 def frozen_norm_error(norm, total: torch.Tensor, pre_norm: torch.Tensor, normed: torch.Tensor) -> float:
-    """max |weight * total / scale - normed| for an RMSNorm ``norm`` with its scale frozen from the
-    clean run (``frozen_norm``): ``pre_norm`` (batch, pos, d_model) went in and ``normed`` came out.
-    ``total``: the heads' sum plus b_O."""
-    return float((frozen_norm(norm, pre_norm, normed)(total) - normed).abs().max())
+    """max |weight * total / scale - normed|, relative to ``normed``'s size (``relative_error``), for
+    an RMSNorm ``norm`` with its scale frozen from the clean run (``frozen_norm``): ``pre_norm``
+    (batch, pos, d_model) went in and ``normed`` came out. ``total``: the heads' sum plus b_O."""
+    return relative_error(frozen_norm(norm, pre_norm, normed)(total), normed)
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ Q4_1, the K-quants, ...). Reading one:
   tokenizer in the metadata, each refused in one line (``GGUFFile``);
 - the config and the tokenizer as transformers rebuilds them from that metadata
   (``AutoConfig``/``AutoTokenizer.from_pretrained(folder, gguf_file=name)``), so a model reads the
-  file's hyper-parameters exactly as transformers' own GGUF load does;
+  file's hyper-parameters exactly as transformers' own GGUF load does (but for ``DERIVED``, below);
 - each tensor by plain file reads, a slice of rows at a time, dequantized by ``gguf``
   (``gguf.quants.dequantize``: float32) and cast into the asked dtype as it goes, so loading holds
   the model in that dtype and a slice or two, never the file's float32 expansion
@@ -29,6 +29,11 @@ Q4_1, the K-quants, ...). Reading one:
   soft caps, Gemma 3's local RoPE base, its layer pattern and its global layers' RoPE scaling):
   where the file's value is not what the config holds, both loads would run another model than
   llama.cpp's, and the file is refused in one line (``GGUFFile.check_metadata``);
+- hyper-parameters a config needs and a file does not hold (``DERIVED``: the number Gemma 2 and 3
+  divide attention scores by the square root of, ``query_pre_attn_scalar``), derived from the
+  file's shapes as llama.cpp derives them and put on the config (``GGUFFile.hf_config``), so both
+  the from-scratch model and transformers' load under the bridge run llama.cpp's scores, not the
+  config class's default (256);
 
 The result is the Hugging Face state dict the family table (``interp.convert.CONVERTERS``) reads,
 so a family the from-scratch model implements is built from it directly; other architectures go
@@ -150,6 +155,31 @@ DROPPED_METADATA = {
 }
 
 
+def _gemma_query_scalar(layers_of_27b: int):
+    """llama.cpp's Gemma score scale, as the ``query_pre_attn_scalar`` its reciprocal square root
+    is: ``embedding_length // head_count`` for the model llama.cpp takes as the 27B one (by its
+    layer count, ``layers_of_27b``), the key width (``attention.key_length``; without it
+    ``embedding_length // head_count``, llama.cpp's default) for every other."""
+    def derive(metadata: dict, architecture: str) -> int:
+        def key(name):
+            return metadata[f"{architecture}.{name}"]
+        heads = key("attention.head_count")
+        heads = heads[0] if isinstance(heads, list) else heads  # a count per layer: llama.cpp reads layer 0's
+        per_head_of_d_model = key("embedding_length") // heads
+        if key("block_count") == layers_of_27b:
+            return per_head_of_d_model
+        return metadata.get(f"{architecture}.attention.key_length", per_head_of_d_model)
+    return derive
+
+
+# hyper-parameters a config needs that llama.cpp's files do not hold, per architecture: config
+# attribute -> how llama.cpp derives it from the metadata ({key: value}, and the architecture)
+DERIVED = {
+    "gemma2": {"query_pre_attn_scalar": _gemma_query_scalar(layers_of_27b=46)},
+    "gemma3": {"query_pre_attn_scalar": _gemma_query_scalar(layers_of_27b=62)},
+}
+
+
 def _same(first, second) -> bool:
     """Equal, numbers to float32 precision (the file stores float32)."""
     if isinstance(first, float) and isinstance(second, (int, float)):
@@ -266,12 +296,15 @@ class GGUFFile:
         return {"path": str(self.path), "sha256": self.sha256(), "quantization": self.quantization()}
 
     def hf_config(self):
-        """The Hugging Face config transformers rebuilds from the metadata, with the file's
+        """The Hugging Face config transformers rebuilds from the metadata, with what the file does
+        not hold derived from it as llama.cpp derives it (``DERIVED``), and the file's
         ``rope_freqs`` divisors (a list of rotary_dim // 2 floats) as ``gguf_rope_divisors`` where
         it has them (transformers reads no such tensor)."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        for attribute, derive in DERIVED.get(self.architecture, {}).items():
+            setattr(config, attribute, derive(self.metadata, self.architecture))
         if ROPE_FREQS in self.entries:
             setattr(config, ROPE_DIVISORS, read_tensor(self.path, self.entries[ROPE_FREQS], torch.float32).tolist())
         self.check_metadata(config)
