@@ -133,7 +133,8 @@ def _trace_fact_set(model, facts, args) -> int:
     effect, low, high = found.total_effect(args.seed)
     write_meta(args.out, model_meta(model, args.model) | {
         "command": "trace", "arguments": _arguments(args), "facts": len(facts), "kept_top1": len(kept),
-        "traced": len(traced), "noise_std": found.noise_std, "noise_std_over": found.noise_over, "window": found.window,
+        "traced": len(traced), "noise_std": found.noise_std, "noise_std_over": found.noise_over,
+        "window": found.window,
         "total_effect": {"mean": effect, "ci_low": low, "ci_high": high},
         "verdict": None if verdict is None else verdict.text})
     print(f"{len(kept)} of {len(facts)} facts answered top-1 ({len(facts) - len(kept)} dropped: their answer token is "
