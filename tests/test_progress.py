@@ -192,7 +192,7 @@ QUIET_RUNS = {
     ("circuit",): ["circuit", "--model", "toy", *PROBES],
     ("compare",): ["compare", "toy", "toy", *PROBES],
     ("trace",): ["trace", "--model", "toy", "--prompt", "abc abc", "--subject", "abc", "--samples", "1"],
-    ("task",): ["task", "induction-text", "--model", "toy", "--n", "2", "--top", "1", "--screen-top", "1"],
+    ("task",): ["task", "induction-text", "--model", "toy", "--n", "4", "--top", "1", "--screen-top", "1"],
     ("explain",): ["explain", "induction-text", "--model", "toy", "--n", "2", "--top", "1", "--steps", "1", "--no-flow"],
     ("tracr",): ["tracr", "length", "--vocab", "a,b", "--max-seq-len", "3", "--prompts", "2"],
 }

@@ -30,7 +30,7 @@ def test_splits_are_disjoint_seeded_and_recorded():
     assert record["seed"] == 3 and record["n_prompts"] == 11 and record["sizes"] == {"selection": 6, "measurement": 5}
     assert record["selection"] == selection
     assert record["sha256"] == hashlib.sha256(json.dumps([selection, measurement]).encode()).hexdigest()
-    assert len(split_prompts(10, share=0.01).selection) == 1 and len(split_prompts(10, share=0.99).measurement) == 1
+    assert len(split_prompts(10, share=0.01).selection) == 1 and len(split_prompts(10, share=0.8).measurement) == 2
 
 
 def test_each_template_is_split_in_proportion():
@@ -52,6 +52,15 @@ def test_bad_splits_are_refused():
         split_prompts(10, share=1.0)
     with pytest.raises(UserError, match="strata has 3 labels for 10 prompts"):
         split_prompts(10, strata=[0, 1, 2])
+
+
+@pytest.mark.parametrize("n_prompts, share, left", [(2, 0.5, 1), (3, 0.5, 1), (10, 0.99, 0), (10, 0.9, 1)])
+def test_a_measurement_split_too_small_for_an_interval_is_refused(n_prompts, share, left):
+    """One prompt's bootstrap resamples are all that prompt: a zero-width interval that "excludes 0"."""
+    with pytest.raises(UserError, match=rf"^n_prompts={n_prompts} split at share={share:g} leaves {left} prompt\(s\) "
+                                        "to measure on; the measurement split's intervals need at least 2$"):
+        split_prompts(n_prompts, share)
+    assert len(split_prompts(4).measurement) == 2 and len(split_prompts(20, share=0.9).measurement) == 2
 
 
 def test_a_head_chosen_on_one_split_is_measured_on_the_other():

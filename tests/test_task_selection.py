@@ -132,3 +132,26 @@ def test_no_split_is_in_sample_and_says_so(toy, tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert "in-sample" in meta["split"]["none"] and "In-sample" in (out / "index.html").read_text()
     assert pd.read_csv(out / "dla.csv")["n_prompts"].eq(6).all()
+
+
+def test_a_task_too_small_to_measure_with_an_interval_is_refused(toy, tmp_path, capsys, monkeypatch):
+    """A 2- or 3-prompt task would leave 1 prompt to measure on, whose interval has zero width; refused by
+    the library and, before the model loads, by the command (with and without a split)."""
+    from analyses.cli import main
+    import analyses.cli.tasks as command
+
+    for n in (2, 3):  # induction-text: no templates, so no template is left out of a split
+        with pytest.raises(UserError, match=rf"^task 'induction-text': n_prompts={n} split at share=0.5 leaves 1 "
+                                            r"prompt\(s\) to measure on; the measurement split's intervals need at "
+                                            r"least 2; give more prompts \(--n\)$"):
+            task_split(make_task(toy, "induction-text", n=n))
+    assert len(task_split(make_task(toy, "induction-text", n=4)).measurement) == 2
+    monkeypatch.setattr(command, "load_cli_model", lambda args: pytest.fail("the model loaded"))
+    assert main(["task", "ioi", "--n", "3", "--out", str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "interp task: error: --n 3: n_prompts=3 split at share=0.5 leaves 1 prompt(s) to measure on; the measurement "
+        "split's intervals need at least 2; give more prompts (--n)")
+    assert main(["task", "ioi", "--n", "1", "--no-split", "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "interp task: error: --n 1: 1 prompt(s): an interval over prompts needs at least 2 prompts, since one "
+        "prompt's resamples are all that prompt (a zero-width interval); give more prompts (--n)")

@@ -148,7 +148,7 @@ def test_a_resumed_run_with_other_inputs_is_refused_naming_what_changed(gpt2_dir
 
 def test_a_second_run_on_the_directory_is_refused_while_the_first_holds_it(tmp_path, capsys):
     with directory_lock(tmp_path, "task run"):
-        assert main(["task", "ioi", "--n", "2", "--out", str(tmp_path), "--quiet"]) == 2
+        assert main(["task", "ioi", "--n", "4", "--out", str(tmp_path), "--quiet"]) == 2
     assert f"{tmp_path} is in use by another task run" in capsys.readouterr().err
 
 

@@ -171,7 +171,7 @@ def test_trace_facts_command_writes_the_table_the_panels_and_the_verdict(tmp_pat
     assert main(["trace", "--model", str(directory), "--facts", str(path), "--samples", "2", "--out", str(out),
                  "--quiet"]) == 0
     aie = pd.read_csv(out / "aie.csv")
-    direct = trace_facts(model, read_facts(path)[:3], samples=2, progress=False)
+    direct = trace_facts(model, read_facts(path)[:3], samples=2, noise_facts=read_facts(path), progress=False)
     assert list(aie.columns) == list(direct.aie.columns)
     assert aie["aie"].to_numpy() == pytest.approx(direct.aie["aie"].to_numpy(), abs=1e-7)
     assert set(aie["kind"]) == {"resid", "mlp", "attn"} and len(aie) == 3 * 2 * aie["position"].nunique()
@@ -205,5 +205,6 @@ def test_a_trace_needs_facts_or_a_prompt_and_a_subject_the_model_can_trace(tmp_p
     assert capsys.readouterr().err.strip() == ("interp trace: error: give --facts FILE|builtin, or --prompt and "
                                                "--subject for a single trace")
     toy = load_model("toy")
-    with pytest.raises(UserError, match=r"^fact 1 \('Rome is Rome'\): the subject must end before"):
-        trace_facts(toy, [Fact("Rome is Rome", "is Rome", " x")], samples=1, progress=False)
+    with pytest.raises(UserError, match=r"^fact 2 \('Rome is Rome'\): the subject must end before"):
+        trace_facts(toy, [Fact("Oslo is in", "Oslo", " x"), Fact("Rome is Rome", "is Rome", "x")], samples=1,
+                    progress=False)

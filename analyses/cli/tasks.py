@@ -37,8 +37,9 @@ from analyses.cli.args import (SEED, add_chat_arg, add_model_args, arguments_rec
                                fingerprinted_arguments, load_cli_model, number, whole)
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
-from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, make_task, task_batch, task_metric, task_scores,
-                                 task_split)
+from analyses.core.stats import check_interval_prompts
+from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, check_task_prompts, make_task, task_batch,
+                                 task_metric, task_scores, task_split)
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
@@ -61,15 +62,17 @@ def register(subparsers) -> None:
                                        f"'{BUILTIN}' (the shipped set); kept to the facts the model answers top-1")
     trace.add_argument("--prompt", help="the prompt of a single trace, e.g. 'The Eiffel Tower is in the city of'")
     trace.add_argument("--subject", help="the text in the prompt whose tokens are noised")
-    trace.add_argument("--answer", help="the exact one-token continuation to trace, e.g. ' Paris' (default: the "
-                                        "clean run's top token)")
+    trace.add_argument("--answer", help="the exact continuation, e.g. ' Paris'; its first token is traced, a "
+                                        "leading space that is a token of its own moving onto the prompt, as with "
+                                        "--facts (default: the clean run's top token)")
     trace.add_argument("--samples", type=whole(1), default=10, help="noise samples (default 10)")
     trace.add_argument("--noise", type=number(above=0), default=3.0, help="noise std in embedding stds (default 3)")
     trace.add_argument("--noise-from", choices=NOISE_FROM, default="subjects",
                        help="the embedding std: of the subjects' tokens (default, as ROME) or of the vocabulary")
     trace.add_argument("--window", type=whole(1), default=WINDOW,
                        help=f"with --facts: MLP and attention layers restored together (default {WINDOW})")
-    trace.add_argument("--limit", type=whole(1), help="with --facts: trace only the first N facts kept")
+    trace.add_argument("--limit", type=whole(1), help="with --facts: trace only the first N facts kept (at least 2: "
+                                                      "the intervals are over facts)")
     trace.add_argument("--state", default="resid_post", choices=STATES,
                        help="the hidden state restored: a layer's output (resid_post, default) or input")
     trace.add_argument("--seed", type=SEED, default=0)
@@ -85,6 +88,8 @@ def run_trace(args) -> int:
     if args.facts is not None and (args.prompt or args.subject or args.answer):
         raise UserError("--facts traces a fact set; --prompt, --subject and --answer are for a single trace")
     facts = load_facts(args.facts) if args.facts is not None else None  # refused before the model loads
+    if args.limit is not None:
+        check_interval_prompts(args.limit, f"--limit {args.limit}", unit="facts")
     model = load_cli_model(args)
     if facts is not None:
         return _trace_fact_set(model, facts, args)
@@ -111,12 +116,11 @@ def run_trace(args) -> int:
 def _trace_fact_set(model, facts, args) -> int:
     """``interp trace --facts``: filter, trace, write aie.csv, facts.csv, tracing.png, meta.json; print the verdict."""
     kept, filtered = top1_facts(model, facts, memory_mb=args.memory_mb, progress=args.progress)
-    if not kept:
-        raise UserError(f"none of the {len(facts)} facts is answered top-1 by this model; nothing to trace")
+    check_interval_prompts(len(kept), f"{len(kept)} of {len(facts)} facts answered top-1 by this model", unit="facts")
     traced = kept[: args.limit] if args.limit else kept
     found = trace_facts(model, traced, samples=args.samples, noise=args.noise, noise_from=args.noise_from,
-                        window=args.window, seed=args.seed, state=args.state, memory_mb=args.memory_mb,
-                        progress=args.progress)
+                        noise_facts=facts, window=args.window, seed=args.seed, state=args.state,
+                        memory_mb=args.memory_mb, progress=args.progress)
     verdict = trace_verdict(found) if "mlp" in found.kinds else None
     written = filtered.assign(traced=False, clean_prob=float("nan"), corrupted_prob=float("nan"))
     rows = written.index[written["kept"]][: len(traced)]  # the traced facts: the first kept ones, in order
@@ -129,11 +133,13 @@ def _trace_fact_set(model, facts, args) -> int:
     effect, low, high = found.total_effect(args.seed)
     write_meta(args.out, model_meta(model, args.model) | {
         "command": "trace", "arguments": _arguments(args), "facts": len(facts), "kept_top1": len(kept),
-        "traced": len(traced), "noise_std": found.noise_std, "window": found.window,
+        "traced": len(traced), "noise_std": found.noise_std, "noise_std_over": found.noise_over,
+        "window": found.window,
         "total_effect": {"mean": effect, "ci_low": low, "ci_high": high},
         "verdict": None if verdict is None else verdict.text})
-    print(f"{len(kept)} of {len(facts)} facts answered top-1; traced {len(traced)}; total effect (clean - noised "
-          f"p(answer)) {effect:.4f} [{low:.4f}, {high:.4f}]")
+    print(f"{len(kept)} of {len(facts)} facts answered top-1 ({len(facts) - len(kept)} dropped: their answer token is "
+          f"not the model's top next token); traced {len(traced)}; total effect (clean - noised p(answer)) "
+          f"{effect:.4f} [{low:.4f}, {high:.4f}]")
     print(verdict.text if verdict is not None else "no verdict: the model has no MLPs to trace")
     print(f"wrote {args.out / 'aie.csv'}, {args.out / 'facts.csv'} and {args.out / 'tracing.png'}")
     return 0
@@ -183,6 +189,8 @@ def run_task(args) -> int:
         raise UserError("--screen-top 0 with --screen-share inf measures no cell exactly; give --screen-top >= 1, "
                         "a finite --screen-share, or --exact-all")
     screen = None if args.exact_all else Screen(args.screen_top, args.screen_share)  # refused before any load
+    if args.n is not None:
+        check_task_prompts(args.n, not args.no_split, f"--n {args.n}")
     args.out.mkdir(parents=True, exist_ok=True)
     with directory_lock(args.out, "task run"):
         check_steps_dir(args.out, args.resume)  # before any model loads
@@ -191,6 +199,7 @@ def run_task(args) -> int:
         task = prompted_task(model, args)
         meta = model_meta(model, args.model) | {"command": "task", "arguments": _arguments(args), "task": task.name,
                                                  "prompts": len(task), "dropped": task.dropped, "note": task.note}
+        check_task_prompts(len(task), not args.no_split, f"task {task.name!r}")
         split = None if args.no_split else task_split(task, args.seed)
         inputs = task_inputs(model, task, args.top, screen, split, args.ablation)
         steps = Steps(args.out, inputs | {"arguments": fingerprinted_arguments(args)}, resume=args.resume)

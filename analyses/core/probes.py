@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from analyses.core.stats import MIN_INTERVAL_PROMPTS
 from analyses.core.tokens import model_device, ordinary_token_ids, start_ids
 from interp.errors import UserError
 
@@ -173,13 +174,13 @@ def check_seq_len(seq_len: int | None, what: str) -> None:
 
 
 def check_prompt_count(n_prompts: int, what: str, why: str | None = None) -> None:
-    """Refuse, before any work, a count of prompts that cannot serve: none, or fewer than 2 where the
-    numbers compare prompts with each other. ``what``: the setting that gave the count
-    (``--prompts 1``); ``why``: what compares the prompts (None: nothing does)."""
+    """Refuse, before any work, a count of prompts that cannot serve: none, or fewer than
+    ``MIN_INTERVAL_PROMPTS`` where the numbers compare prompts with each other. ``what``: the setting
+    that gave the count (``--prompts 1``); ``why``: what compares the prompts (None: nothing does)."""
     if n_prompts < 1:
         raise UserError(f"{what}: at least 1 prompt is needed")
-    if why is not None and n_prompts < 2:
-        raise UserError(f"{what}: at least 2 prompts are needed, since {why}")
+    if why is not None and n_prompts < MIN_INTERVAL_PROMPTS:
+        raise UserError(f"{what}: at least {MIN_INTERVAL_PROMPTS} prompts are needed, since {why}")
 
 
 def corrupt_first_copy(probes: RepeatedProbes, seed: int = 0) -> torch.Tensor:

@@ -6,7 +6,9 @@ the winner's luck with it: on a model with no real effect, the best of many head
 that excludes 0 on the prompts it was chosen on and covers 0 on fresh ones (``tests/test_splits.py``
 shows both). ``split_prompts`` draws the two disjoint splits, seeded; where prompts come from
 templates (or any other groups), each group is split in the same proportion, so neither split holds
-templates the other lacks. ``PromptSplit.record`` is the split as data for ``meta.json``.
+templates the other lacks. The measurement split, whose effects are printed with intervals over its
+prompts, must hold at least ``MIN_INTERVAL_PROMPTS`` of them (``check_split``). ``PromptSplit.record``
+is the split as data for ``meta.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Hashable, Sequence
 
 import torch
 
+from analyses.core.stats import MIN_INTERVAL_PROMPTS
 from interp.errors import UserError
 
 DEFAULT_SELECTION_SHARE = 0.5  # of the prompts, for choosing; the rest measure
@@ -47,20 +50,33 @@ class PromptSplit:
                 "selection": selection, "sha256": digest}
 
 
+def check_split(n_prompts: int, share: float = DEFAULT_SELECTION_SHARE) -> int:
+    """The selection's size for ``n_prompts`` split at ``share``: round(share * n_prompts), at least 1.
+    Refused in one line where the prompts are too few for both splits or the rest, the measurement
+    split, would be fewer than ``MIN_INTERVAL_PROMPTS``."""
+    if not isinstance(n_prompts, int) or n_prompts < 2:
+        raise UserError(f"n_prompts={n_prompts}: a selection and a measurement split need at least 2 prompts")
+    if not 0 < share < 1:
+        raise UserError(f"share={share} must be in (0, 1): the selection's share of the prompts")
+    wanted = max(math.floor(share * n_prompts + 0.5), 1)
+    if n_prompts - wanted < MIN_INTERVAL_PROMPTS:
+        raise UserError(f"n_prompts={n_prompts} split at share={share:g} leaves {n_prompts - wanted} prompt(s) to "
+                        f"measure on; the measurement split's intervals need at least {MIN_INTERVAL_PROMPTS}")
+    return wanted
+
+
 def split_prompts(n_prompts: int, share: float = DEFAULT_SELECTION_SHARE, seed: int = 0,
                   strata: Sequence[Hashable] | None = None) -> PromptSplit:
     """Split prompts 0..n_prompts-1 into a selection and a disjoint measurement split, seeded.
 
-    The selection gets round(share * n_prompts) prompts (at least 1, at most n_prompts - 1).
+    The selection gets ``check_split``'s count: round(share * n_prompts), at least 1, leaving the
+    measurement at least ``MIN_INTERVAL_PROMPTS`` (else refused).
     ``strata``: a label per prompt (its template, say); each stratum gives the selection the floor
     of share x its size, and the prompts still owed go one each to the strata with the largest
     remainders (ties drawn at random), so every stratum is split within one prompt of the share.
     Within a stratum the prompts are drawn at random.
     """
-    if not isinstance(n_prompts, int) or n_prompts < 2:
-        raise UserError(f"n_prompts={n_prompts}: a selection and a measurement split need at least 2 prompts")
-    if not 0 < share < 1:
-        raise UserError(f"share={share} must be in (0, 1): the selection's share of the prompts")
+    wanted = check_split(n_prompts, share)
     labels = [0] * n_prompts if strata is None else list(strata)
     if len(labels) != n_prompts:
         raise UserError(f"strata has {len(labels)} labels for {n_prompts} prompts; give one per prompt")
@@ -68,7 +84,6 @@ def split_prompts(n_prompts: int, share: float = DEFAULT_SELECTION_SHARE, seed: 
     for index, label in enumerate(labels):
         groups.setdefault(label, []).append(index)
     generator = torch.Generator().manual_seed(seed)
-    wanted = min(max(math.floor(share * n_prompts + 0.5), 1), n_prompts - 1)
     exact = [share * len(members) for members in groups.values()]
     taken = [math.floor(value) for value in exact]
     tie_breaks = torch.rand(len(groups), generator=generator).tolist()

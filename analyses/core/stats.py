@@ -16,9 +16,23 @@ from __future__ import annotations
 
 import torch
 
+from interp.errors import UserError
+
 N_BOOT = 1000  # bootstrap resamples over prompts, everywhere an interval is printed
 LEVEL = 0.95  # the intervals' coverage
 EFFECT_COLUMNS = ("ci_low", "ci_high", "n_prompts")  # beside each effect's mean, in every effect frame
+# the fewest prompts an interval over prompts is printed for: every resample of one prompt is that
+# prompt, so its interval has zero width and "excludes 0" whenever the effect is not 0
+MIN_INTERVAL_PROMPTS = 2
+
+
+def check_interval_prompts(n_prompts: int, what: str, unit: str = "prompts") -> None:
+    """Refuse, in one line, ``n_prompts`` below ``MIN_INTERVAL_PROMPTS`` where an interval is to be
+    bootstrapped over them. ``what``: the count and where it came from ("--limit 1"); ``unit``: what
+    the prompts are called there ("facts")."""
+    if n_prompts < MIN_INTERVAL_PROMPTS:
+        raise UserError(f"{what}: an interval over {unit} needs at least {MIN_INTERVAL_PROMPTS} {unit}, since one "
+                        f"{unit[:-1]}'s resamples are all that {unit[:-1]} (a zero-width interval)")
 
 
 def resample_weights(n_prompts: int, n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:

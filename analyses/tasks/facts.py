@@ -9,8 +9,11 @@ prompt template per relation (``TEMPLATES``); the answer is the object after a s
 (``read_facts``) is a CSV with ``prompt, subject, answer`` columns, the answer the exact text that
 continues the prompt (" Paris", with its space).
 
-Meng et al. trace only facts the model knows; ``top1_facts`` keeps those whose answer's first token
-is the model's top next token after the prompt.
+The answer traced is one token, taken by one rule for a fact set and a single trace (``answer_token``):
+the first token the answer adds to the prompt, where a leading space that is a token of its own (a
+byte tokenizer) moves onto the prompt, so the token traced is the answer's first character, never the
+space. Meng et al. trace only facts the model knows; ``top1_facts`` keeps those whose answer token is
+the model's top next token after the prompt.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ TEMPLATES = {  # short after the subject: a restore costs the positions from its
 @dataclass(frozen=True)
 class Fact:
     """A prompt, the subject text in it whose tokens are noised, and the text that continues it
-    (its first token is the one traced); ``relation``: which of ``TEMPLATES`` made it ("" for a
+    (its first token is the one traced, ``answer_token``); ``relation``: which of ``TEMPLATES`` made it ("" for a
     user's fact)."""
 
     prompt: str
@@ -93,29 +96,50 @@ def load_facts(source: str) -> list[Fact]:
     return builtin_facts() if source == BUILTIN else read_facts(source)
 
 
-def answer_token(model, fact: Fact) -> int:
-    """The first token of ``fact.answer`` as it continues ``fact.prompt``; a one-line error where the
-    prompt's tokens are not a prefix of the joined text's (the answer merges into the prompt)."""
-    found = continuation(model_tokenizer(model), fact.prompt, fact.answer, sep="")
+def answer_token(model, prompt: str, answer: str) -> tuple[str, int]:
+    """The rule every trace takes its answer by -> (the prompt to trace, the answer's token id): the
+    first token that ``answer`` adds to ``prompt``. Where that token is the answer's leading whitespace
+    alone (a byte tokenizer: " Paris" adds " ", "P", ...), the whitespace moves onto the prompt's end
+    and the token after it is the answer's ("P"), as the tasks take a word after a space
+    (``analyses.tasks.task.continuation``); an answer of whitespace alone is its own token. A one-line
+    error where the prompt's tokens are not a prefix of the joined text's (the answer merges into the prompt)."""
+    word = answer.lstrip() or answer
+    found = continuation(model_tokenizer(model), prompt, word, sep=answer[: len(answer) - len(word)])
     if found is None:
-        raise UserError(f"answer {fact.answer!r} does not continue the prompt {fact.prompt!r} as tokens of its own "
+        raise UserError(f"answer {answer!r} does not continue the prompt {prompt!r} as tokens of its own "
                         "(give the exact continuation, e.g. ' Paris' with its space)")
-    return found[1][0]
+    return found[0], found[1][0]
+
+
+def traced_facts(model, facts: list[Fact]) -> list[tuple[Fact, int]]:
+    """Each fact as it is traced, with its answer's token id (``answer_token``): on a byte tokenizer
+    the answer's leading space moved onto the prompt (" Paris" -> prompt + " ", "Paris"); a fact
+    whose answer does not continue its prompt is refused in one line naming it."""
+    found = []
+    for number, fact in enumerate(facts, start=1):
+        try:
+            prompt, token = answer_token(model, fact.prompt, fact.answer)
+        except UserError as error:
+            raise UserError(f"fact {number}: {error}") from None
+        found.append((Fact(prompt, fact.subject, fact.answer[len(prompt) - len(fact.prompt):], fact.relation), token))
+    return found
 
 
 def top1_facts(model, facts: list[Fact], *, memory_mb: float = DEFAULT_MEMORY_MB,
                progress: bool | None = None) -> tuple[list[Fact], pd.DataFrame]:
-    """The facts whose answer's first token (``answer_token``) is the model's top next token after
-    the prompt -> (those facts, in order; a frame of every fact: ``relation, prompt, subject, answer,
-    answer_token, top_token, answer_prob, kept``). The prompts run in right-padded batches within
-    ``memory_mb``, each read at its own last token."""
-    answers = [answer_token(model, fact) for fact in facts]
+    """The facts whose answer token (``answer_token``) is the model's top next token after the
+    prompt it is traced on -> (those facts, in order, as given; a frame of every fact as it is traced
+    (``traced_facts``): ``relation, prompt, subject, answer, answer_token, answer_text, top_token,
+    answer_prob, kept``). The prompts run in right-padded batches within ``memory_mb``, each read at
+    its own last token."""
+    traced = traced_facts(model, facts)
+    answers = [token for _, token in traced]
     tops, probs = [], []
-    longest = max(encode(model, fact.prompt).tokens.shape[1] for fact in facts)
+    longest = max(encode(model, fact.prompt).tokens.shape[1] for fact, _ in traced)
     size = rows_within(model, longest, memory_mb, logits=True)
     with progress_bar(total=len(facts), progress=progress, desc="top-1 filter", unit="fact") as bar:
         for begin in range(0, len(facts), size):
-            batch = encode(model, [fact.prompt for fact in facts[begin:begin + size]])
+            batch = encode(model, [fact.prompt for fact, _ in traced[begin:begin + size]])
             with torch.no_grad():
                 logits = model(batch.tokens)
             last = logits[torch.arange(len(batch.lengths)), batch.lengths - 1].float()  # (rows, d_vocab)
@@ -123,7 +147,10 @@ def top1_facts(model, facts: list[Fact], *, memory_mb: float = DEFAULT_MEMORY_MB
             tops += last.argmax(-1).tolist()
             probs += last.softmax(-1).gather(1, wanted[:, None])[:, 0].tolist()
             bar.update(len(batch.lengths))
+    tokenizer = model_tokenizer(model)
     frame = pd.DataFrame([{"relation": f.relation, "prompt": f.prompt, "subject": f.subject, "answer": f.answer}
-                          for f in facts]).assign(answer_token=answers, top_token=tops, answer_prob=probs)
+                          for f, _ in traced]).assign(
+        answer_token=answers, answer_text=[tokenizer.decode([token]) for token in answers], top_token=tops,
+        answer_prob=probs)
     frame["kept"] = frame["answer_token"] == frame["top_token"]
     return [fact for fact, kept in zip(facts, frame["kept"]) if kept], frame

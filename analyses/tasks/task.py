@@ -50,8 +50,8 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric, PromptScores, prompt_mean_part, prompt_scores
-from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, split_prompts
-from analyses.core.stats import bootstrap_ratio
+from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, check_split, split_prompts
+from analyses.core.stats import bootstrap_ratio, check_interval_prompts
 from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
 from analyses.interventions.ablation import METHODS as ABLATION_METHODS, PAIRED_METHODS, CorruptedReference
 from analyses.interventions.run import Run
@@ -322,10 +322,26 @@ def _mean_metric(task: Task, last: torch.Tensor, scorer) -> Metric:
 
 
 # ------------------------------------------------------------- selection apart from measurement
+def check_task_prompts(n_prompts: int, split: bool, what: str, share: float = DEFAULT_SELECTION_SHARE) -> None:
+    """Refuse, in one line, a task whose effects would be measured, with intervals over prompts, on
+    fewer than ``analyses.core.stats.MIN_INTERVAL_PROMPTS`` prompts: those of its measurement split
+    (``check_split``) where ``split``, else all ``n_prompts``. ``what``: where the count came from
+    ("--n 3", "task 'ioi'")."""
+    try:
+        if split:
+            check_split(n_prompts, share)
+        else:
+            check_interval_prompts(n_prompts, f"{n_prompts} prompt(s)")
+    except UserError as error:
+        raise UserError(f"{what}: {error}; give more prompts (--n)") from None
+
+
 def task_split(task: Task, seed: int = 0, share: float = DEFAULT_SELECTION_SHARE) -> PromptSplit:
     """The task's prompts split into a selection (to choose heads on) and a disjoint measurement split
     (to report their effects on): ``split_prompts``, seeded, stratified by template where the task has
-    templates. A template that would be missing from either split is refused in one line."""
+    templates. Too few prompts to measure on (``check_task_prompts``) and a template that would be
+    missing from either split are refused in one line."""
+    check_task_prompts(len(task), True, f"task {task.name!r}", share)
     split = split_prompts(len(task), share, seed, strata=task.templates or None)
     chosen = set(split.selection.tolist())
     for template in dict.fromkeys(task.templates):

@@ -5,7 +5,10 @@ deviation is added to the subject tokens' embeddings (``hook_embed``), one seede
 sample. Then restore one state of the clean run -- a layer's residual stream (``resid_post``, the
 layer's output, or ``resid_pre``, its input), its MLP output or its attention output -- at one
 position, and measure the probability of the answer at the last token. The three heatmaps
-(layer x position) show where the clean information must flow for the answer to come back.
+(layer x position) show where the clean information must flow for the answer to come back. The answer
+token is taken by one rule for one prompt and for a fact set (``analyses.tasks.facts.answer_token``):
+the answer's first token, where a leading space that is a token of its own (a byte tokenizer) moves
+onto the prompt, so the token traced is never the space.
 
 The embedding's standard deviation (``noise_from``) is that of ``hook_embed`` over the subject's
 tokens (``"subjects"``: every element at every noised position, as ROME's ``collect_embedding_std``
@@ -23,13 +26,15 @@ forward, and less where the run starts mid-stream (``trace_rows`` counts them).
 Over a fact set (``trace_facts``, Meng et al.'s Figure 2): each fact is traced as above with ``samples``
 (10) seeded draws, the noise's standard deviation ``noise`` (3) times that of the subject tokens'
 embeddings over the whole set (``noise_from="subjects"``, as ROME's ``collect_embedding_std``;
-``"vocabulary"`` is the older whole-table rule), restores of one hidden state (``resid``) and of
-``window`` (10) consecutive layers' MLP or attention outputs centred on the layer and clipped at the
-ends (``window_layers``, ROME's rule), each restored at every token of one *position class* at once
-(``position_classes``: first, middle and last subject token, first subsequent token, further tokens,
-last token). The average indirect effect (AIE) of a cell is the mean over facts of (restored -
-noised) answer probability, with a 95% bootstrap interval over facts; ``trace_verdict`` says whether
-the last subject token's MLP window peaks in the middle layers, apart from the other subject tokens.
+``"vocabulary"`` is the older whole-table rule; ``noise_facts``: the whole set where only some of it
+is traced), restores of one hidden state (``resid``) and of ``window`` (10) consecutive layers' MLP
+or attention outputs centred on the layer and clipped at the ends (``window_layers``, ROME's rule),
+each restored at every token of one *position class* at once (``position_classes``: first, middle
+and last subject token, first subsequent token, further tokens, last token). The average indirect
+effect (AIE) of a cell is the mean over facts of (restored - noised) answer probability, with a 95%
+bootstrap interval over facts (so at least ``MIN_INTERVAL_PROMPTS`` of them); ``trace_verdict`` says
+whether the last subject token's MLP window peaks in the middle layers, apart from the other subject
+tokens.
 
 Cost: a restore at positions P changes nothing before min(P), so on a model that keeps keys and
 values (``GPTModel``: ``past_kv``) those earlier positions are not run again: each draw's noised
@@ -53,12 +58,11 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.metrics import prompt_mean_part
 from analyses.core.plots import new_figure, token_label
 from analyses.core.progress import progress_bar
-from analyses.core.stats import bootstrap_ratio
+from analyses.core.stats import bootstrap_ratio, check_interval_prompts
 from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids, start_ids
 from analyses.interventions.engine import (Edit, base_run, cache_run, check_choice, evaluate_variants,
                                            runs_suffix_only)
-from analyses.tasks.facts import Fact, answer_token
-from analyses.tasks.task import single_token
+from analyses.tasks.facts import Fact, answer_token, traced_facts
 from interp.attention import LayerKV
 from interp.errors import UserError
 
@@ -238,19 +242,24 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
                  kinds=KINDS, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Trace:
     """Causal tracing of ``prompt`` (see the module docstring) -> a ``Trace``.
 
-    ``subject``: text in the prompt whose tokens are noised; ``answer``: the text that continues the
-    prompt as one token (e.g. " Paris"; default: the clean run's top token); ``samples``: noise
+    ``subject``: text in the prompt whose tokens are noised; ``answer``: the exact text that continues
+    the prompt (e.g. " Paris"), of which one token is traced by the rule of ``answer_token`` (a fact
+    set's too: its first token, where a leading space that is a token of its own moves onto the
+    prompt); default: the clean run's top token; ``samples``: noise
     draws; ``noise``: the noise's standard deviation in units of the embedding's, that of the
     subject's tokens or the vocabulary's (``noise_from``); ``state``: which residual stream "resid"
     restores ("resid_post" or "resid_pre"); ``kinds``: of ``KINDS``."""
     _check_options(samples, state, kinds)
+    if answer is not None:
+        prompt, answer_id = answer_token(model, prompt, answer)
     tokens = encode(model, prompt).tokens  # (1, pos)
     positions = subject_positions(model, prompt, subject)
     n_layers, n_pos = model.cfg.n_layers, tokens.shape[1]
     kinds = traced_kinds(model, kinds, state)
     names = [state_name(kind, layer, state) for kind in kinds for layer in range(n_layers)]
     clean_logits, clean_cache = cache_run(model, tokens, names)
-    answer_id = int(clean_logits[0, -1].argmax()) if answer is None else _answer_id(model, prompt, answer)
+    if answer is None:
+        answer_id = int(clean_logits[0, -1].argmax())
     std = noise * noise_scale(model, [prompt], [subject], noise_from)
     hook = noise_hook(draw_noise(model, samples, len(positions), std, seed), positions)
     metric = answer_probability(answer_id, parts=runs_suffix_only(model))
@@ -267,15 +276,6 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
         token=[strings[pos] for _, _, pos in cells], prob=values.cpu().numpy())
     return Trace(frame, metric(clean_logits).item(), metric(noised_logits).item(), strings, positions, answer_id,
                  kinds, std)
-
-
-def _answer_id(model, prompt: str, answer: str) -> int:
-    """The id of ``answer``, the exact text that continues ``prompt`` as one token."""
-    hit = single_token(model_tokenizer(model), prompt, answer, sep="")
-    if hit is None or hit[0] != prompt:
-        raise UserError(f"answer {answer!r} is not one token after the prompt (give the exact continuation, "
-                        "e.g. ' Paris' with its space)")
-    return hit[1]
 
 
 def trace_figure(trace: Trace):
@@ -327,7 +327,8 @@ class PrefixCached:
 
 @dataclass(frozen=True)
 class TracedFact:
-    """A fact ready to trace: tokens (1, pos), the subject's positions, the answer's first token."""
+    """A fact ready to trace: the fact as traced (``traced_facts``), tokens (1, pos), the subject's
+    positions, the answer's token (``answer_token``)."""
 
     fact: Fact
     tokens: torch.Tensor
@@ -336,15 +337,15 @@ class TracedFact:
 
 
 def prepare_facts(model, facts: list[Fact]) -> list[TracedFact]:
-    """Each fact tokenised, its subject located and its answer's first token found; a fact the model's
-    tokenizer cannot trace is refused in one line naming it."""
+    """Each fact as traced, with its answer token (``traced_facts``), tokenised and its subject
+    located; a fact the model's tokenizer cannot trace is refused in one line naming it."""
     prepared = []
-    for number, fact in enumerate(facts, start=1):
+    for number, (fact, answer) in enumerate(traced_facts(model, facts), start=1):
         try:
             tokens = encode(model, fact.prompt).tokens
             subject = subject_positions(model, fact.prompt, fact.subject)
             position_classes(tokens.shape[1], subject)
-            prepared.append(TracedFact(fact, tokens, subject, answer_token(model, fact)))
+            prepared.append(TracedFact(fact, tokens, subject, answer))
         except UserError as error:
             raise UserError(f"fact {number} ({fact.prompt!r}): {error}") from None
     return prepared
@@ -358,7 +359,8 @@ class FactTrace:
     that class); facts: one row per fact: ``relation, prompt, subject, answer, answer_token,
     n_tokens, n_subject_tokens, clean_prob, corrupted_prob``; effects: (fact, kind, layer, class)
     restored - noised probability, NaN where a fact lacks the class; kinds, n_layers, window,
-    samples, noise_std: the settings."""
+    samples, noise_std: the settings; noise_over: what the noise's unit, the embedding standard
+    deviation, was taken over ("the subject tokens of 595 facts", "the vocabulary")."""
 
     aie: pd.DataFrame
     facts: pd.DataFrame
@@ -368,6 +370,7 @@ class FactTrace:
     window: int
     samples: int
     noise_std: float
+    noise_over: str
 
     def total_effect(self, seed: int = 0) -> tuple[float, float, float]:
         """Mean over facts of clean - noised probability, with its 95% bootstrap interval."""
@@ -382,27 +385,31 @@ def fact_seed(seed: int, index: int) -> int:
 
 
 def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3.0, noise_from: str = "subjects",
-                window: int = WINDOW, seed: int = 0, state: str = "resid_post", kinds=KINDS,
-                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> FactTrace:
+                noise_facts: list[Fact] | None = None, window: int = WINDOW, seed: int = 0, state: str = "resid_post",
+                kinds=KINDS, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> FactTrace:
     """Causal tracing over ``facts`` (module docstring) -> a ``FactTrace``.
 
     Each fact gets ``samples`` noise draws (seed ``seed`` and its index) of standard deviation
-    ``noise`` x ``noise_scale`` over all the facts' subjects (``noise_from``); ``window``: the MLP and
-    attention windows' width; ``state``: the hidden state ``resid`` restores. The answer is the first
-    token of each fact's answer (filter the set with ``analyses.tasks.facts.top1_facts`` first, as Meng
-    et al. trace only facts the model knows). ``progress``: one bar over the facts."""
+    ``noise`` x ``noise_scale`` (``noise_from``) over the subjects of ``noise_facts`` (default:
+    ``facts``; give the whole set the traced facts were drawn from, so that a fact's numbers do not
+    depend on which others are traced); ``window``: the MLP and attention windows' width; ``state``:
+    the hidden state ``resid`` restores. The answer token is ``analyses.tasks.facts.answer_token``'s
+    (filter the set with ``analyses.tasks.facts.top1_facts`` first, as Meng et al. trace only facts
+    the model knows). Fewer than ``analyses.core.stats.MIN_INTERVAL_PROMPTS`` facts are refused: the AIE's interval is
+    over facts. ``progress``: one bar over the facts."""
     _check_options(samples, state, kinds)
     if window < 1:
         raise UserError(f"window={window} must be at least 1")
-    if not facts:
-        raise UserError("no facts to trace")
+    check_interval_prompts(len(facts), f"{len(facts)} fact(s) to trace", unit="facts")
+    noise_facts = facts if noise_facts is None else noise_facts
     prepared = prepare_facts(model, facts)
     longest = max(one.tokens.shape[1] for one in prepared)
     if caches_keys(model) and rows_within(model, longest, memory_mb, logits=True, read=1) < samples:
         raise UserError(f"memory_mb={memory_mb:g} holds fewer than the {samples} rows (noise draws) of {longest} "
                         "tokens that a restore runs together (their cached keys go with them); give a larger budget")
     kinds = traced_kinds(model, kinds, state)
-    std = noise * noise_scale(model, [f.prompt for f in facts], [f.subject for f in facts], noise_from)
+    std = noise * noise_scale(model, [f.prompt for f in noise_facts], [f.subject for f in noise_facts], noise_from)
+    noise_over = f"the subject tokens of {len(noise_facts)} facts" if noise_from == "subjects" else "the vocabulary"
     effects = np.full((len(facts), len(kinds), model.cfg.n_layers, len(CLASSES)), np.nan)
     totals = []
     with progress_bar(total=len(facts), progress=progress, desc="causal tracing", unit="fact") as bar:
@@ -418,7 +425,7 @@ def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3
                            "n_subject_tokens": len(one.subject), "clean_prob": clean, "corrupted_prob": corrupted}
                           for one, (clean, corrupted) in zip(prepared, totals)])
     aie = aie_frame(effects, frame["corrupted_prob"].to_numpy(), kinds, seed)
-    return FactTrace(aie, frame, effects, kinds, model.cfg.n_layers, window, samples, std)
+    return FactTrace(aie, frame, effects, kinds, model.cfg.n_layers, window, samples, std, noise_over)
 
 
 def trace_fact(model, one: TracedFact, draws: torch.Tensor, kinds: tuple[str, ...], window: int, state: str,
