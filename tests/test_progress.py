@@ -195,6 +195,7 @@ QUIET_RUNS = {
     ("task",): ["task", "induction-text", "--model", "toy", "--n", "4", "--top", "1", "--screen-top", "1"],
     ("explain",): ["explain", "induction-text", "--model", "toy", "--n", "2", "--top", "1", "--steps", "1", "--no-flow"],
     ("tracr",): ["tracr", "length", "--vocab", "a,b", "--max-seq-len", "3", "--prompts", "2"],
+    ("qk",): ["qk", "--model", "toy", "--head", "1.5", *PROBES],
 }
 
 
