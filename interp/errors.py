@@ -1,4 +1,4 @@
-"""The one exception type for user mistakes (DESIGN 5).
+"""The one exception type for user mistakes (architecture §5).
 
 Bad input (an empty text, a layer out of range, a malformed study spec, a checkpoint with missing
 tensors, an intervention the model's hooks cannot carry out...) raises ``UserError`` with a one-line

@@ -1,5 +1,5 @@
 """Atomic file writes: a temporary name in the same directory, then a rename, so no output file is
-ever seen half-written (DESIGN 5)."""
+ever seen half-written (architecture §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``load_model``: one entry point for every model the toolkit looks at (DESIGN 3.3).
+"""``load_model``: one entry point for every model the toolkit looks at (architecture §3.3).
 
 Checkpoints of ours are a directory with ``model.safetensors`` and ``config.json``
 (``{"format": "interp-gpt/1", "config": {...GPTConfig...}, "tokenizer": "bytes"}``, or a fixed

@@ -1,6 +1,6 @@
 """``GPTModel``: one transformer, GPT-2's by default, every supported family by its config knobs.
 
-Where things live (DESIGN 3.2, 3.4):
+Where things live (architecture §3.2, §3.4):
 
 - ``GPTConfig``: the shape and the family knobs (norm, MLP kind, positions, key/value heads,
   parallel block, biases, tied unembedding, embedding scale); the defaults are GPT-2.
@@ -12,7 +12,7 @@ Where things live (DESIGN 3.2, 3.4):
 
 GPT-2 (the defaults): token + learned position embeddings, pre-LayerNorm blocks of attention then
 a GELU-tanh MLP (unless ``attn_only``), a final LayerNorm and an unembedding tied to the token
-embedding. Hook names follow TransformerLens (DESIGN section 2), so every analysis treats it like a
+embedding. Hook names follow TransformerLens (architecture §2), so every analysis treats it like a
 ``TransformerBridge``:
 
     hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre          (batch, pos, d_model)
@@ -107,7 +107,7 @@ class GPTConfig:
     # where the model's weights live; kept in sync by GPTModel.to() and read by TransformerLens
     # utilities (its patching sweeps); not saved in checkpoints
     device: str = field(default="cpu", compare=False)
-    # ---- family knobs (DESIGN 3.4); the defaults are GPT-2 -----------------------------------
+    # ---- family knobs (architecture §3.4); the defaults are GPT-2 -----------------------------------
     d_head: int | None = None  # width of a head; default d_model // n_heads
     n_key_value_heads: int | None = None  # None: n_heads; fewer: grouped-query (1: multi-query)
     normalization_type: str | None = "LN"  # "LN" (LayerNorm) | "RMS" (RMSNorm, float32) | None (no norm)

@@ -147,7 +147,7 @@ def make_random_gpt2(n_layers=2, d_model=64, n_heads=4, n_ctx=64, d_vocab=257, s
 def random_like(model, seed: int = 0):
     """The architecture of ``model`` (a loaded ``GPTModel`` or ``TransformerBridge``) at random
     initialisation, with the same tokenizer, device and dtype, in eval mode: the null model of
-    calibration (DESIGN 4.7). Deterministic in ``seed``; the global random state is restored.
+    calibration (architecture §4.7). Deterministic in ``seed``; the global random state is restored.
 
     A model that came from a Hugging Face one (a bridge; a ``GPTModel`` made by ``from_hf``, which
     keeps ``hf_config``) is rebuilt by ``AutoModelForCausalLM.from_config`` with that family's own

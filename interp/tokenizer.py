@@ -11,7 +11,7 @@ one (``cfg.default_prepend_bos``), and a batch of unequal lengths is padded on t
 real lengths returned, so the padding can be masked out of every score. Causal attention keeps the
 padding invisible to the real positions.
 
-The start token (DESIGN 4.11): a model's tokenizer says whether its text begins with one
+The start token (architecture §4.11): a model's tokenizer says whether its text begins with one
 (``add_bos_token`` in a Hugging Face tokenizer's files, ``tokenizer.ggml.add_bos_token`` in a GGUF
 file); where it says nothing, the family's default holds. The setting is stored once on the model,
 as ``cfg.default_prepend_bos`` (our ``GPTConfig`` and the TransformerLens bridge's cfg alike), with

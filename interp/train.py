@@ -1,4 +1,4 @@
-"""``interp train``: the recipe behind the embedded "toy" model (DESIGN 3.3).
+"""``interp train``: the recipe behind the embedded "toy" model (architecture §3.3).
 
 A 2-layer attention-only GPT learns, on one CPU thread, from two kinds of sequence mixed in
 every batch (a quarter text, three quarters synthetic):

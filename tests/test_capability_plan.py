@@ -1,4 +1,4 @@
-"""What the hook self-test knows is known before the first sweep (DESIGN 2.1): on a model whose heads'
+"""What the hook self-test knows is known before the first sweep (architecture §2.1): on a model whose heads'
 z @ W_O does not give hook_attn_out (as the bridge's Gemma-3 measured), ``interp report`` and
 ``interp task`` leave out the parts that need it (the circuit, direct logit attribution), run the
 rest, and say which and why on the page, in report.md and in meta.json; ``interp circuit``, which has

@@ -1,4 +1,4 @@
-"""The circuit step (DESIGN 4.6): edges scored by composition and by path patching, the graph
+"""The circuit step (architecture §4.6): edges scored by composition and by path patching, the graph
 figure, the report section's data, and ``interp circuit``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Composition scores (DESIGN 4.6) against TransformerLens's ``all_composition_scores`` on the same
+"""Composition scores (architecture §4.6) against TransformerLens's ``all_composition_scores`` on the same
 weights, on hand-set weights whose answer is known, and on the embedded model's induction circuit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every config field of every from-scratch family, flipped one at a time (DESIGN 3.4): the
+"""Every config field of every from-scratch family, flipped one at a time (architecture §3.4): the
 converted ``GPTModel`` gives Hugging Face's eager logits (to 1e-4), or the conversion is refused in
 one line naming the field and its value. Never a silent difference.
 

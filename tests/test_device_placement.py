@@ -4,7 +4,7 @@ issue 43, item 4: and on MPS, which has no float64.
 There is no GPU here, so the model sits on a simulated "cuda:0" or "mps:0"
 (``tests/simulated_device.py``): values stay on the CPU, and every torch call is checked by
 PyTorch's own device rules on fake tensors (on "mps", with MPS's refusal of float64). The rule the
-library keeps (DESIGN 4.0, 4.11): accumulators and results live on the model's device, in the
+library keeps (architecture §4.0, §4.11): accumulators and results live on the model's device, in the
 widest float it has (``analyses.core.tokens.accumulator_dtype``), until a frame is made on the CPU."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Effects of interventions as means over prompts with bootstrap intervals (DESIGN 4.12), against
+"""Effects of interventions as means over prompts with bootstrap intervals (architecture §4.12), against
 prompts run one at a time through hand-written hooks and a bootstrap written out by hand."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every command and the cross-checked analyses on tiny randomly initialised models of each family
-(DESIGN 2.1, 4, 6): llama (grouped-query), mistral, qwen2 (qkv bias, no BOS), gemma (one key/value
+(architecture §2.1, §4, §6): llama (grouped-query), mistral, qwen2 (qkv bias, no BOS), gemma (one key/value
 head), gpt_neox (parallel residual, partial rotary), phi, opt, and the cheap extras gpt2 and gpt_neo.
 Where the from-scratch model implements a family, the library checks run on both backends (our
 ``GPTModel`` and the TransformerLens bridge); the commands run on the one ``load_model`` picks (the
@@ -45,7 +45,7 @@ from interp.random_models import SPECIALS, _byte_alphabet, save_random_model
 # tests/test_report.py run) in the library checks.
 ISSUE_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "gpt_neox", "phi", "opt")
 FAMILIES = (*ISSUE_FAMILIES, "gpt2", "gpt_neo")
-# Measured (DESIGN 2.1): on the bridge's opt and gpt_neo an edit of hook_pattern changes nothing.
+# Measured (architecture §2.1): on the bridge's opt and gpt_neo an edit of hook_pattern changes nothing.
 PATTERN_EDITS_IGNORED = {"opt", "gpt_neo"}
 # The token each family's sequences start with: its BOS, else its EOS (Qwen2 has no BOS).
 START_TOKEN = {"llama": 1, "mistral": 1, "gemma": 2, "opt": 2, "gpt_neox": 0, "qwen2": 256, "phi": 256,

@@ -1,4 +1,4 @@
-"""Intervals beyond the intervention floor (DESIGN 4.12): the role heads' causal check, direct and
+"""Intervals beyond the intervention floor (architecture §4.12): the role heads' causal check, direct and
 total effects, path patching, neuron and MLP ablation each carry a 95% interval over prompts equal to
 a bootstrap written out by hand over per-prompt effects measured with hand-written hooks; "no causal
 effect" follows the interval, not the effect's size."""

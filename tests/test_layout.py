@@ -1,4 +1,4 @@
-"""The house's rules (DESIGN section 1, docs/architecture.md), read from the source's imports:
+"""The house's rules (architecture §1, docs/architecture.md), read from the source's imports:
 ``interp`` never imports ``analyses``; no room of ``analyses`` imports a room above it (nor a
 sibling on its own floor); no library module imports a command module (``analyses/cli/``); and no
 import circle among the modules, counting the imports inside functions too."""

@@ -241,7 +241,7 @@ def test_moving_a_model_leaves_a_shared_config_alone():
 
 
 # ---------------------------------------------------------------------------------------------
-# the family knobs (DESIGN 3.4): every combination keeps the model's own paths consistent; the
+# the family knobs (architecture §3.4): every combination keeps the model's own paths consistent; the
 # families themselves are checked against Hugging Face in tests/test_scratch_families.py
 
 KNOBS = {

@@ -1,4 +1,4 @@
-"""Exact patching against TransformerLens's own sweeps on the same weights (DESIGN 6)."""
+"""Exact patching against TransformerLens's own sweeps on the same weights (architecture §6)."""
 
 from __future__ import annotations
 

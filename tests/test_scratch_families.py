@@ -1,4 +1,4 @@
-"""The from-scratch GPTModel on every family it converts (DESIGN 3.4): against Hugging Face eager
+"""The from-scratch GPTModel on every family it converts (architecture §3.4): against Hugging Face eager
 (logits to 1e-4, greedy generation token for token) and against a TransformerLens bridge over the
 same weights (every hook to 1e-5, same names and shapes); and its own paths against each other (KV
 cache, the SDPA fast path, start_at_layer). Tiny random models (interp.random_models; BLOOM made

@@ -1,4 +1,4 @@
-"""The model's own input format (issue 44.6, DESIGN 4.11): whether texts and probes begin with the
+"""The model's own input format (issue 44.6, architecture §4.11): whether texts and probes begin with the
 start token follows the tokenizer (a Hugging Face directory's, a GGUF file's
 ``tokenizer.ggml.add_bos_token``), else the family's default; ``--prepend-bos/--no-prepend-bos``
 overrides it and ``meta.json`` records it; probes without a start token score every role on the

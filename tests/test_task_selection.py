@@ -1,4 +1,4 @@
-"""``interp task`` chooses on one split and measures on another (DESIGN 4.12), with the literature's
+"""``interp task`` chooses on one split and measures on another (architecture §4.12), with the literature's
 ablation reference: the ABC means of Wang et al. 2022 (each template's corrupted prompts' mean,
 position by position), checked against a hand computation; the task's CSVs against the library's
 interval functions on the measurement split."""

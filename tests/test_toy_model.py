@@ -1,6 +1,6 @@
 """The shipped "toy" model: it loads offline, and its head roles are real (issue 3 targets).
 
-Scores are computed here from the DESIGN 4.1 probes and raw attention patterns, independently of
+Scores are computed here from the architecture §4.1 probes and raw attention patterns, independently of
 ``interp.train``'s own evaluation: a score is the mean attention from each query position to the
 role's target position, over the query positions where the role is defined.
 """

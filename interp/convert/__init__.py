@@ -1,4 +1,4 @@
-"""From a Hugging Face model to our from-scratch ``GPTModel`` (DESIGN 3.4): one table of families.
+"""From a Hugging Face model to our from-scratch ``GPTModel`` (architecture §3.4): one table of families.
 
 ``CONVERTERS`` (``interp.convert.families``) holds a row per Hugging Face ``model_type``: where its
 weights are and how its config reads into ``GPTConfig`` knobs; ``interp.convert.common.convert``

@@ -1,4 +1,4 @@
-"""The one conversion every Hugging Face family goes through (DESIGN 3.4): a ``Family`` is a row
+"""The one conversion every Hugging Face family goes through (architecture §3.4): a ``Family`` is a row
 of the table in ``interp.convert.families`` (where the family's weights are and how its config
 reads into ``GPTConfig`` knobs); ``convert`` reads any row. Beside it, what the rows share:
 reading activation names and RoPE settings, refusing the options the from-scratch model does not

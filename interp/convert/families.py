@@ -1,4 +1,4 @@
-"""The table of Hugging Face families the from-scratch ``GPTModel`` implements (DESIGN 3.4): one
+"""The table of Hugging Face families the from-scratch ``GPTModel`` implements (architecture §3.4): one
 row (``interp.convert.common.Family``) per ``model_type`` (``CONVERTERS``): where its weights are and a small
 function reading its config into ``GPTConfig`` knobs. ``interp.convert.common.convert`` reads any
 row; a new family is a new row (and its lines in tests/test_converter_options.py).

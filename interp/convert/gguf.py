@@ -1,5 +1,5 @@
 """GGUF files (llama.cpp's format, as llama.cpp, Ollama and LM Studio hold models) read tensor by
-tensor (issue 33).
+tensor (architecture §3.3, §4.11).
 
 A GGUF file is a header (metadata key/values: the architecture's hyper-parameters and the
 tokenizer's vocabulary), a table of tensors (name, shape, ggml type, offset) and the tensors'
