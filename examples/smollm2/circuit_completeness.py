@@ -6,9 +6,9 @@ among the top-n heads and MLPs (ranked by ``node_patching`` on 24 prompts of the
 ``--edges`` edges (6,116 by default: 5.0% of the 123,211, the smallest circuit whose full-graph
 faithfulness has a lower bound >= 0.7). Wang et al.'s two checks (every edge outside a circuit
 carries the ABC run's value; faithfulness normalised between the fully corrupted and the clean
-model), each choosing its sets K of nodes on ``--search-prompts`` prompts of the selection split and
-reporting them, with 95% intervals from a bootstrap over prompts, on ``--measure-prompts`` prompts of
-the measurement split:
+model), each choosing its sets K of nodes on the first ``--search-prompts`` prompts of the selection
+split (among those the ranking chose the circuit on) and reporting them, with 95% intervals from a
+bootstrap over prompts, on ``--measure-prompts`` prompts of the measurement split:
 
 - completeness (``analyses.completeness``): for sets K of the circuit's nodes, F(C\\K) - F(M\\K),
   the circuit and the whole model each with K's outgoing edges corrupted; a greedy K grown for
@@ -19,11 +19,13 @@ the measurement split:
   ``--minimality-steps`` steps on the selection prompts; reported: F(C\\K) - F(C\\(K + v)) and its
   absolute value (Wang et al.'s score). 0 steps skips minimality (said so in the output).
 
-Cost, in full-graph evaluations of one circuit on one prompt (about 0.8 s on one thread): the
-completeness search 2 x nodes x steps x search prompts, its report 2 x (steps + random) x measure
-prompts; the minimality search about (1 + nodes^2 / 2) x search prompts for its first step and up to
-2 x nodes^2 per further step, its report 2 x nodes x measure prompts. With the 73-node circuit one
-minimality step on 4 search prompts is about 10,700 evaluations: hours on a CPU.
+Cost, in full-graph evaluations of one circuit on one prompt (about 0.09 s of CPU on one thread,
+from benchmarks/README.md's timings of this script; the node ranking first takes about 6 CPU
+minutes): the completeness search 2 x nodes x steps x search prompts, its report 2 x (steps +
+random) x measure prompts; the minimality search about (1 + nodes^2 / 2) x search prompts for its
+first step and up to 2 x nodes^2 per further step, its report 2 x nodes x measure prompts. With the 73-node circuit one
+minimality step on 8 search prompts is about 21,000 evaluations (some 30 CPU minutes), the defaults
+together about 45 CPU minutes with the ranking.
 
 The model: the Q4_1 GGUF weights dequantised to float32, prompts without a start token.
 
