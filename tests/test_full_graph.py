@@ -222,57 +222,203 @@ def names_to_nodes(names: str) -> set:
     return nodes
 
 
-def test_completeness_against_the_brute_force():
+def restricted_f(model, prompts_and_metric, graph, mask):
+    """F(mask without K) by the brute force on one set of prompts, as a function of K: the summed
+    loss, normalised between the fully corrupted and the clean run of those prompts."""
+    clean, corrupted = prompts_and_metric[:2]
+    every = np.ones(graph.n_edges, bool)
+    full = naive_restricted(model, clean, corrupted, graph, every, set())
+    empty = naive_restricted(model, clean, corrupted, graph, ~every, set())
+    return lambda removed: (naive_restricted(model, clean, corrupted, graph, mask, set(removed)) - empty) / (full - empty)
+
+
+def two_prompt_sets() -> tuple[tuple, tuple]:
+    """Selection and measurement prompts (disjoint draws), each with its loss metric."""
+    selection, measurement = prompts(seed=1), prompts(seed=2)
+    return (*selection, loss_metric(selection[0])), (*measurement, loss_metric(measurement[0]))
+
+
+def test_completeness_greedy_on_selection_measured_on_measurement():
     model = tiny(n_layers=2)
-    clean, corrupted = prompts()
+    selection, measurement = two_prompt_sets()
     graph = full_graph(model)
     nodes = [("head", 0, 1), ("mlp", 0, -1), ("head", 1, 0)]
     circuit = circuit_from_nodes(graph, nodes)
-    frame = completeness(model, clean, corrupted, loss_metric(clean), circuit, n_random=2, greedy_steps=1,
-                         progress=False)
     every = np.ones(graph.n_edges, bool)
-    full = naive_restricted(model, clean, corrupted, graph, every, set())
-    empty = naive_restricted(model, clean, corrupted, graph, ~every, set())
-
-    def f(mask, removed):
-        return (naive_restricted(model, clean, corrupted, graph, mask, removed) - empty) / (full - empty)
-
+    frame = completeness(model, selection, measurement, circuit, greedy_steps=2, n_random=2, progress=False)
+    assert list(frame.search) == ["greedy", "greedy", "random", "random"] and list(frame.step) == [1, 2, 0, 0]
+    assert frame.attrs["chosen_on"] == "selection" and frame.attrs["measured_on"] == "measurement"
+    # the greedy path, searched by the brute force on the selection prompts
+    f_c, f_m = restricted_f(model, selection, graph, circuit), restricted_f(model, selection, graph, every)
+    chosen = set()
+    for step in (0, 1):
+        gaps = {u: abs(f_c(chosen | {u}) - f_m(chosen | {u})) for u in nodes if u not in chosen}
+        pick = max(gaps, key=gaps.get)
+        chosen = chosen | {pick}
+        assert names_to_nodes(frame.removed[step]) == chosen
+        assert frame.selection_gap[step] == pytest.approx(gaps[pick], abs=1e-4)
+    # every K measured on the measurement prompts
+    f_c, f_m = restricted_f(model, measurement, graph, circuit), restricted_f(model, measurement, graph, every)
     for row in frame.itertuples():
         removed = names_to_nodes(row.removed)
-        assert row.f_circuit == pytest.approx(f(circuit, removed), abs=1e-4)
-        assert row.f_model == pytest.approx(f(every, removed), abs=1e-4)
-        assert row.gap == pytest.approx(abs(row.f_circuit - row.f_model))
+        assert row.f_circuit == pytest.approx(f_c(removed), abs=1e-4)
+        assert row.f_model == pytest.approx(f_m(removed), abs=1e-4)
+        assert row.difference == pytest.approx(row.f_circuit - row.f_model)
+        assert row.gap == pytest.approx(abs(row.difference))
         assert row.ci_low <= row.difference <= row.ci_high
-    gaps = {node: abs(f(circuit, {node}) - f(every, {node})) for node in nodes}
-    greedy = frame[frame.search == "greedy"]
-    assert names_to_nodes(greedy.removed.iloc[0]) == {max(gaps, key=gaps.get)}
-    assert list(frame.search) == ["random", "random", "greedy"]
     # the whole model is complete: C\K = M\K for every K
-    whole = completeness(model, clean, corrupted, loss_metric(clean), every, n_random=2, greedy_steps=1, progress=False)
+    whole = completeness(model, selection, measurement, every, greedy_steps=1, n_random=2, progress=False)
     assert np.allclose(whole.gap, 0.0, atol=1e-6)
 
 
-def test_minimality_against_the_brute_force():
+def test_minimality_searches_k_per_node_and_scores_its_absolute_value():
     model = tiny(n_layers=2)
-    clean, corrupted = prompts()
+    selection, measurement = two_prompt_sets()
     graph = full_graph(model)
     nodes = [("head", 0, 0), ("head", 1, 1), ("mlp", 1, -1)]
     circuit = circuit_from_nodes(graph, nodes)
-    frame = minimality(model, clean, corrupted, loss_metric(clean), circuit, n_random=2, progress=False)
-    every = np.ones(graph.n_edges, bool)
-    full = naive_restricted(model, clean, corrupted, graph, every, set())
-    empty = naive_restricted(model, clean, corrupted, graph, ~every, set())
+    frame = minimality(model, selection, measurement, circuit, greedy_steps=2, progress=False)
+    assert list(frame.node) == ["L0H0", "L1H1", "MLP1"]
+    f_sel, f_meas = restricted_f(model, selection, graph, circuit), restricted_f(model, measurement, graph, circuit)
+    for row, v in zip(frame.itertuples(), nodes):
+        # with two other nodes u, w, two greedy steps visit: the empty K, the better of {u} and {w}, {u, w}
+        others = [u for u in nodes if u != v]
+
+        def score(k):
+            return abs(f_sel(k) - f_sel(k | {v}))
+
+        single = max(({u} for u in others), key=score)
+        best = max([set(), single, set(others)], key=score)
+        assert names_to_nodes(row.removed) == best and row.size == len(best)
+        assert row.selection_score == pytest.approx(score(best), abs=1e-4)
+        assert row.difference == pytest.approx(f_meas(best) - f_meas(best | {v}), abs=1e-4)
+        assert row.score == pytest.approx(abs(row.difference))
+        assert row.ci_low <= row.difference <= row.ci_high
+    assert (frame.difference < 0).any() and (frame.difference > 0).any()  # the absolute value is what is ranked
+
+
+def copy_head(model, layer: int, source: int, target: int) -> None:
+    """Make head ``target`` of ``layer`` an exact copy of head ``source`` (its q, k, v and output maps)."""
+    attn, d = model.blocks[layer].attn, model.cfg.d_head
+    into, out = slice(target * d, (target + 1) * d), slice(source * d, (source + 1) * d)
+    with torch.no_grad():
+        for linear in (attn.W_query, attn.W_key, attn.W_value):
+            linear.weight[into] = linear.weight[out]
+            if linear.bias is not None:
+                linear.bias[into] = linear.bias[out]
+        attn.out_proj.weight[:, into] = attn.out_proj.weight[:, out]
+
+
+def saturating_metric(model, graph, clean, corrupted, mask, backed_up: list[set]):
+    """A planted backup: each prompt's logit difference (clean top token - corrupted top token at the
+    last position), capped at its smallest value over the node sets ``backed_up`` (brute force), so
+    the metric is the same for all of them -> (metric, {frozenset(removed): its value by the brute force})."""
+    with torch.no_grad():
+        target = naive_run(model, clean, corrupted, None)[:, -1].argmax(-1)
+        other = naive_run(model, clean, corrupted, graph.edges.iloc[:0])[:, -1].argmax(-1)
+    rows = torch.arange(len(clean))
+
+    def differences(logits):
+        return logits[rows, -1, target] - logits[rows, -1, other]
+
+    def run(removed):
+        kept = graph.edges[mask]
+        kept = kept[[(k, l, h) not in removed for k, l, h in zip(kept.sender_kind, kept.sender_layer, kept.sender_head)]]
+        return differences(naive_run(model, clean, corrupted, kept))
+
+    cap = torch.stack([run(removed) for removed in backed_up]).min(0).values
+
+    def metric(logits):
+        return torch.minimum(differences(logits), cap).mean()
+
+    return metric, lambda removed: float(torch.minimum(run(set(removed)), cap).mean())
+
+
+def test_minimality_finds_the_backup_a_node_alone_hides():
+    """Heads a = L0H0 and b = L0H1 are copies, and the metric saturates once either is present: removing
+    a alone changes nothing (F(C) - F(C\\a) = 0, the old K-empty score), removing it once b is gone does.
+    Expected values from the brute-force forward on the measurement prompts."""
+    model = tiny(n_layers=2)
+    with torch.no_grad():  # layer 0's writes large, so that the two copies carry the answer
+        model.blocks[0].attn.out_proj.weight.mul_(6.0)
+    copy_head(model, 0, 0, 1)
+    graph = full_graph(model)
+    a, b, w = ("head", 0, 0), ("head", 0, 1), ("head", 1, 0)
+    circuit = circuit_from_nodes(graph, [a, b, w])
+    every, none = np.ones(graph.n_edges, bool), np.zeros(graph.n_edges, bool)
+    sets = []
+    for seed in (1, 2):
+        clean, corrupted = prompts(n=8, seed=seed)
+        backed_up = [set(), {a}, {b}, {w}, {a, w}, {b, w}]
+        metric, value = saturating_metric(model, graph, clean, corrupted, circuit, backed_up)
+        _, whole = saturating_metric(model, graph, clean, corrupted, every, [set()])
+        sets.append(((clean, corrupted, metric), value))
+    (selection, _), (measurement, value) = sets
+    with torch.no_grad():
+        clean, corrupted = measurement[:2]
+        m_full = float(measurement[2](naive_run(model, clean, corrupted, None)))
+        m_empty = float(measurement[2](naive_run(model, clean, corrupted, graph.edges[none])))
 
     def f(removed):
-        return (naive_restricted(model, clean, corrupted, graph, circuit, removed) - empty) / (full - empty)
+        return (value(removed) - m_empty) / (m_full - m_empty)
 
-    assert list(frame.node) == ["L0H0", "L1H1", "MLP1"]
-    for row, node in zip(frame.itertuples(), nodes):
+    assert abs(f(set()) - f({a})) < 1e-6  # the backup hides a from the K-empty test
+    expected = f({b}) - f({a, b})
+    assert abs(expected) > 0.2  # and a is needed once b is gone
+    frame = minimality(model, selection, measurement, circuit, greedy_steps=1, progress=False).set_index("node")
+    assert frame.removed["L0H0"] == "L0H1" and frame.removed["L0H1"] == "L0H0"
+    assert frame.difference["L0H0"] == pytest.approx(expected, abs=1e-4)
+    assert frame.score["L0H0"] == pytest.approx(abs(expected), abs=1e-4)
+
+
+def test_k_is_chosen_on_the_selection_prompts_only():
+    model = tiny(n_layers=2)
+    selection, measurement = two_prompt_sets()
+    other = (*prompts(seed=3), loss_metric(prompts(seed=3)[0]))
+    graph = full_graph(model)
+    circuit = circuit_from_nodes(graph, [("head", 0, 0), ("head", 0, 1), ("mlp", 0, -1), ("head", 1, 1)])
+    every = np.ones(graph.n_edges, bool)
+    first = minimality(model, selection, measurement, circuit, greedy_steps=2, progress=False)
+    second = minimality(model, selection, other, circuit, greedy_steps=2, progress=False)
+    assert list(first.removed) == list(second.removed)
+    pd.testing.assert_series_equal(first.selection_score, second.selection_score)
+    for row in first.itertuples():  # the numbers are the measurement prompts'
         k = names_to_nodes(row.removed)
-        assert node not in k
-        assert row.score == pytest.approx(f(k) - f(k | {node}), abs=1e-4)
-        assert row.score >= f(set()) - f({node}) - 1e-6  # the search tries the empty K first
-        assert row.ci_low <= row.score <= row.ci_high
+        v = names_to_nodes(row.node)
+        direct = circuit_faithfulness(model, *measurement, [graph.without(circuit, k), graph.without(circuit, k | v)],
+                                      progress=False)
+        assert row.difference == pytest.approx(direct.faithfulness[0] - direct.faithfulness[1], abs=1e-5)
+    complete = [completeness(model, selection, m, circuit, greedy_steps=3, n_random=0, progress=False)
+                for m in (measurement, other)]
+    assert list(complete[0].removed) == list(complete[1].removed)
+    for row in complete[1].itertuples():
+        k = names_to_nodes(row.removed)
+        direct = circuit_faithfulness(model, *other, [graph.without(circuit, k), graph.without(every, k)],
+                                      progress=False)
+        assert (row.f_circuit, row.f_model) == pytest.approx(tuple(direct.faithfulness), abs=1e-5)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True])
+def test_search_refuses_bad_greedy_steps(steps):
+    model = tiny(n_layers=2)
+    selection, measurement = two_prompt_sets()
+    circuit = circuit_from_nodes(full_graph(model), [("head", 0, 0)])
+    for search in (completeness, minimality):
+        with pytest.raises(UserError, match="greedy_steps must be an integer >= 1") as error:
+            search(model, selection, measurement, circuit, greedy_steps=steps, progress=False)
+        assert "\n" not in str(error.value)
+
+
+def test_search_refuses_the_same_prompts_for_selection_and_measurement():
+    model = tiny(n_layers=2)
+    selection, _ = two_prompt_sets()
+    copy = (selection[0].clone(), selection[1].clone(), selection[2])
+    circuit = circuit_from_nodes(full_graph(model), [("head", 0, 0)])
+    for search in (completeness, minimality):
+        for measurement in (selection, copy):
+            with pytest.raises(UserError, match="same clean prompts") as error:
+                search(model, selection, measurement, circuit, progress=False)
+            assert "\n" not in str(error.value)
 
 
 def test_tracr_true_circuit_is_faithful_on_the_full_graph():

@@ -39,13 +39,15 @@ each by the trapezoidal rule over the fraction of edges kept (``curve_areas``).
 
 **Completeness and minimality** (Wang et al. 2022, section 4): F(X) is the metric with the model
 restricted to the node set X -- every edge out of a node outside X corrupted -- normalised as
-faithfulness is. ``completeness``: for sets K of the circuit's nodes, F(C\\K) - F(M\\K), C the
-circuit and M the whole model; a complete circuit keeps it near 0 for every K. K is drawn at random
-(each node kept with probability 1/2, as Wang et al.) and built greedily (each step adds the node
-that most widens |F(C\\K) - F(M\\K)|). ``minimality``: for each node v of C, F(C\\K) - F(C\\(K+v))
-for the best K among a small search (the empty set and a few random subsets), large for a node the
-circuit needs. Both searches are small and choose K on the same prompts they report, so the
-greedy gap and the minimality scores lean high; the frames say which K was found.
+faithfulness is. Both search for sets K of the circuit's nodes on *selection* prompts and measure
+what they found on disjoint *measurement* prompts, so that the search's pick of the largest of many
+does not inflate the reported numbers. ``completeness``: F(C\\K) - F(M\\K), C the circuit and M the
+whole model; a complete circuit keeps it near 0 for every K. K is drawn at random (each node kept
+with probability 1/2) and grown greedily on the selection prompts (each step adds the node that
+most widens |F(C\\K) - F(M\\K)|; every step's K is reported). ``minimality``: a node v of C is needed
+when some K of C's other nodes gives a large |F(C\\(K+v)) - F(C\\K)|; K is searched per node,
+greedily from the empty set on the selection prompts, so a node that another node backs up (its
+removal alone changes nothing) is found needed once K holds the backup.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from interp.errors import UserError
 
 Node = tuple[str, int, int]  # (kind, layer, head): ("input", -1, -1), ("head", l, h), ("mlp", l, -1), ("logits", L, -1)
 INPUT: Node = ("input", -1, -1)
+Prompts = tuple  # (clean, corrupted, metric): prompts as ``circuit_faithfulness`` takes them, and their metric
 NEEDED_BY = "full-graph circuit evaluation"
 # MIB's circuit sizes: these fractions of the graph's edges (Mueller et al. 2025)
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -557,6 +560,7 @@ def circuit_nodes(graph: Graph, circuit: np.ndarray) -> list[Node]:
     return [node for node, kept in zip(graph.senders, sends) if kept and node != INPUT]
 
 
+
 def _random_sets(nodes: Sequence[Node], n_sets: int, seed: int) -> list[frozenset]:
     """``n_sets`` random subsets of ``nodes``, each node in each with probability 1/2 (seeded)."""
     draws = np.random.default_rng(seed).random((n_sets, len(nodes))) < 0.5
@@ -568,80 +572,159 @@ def _names(graph: Graph, nodes: frozenset) -> str:
     return ", ".join(node_name(node) for node in graph.senders if node in nodes)
 
 
-def completeness(model, clean, corrupted, metric: Metric, circuit: np.ndarray, *, n_random: int = 8,
-                 greedy_steps: int = 3, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
+def _check_search(model, selection: Prompts, measurement: Prompts, greedy_steps: int) -> None:
+    """Refuse, in one line, a greedy search of no step, or selection and measurement prompts that
+    are the same (the search would choose K on the prompts it reports)."""
+    if isinstance(greedy_steps, bool) or not isinstance(greedy_steps, (int, np.integer)) or greedy_steps < 1:
+        raise UserError(f"greedy_steps must be an integer >= 1; got {greedy_steps!r}")
+    for name, prompts in (("selection", selection), ("measurement", measurement)):
+        if not isinstance(prompts, (tuple, list)) or len(prompts) != 3:
+            raise UserError(f"{name} must be (clean, corrupted, metric); got {type(prompts).__name__}")
+    chosen_on = base_and_source(model, selection[0], selection[1], "noise")[0]
+    reported_on = base_and_source(model, measurement[0], measurement[1], "noise")[0]
+    if chosen_on.shape == reported_on.shape and bool(torch.equal(chosen_on.cpu(), reported_on.cpu())):
+        raise UserError("selection and measurement are the same clean prompts; K is chosen on the selection "
+                        "prompts and measured on the measurement prompts, so pass two disjoint sets")
+
+
+def _search_nodes(graph: Graph, circuit: np.ndarray) -> list[Node]:
+    """The circuit's nodes (``circuit_nodes``), refused in one line when it has none to remove."""
+    nodes = circuit_nodes(graph, circuit)
+    if not nodes:
+        raise UserError("the circuit has no head or MLP that sends an edge, so there is no node to remove")
+    return nodes
+
+
+class _Restricted:
+    """F on one set of prompts: the faithfulness of ``bases`` (masks over the graph's edges) with
+    every edge out of a set K of nodes corrupted, for many K in one ``evaluate_faithfulness`` call."""
+
+    def __init__(self, model, graph: Graph, bases: Sequence[np.ndarray], memory_mb: float, progress: bool | None):
+        self.model, self.graph, self.bases = model, graph, list(bases)
+        self.memory_mb, self.progress = memory_mb, progress
+
+    def __call__(self, prompts: Prompts, sets: Sequence[frozenset]) -> Faithfulness:
+        """-> the ``Faithfulness`` of each base without each K of ``sets``, K-major: circuit i of it
+        is base ``i % len(bases)`` without ``sets[i // len(bases)]``."""
+        masks = [self.graph.without(base, k) for k in sets for base in self.bases]
+        return evaluate_faithfulness(self.model, *prompts, masks, memory_mb=self.memory_mb, progress=self.progress)
+
+
+def completeness(model, selection: Prompts, measurement: Prompts, circuit: np.ndarray, *, greedy_steps: int = 3,
+                 n_random: int = 8, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
                  progress: bool | None = None) -> pd.DataFrame:
     """Wang et al.'s completeness of ``circuit`` (a mask over ``full_graph(model).edges``): for sets
-    K of its nodes (``circuit_nodes``), F(C\\K) and F(M\\K) (the circuit, and the whole model, with
-    every edge out of K corrupted; faithfulness-normalised) and their difference, with 95% intervals
-    over prompts -> frame ``search`` ("random": ``n_random`` sets, each node in with probability
-    1/2, seeded; "greedy": step i's K adds to step i-1's the node that most widens |difference|),
-    ``removed`` (the node names), ``size``, ``f_circuit``, ``f_model``, ``difference`` with
-    ``ci_low, ci_high``, ``gap`` (|difference|), ``n_prompts``. The greedy search tries every node
-    at each of ``greedy_steps`` steps and picks on the same prompts it reports: its gap is the
-    largest of many, an upper-leaning estimate."""
+    K of its nodes (``circuit_nodes``), the incompleteness F(C\\K) - F(M\\K) (the circuit, and the
+    whole model, with every edge out of K corrupted; faithfulness-normalised), a complete circuit's
+    near 0 for every K. ``selection`` and ``measurement``: (clean, corrupted, metric) on disjoint
+    prompts. The greedy K is grown on the selection prompts -- step i adds to step i-1's K the node
+    that most widens |F(C\\K) - F(M\\K)| there -- for ``greedy_steps`` steps (at most the circuit's
+    nodes); every step's K and ``n_random`` random K (each node in with probability 1/2, seeded) are
+    then measured on the measurement prompts, where nothing is chosen.
+
+    -> frame, one row per K: ``search`` ("greedy" or "random"), ``step`` (the greedy step, 1...; 0
+    for random), ``removed`` (K's node names), ``size``, ``selection_gap`` (the greedy pick's
+    |difference| on the selection prompts, the largest of the step's candidates; NaN for random),
+    then on the measurement prompts ``f_circuit``, ``f_model``, ``difference`` with ``ci_low,
+    ci_high`` (95%, bootstrap over prompts), ``gap`` (|difference|), ``n_prompts``. ``attrs``:
+    ``chosen_on`` ("selection"), ``measured_on`` ("measurement"), ``n_selection`` (the selection
+    prompts counted). Cost: 2 x nodes evaluations per greedy step on the selection prompts, 2 x
+    (steps + n_random) on the measurement prompts."""
     graph = full_graph(model)
     circuit = _check_masks(graph, [circuit])[0]
-    nodes = circuit_nodes(graph, circuit)
-    every = np.ones(graph.n_edges, dtype=bool)
-
-    def measure(sets: list[frozenset]) -> Faithfulness:  # F(C\K), F(M\K) for each K of ``sets``, in turn
-        masks = [graph.without(base, k) for k in sets for base in (circuit, every)]
-        return evaluate_faithfulness(model, clean, corrupted, metric, masks, memory_mb=memory_mb, progress=progress)
-
-    rows = []
-
-    def record(search: str, sets: list[frozenset], found: Faithfulness, picks: Sequence[int]):
-        combination = np.kron(np.eye(len(sets)), [[1.0, -1.0]])[list(picks)]  # F(C\K) - F(M\K)
-        difference, low, high = found.interval(combination)
-        for row, i in enumerate(picks):
-            rows.append((search, _names(graph, sets[i]), len(sets[i]), found.estimates[2 * i],
-                         found.estimates[2 * i + 1], difference[row], low[row], high[row], abs(difference[row]),
-                         found.n_prompts))
-
-    randoms = _random_sets(nodes, n_random, seed)
-    if randoms:
-        record("random", randoms, measure(randoms), range(len(randoms)))
-    chosen = frozenset()
+    _check_search(model, selection, measurement, greedy_steps)
+    nodes = _search_nodes(graph, circuit)
+    restricted = _Restricted(model, graph, [circuit, np.ones(graph.n_edges, dtype=bool)], memory_mb, progress)
+    chosen, path, selection_gaps, n_selection = frozenset(), [], [], 0
     for _ in range(min(greedy_steps, len(nodes))):
         tries = [chosen | {node} for node in nodes if node not in chosen]
-        found = measure(tries)
-        best = int(np.argmax(np.abs(found.estimates[0::2] - found.estimates[1::2])))
-        chosen = tries[best]
-        record("greedy", tries, found, [best])
-    columns = ["search", "removed", "size", "f_circuit", "f_model", "difference", "ci_low", "ci_high", "gap",
-               "n_prompts"]
-    return pd.DataFrame(rows, columns=columns)
+        found = restricted(selection, tries)
+        gaps = np.abs(found.estimates[0::2] - found.estimates[1::2])
+        best = int(np.argmax(gaps))
+        chosen, n_selection = tries[best], found.n_prompts
+        path.append(chosen)
+        selection_gaps.append(gaps[best])
+    randoms = _random_sets(nodes, n_random, seed)
+    sets = [*path, *randoms]
+    frame = pd.DataFrame({"search": ["greedy"] * len(path) + ["random"] * len(randoms),
+                          "step": [*range(1, len(path) + 1), *[0] * len(randoms)],
+                          "removed": [_names(graph, k) for k in sets], "size": [len(k) for k in sets],
+                          "selection_gap": [*selection_gaps, *[np.nan] * len(randoms)]})
+    if sets:
+        found = restricted(measurement, sets)
+        difference, low, high = found.interval(np.kron(np.eye(len(sets)), [[1.0, -1.0]]))  # F(C\K) - F(M\K)
+        frame = frame.assign(f_circuit=found.estimates[0::2], f_model=found.estimates[1::2], difference=difference,
+                             ci_low=low, ci_high=high, gap=np.abs(difference), n_prompts=found.n_prompts)
+    frame.attrs.update(chosen_on="selection", measured_on="measurement", n_selection=n_selection)
+    return frame
 
 
-def minimality(model, clean, corrupted, metric: Metric, circuit: np.ndarray, *, n_random: int = 4, seed: int = 0,
+def _greedy_minimality_sets(nodes: Sequence[Node], restricted: _Restricted, selection: Prompts,
+                            greedy_steps: int) -> tuple[dict[Node, frozenset], dict[Node, float], int]:
+    """Per node v, the K of Wang et al.'s minimality searched on the selection prompts: from K =
+    empty, each of ``greedy_steps`` steps adds the node u (of the circuit, not v, not in K) that
+    maximises |F(C\\(K+u)) - F(C\\(K+u+v))|; kept: the K of the largest score seen, the empty one
+    included -> ({v: K}, {v: its |score| on the selection prompts}, the selection prompts counted). One ``evaluate_faithfulness``
+    call per step for every node at once (the distinct sets among the K+u and K+u+v)."""
+    current = {v: frozenset() for v in nodes}
+    found = restricted(selection, [frozenset(), *({v} for v in nodes)])
+    best = {v: (abs(found.estimates[0] - found.estimates[1 + i]), frozenset()) for i, v in enumerate(nodes)}
+    n_selection = found.n_prompts
+    for _ in range(greedy_steps):
+        tries = {v: [current[v] | {u} for u in nodes if u != v and u not in current[v]] for v in nodes}
+        sets = list(dict.fromkeys(s for v in nodes for k in tries[v] for s in (k, k | {v})))
+        if not sets:
+            break
+        found = restricted(selection, sets)
+        value = dict(zip(sets, found.estimates))
+        for v in nodes:
+            if tries[v]:
+                scores = [abs(value[k] - value[k | {v}]) for k in tries[v]]
+                pick = int(np.argmax(scores))
+                current[v] = tries[v][pick]
+                if scores[pick] > best[v][0]:
+                    best[v] = (scores[pick], current[v])
+    return {v: k for v, (_, k) in best.items()}, {v: score for v, (score, _) in best.items()}, n_selection
+
+
+def minimality(model, selection: Prompts, measurement: Prompts, circuit: np.ndarray, *, greedy_steps: int = 1,
                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
-    """Wang et al.'s minimality of ``circuit`` (a mask over ``full_graph(model).edges``): for each of
-    its nodes v, F(C\\K) - F(C\\(K + v)) for the K that makes it largest among the empty set and
-    ``n_random`` random subsets of the other nodes (each node in with probability 1/2, seeded; v
-    itself left out of each) -> frame ``node``, ``score`` with ``ci_low, ci_high`` (95%, bootstrap
-    over prompts), ``removed`` (K's node names), ``size``, ``n_prompts``, one row per node. A small
-    search, chosen on the prompts it reports (Wang et al. pick K by hand per class)."""
+    """Wang et al.'s minimality of ``circuit`` (a mask over ``full_graph(model).edges``): a node v of
+    C is needed when some K of C's other nodes gives a large |F(C\\(K+v)) - F(C\\K)| -- a node that
+    another backs up scores near 0 with K empty and large once K holds its backup. ``selection``
+    and ``measurement``: (clean, corrupted, metric) on disjoint prompts. K is searched per node on
+    the selection prompts (``_greedy_minimality_sets``: greedy from the empty set for
+    ``greedy_steps`` steps, the best K seen kept, the empty one included) and measured on the
+    measurement prompts.
+
+    -> frame, one row per node in sender order: ``node``, ``removed`` (K's node names), ``size``,
+    ``selection_score`` (the chosen K's score on the selection prompts), then on the measurement
+    prompts ``difference`` = F(C\\K) - F(C\\(K+v)) (positive: v helps the metric) with ``ci_low,
+    ci_high`` (95%, bootstrap over prompts), ``score`` = |difference| (Wang et al.'s criterion),
+    ``n_prompts``. ``attrs``: ``chosen_on``, ``measured_on``, ``n_selection``. Cost: on the
+    selection prompts 1 + nodes evaluations, then per step at most 2 x nodes x (nodes - 1), about
+    nodes^2 / 2 at the first step (the sets {u} and {u, v} are shared by all v), all in one call per
+    step; 2 x nodes on the measurement prompts."""
     graph = full_graph(model)
     circuit = _check_masks(graph, [circuit])[0]
-    nodes = circuit_nodes(graph, circuit)
-    randoms = _random_sets(nodes, n_random, seed)
-    pairs = [(k - {v}, v) for v in nodes for k in [frozenset(), *randoms]]  # (K, v): a K per candidate
-    sets = list(dict.fromkeys(s for k, v in pairs for s in (k, k | {v})))
+    _check_search(model, selection, measurement, greedy_steps)
+    nodes = _search_nodes(graph, circuit)
+    restricted = _Restricted(model, graph, [circuit], memory_mb, progress)
+    chosen, selection_scores, n_selection = _greedy_minimality_sets(nodes, restricted, selection, greedy_steps)
+    sets = list(dict.fromkeys(s for v in nodes for s in (chosen[v], chosen[v] | {v})))
     index = {s: i for i, s in enumerate(sets)}
-    found = evaluate_faithfulness(model, clean, corrupted, metric, [graph.without(circuit, s) for s in sets],
-                                  memory_mb=memory_mb, progress=progress)
-    combination = np.zeros((len(pairs), len(sets)))
-    for row, (k, v) in enumerate(pairs):
-        combination[row, index[k]], combination[row, index[k | {v}]] = 1.0, -1.0
-    score, low, high = found.interval(combination)
-    rows = []
-    per_node = len(randoms) + 1
-    for i, v in enumerate(nodes):
-        best = i * per_node + int(np.argmax(score[i * per_node:(i + 1) * per_node]))
-        k = pairs[best][0]
-        rows.append((node_name(v), score[best], low[best], high[best], _names(graph, k), len(k), found.n_prompts))
-    return pd.DataFrame(rows, columns=["node", "score", "ci_low", "ci_high", "removed", "size", "n_prompts"])
+    found = restricted(measurement, sets)
+    combination = np.zeros((len(nodes), len(sets)))
+    for row, v in enumerate(nodes):  # F(C\K) - F(C\(K+v))
+        combination[row, index[chosen[v]]] += 1.0
+        combination[row, index[chosen[v] | {v}]] -= 1.0
+    difference, low, high = found.interval(combination)
+    frame = pd.DataFrame({"node": [node_name(v) for v in nodes], "removed": [_names(graph, chosen[v]) for v in nodes],
+                          "size": [len(chosen[v]) for v in nodes],
+                          "selection_score": [selection_scores[v] for v in nodes], "difference": difference,
+                          "ci_low": low, "ci_high": high, "score": np.abs(difference), "n_prompts": found.n_prompts})
+    frame.attrs.update(chosen_on="selection", measured_on="measurement", n_selection=n_selection)
+    return frame
 
 
 def full_graph_figure(curve: pd.DataFrame, title: str = "", x: str = "fraction"):
