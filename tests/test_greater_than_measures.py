@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.tasks.task import (Task, cutoff_scores, greater_than_task, measure_intervals, task_batch,
+from analyses.tasks.task import (GT_NOUNS, Task, cutoff_scores, greater_than_task, measure_intervals, task_batch,
                                  task_measures)
 from interp import UserError, load_model
 from test_tasks import bpe_model  # noqa: F401  (a fixture: a tokenizer with two-digit year tokens)
@@ -76,22 +76,34 @@ def test_a_task_without_a_cutoff_has_no_sharpness():
         Task("t", ("a",), ("b",), ((1,),), ((2,),), cutoffs=((1, 2), (3, 4)))
 
 
-def test_on_a_digit_by_digit_tokenizer_the_end_years_first_digit_is_measured():
-    """The toy's byte tokenizer writes digits one by one: the start year is 17D9, the answers the
-    digits E > D (an end year 17E? is later than 17D9 exactly then), the distractors E <= D, the
-    cutoff (D + 1, D - 1); the corruption 1709."""
+def test_on_a_digit_by_digit_tokenizer_the_digit_measured_is_the_first_a_later_year_can_differ_at():
+    """The toy's byte tokenizer writes digits one by one. Start year 17D9: the prompt ends "17" and the
+    end year's decade is measured (corruption 1709); 17DY, Y < 9: the prompt ends "17D" and the last
+    digit is measured (corruption 17D0), so "later" and "the next decade" differ. By hand: a digit is
+    an answer when every end year it begins is later than the start year, a distractor when none is."""
     model = load_model("toy")
-    task = greater_than_task(model, n=12, seed=1)
+    task = greater_than_task(model, n=60, seed=1)
     decode = model.tokenizer.decode
-    for clean, corrupted, answers, distractors, (above, below) in zip(task.clean, task.corrupted, task.answers,
-                                                                      task.distractors, task.cutoffs):
+    kinds = set()
+    for clean, corrupted, answers, distractors, (above, below), cluster in zip(
+            task.clean, task.corrupted, task.answers, task.distractors, task.cutoffs, task.clusters):
         start = clean.split("from the year ")[1].split(" ")[0]
-        decade = int(start[2])
-        assert start == f"17{decade}9" and 1 <= decade <= 8 and corrupted.endswith("the year 1709 to the year 17")
-        assert sorted(decode([t]) for t in answers) == [str(d) for d in range(decade + 1, 10)]
-        assert sorted(decode([t]) for t in distractors) == [str(d) for d in range(decade + 1)]
-        assert (decode([above]), decode([below])) == (str(decade + 1), str(decade - 1))
-    assert "decade digit" in task.note and "first digit" in task.note
+        begun = clean.split("to the year ")[1]
+        assert cluster == start and begun == ("17" if start[3] == "9" else start[:3])
+        kinds.add(len(begun))
+        assert corrupted == clean.replace(start, "1709" if start[3] == "9" else start[:3] + "0", 1)
+        later = sorted(str(d) for d in range(10) if int((begun + str(d)).ljust(4, "0")) > int(start))
+        not_later = sorted(str(d) for d in range(10) if int((begun + str(d)).ljust(4, "9")) <= int(start))
+        assert sorted(decode([t]) for t in answers) == later and sorted(decode([t]) for t in distractors) == not_later
+        compared = int(start[2] if start[3] == "9" else start[3])
+        assert (decode([above]), decode([below])) == (str(compared + 1), str(compared - 1))
+    assert kinds == {2, 3}  # both: start years 17D9 and others
+    assert "first at which a later end year can differ" in task.note
+    years = {f"17{d}9" for d in range(1, 9)} | {f"17{d}{y}" for d in range(10) for y in range(1, 9)}
+    assert set(greater_than_task(model, n=len(years) * len(GT_NOUNS)).clusters) == years  # every start year
+    with pytest.raises(UserError, match=rf"^greater-than can make {len(years) * len(GT_NOUNS)} distinct prompts for "
+                                        rf"this tokenizer; asked for {len(years) * len(GT_NOUNS) + 1}$"):
+        greater_than_task(model, n=len(years) * len(GT_NOUNS) + 1)
 
 
 def test_with_two_digit_tokens_the_cutoff_is_the_years_either_side_of_the_start(bpe_model):  # noqa: F811

@@ -88,3 +88,23 @@ def test_a_head_chosen_on_one_split_is_measured_on_the_other():
         in_sample += bool(excludes_zero(top["ci_low"], top["ci_high"]))
         held_out += bool(excludes_zero(fresh["ci_low"], fresh["ci_high"]))
     assert in_sample >= 10 and held_out <= 2, (in_sample, held_out)
+
+
+def test_clusters_of_near_copies_are_split_whole():
+    """Prompts 0-2, 3-4, ... are copies of one another (a cluster each): a split draws whole clusters,
+    stratified by the clusters' strata, and refuses too few clusters to measure on."""
+    clusters = [0, 0, 0, 1, 1, 2, 3, 3, 4, 5, 5, 5, 6, 7]
+    strata = ["x", "x", "x", "x", "x", "y", "y", "y", "x", "y", "y", "y", "x", "y"]
+    for seed in range(5):
+        split = split_prompts(len(clusters), seed=seed, strata=strata, clusters=clusters)
+        selection, measurement = split.selection.tolist(), split.measurement.tolist()
+        assert sorted(selection + measurement) == list(range(len(clusters)))
+        assert not {clusters[i] for i in selection} & {clusters[i] for i in measurement}
+        chosen = Counter(strata[i] for i in {c: i for i, c in enumerate(clusters)}.values() if i in selection)
+        assert chosen == {"x": 2, "y": 2}  # 4 clusters of each stratum: half of each
+        assert split.record()["n_clusters"] == 8 and len({clusters[i] for i in selection}) == 4
+    with pytest.raises(UserError, match=r"^3 clusters of near-copy prompts split at share=0.5 leave 1 cluster\(s\) "
+                                        r"to measure on; .* need at least 2$"):
+        split_prompts(6, clusters=[0, 0, 1, 1, 2, 2])
+    with pytest.raises(UserError, match="cluster 0 holds prompts of strata 'x' and 'y'"):
+        split_prompts(6, strata=["x", "y", "x", "x", "y", "y"], clusters=[0, 0, 1, 2, 3, 4])

@@ -10,9 +10,18 @@ replacement, the pooled mean recomputed, and the 2.5% and 97.5% quantiles of the
 ``bootstrap_ratio`` is the one resampler; ``EFFECT_COLUMNS`` names the columns it fills in a frame;
 ``control_intervals`` bootstraps a control's mean effect and the ratio of a tested effect to it over
 the same prompts (paired), for "these heads matter N times as much as random heads".
+
+Where prompts come in clusters of near-copies (prompts that differ only in what the behaviour does
+not depend on), the prompts of one cluster are not independent draws: ``bootstrap_cluster_ratio``
+draws clusters with replacement and pools the numerators and counts of their prompts (with one
+prompt per cluster it is ``bootstrap_ratio``, draw for draw). ``paired_difference`` gives the
+interval of the difference between two conditions measured on the same prompts, both resampled with
+the same draws: two marginal intervals that overlap say nothing about their difference.
 """
 
 from __future__ import annotations
+
+from typing import Hashable, Sequence
 
 import torch
 
@@ -59,12 +68,75 @@ def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BO
     sums: (batch, ...) per-prompt numerators; counts: (batch,) per-prompt denominators.
     Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:], float64 on the CPU.
     """
-    batch = sums.shape[0]
-    flat = sums.reshape(batch, -1).cpu().double()
+    return _weighted_ratio(sums, counts, resample_weights(sums.shape[0], n_boot, seed), level)
+
+
+def cluster_index(clusters: Sequence[Hashable]) -> torch.Tensor:
+    """(n_prompts,) long: each prompt's cluster, the clusters numbered 0, 1, ... by first appearance."""
+    numbers: dict[Hashable, int] = {}
+    return torch.tensor([numbers.setdefault(label, len(numbers)) for label in clusters], dtype=torch.long)
+
+
+def cluster_resample_weights(clusters: Sequence[Hashable], n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:
+    """How often each prompt is drawn when whole clusters are drawn with replacement: (n_boot,
+    n_prompts) float64, each prompt weighing as often as its cluster (``clusters``: one label per
+    prompt) is drawn in that resample. The clusters are drawn as ``resample_weights`` draws prompts
+    (numbered by first appearance), so with one prompt per cluster the two are equal."""
+    index = cluster_index(clusters)
+    n_clusters = int(index.max()) + 1 if len(index) else 0
+    return resample_weights(n_clusters, n_boot, seed)[:, index]
+
+
+def bootstrap_cluster_ratio(sums: torch.Tensor, counts: torch.Tensor, clusters: Sequence[Hashable],
+                            n_boot: int = N_BOOT, seed: int = 0,
+                            level: float = LEVEL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``bootstrap_ratio`` resampling clusters of prompts: sums (batch, ...) per-prompt numerators,
+    counts (batch,) denominators, clusters one label per prompt. Each resample draws as many clusters
+    as there are, with replacement, and pools sum(sums) / sum(counts) over their prompts. Returns
+    (estimate, ci_low, ci_high), each of shape sums.shape[1:], float64 on the CPU."""
+    if len(clusters) != sums.shape[0]:
+        raise UserError(f"{len(clusters)} cluster labels for {sums.shape[0]} prompts; give one per prompt")
+    return _weighted_ratio(sums, counts, cluster_resample_weights(clusters, n_boot, seed), level)
+
+
+def paired_difference(sums_a: torch.Tensor, counts_a: torch.Tensor, sums_b: torch.Tensor, counts_b: torch.Tensor,
+                      clusters: Sequence[Hashable] | None = None, n_boot: int = N_BOOT, seed: int = 0,
+                      level: float = LEVEL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Condition A minus condition B, measured on the same prompts, with the 95% interval of the difference.
+
+    sums_a, sums_b: (batch, ...) per-prompt numerators of each condition (prompt i the same prompt in
+    both); counts_a, counts_b: (batch,) their denominators. Every resample draws the prompts (or, given
+    ``clusters``, one label per prompt, the clusters) once and pools both conditions over that draw, so
+    what the prompts share cancels. Returns (difference, ci_low, ci_high) of sum(a)/sum(counts_a) -
+    sum(b)/sum(counts_b), each of shape sums_a.shape[1:], float64 on the CPU."""
+    batch = sums_a.shape[0]
+    if sums_b.shape != sums_a.shape or len(counts_a) != batch or len(counts_b) != batch:
+        raise UserError(f"paired conditions need the same prompts: A's sums {tuple(sums_a.shape)} and counts "
+                        f"({len(counts_a)},), B's {tuple(sums_b.shape)} and ({len(counts_b)},)")
+    labels = range(batch) if clusters is None else clusters
+    if len(labels) != batch:
+        raise UserError(f"{len(labels)} cluster labels for {batch} prompts; give one per prompt")
+    weights = cluster_resample_weights(labels, n_boot, seed)
+    mean_a, resampled_a = _pooled(sums_a, counts_a, weights)
+    mean_b, resampled_b = _pooled(sums_b, counts_b, weights)
+    low, high = percentile_bounds(resampled_a - resampled_b, level)
+    shape = sums_a.shape[1:]
+    return (mean_a - mean_b).reshape(shape), low.reshape(shape), high.reshape(shape)
+
+
+def _pooled(sums: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sums (batch, ...), counts (batch,), weights (n_boot, batch) -> (the pooled ratio (cells,), each
+    resample's pooled ratio (n_boot, cells)), float64 on the CPU."""
+    flat = sums.reshape(sums.shape[0], -1).cpu().double()
     counts = counts.cpu().double()
-    estimate = flat.sum(0) / counts.sum()
-    weights = resample_weights(batch, n_boot, seed)
-    resampled = (weights @ flat) / (weights @ counts)[:, None]  # (n_boot, cells)
+    return flat.sum(0) / counts.sum(), (weights @ flat) / (weights @ counts)[:, None]
+
+
+def _weighted_ratio(sums: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor,
+                    level: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pooled ratio and its percentile bounds over the resamples ``weights`` (n_boot, batch),
+    each reshaped to sums.shape[1:]."""
+    estimate, resampled = _pooled(sums, counts, weights)
     low, high = percentile_bounds(resampled, level)
     shape = sums.shape[1:]
     return estimate.reshape(shape), low.reshape(shape), high.reshape(shape)

@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import pandas as pd
 import torch
@@ -51,7 +52,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric, PromptScores, prompt_mean_part, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, check_split, split_prompts
-from analyses.core.stats import bootstrap_ratio, check_interval_prompts
+from analyses.core.stats import bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts
 from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
 from analyses.interventions.ablation import METHODS as ABLATION_METHODS, PAIRED_METHODS, CorruptedReference
 from analyses.interventions.run import Run
@@ -128,6 +129,11 @@ class Task:
     cutoffs: per pair, (the token just above the cutoff, the token just below it) where the task has a
     cutoff (``greater-than``: the years YY + 1 and YY - 1, or the decades D + 1 and D - 1), for the
     cutoff sharpness (``cutoff_scores``), else empty.
+    clusters: per pair, the cluster of near-copies its clean prompt belongs to (any hashable label),
+    where the generator makes prompts that differ only in what the behaviour does not depend on
+    (``greater-than``: one start year under several nouns), else empty: ``task_split`` keeps a
+    cluster on one side and the intervals over prompts resample clusters. A built-in task's clean
+    prompts are distinct.
     """
 
     name: str
@@ -140,6 +146,7 @@ class Task:
     note: str = ""
     templates: tuple[int, ...] = ()
     cutoffs: tuple[tuple[int, int], ...] = ()
+    clusters: tuple = ()
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -154,6 +161,8 @@ class Task:
             raise UserError(f"task {self.name!r}: {n} prompts but {len(self.templates)} template labels")
         if self.cutoffs and len(self.cutoffs) != n:
             raise UserError(f"task {self.name!r}: {n} prompts but {len(self.cutoffs)} cutoffs")
+        if self.clusters and len(self.clusters) != n:
+            raise UserError(f"task {self.name!r}: {n} prompts but {len(self.clusters)} cluster labels")
         for i, (good, bad) in enumerate(zip(self.answers, self.distractors)):
             if not good or not bad:
                 raise UserError(f"task {self.name!r}, prompt {i}: needs at least one answer and one distractor")
@@ -168,10 +177,11 @@ class Task:
         return self.subset(range(min(n, len(self))))
 
     def subset(self, indices: Sequence[int]) -> "Task":
-        """The prompts ``indices`` (in that order), with their answers, distractors, templates and cutoffs."""
+        """The prompts ``indices`` (in that order), with their answers, distractors, templates, cutoffs
+        and clusters."""
         indices = [int(i) for i in indices]
         fields = ("clean", "corrupted", "answers", "distractors",
-                  *(name for name in ("templates", "cutoffs") if getattr(self, name)))
+                  *(name for name in ("templates", "cutoffs", "clusters") if getattr(self, name)))
         return replace(self, **{name: tuple(getattr(self, name)[i] for i in indices) for name in fields})
 
 
@@ -268,13 +278,15 @@ def task_measures(task: Task, last: torch.Tensor) -> dict[str, Metric]:
     return measures | ({"cutoff_sharpness": _mean_metric(task, last, cutoff_scores)} if task.cutoffs else {})
 
 
-def interval_frame(scores: dict[str, PromptScores], seed: int = 0) -> pd.DataFrame:
+def interval_frame(scores: dict[str, PromptScores], seed: int = 0, clusters: Sequence | None = None) -> pd.DataFrame:
     """measure name -> its ``PromptScores`` on a batch (per-prompt numerators and counts) -> one row
     per measure: ``measure``, ``value`` (the mean over prompts), ``ci_low``, ``ci_high`` (the 95%
-    percentile bootstrap over prompts, seeded: ``analyses.core.stats.bootstrap_ratio``), ``n_prompts``."""
+    percentile bootstrap over prompts, seeded: ``analyses.core.stats.bootstrap_ratio``; over the
+    ``clusters``, one label per prompt, where given: ``bootstrap_cluster_ratio``), ``n_prompts``."""
     rows = []
     for name, found in scores.items():
-        value, low, high = bootstrap_ratio(found.numerators, found.counts, seed=seed)
+        value, low, high = (bootstrap_ratio(found.numerators, found.counts, seed=seed) if clusters is None else
+                            bootstrap_cluster_ratio(found.numerators, found.counts, clusters, seed=seed))
         rows.append({"measure": name, "value": float(value), "ci_low": float(low), "ci_high": float(high),
                      "n_prompts": len(found.counts)})
     return pd.DataFrame(rows)
@@ -282,22 +294,23 @@ def interval_frame(scores: dict[str, PromptScores], seed: int = 0) -> pd.DataFra
 
 def measure_intervals(task: Task, last: torch.Tensor, logits: torch.Tensor, seed: int = 0) -> pd.DataFrame:
     """Each of ``task_measures`` on ``logits`` (batch, pos, d_vocab) of the task's prompts, read at
-    ``last`` (batch,): ``interval_frame``'s rows (measure, value, ci_low, ci_high, n_prompts)."""
+    ``last`` (batch,): ``interval_frame``'s rows (measure, value, ci_low, ci_high, n_prompts), over the
+    task's clusters where it has them."""
     return interval_frame({name: prompt_scores(metric, logits) for name, metric in task_measures(task, last).items()},
-                          seed)
+                          seed, task.clusters or None)
 
 
 def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0,
                            memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """Each of ``task_measures`` on the task's clean and on its corrupted prompts (``batch``:
     ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``):
-    ``interval_frame``'s rows, ``run`` ("clean", "corrupted") first."""
+    ``interval_frame``'s rows (over the task's clusters where it has them), ``run`` ("clean", "corrupted") first."""
     measures = task_measures(task, batch.last)
     frames = []
     for name, tokens in (("clean", batch.clean), ("corrupted", batch.corrupted)):
         run = Run.make(model, tokens, measures[task.metric], starts=False, memory_mb=memory_mb)
-        frames.append(interval_frame({measure: run.scores(metric) for measure, metric in measures.items()}, seed)
-                      .assign(run=name))
+        frames.append(interval_frame({measure: run.scores(metric) for measure, metric in measures.items()}, seed,
+                                     task.clusters or None).assign(run=name))
     frame = pd.concat(frames, ignore_index=True)
     return frame[["run", *(column for column in frame.columns if column != "run")]]
 
@@ -338,11 +351,22 @@ def check_task_prompts(n_prompts: int, split: bool, what: str, share: float = DE
 
 def task_split(task: Task, seed: int = 0, share: float = DEFAULT_SELECTION_SHARE) -> PromptSplit:
     """The task's prompts split into a selection (to choose heads on) and a disjoint measurement split
-    (to report their effects on): ``split_prompts``, seeded, stratified by template where the task has
-    templates. Too few prompts to measure on (``check_task_prompts``) and a template that would be
-    missing from either split are refused in one line."""
+    (to report their effects on): ``split_prompts``, seeded, whole clusters of near-copies at a time
+    where the task has clusters (no cluster, and so no prompt, on both sides), stratified by template
+    where the task has templates and each cluster lies within one (where clusters cross templates, as
+    greater-than's start years cross its nouns, a template may fall on one side). Too few prompts or
+    clusters to measure on (``check_task_prompts``) and a template of a stratified split that would
+    be missing from either side are refused in one line."""
     check_task_prompts(len(task), True, f"task {task.name!r}", share)
-    split = split_prompts(len(task), share, seed, strata=task.templates or None)
+    clusters = task.clusters or None
+    nested = clusters is None or all(len(set(group)) == 1 for group in _by_cluster(task.templates, clusters))
+    strata = task.templates if task.templates and nested else None
+    try:
+        split = split_prompts(len(task), share, seed, strata=strata, clusters=clusters)
+    except UserError as error:
+        raise UserError(f"task {task.name!r}: {error}; give more prompts (--n)") from None
+    if strata is None:
+        return split
     chosen = set(split.selection.tolist())
     for template in dict.fromkeys(task.templates):
         members = [i for i, label in enumerate(task.templates) if label == template]
@@ -352,6 +376,14 @@ def task_split(task: Task, seed: int = 0, share: float = DEFAULT_SELECTION_SHARE
                             f"{'selection' if inside == 0 else 'measurement'} split would hold none of it; give more "
                             "prompts (--n) or --no-split (choose and measure on the same prompts: in-sample)")
     return split
+
+
+def _by_cluster(labels: Sequence, clusters: Sequence) -> list[list]:
+    """``labels`` (one per prompt) grouped by the prompts' ``clusters``."""
+    groups: dict = {}
+    for label, cluster in zip(labels, clusters):
+        groups.setdefault(cluster, []).append(label)
+    return list(groups.values())
 
 
 # ----------------------------------------------------------------------------- chat template
@@ -439,7 +471,9 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
     for one pass over the templates, BABA ("When B and A ..., B gave ... to" -> A) for the next, and
     so on (half each when every template fits the context); the metric logit(IO) - logit(S);
     corrupted: the same template with three other, distinct names (ABC). Names that are not one
-    token after " to" are dropped (counted); if fewer than 5 remain, single capital letters are used."""
+    token after " to" are dropped (counted); if fewer than 5 remain, single capital letters are used.
+    The clean prompts are distinct (a draw that repeats one is skipped and counted); more than the
+    templates and name pairs can make is refused in one line."""
     tokenizer = model_tokenizer(model)
     probe = templates[0].split("[B]")[-1]  # a prompt ending as the templates do
     kept = {name: single_token(tokenizer, probe, name) for name in names}
@@ -452,6 +486,10 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
                             "single tokens for this tokenizer; pass names= that are")
         note = f"none of the names is a single token for this tokenizer: single capital letters {''.join(letters)} stand in"
         kept = letters
+    most = len(templates) * len(kept) * (len(kept) - 1)  # a template and an ordered (IO, S) pair each
+    if n > most:
+        raise UserError(f"ioi can make at most {most} distinct prompts for this tokenizer ({len(templates)} templates, "
+                        f"{len(kept)} names); asked for {n}")
     rng = random.Random(seed)
     clean, corrupted, answers, distractors, used, skipped = [], [], [], [], [], 0
     for attempt in range(20 * n):
@@ -462,8 +500,8 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
         first, second = (io, s) if (attempt // len(templates)) % 2 == 0 else (s, io)  # ABBA, then BABA
         prompt, bad = _fill(template, first, second, s), _fill(template, *others)
         answer, subject = single_token(tokenizer, prompt, io), single_token(tokenizer, prompt, s)
-        if answer is None or subject is None or answer[0] != subject[0]:
-            skipped += 1
+        if answer is None or subject is None or answer[0] != subject[0] or answer[0] in clean:
+            skipped += 1  # not one token each, or a prompt already made
             continue
         shifted = answer[0] != prompt  # the space moved into the prompt
         bad = bad + " " if shifted else bad
@@ -483,63 +521,93 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
                 dropped + skipped, note, tuple(used))
 
 
-def greater_than_task(model, n: int = 60, seed: int = 0, nouns: Sequence[str] = GT_NOUNS) -> Task:
-    """Greater-than (Hanna et al. 2023): "The NOUN lasted from the year 17YY to the year 17", the
-    nouns in turn, YY drawn (seeded) from 02..98; the metric ``prob_diff`` at the last token, the
-    corruption the start year 1701 (same tokens, YY = 01). Which token is measured depends on the
-    tokenizer:
+def greater_than_task(model, n: int | None = None, seed: int = 0, nouns: Sequence[str] = GT_NOUNS) -> Task:
+    """Greater-than (Hanna et al. 2023): "The NOUN lasted from the year 17YY to the year 17", ``n``
+    (None: 60, or all there are if fewer) distinct prompts drawn (seeded, without replacement) from every noun and start year, the nouns in
+    turn; the metric ``prob_diff`` at the last token: the probability of the next token(s) that make
+    the end year later than the start year minus that of those that do not. Which token is measured
+    depends on the tokenizer:
 
-    - where the two-digit numbers are single tokens after "... to the year 17" (GPT-2's), the
-      answers are the tokens of every two-digit number > YY, the distractors every one <= YY (YY
-      itself is not greater), so the metric is Hanna et al.'s probability difference
-      ``sum p(y > YY) - sum p(y <= YY)`` over those tokens (the ones that are not single tokens are
-      dropped, counted in ``Task.dropped``, and YY is drawn among those whose neighbours YY +- 1
-      are kept);
-    - else (fewer than 10 such tokens: a tokenizer that writes digits one by one, as SmolLM2's and
-      Llama 2's do), the decade digit stands in: the start year is 17D9 with D drawn from 1..8 (YY =
-      D9, the last year of decade D; corrupted 1709), the token measured is the end year's first
-      digit E, the answers the digits E > D and the distractors E <= D. An end year 17E? is greater
-      than 17D9 exactly when E > D, whatever its second digit, so ``prob_diff`` is the probability
-      that the model begins an end year greater than the start year minus that it begins one not
-      greater (a non-digit next token counts in neither). The prompt stops after "17"; the model is
-      not asked for the second digit.
+    - where the two-digit numbers are single tokens after "... to the year 17" (GPT-2's), YY is any of
+      02..98 whose neighbours YY +- 1 are single tokens, the answers the tokens of every two-digit
+      number > YY, the distractors every one <= YY (YY itself is not greater): Hanna et al.'s
+      ``sum p(y > YY) - sum p(y <= YY)``; the corruption is the start year 1701;
+    - else (a tokenizer that writes digits one by one, as SmolLM2's and Llama 2's do), the digit
+      measured is the first at which a later end year can differ from the start year 17DY. For YY = D9
+      (D in 1..8) that is the decade: the prompt ends "17", the answers are the digits E > D, the
+      distractors E <= D (an end year 17E? is later exactly when E > D), the corruption 1709. For Y in
+      1..8 (D in 0..9) the end year's decade is given, the prompt ends "17D", and the answers are the
+      digits F > Y, the distractors F <= Y (17DF is later exactly when F > Y), the corruption 17D0. The
+      second kind separates "later" from "the next decade", which for 17D9 are the same answer. The
+      model is not asked for the digits after the one measured.
 
     ``Task.cutoffs``: per prompt, the tokens just above and just below the cutoff, (YY + 1, YY - 1),
-    or (D + 1, D - 1) for decades, whose probability difference is Hanna et al.'s cutoff sharpness
-    (``cutoff_scores``): how steeply the probability rises across the start year. Prompts whose clean
-    and corrupted token lengths differ are dropped (counted)."""
+    or the digits either side of the one compared, whose probability difference is Hanna et al.'s
+    cutoff sharpness (``cutoff_scores``). ``Task.templates``: the noun. ``Task.clusters``: the start
+    year; prompts of one start year differ only in the noun, so a split keeps a start year on one side.
+    Prompts whose clean and corrupted token lengths differ, or that do not fit the context, are
+    dropped (counted). More prompts than the distinct ones this tokenizer allows are refused."""
     tokenizer = model_tokenizer(model)
-    probe = f"The {nouns[0]} lasted from the year {GT_CENTURY}50 to the year {GT_CENTURY}"
-    pairs = [f"{y:02d}" for y in range(100)]
-    found = {yy: single_token(tokenizer, probe, yy, sep="") for yy in pairs}
-    kept = {yy: hit for yy, hit in found.items() if hit is not None and hit[0] == probe}
-    if len(kept) >= 10:
-        dropped, note, start, lowest, highest = 100 - len(kept), "", "{:02d}", 2, 98
-        ids = {int(yy): hit[1] for yy, hit in kept.items()}
-        corrupted_start = "01"
-    else:
-        digits = {d: single_token(tokenizer, probe, str(d), sep="") for d in range(10)}
-        if any(hit is None or hit[0] != probe for hit in digits.values()):
-            raise UserError("greater-than: neither two-digit numbers nor single digits are single tokens after "
-                            f"{probe!r} for this tokenizer")
-        dropped, start, lowest, highest = 100, "{}9", 1, 8
-        note = ("no two-digit number is a single token for this tokenizer: the decade digit D of start year 17D9 "
-                "stands in (the end year's first digit, > D against <= D)")
-        ids = {d: hit[1] for d, hit in digits.items()}
-        corrupted_start = "09"
-    cutoffs = [value for value in range(lowest, highest + 1) if value - 1 in ids and value + 1 in ids]
-    if not cutoffs:
-        raise UserError("greater-than: no start year has both neighbouring years as single tokens for this tokenizer")
-    rng = random.Random(seed)
+    starts, dropped, note = _greater_than_starts(tokenizer, nouns[0])
     rows = []
-    for i in range(n):
-        noun, value = nouns[i % len(nouns)], rng.choice(cutoffs)
-        prompt = f"The {noun} lasted from the year {GT_CENTURY}{{}} to the year {GT_CENTURY}"
-        rows.append((prompt.format(start.format(value)), prompt.format(corrupted_start),
-                     tuple(t for v, t in ids.items() if v > value), tuple(t for v, t in ids.items() if v <= value),
-                     i % len(nouns), (ids[value + 1], ids[value - 1])))
-    rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
-    return _from_rows("greater-than", rows, "prob_diff", dropped + skipped, note)
+    for template, noun in enumerate(nouns):
+        for start in starts:
+            prompt = f"The {noun} lasted from the year {GT_CENTURY}{{}} to the year {GT_CENTURY}{start.tail}"
+            rows.append(_Row(prompt.format(start.year), prompt.format(start.corrupted), start.answers,
+                             start.distractors, template, f"{GT_CENTURY}{start.year}", start.cutoff))
+    fitting, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
+    return _from_rows("greater-than", _distinct("greater-than", fitting, n, seed, default=60), "prob_diff", dropped + skipped,
+                      note)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """One greater-than start year: ``year`` its last two digits, ``tail`` what the prompt's end
+    year begins with after the century, ``corrupted`` the corruption's last two digits, ``answers`` /
+    ``distractors`` the token ids that make the end year later / not later, ``cutoff`` the ids either
+    side of the one compared."""
+
+    year: str
+    tail: str
+    corrupted: str
+    answers: tuple[int, ...]
+    distractors: tuple[int, ...]
+    cutoff: tuple[int, int]
+
+
+def _greater_than_starts(tokenizer: Tokenizer, noun: str) -> tuple[list[_Start], int, str]:
+    """The start years greater-than can measure for this tokenizer (see ``greater_than_task``), how
+    many two-digit numbers it dropped (not single tokens), and the note saying what stands in."""
+    probe = f"The {noun} lasted from the year {GT_CENTURY}50 to the year {GT_CENTURY}"
+    found = {yy: single_token(tokenizer, probe, f"{yy:02d}", sep="") for yy in range(100)}
+    ids = {yy: hit[1] for yy, hit in found.items() if hit is not None and hit[0] == probe}
+    if len(ids) >= 10:
+        starts = [_Start(f"{yy:02d}", "", "01", tuple(t for v, t in ids.items() if v > yy),
+                         tuple(t for v, t in ids.items() if v <= yy), (ids[yy + 1], ids[yy - 1]))
+                  for yy in range(2, 99) if yy - 1 in ids and yy + 1 in ids]
+        if not starts:
+            raise UserError("greater-than: no start year has both neighbouring years as single tokens for this "
+                            "tokenizer")
+        return starts, 100 - len(ids), ""
+    digits = {}
+    for tail in ("", "5"):  # after "17" (the decade) and after "175" (the year within a decade)
+        for d in range(10):
+            hit = single_token(tokenizer, probe + tail, str(d), sep="")
+            if hit is None or hit[0] != probe + tail:
+                raise UserError("greater-than: neither two-digit numbers nor single digits are single tokens after "
+                                f"{probe + tail!r} for this tokenizer")
+            digits[d] = hit[1]
+
+    def start(year: str, tail: str, corrupted: str, compared: int) -> _Start:
+        return _Start(year, tail, corrupted, tuple(t for d, t in digits.items() if d > compared),
+                      tuple(t for d, t in digits.items() if d <= compared), (digits[compared + 1], digits[compared - 1]))
+
+    starts = [start(f"{d}9", "", "09", d) for d in range(1, 9)]
+    starts += [start(f"{d}{y}", str(d), f"{d}0", y) for d in range(10) for y in range(1, 9)]
+    note = ("no two-digit number is a single token for this tokenizer: one digit stands in, the first at which a "
+            "later end year can differ (start year 17D9: the end year's decade, > D against <= D; 17DY, Y < 9: "
+            "its last digit after 17D, > Y against <= Y)")
+    return starts, 100, note
 
 
 def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[str] = SENTENCES) -> Task:
@@ -548,8 +616,12 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
     distractor the first token of a word from earlier in the sentence; corrupted: the first copy's
     words shuffled (seeded) until no word equal to the prompt's last one is followed by the answer
     word, so the next word cannot be copied. Sentences with no such shuffle of equal token length
-    in 20 tries, or whose first 4 words do not fit, are dropped (counted)."""
+    in 20 tries, or whose first 4 words do not fit, are dropped (counted). ``n`` is at most the number
+    of sentences (refused in one line above it)."""
     tokenizer = model_tokenizer(model)
+    if n > len(sentences):
+        raise UserError(f"induction-text can make at most {len(sentences)} distinct prompts (one per sentence); "
+                        f"asked for {n}")
     rng = random.Random(seed)
     rows = []
     for sentence in list(sentences)[:n]:
@@ -573,7 +645,7 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
             if pair not in zip(shuffled, shuffled[1:]):
                 bad = f"{' '.join(shuffled)}. {' '.join(words[:cut])}" + nxt[0][len(prompt):]
                 if len(tokenizer.encode(bad)) == len(tokenizer.encode(nxt[0])):
-                    rows.append((nxt[0], bad, (nxt[1][0],), (other[1][0],)))
+                    rows.append(_Row(nxt[0], bad, (nxt[1][0],), (other[1][0],)))
                     break
     dropped = min(n, len(sentences)) - len(rows)
     if not rows:
@@ -581,20 +653,56 @@ def induction_text_task(model, n: int = 16, seed: int = 0, sentences: Sequence[s
     return _from_rows("induction-text", rows, "logit_diff", dropped, "")
 
 
-def _fitting_rows(tokenizer: Tokenizer, rows: list, n_ctx: int) -> tuple[list, int]:
+class _Row(NamedTuple):
+    """One candidate pair of a generator: its prompts, answer and distractor ids, and the labels
+    ``Task`` keeps per pair (None where the generator has none)."""
+
+    clean: str
+    corrupted: str
+    answers: tuple[int, ...]
+    distractors: tuple[int, ...]
+    template: int | None = None
+    cluster: Hashable | None = None
+    cutoff: tuple[int, int] | None = None
+
+
+def _fitting_rows(tokenizer: Tokenizer, rows: list[_Row], n_ctx: int) -> tuple[list[_Row], int]:
     """The rows whose clean and corrupted prompts tokenise to equal lengths within the context
     (after the start token), and how many were not."""
-    lengths = [(len(tokenizer.encode(row[0])), len(tokenizer.encode(row[1]))) for row in rows]
+    lengths = [(len(tokenizer.encode(row.clean)), len(tokenizer.encode(row.corrupted))) for row in rows]
     kept = [row for row, (a, b) in zip(rows, lengths) if a == b < n_ctx]
     return kept, len(rows) - len(kept)
 
 
-def _from_rows(name: str, rows: list, metric: str, dropped: int, note: str) -> Task:
-    """A task from rows (clean, corrupted, answers, distractors[, template[, cutoff]])."""
+def _distinct(name: str, rows: list[_Row], n: int | None, seed: int, default: int) -> list[_Row]:
+    """``n`` of a generator's candidate ``rows`` (distinct clean prompts), drawn without replacement,
+    seeded: the rows of each template shuffled, then the templates in turn. ``n`` None: ``default``
+    or all the rows, whichever is fewer; an ``n`` above the rows there are is refused in one line."""
+    n = min(default, len(rows)) if n is None else n
+    if n > len(rows):
+        raise UserError(f"{name} can make {len(rows)} distinct prompts for this tokenizer; asked for {n}")
+    if n <= 0:
+        raise UserError(f"a task needs at least one prompt, got n={n}")
+    rng = random.Random(seed)
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(row.template, []).append(row)
+    for members in groups.values():
+        rng.shuffle(members)
+    in_turn = [row for turn in itertools.zip_longest(*groups.values()) for row in turn if row is not None]
+    return in_turn[:n]
+
+
+def _from_rows(name: str, rows: list[_Row], metric: str, dropped: int, note: str) -> Task:
+    """A task from rows, with the templates, clusters and cutoffs the rows have."""
     if not rows:
         raise UserError(f"{name}: no prompt survived for this tokenizer")
-    clean, corrupted, answers, distractors, *templates = zip(*rows)
-    return Task(name, clean, corrupted, answers, distractors, metric, dropped, note, *templates)
+    labels = {field: tuple(getattr(row, field) for row in rows) for field in ("template", "cluster", "cutoff")}
+    return Task(name, tuple(r.clean for r in rows), tuple(r.corrupted for r in rows), tuple(r.answers for r in rows),
+                tuple(r.distractors for r in rows), metric, dropped, note,
+                templates=labels["template"] if rows[0].template is not None else (),
+                cutoffs=labels["cutoff"] if rows[0].cutoff is not None else (),
+                clusters=labels["cluster"] if rows[0].cluster is not None else ())
 
 
 # Code tasks (for the embedded "code" model): Python lines written for this module.
@@ -609,48 +717,56 @@ IDENTIFIER_PREFIXES = ("total_", "user_", "max_", "item_", "last_", "num_", "lin
 IDENTIFIER_SUFFIXES = ("count", "value", "index", "width", "limit", "score")  # distinct first letters
 
 
-def brackets_task(model, n: int = 36, seed: int = 0, lines: Sequence[str] = BRACKET_LINES) -> Task:
+def brackets_task(model, n: int | None = None, seed: int = 0, lines: Sequence[str] = BRACKET_LINES) -> Task:
     """Predict the closing bracket's type: a line with one bracket left open, "(", "[" or "{", the
     answer its closing bracket, the distractor the closing bracket of the corrupted prompt's
-    opening bracket (another type, same place). Lines whose pair lengths differ, or whose closing
-    brackets are not single tokens, are dropped (counted)."""
+    opening bracket (another type, drawn, same place). ``n`` (None: 36, or all there are if fewer) distinct prompts (a line and an opening
+    bracket each; the lines, ``Task.templates``, in turn) drawn without replacement, seeded. Prompts
+    whose pair lengths differ, or whose closing brackets are not single tokens, are dropped (counted)."""
     tokenizer = model_tokenizer(model)
     rng = random.Random(seed)
     rows, dropped = [], 0
-    for i in range(n):
-        line = lines[i % len(lines)]
-        opening, other = rng.sample(list(BRACKETS), 2)
-        clean, corrupted = line.format(o=opening), line.format(o=other)
-        good, bad = single_token(tokenizer, clean, BRACKETS[opening], sep=""), single_token(tokenizer, clean, BRACKETS[other], sep="")
-        if good is None or bad is None:
-            dropped += 1
-            continue
-        rows.append((clean, corrupted, (good[1],), (bad[1],), i % len(lines)))
+    for template, line in enumerate(lines):
+        for opening in BRACKETS:
+            other = rng.choice([bracket for bracket in BRACKETS if bracket != opening])
+            clean, corrupted = line.format(o=opening), line.format(o=other)
+            good = single_token(tokenizer, clean, BRACKETS[opening], sep="")
+            bad = single_token(tokenizer, clean, BRACKETS[other], sep="")
+            if good is None or bad is None:
+                dropped += 1
+                continue
+            rows.append(_Row(clean, corrupted, (good[1],), (bad[1],), template))
     rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
-    return _from_rows("brackets", rows, "logit_diff", dropped + skipped, "")
+    return _from_rows("brackets", _distinct("brackets", rows, n, seed, default=36), "logit_diff", dropped + skipped, "")
 
 
-def identifier_task(model, n: int = 48, seed: int = 0) -> Task:
+def identifier_task(model, n: int | None = None, seed: int = 0) -> Task:
     """Recall a name defined earlier: "PREFIX_count = 0\nfor x in data:\n    PREFIX_" -> the first
-    token of "count"; corrupted: the line defines PREFIX_ + another suffix of the same length, whose
-    first token is the distractor. Pairs whose suffixes are not single first tokens, or whose
-    lengths differ, are dropped (counted)."""
+    token of "count"; corrupted: the line defines PREFIX_ + another suffix (drawn among those whose
+    first token differs), whose first token is the distractor. ``n`` (None: 48, or all there are if
+    fewer) distinct prompts (a prefix and a
+    suffix each; the prefixes, ``Task.templates``, in turn) drawn without replacement, seeded. Names
+    with no such other suffix, or whose pair lengths differ, are dropped (counted)."""
     tokenizer = model_tokenizer(model)
     rng = random.Random(seed)
+    template = "{name} = 0\nfor x in data:\n    {prefix}"
     rows, dropped = [], 0
-    for i in range(n):
-        prefix = IDENTIFIER_PREFIXES[i % len(IDENTIFIER_PREFIXES)]
-        name, other = rng.sample(IDENTIFIER_SUFFIXES, 2)
-        template = "{name} = 0\nfor x in data:\n    {prefix}"
-        clean = template.format(name=prefix + name, prefix=prefix)
-        corrupted = template.format(name=prefix + other, prefix=prefix)
-        good, bad = continuation(tokenizer, clean, name, sep=""), continuation(tokenizer, clean, other, sep="")
-        if good is None or bad is None or good[1][0] == bad[1][0]:
-            dropped += 1
-            continue
-        rows.append((clean, corrupted, (good[1][0],), (bad[1][0],), i % len(IDENTIFIER_PREFIXES)))
+    for index, prefix in enumerate(IDENTIFIER_PREFIXES):
+        clean_of = {name: template.format(name=prefix + name, prefix=prefix) for name in IDENTIFIER_SUFFIXES}
+        first = {name: continuation(tokenizer, clean_of[name], name, sep="") for name in IDENTIFIER_SUFFIXES}
+        for name in IDENTIFIER_SUFFIXES:
+            others = [other for other in IDENTIFIER_SUFFIXES if other != name and first[name] is not None and
+                      (hit := continuation(tokenizer, clean_of[name], other, sep="")) is not None and
+                      hit[1][0] != first[name][1][0]]
+            if not others:
+                dropped += 1
+                continue
+            other = rng.choice(others)
+            bad = continuation(tokenizer, clean_of[name], other, sep="")
+            rows.append(_Row(clean_of[name], template.format(name=prefix + other, prefix=prefix),
+                             (first[name][1][0],), (bad[1][0],), index))
     rows, skipped = _fitting_rows(tokenizer, rows, model.cfg.n_ctx)
-    return _from_rows("identifier", rows, "logit_diff", dropped + skipped, "")
+    return _from_rows("identifier", _distinct("identifier", rows, n, seed, default=48), "logit_diff", dropped + skipped, "")
 
 
 GENERATORS = {"ioi": ioi_task, "greater-than": greater_than_task, "induction-text": induction_text_task,
@@ -703,7 +819,7 @@ def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
     if not rows:
         raise UserError(f"{path.name} has no rows")
     tokenizer = model_tokenizer(model)
-    parsed = [_parse_row(tokenizer, path.name, number, row) for number, row in rows]
+    parsed = [_Row(*_parse_row(tokenizer, path.name, number, row)) for number, row in rows]
     return _from_rows(path.stem, parsed, metric, 0, "")
 
 

@@ -75,8 +75,9 @@ def digit_ids(task) -> torch.Tensor:
 
 
 def decades(task) -> torch.Tensor:
-    """(n,) each prompt's start decade D (the third digit of its start year 17D9)."""
-    return torch.tensor([int(prompt.split(" 17")[1][0]) for prompt in task.clean])
+    """(n,) each prompt's compared digit: the digit measured is later exactly above it (the decade D
+    of a start year 17D9, the last digit Y of 17DY otherwise), one less than its distractors."""
+    return torch.tensor([len(distractors) - 1 for distractors in task.distractors])
 
 
 def digit_probs(model, tokens: torch.Tensor, last: torch.Tensor, digits: torch.Tensor) -> torch.Tensor:
