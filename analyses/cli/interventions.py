@@ -17,7 +17,7 @@ from analyses.report.intervention_figures import ablation_figure, bars, patching
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.cli.args import add_model_args, add_probe_args, check_head_count, load_cli_model, whole
 from analyses.report.meta import model_meta, write_meta
-from analyses.report.page import effect_text
+from analyses.core.stats import effect_text
 from analyses.interventions.patching import DIRECTIONS, patch_effects
 from analyses.core.probes import check_prompt_count, corrupt_first_copy, probes_for
 from analyses.core.tokens import as_tokens, single_token_id

@@ -211,6 +211,8 @@ def run_task(args) -> int:
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
     print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric} clean {values['clean']:.4f}, "
           f"corrupted {values['corrupted']:.4f}{reused}; wrote {out / 'index.html'}")
+    performance = analysis.performance
+    print(performance.text if performance.performs else f"WARNING: {performance.text}")
     return 0
 
 

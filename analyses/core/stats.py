@@ -14,6 +14,8 @@ the same prompts (paired), for "these heads matter N times as much as random hea
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from interp.errors import UserError
@@ -90,6 +92,15 @@ def control_intervals(tested: torch.Tensor, control: torch.Tensor, counts: torch
     control_low, control_high = percentile_bounds(control_means, level)
     ratio_low, ratio_high = percentile_bounds(tested_means / control_means, level)
     return (float(control_low), float(control_high)), (float(ratio_low), float(ratio_high))
+
+
+def effect_text(value: float, low: float, high: float, digits: int = 3) -> str:
+    """A value with its 95% interval as every command and page words it, ``+0.123 [+0.050, +0.200]``,
+    or the value and ``[no interval]`` where the interval is unknown (NaN: a first-order estimate,
+    or a metric without a per-prompt form)."""
+    interval = ("[no interval]" if math.isnan(low) or math.isnan(high) else
+                f"[{low:+.{digits}f}, {high:+.{digits}f}]")
+    return f"{value:+.{digits}f} {interval}"
 
 
 def excludes_zero(low, high):
