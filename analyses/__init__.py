@@ -4,7 +4,7 @@ from analyses.roles.causal_check import ablation_effects
 from analyses.core.hook_check import check_hooks, require_edit
 from analyses.roles.classify import MEASURES, ROLES, assign_roles, classify_heads, head_table
 from analyses.roles.tl_compat import detect_heads
-from analyses.report.build import build_report, write_report
+from analyses.report.build import build_report, report_roles, write_report
 from analyses.report.attention_map import attention_map
 from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
 from analyses.interventions.controls import ControlEffects, control_effects, control_figure, matched_random_sets

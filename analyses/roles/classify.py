@@ -312,6 +312,13 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
       also asks for a score of at least the threshold (a strong role, not only a non-random one);
     - without: the fixed rule, a score of at least ``thresholds`` (default ``DEFAULT_THRESHOLD``)
       and a bootstrap interval above chance.
+
+    ``interp report``'s roles are one call: ``analyses.report.build.report_roles`` (``analyses.report_roles``).
+    This function gives them only from the report's inputs: scores on the probes it chooses on, a
+    calibration that joins the meaning roles' nulls (``joint_fdr``; ``calibrate_roles`` alone has
+    the attention roles only, a smaller false-discovery family) and ``thresholds=DEFAULT_THRESHOLD``
+    (with a calibration, ``thresholds=None`` asks for significance alone: on the toy model every
+    layer-0 head then has ``previous_token;self``). Returns a tidy frame.
     """
     limits = _limits(DEFAULT_THRESHOLD if thresholds is None and calibration is None else thresholds,
                      ROLES if calibration is None else ALL_ROLES)
@@ -368,7 +375,8 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
     ``copy_suppression``); with ``effects`` (``analyses.roles.causal_check.ablation_effects``' frame)
     ``ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts`` (``EFFECT_COLUMNS``) and
     ``causal`` (``no_effect_labels``: "no causal effect" where the effect's 95% interval covers 0); and ``role``
-    (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``)."""
+    (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``, and for how its defaults differ from
+    ``interp report``'s, whose table ``analyses.report_roles`` gives in one call). Returns a tidy frame."""
     wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
     columns = {}
     for measure in [m for m in MEASURES if m in scores["measure"].unique()]:
