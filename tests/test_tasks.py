@@ -231,7 +231,8 @@ def test_unknown_task_names_and_suffixes_are_refused(toy, tmp_path):
     with pytest.raises(UserError, match="unknown task 'iio'; allowed: ioi, greater-than, induction-text, brackets, identifier"):
         make_task(toy, "iio")
     (tmp_path / "t.csv").write_text("clean,corrupted\n")
-    with pytest.raises(UserError, match="the header lacks answer, distractor"):
+    with pytest.raises(UserError, match="^t.csv: the header lacks answer, distractor; it needs clean, corrupted, answer, "
+                                        "distractor, and has 'clean', 'corrupted'$"):
         make_task(toy, str(tmp_path / "t.csv"))
 
 

@@ -43,7 +43,8 @@ from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, check_task
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
-from analyses.tasks.facts import BUILTIN, load_facts, top1_facts
+from analyses.core.tokens import model_tokenizer
+from analyses.tasks.facts import BUILTIN, answer_tokens, load_facts, token_list, top1_facts
 from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, facts_figure, trace_facts,
                                     trace_figure, trace_verdict)
 
@@ -104,6 +105,8 @@ def run_trace(args) -> int:
         "command": "trace", "arguments": _arguments(args), "answer_token": trace.answer, "answer": answer,
         "clean_prob": trace.clean_prob, "noised_prob": trace.corrupted_prob, "subject_positions": trace.subject,
         "noise_std": trace.noise_std})
+    if args.answer is not None:
+        print(answer_split(model, args.prompt, args.answer))
     print(f"p({answer!r}) clean {trace.clean_prob:.4f}, subject noised {trace.corrupted_prob:.4f}")
     for kind in trace.kinds:
         best = trace.frame[trace.frame["kind"] == kind].sort_values("prob").iloc[-1]
@@ -111,6 +114,16 @@ def run_trace(args) -> int:
               f"{best['prob']:.4f}")
     print(f"wrote {csv_path} and {png_path}")
     return 0
+
+
+def answer_split(model, prompt: str, answer: str) -> str:
+    """The line saying how the tokenizer splits ``answer`` after ``prompt`` and which token the trace
+    reads (``answer_tokens``: the first; a leading space that is a token of its own moves onto the prompt)."""
+    traced_prompt, tokens = answer_tokens(model, prompt, answer)
+    moved = (f" (its leading {traced_prompt[len(prompt):]!r} is a token of its own here, so it moves onto the prompt)"
+             if traced_prompt != prompt else "")
+    return (f"answer {answer!r} continues the prompt as {len(tokens)} token(s) "
+            f"{token_list(model_tokenizer(model), tokens)}{moved}; the trace reads the first")
 
 
 def _trace_fact_set(model, facts, args) -> int:

@@ -723,6 +723,16 @@ def make_task(model, name: str, n: int | None = None, seed: int = 0) -> Task:
 FIELDS = ("clean", "corrupted", "answer", "distractor")
 
 
+def check_header(what: str, found: Sequence[str] | None, needed: Sequence[str]) -> None:
+    """Refuse, in one line naming what it lacks, what it needs and what it has, a CSV file
+    (``what``: its name in the message) whose header ``found`` (``csv.DictReader.fieldnames``; None
+    for an empty file) lacks a column of ``needed``."""
+    missing = [column for column in needed if column not in (found or [])]
+    if missing:
+        has = ", ".join(repr(column) for column in found) if found else "no header (the file is empty)"
+        raise UserError(f"{what}: the header lacks {', '.join(missing)}; it needs {', '.join(needed)}, and has {has}")
+
+
 def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
     """A task from a JSONL file (one object per line with ``FIELDS``; ``answer`` / ``distractor`` a
     string or a list of strings) or a CSV file (a header with ``FIELDS``; several answers joined by
@@ -745,9 +755,7 @@ def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
                 raise UserError(f"{path.name}, row {number}: not JSON ({error.msg})") from None
     else:
         reader = csv.DictReader(io.StringIO(text, newline=""))
-        missing = [f for f in FIELDS if f not in (reader.fieldnames or [])]
-        if missing:
-            raise UserError(f"{path.name}: the header lacks {', '.join(missing)}; it needs {', '.join(FIELDS)}")
+        check_header(path.name, reader.fieldnames, FIELDS)
         rows = [(number, {key: (value.split("|") if key in ("answer", "distractor") and value else value)
                           for key, value in row.items()})
                 for number, row in enumerate(reader, start=1)]
