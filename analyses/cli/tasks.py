@@ -37,7 +37,7 @@ from analyses.cli.args import (SEED, add_chat_arg, add_model_args, arguments_rec
                                fingerprinted_arguments, load_cli_model, number, whole)
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
-from analyses.core.stats import check_interval_prompts
+from analyses.core.stats import check_interval_prompts, effect_text
 from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, check_task_prompts, make_task, task_batch,
                                  task_metric, task_scores, task_split)
 from interp.errors import UserError
@@ -152,7 +152,7 @@ def _trace_fact_set(model, facts, args) -> int:
         "verdict": None if verdict is None else verdict.text})
     print(f"{len(kept)} of {len(facts)} facts answered top-1 ({len(facts) - len(kept)} dropped: their answer token is "
           f"not the model's top next token); traced {len(traced)}; total effect (clean - noised p(answer)) "
-          f"{effect:.4f} [{low:.4f}, {high:.4f}]")
+          f"{effect_text(effect, low, high, 4)}")
     print(verdict.text if verdict is not None else "no verdict: the model has no MLPs to trace")
     print(f"wrote {args.out / 'aie.csv'}, {args.out / 'facts.csv'} and {args.out / 'tracing.png'}")
     return 0

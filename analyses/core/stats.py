@@ -62,8 +62,8 @@ def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BO
     Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:], float64 on the CPU.
     """
     batch = sums.shape[0]
-    flat = sums.reshape(batch, -1).cpu().double()
-    counts = counts.cpu().double()
+    flat = sums.detach().reshape(batch, -1).cpu().double()  # an interval is a number, never part of a graph
+    counts = counts.detach().cpu().double()
     estimate = flat.sum(0) / counts.sum()
     weights = resample_weights(batch, n_boot, seed)
     resampled = (weights @ flat) / (weights @ counts)[:, None]  # (n_boot, cells)

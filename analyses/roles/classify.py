@@ -253,6 +253,9 @@ def classify_heads(
     ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
     """
     require_causal(model, "head classification")
+    if isinstance(n_prompts, str):
+        raise UserError(f"classify_heads(model, {n_prompts!r}): the second argument is n_prompts, a number of probes; "
+                        f"score texts with texts=[...], e.g. classify_heads(model, texts=[{n_prompts!r}])")
     if texts is not None and probes is not None:
         raise UserError("pass probes or texts to classify_heads, not both")
     if texts is not None:
