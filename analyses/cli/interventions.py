@@ -74,11 +74,10 @@ def register(subparsers) -> None:
 def parse_heads(text: str) -> list:
     """``--heads`` -> components: (layer, head) pairs and MLPs (``analyses.interventions.ablation.as_component``)."""
     try:
-        return [as_component(item) if item.strip().startswith("mlp") else tuple(int(v) for v in item.split("."))
-                for item in text.split(",")]
-    except ValueError:  # a UserError too
-        raise UserError(f"--heads {text!r}: expected layer.head pairs or mlpL (mlpL@P) separated by commas, "
-                        "e.g. 1.4,1.10,mlp2") from None
+        return [as_component(item) for item in text.split(",")]
+    except UserError:
+        raise UserError(f"--heads {text!r}: expected heads (1.4 or L1H4) or mlpL (mlpL@P) separated by commas, "
+                        "e.g. 1.4,L1H10,mlp2") from None
 
 
 def _write_meta(model, args) -> None:

@@ -35,6 +35,7 @@ from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import (SEED, add_chat_arg, add_model_args, arguments_record, check_head_count,
                                fingerprinted_arguments, load_cli_model, number, whole)
+from analyses.core.heads import as_heads, head_label
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
 from analyses.core.stats import check_interval_prompts, effect_text
@@ -251,11 +252,11 @@ def register_explain(subparsers) -> None:
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
-    """"9.1,10.0" -> [(9, 1), (10, 0)]."""
+    """"9.1,L10H0" -> [(9, 1), (10, 0)] (``as_heads``)."""
     try:
-        return [(int(layer), int(head)) for layer, head in (item.split(".") for item in text.split(","))]
-    except ValueError:
-        raise UserError(f"--heads {text!r}: give layer.head pairs separated by commas, e.g. 9.1,10.0") from None
+        return as_heads(text)
+    except UserError:
+        raise UserError(f"--heads {text!r}: give heads (9.1 or L9H1) separated by commas, e.g. 9.1,L10H0") from None
 
 
 def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float,
@@ -289,7 +290,7 @@ def run_explain(args) -> int:
     write_meta(args.out, model_meta(model, args.model) | {"command": "explain", "arguments": _arguments(args),
                                                          "task": task.name, "prompts": len(task),
                                                          "heads": [list(head) for head in heads]})
-    print(f"{task.name}: {len(task)} prompts; attention of heads {', '.join(f'L{l}H{h}' for l, h in heads)}")
+    print(f"{task.name}: {len(task)} prompts; attention of heads {', '.join(map(head_label, heads))}")
     print("Spearman correlation with each attribution's magnitude, median over prompts:")
     print(found.summary().pivot(index="attention", columns="attribution", values="median").round(2).to_string())
     with torch.no_grad():
