@@ -749,19 +749,29 @@ def role_summary(table: pd.DataFrame) -> list[str]:
     a role spread over several weaker heads is not reported as absent."""
     lines = []
     for role in present_roles(table):
-        line = f"- **{role}**: {role_heads(table, 'role', role) or 'none'}"
+        line = f"- **{role}**{OV_ALONE if role in MEANING_ROLES else ''}: {role_heads(table, 'role', role) or 'none'}"
         partial = role_heads(table, "partial_role", role) if "partial_role" in table else ""
         lines.append(line + (f"; partial (beat their nulls, below the threshold): {partial}" if partial else ""))
     return lines
 
 
+# a meaning role is read from the head's OV circuit alone, so beside it the page shows what the head
+# writes to the logits itself (its direct effect), not what ablating it does through later layers
+OV_ALONE = (" (read from the OV circuit alone, not from what the head does on the probes; beside it the head's "
+            "direct effect, not its total ablation effect)")
+
+
 def role_heads(table: pd.DataFrame, column: str, role: str) -> str:
-    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and ablation effect."""
+    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and
+    ablation effect; for a meaning role (``MEANING_ROLES``, read from the OV circuit) its direct
+    effect instead, where the table has it."""
     heads = table[table[column].str.split(";").apply(lambda roles: role in roles)]
-    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, ablation "
-                     f"{effect_text(r.ablation_effect, r.ablation_ci_low, r.ablation_ci_high)} nats"
-                     + (f", {r.causal}" if r.causal else "") + ")"
-                     for r in heads.sort_values(role, ascending=False).itertuples())
+    direct = role in MEANING_ROLES and "direct_effect" in table
+    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
+                     + (f"direct {effect_text(r.direct_effect, r.direct_ci_low, r.direct_ci_high)} nats" if direct else
+                        f"ablation {effect_text(r.ablation_effect, r.ablation_ci_low, r.ablation_ci_high)} nats"
+                        + (f", {r.causal}" if r.causal else ""))
+                     + ")" for r in heads.sort_values(role, ascending=False).itertuples())
 
 
 def effect_columns(table: pd.DataFrame) -> list[str]:
