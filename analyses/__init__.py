@@ -1,10 +1,33 @@
-"""analyses: how we look inside a hooked model (classification, ablation, patching, reports)."""
+"""analyses: how we look inside a hooked model (classification, ablation, patching, reports).
+
+The entry points, by job (``help(analyses)`` lists them; docs/reference/analyses.md says what each
+returns: a tidy frame, a tensor or a value). A head is ``(1, 4)``, ``"L1H4"`` or ``"1.4"`` wherever
+one is taken (``as_head``, ``as_heads``); outputs print it as ``"L1H4"`` (``head_label``).
+
+- Prompts: ``probes_for`` (repeated-segment probes), ``corrupt_first_copy`` (their corruption),
+  ``make_task``, ``load_task``, ``task_batch``, ``task_metric``; metrics ``loss_metric``,
+  ``logit_diff_metric``.
+- Head roles: ``report_roles`` (exactly ``interp report``'s roles, in one call), ``classify_heads``,
+  ``calibrate_roles``, ``meaning_nulls``, ``joint_fdr``, ``assign_roles``, ``head_table``,
+  ``detect_heads``.
+- Ablation: ``ablate_heads``, ``ablation_sweep``, ``pruning_curve``, ``head_importance``,
+  ``control_effects``, ``direct_and_total_effects``, ``backup_report``.
+- Patching: ``patch_heads``, ``patch_mlps``, ``patch_residual``, ``patch_patterns``,
+  ``patch_effects``, ``attribution_patch_heads``, ``patching_frame``.
+- Circuits: ``path_patch``, ``edge_attribution``, ``eap_ig``, ``composition_scores``,
+  ``full_graph``, ``ioi_classes``.
+- Components: ``direct_logit_attribution``, ``logit_lens``, ``decompose_residual``, ``ov_scores``,
+  ``neuron_effects``, ``linear_probe``, ``qk_attribution``, ``explain``.
+- Facts: ``causal_trace``, ``trace_facts``, ``top1_facts``.
+- Pages and figures: ``build_report``, ``write_report``, ``compare_models``, ``ablation_figure``,
+  ``patching_figure``, ``attention_map``; studies ``run_study``.
+"""
 
 from analyses.roles.causal_check import ablation_effects
 from analyses.core.hook_check import check_hooks, require_edit
 from analyses.roles.classify import MEASURES, ROLES, assign_roles, classify_heads, head_table
 from analyses.roles.tl_compat import detect_heads
-from analyses.report.build import build_report, write_report
+from analyses.report.build import build_report, report_roles, write_report
 from analyses.report.attention_map import attention_map
 from analyses.interventions.ablation import ablate_heads, ablation_sweep, head_importance, pruning_curve
 from analyses.interventions.controls import ControlEffects, control_effects, control_figure, matched_random_sets
@@ -39,6 +62,8 @@ from analyses.components.decompose import (accumulated_residual, attention_vs_ml
                                  logit_lens_figure, mlp_ablation)
 from analyses.components.qk import QKAttribution, qk_attribution
 from analyses.tasks.task import Task, load_task, make_task, task_batch, task_metric
+from analyses.core.probes import corrupt_first_copy, probes_for
+from analyses.core.heads import as_head, as_heads, head_label
 from analyses.circuits.ioi_classes import IOIClasses, classify_ioi, ioi_classes, ioi_classes_figure, ioi_positions
 from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
                               qk_positional_scores)

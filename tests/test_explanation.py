@@ -169,4 +169,4 @@ def test_interp_explain_writes_its_tables_and_figure(tmp_path, capsys):
     assert set(pd.read_csv(out / "scores.csv")["method"]) == {"attention", "rollout", "gradient_x_input",
                                                                "integrated_gradients", "occlusion"}
     assert main(["explain", "ioi", "--heads", "1:7", "--out", str(out)]) == 2
-    assert "--heads '1:7': give layer.head pairs" in capsys.readouterr().err
+    assert "--heads '1:7': give heads (9.1 or L9H1) separated by commas" in capsys.readouterr().err

@@ -157,7 +157,9 @@ def test_a_ragged_batch_with_a_fixed_position_metric_of_unknown_make_is_refused(
 
 def test_positions_past_the_end_are_refused_not_wrapped():
     logits = torch.randn(2, 6, 10)
-    with pytest.raises(UserError, match=r"position 6 is past the end of prompts of 6 tokens \(allowed -6 \.\. 5\)"):
+    with pytest.raises(UserError, match=r"^the metric reads position 6, but these prompts have 6 tokens \(allowed -6 "
+                                        r"\.\. 5\): it was built for other, longer prompts; build it from the prompts you "
+                                        r"pass$"):
         read_positions(logit_diff_metric(1, 2, position=6), 6)
     with pytest.raises(UserError, match="position -7 is past the end"):
         logit_diff_metric(1, 2, position=-7)(logits)

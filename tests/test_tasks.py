@@ -227,7 +227,8 @@ def test_unknown_task_names_and_suffixes_are_refused(toy, tmp_path):
     with pytest.raises(UserError, match="unknown task 'iio'; allowed: ioi, greater-than, induction-text, brackets, identifier"):
         make_task(toy, "iio")
     (tmp_path / "t.csv").write_text("clean,corrupted\n")
-    with pytest.raises(UserError, match="the header lacks answer, distractor"):
+    with pytest.raises(UserError, match="^t.csv: the header lacks answer, distractor; it needs clean, corrupted, answer, "
+                                        "distractor, and has 'clean', 'corrupted'$"):
         make_task(toy, str(tmp_path / "t.csv"))
 
 
@@ -265,7 +266,8 @@ def test_the_task_page_shows_the_library_functions_numbers(toy, tmp_path):
     metric = task_metric(task, batch.last)
     with torch.no_grad():
         clean, corrupted = metric(toy(batch.clean)).item(), metric(toy(batch.corrupted)).item()
-    assert read_csv(out / "metric.csv")["metric"].tolist() == pytest.approx([clean, corrupted], abs=1e-6)
+    assert read_csv(out / "metric.csv")["metric"].tolist() == pytest.approx([clean, corrupted, clean - corrupted],
+                                                                           abs=1e-6)
     n_layers, n_heads, n_pos = toy.cfg.n_layers, toy.cfg.n_heads, batch.clean.shape[1]
     heads = read_csv(out / "heads.csv")
     by_pos = read_csv(out / "heads_by_pos.csv")

@@ -68,9 +68,24 @@ def test_an_answer_that_merges_into_the_prompt_is_refused_for_both(bpe_model):
     prompt = "When Mary and John went to the st"
     assert answer_token(bpe_model, "When Mary and John went to the store, John gave a drink to", " Mary")[0].endswith(
         " to")  # a one-token answer: the prompt as it is
-    with pytest.raises(UserError, match=r"^answer 'ore' does not continue the prompt 'When Mary and John went to the "
-                                        r"st' as tokens of its own \(give the exact continuation"):
+    with pytest.raises(UserError) as refused:
         answer_token(bpe_model, prompt, "ore")
+    assert str(refused.value) == ("answer 'ore' does not continue the prompt 'When Mary and John went to the st' as "
+                                  "tokens of its own: the prompt ends in the tokens [' st'], prompt + answer in "
+                                  "[' store']; end the prompt where a token ends, or give the answer with what it "
+                                  "merges with")
+    with pytest.raises(UserError, match=r"^the answer to 'x' is empty; give the exact continuation, e.g. ' Paris'$"):
+        answer_token(bpe_model, "x", "")
+
+
+def test_a_single_trace_says_how_the_tokenizer_splits_its_answer(toy, tmp_path, capsys):
+    from analyses.cli import main
+
+    prompt, subject = SUBJECTS[0]
+    assert main(["trace", "--model", "toy", "--prompt", prompt, "--subject", subject, "--answer", " Paris",
+                 "--samples", "1", "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    assert ("answer ' Paris' continues the prompt as 5 token(s) ['P', 'a', 'r', 'i', 's'] (its leading ' ' is a token "
+            "of its own here, so it moves onto the prompt); the trace reads the first") in capsys.readouterr().out
 
 
 def test_a_fact_trace_of_one_fact_is_refused_before_any_model_work(toy, tmp_path, capsys, monkeypatch):

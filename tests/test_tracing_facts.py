@@ -185,7 +185,7 @@ def test_trace_facts_command_writes_the_table_the_panels_and_the_verdict(tmp_pat
 
 @pytest.mark.parametrize("rows, header, message", [
     ([("The capital of Fr is", "Fr")], "prompt,subject", "facts file f.csv: the header lacks answer; it needs "
-                                                          "prompt, subject, answer"),
+                                                          "prompt, subject, answer, and has 'prompt', 'subject'"),
     ([("The capital of Fr is", "Germany", " x")], "prompt,subject,answer",
      "facts file f.csv, row 1: subject 'Germany' does not occur in the prompt 'The capital of Fr is'"),
     ([("The capital of Fr is", "", " x")], "prompt,subject,answer", "facts file f.csv, row 1: empty subject"),

@@ -17,7 +17,7 @@ from analyses.report.intervention_figures import ablation_figure, bars, patching
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.cli.args import add_model_args, add_probe_args, check_head_count, load_cli_model, whole
 from analyses.report.meta import model_meta, write_meta
-from analyses.report.page import effect_text
+from analyses.core.stats import effect_text
 from analyses.interventions.patching import DIRECTIONS, patch_effects
 from analyses.core.probes import check_prompt_count, corrupt_first_copy, probes_for
 from analyses.core.tokens import as_tokens, single_token_id
@@ -74,11 +74,10 @@ def register(subparsers) -> None:
 def parse_heads(text: str) -> list:
     """``--heads`` -> components: (layer, head) pairs and MLPs (``analyses.interventions.ablation.as_component``)."""
     try:
-        return [as_component(item) if item.strip().startswith("mlp") else tuple(int(v) for v in item.split("."))
-                for item in text.split(",")]
-    except ValueError:  # a UserError too
-        raise UserError(f"--heads {text!r}: expected layer.head pairs or mlpL (mlpL@P) separated by commas, "
-                        "e.g. 1.4,1.10,mlp2") from None
+        return [as_component(item) for item in text.split(",")]
+    except UserError:
+        raise UserError(f"--heads {text!r}: expected heads (1.4 or L1H4) or mlpL (mlpL@P) separated by commas, "
+                        "e.g. 1.4,L1H10,mlp2") from None
 
 
 def _write_meta(model, args) -> None:

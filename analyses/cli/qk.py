@@ -22,6 +22,7 @@ from analyses.components.qk import BASELINES, QKAttribution, chunk_prompts, qk_a
 from analyses.core.plots import png_bytes
 from analyses.core.probes import probes_for
 from analyses.core.tokens import read_text
+from analyses.core.heads import as_head
 from analyses.report.meta import model_meta
 from interp.errors import UserError
 from interp.files import write_atomic
@@ -30,11 +31,12 @@ PAIR_COLUMNS = ("text", "query_pos", "key_pos")
 
 
 def parse_head(text: str) -> tuple[int, int]:
-    """``L.H`` -> (layer, head)."""
-    layer, dot, head = text.partition(".")
-    if not (dot and layer.isdigit() and head.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a head as LAYER.HEAD, e.g. 1.5")
-    return int(layer), int(head)
+    """``L.H`` or ``LlHh`` -> (layer, head) (``as_head``)."""
+    try:
+        return as_head(text)
+    except UserError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a head as LAYER.HEAD or LlayerHhead, e.g. 1.5 or L1H5") \
+            from None
 
 
 def file_pairs(model, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -35,15 +35,17 @@ from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import (SEED, add_chat_arg, add_model_args, arguments_record, check_head_count,
                                fingerprinted_arguments, load_cli_model, number, whole)
+from analyses.core.heads import as_heads, head_label
 from analyses.core.steps import Steps, check_steps_dir, directory_lock
 from analyses.report.meta import model_meta, write_meta
-from analyses.core.stats import check_interval_prompts
+from analyses.core.stats import check_interval_prompts, effect_text
 from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, check_task_prompts, make_task, task_batch,
                                  task_metric, task_scores, task_split)
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, task_inputs, write_task_page
-from analyses.tasks.facts import BUILTIN, load_facts, top1_facts
+from analyses.core.tokens import model_tokenizer
+from analyses.tasks.facts import BUILTIN, answer_tokens, load_facts, token_list, top1_facts
 from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, facts_figure, trace_facts,
                                     trace_figure, trace_verdict)
 
@@ -104,6 +106,8 @@ def run_trace(args) -> int:
         "command": "trace", "arguments": _arguments(args), "answer_token": trace.answer, "answer": answer,
         "clean_prob": trace.clean_prob, "noised_prob": trace.corrupted_prob, "subject_positions": trace.subject,
         "noise_std": trace.noise_std})
+    if args.answer is not None:
+        print(answer_split(model, args.prompt, args.answer))
     print(f"p({answer!r}) clean {trace.clean_prob:.4f}, subject noised {trace.corrupted_prob:.4f}")
     for kind in trace.kinds:
         best = trace.frame[trace.frame["kind"] == kind].sort_values("prob").iloc[-1]
@@ -111,6 +115,16 @@ def run_trace(args) -> int:
               f"{best['prob']:.4f}")
     print(f"wrote {csv_path} and {png_path}")
     return 0
+
+
+def answer_split(model, prompt: str, answer: str) -> str:
+    """The line saying how the tokenizer splits ``answer`` after ``prompt`` and which token the trace
+    reads (``answer_tokens``: the first; a leading space that is a token of its own moves onto the prompt)."""
+    traced_prompt, tokens = answer_tokens(model, prompt, answer)
+    moved = (f" (its leading {traced_prompt[len(prompt):]!r} is a token of its own here, so it moves onto the prompt)"
+             if traced_prompt != prompt else "")
+    return (f"answer {answer!r} continues the prompt as {len(tokens)} token(s) "
+            f"{token_list(model_tokenizer(model), tokens)}{moved}; the trace reads the first")
 
 
 def _trace_fact_set(model, facts, args) -> int:
@@ -139,7 +153,7 @@ def _trace_fact_set(model, facts, args) -> int:
         "verdict": None if verdict is None else verdict.text})
     print(f"{len(kept)} of {len(facts)} facts answered top-1 ({len(facts) - len(kept)} dropped: their answer token is "
           f"not the model's top next token); traced {len(traced)}; total effect (clean - noised p(answer)) "
-          f"{effect:.4f} [{low:.4f}, {high:.4f}]")
+          f"{effect_text(effect, low, high, 4)}")
     print(verdict.text if verdict is not None else "no verdict: the model has no MLPs to trace")
     print(f"wrote {args.out / 'aie.csv'}, {args.out / 'facts.csv'} and {args.out / 'tracing.png'}")
     return 0
@@ -211,6 +225,8 @@ def run_task(args) -> int:
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
     print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric} clean {values['clean']:.4f}, "
           f"corrupted {values['corrupted']:.4f}{reused}; wrote {out / 'index.html'}")
+    performance = analysis.performance
+    print(performance.text if performance.performs else f"WARNING: {performance.text}")
     return 0
 
 
@@ -236,11 +252,11 @@ def register_explain(subparsers) -> None:
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
-    """"9.1,10.0" -> [(9, 1), (10, 0)]."""
+    """"9.1,L10H0" -> [(9, 1), (10, 0)] (``as_heads``)."""
     try:
-        return [(int(layer), int(head)) for layer, head in (item.split(".") for item in text.split(","))]
-    except ValueError:
-        raise UserError(f"--heads {text!r}: give layer.head pairs separated by commas, e.g. 9.1,10.0") from None
+        return as_heads(text)
+    except UserError:
+        raise UserError(f"--heads {text!r}: give heads (9.1 or L9H1) separated by commas, e.g. 9.1,L10H0") from None
 
 
 def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float,
@@ -274,7 +290,7 @@ def run_explain(args) -> int:
     write_meta(args.out, model_meta(model, args.model) | {"command": "explain", "arguments": _arguments(args),
                                                          "task": task.name, "prompts": len(task),
                                                          "heads": [list(head) for head in heads]})
-    print(f"{task.name}: {len(task)} prompts; attention of heads {', '.join(f'L{l}H{h}' for l, h in heads)}")
+    print(f"{task.name}: {len(task)} prompts; attention of heads {', '.join(map(head_label, heads))}")
     print("Spearman correlation with each attribution's magnitude, median over prompts:")
     print(found.summary().pivot(index="attention", columns="attribution", values="median").round(2).to_string())
     with torch.no_grad():

@@ -309,8 +309,11 @@ def read_positions(metric: Metric, n_pos: int) -> torch.Tensor | None:
     if declared is None:
         return None
     positions = torch.as_tensor(declared).reshape(-1).long()
-    for position in positions.tolist():
-        _check_position(position, n_pos)
+    beyond = [position for position in positions.tolist() if not -n_pos <= position < n_pos]
+    if beyond:
+        raise UserError(f"the metric reads position {beyond[0]}, but these prompts have {n_pos} tokens (allowed "
+                        f"{-n_pos} .. {n_pos - 1}): it was built for other, longer prompts; build it from the prompts "
+                        "you pass")
     return torch.unique(positions % n_pos)
 
 

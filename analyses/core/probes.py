@@ -13,6 +13,7 @@ earlier occurrence, at ``i - p``, and the token after it (the induction target) 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -156,7 +157,9 @@ def repeated_probes(
 
 def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0, **ranges) -> RepeatedProbes:
     """``repeated_probes`` sized for a hooked model: its ordinary tokens and its start token (none
-    where its input format has none), on its device. ``seq_len`` defaults to min(n_ctx, 128)."""
+    where its input format has none), on its device. ``seq_len`` defaults to min(n_ctx, 128); an
+    ``n_prompts`` that is not a whole number is refused in one line."""
+    check_whole(n_prompts, "n_prompts")
     seq_len = seq_len or min(model.cfg.n_ctx, 128)
     if seq_len > model.cfg.n_ctx:
         raise UserError(f"seq_len={seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
@@ -164,6 +167,12 @@ def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0,
     probes = repeated_probes(n_prompts, seq_len, ordinary_token_ids(model), start[0] if start else None, seed=seed,
                              **ranges)
     return probes.to(model_device(model))
+
+
+def check_whole(value, name: str) -> None:
+    """Refuse, in one line naming it, a count (``name``: the argument's name) that is not a whole number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UserError(f"{name}={value!r} is not a whole number")
 
 
 def check_seq_len(seq_len: int | None, what: str) -> None:

@@ -21,6 +21,7 @@ the same draws: two marginal intervals that overlap say nothing about their diff
 
 from __future__ import annotations
 
+import math
 from typing import Hashable, Sequence
 
 import torch
@@ -127,8 +128,8 @@ def paired_difference(sums_a: torch.Tensor, counts_a: torch.Tensor, sums_b: torc
 def _pooled(sums: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """sums (batch, ...), counts (batch,), weights (n_boot, batch) -> (the pooled ratio (cells,), each
     resample's pooled ratio (n_boot, cells)), float64 on the CPU."""
-    flat = sums.reshape(sums.shape[0], -1).cpu().double()
-    counts = counts.cpu().double()
+    flat = sums.detach().reshape(sums.shape[0], -1).cpu().double()  # an interval is a number, never part of a graph
+    counts = counts.detach().cpu().double()
     return flat.sum(0) / counts.sum(), (weights @ flat) / (weights @ counts)[:, None]
 
 
@@ -162,6 +163,15 @@ def control_intervals(tested: torch.Tensor, control: torch.Tensor, counts: torch
     control_low, control_high = percentile_bounds(control_means, level)
     ratio_low, ratio_high = percentile_bounds(tested_means / control_means, level)
     return (float(control_low), float(control_high)), (float(ratio_low), float(ratio_high))
+
+
+def effect_text(value: float, low: float, high: float, digits: int = 3) -> str:
+    """A value with its 95% interval as every command and page words it, ``+0.123 [+0.050, +0.200]``,
+    or the value and ``[no interval]`` where the interval is unknown (NaN: a first-order estimate,
+    or a metric without a per-prompt form)."""
+    interval = ("[no interval]" if math.isnan(low) or math.isnan(high) else
+                f"[{low:+.{digits}f}, {high:+.{digits}f}]")
+    return f"{value:+.{digits}f} {interval}"
 
 
 def excludes_zero(low, high):

@@ -66,6 +66,7 @@ from analyses.core.stats import EFFECT_COLUMNS
 from analyses.interventions.patching import mlp_out_names
 from analyses.interventions.run import Contrast, Options, Run
 from analyses.core.tokens import accumulator, as_batch
+from analyses.core.heads import FORMS, HEAD_TEXT, as_head
 from interp.errors import UserError
 from interp.tokenizer import TokenBatch
 
@@ -100,15 +101,16 @@ MLP_TEXT = re.compile(r"mlp(\d+)(?:@(\d+))?")
 
 def as_component(item) -> Component:
     """A target's component: an ``MLP``, ``"mlp3"`` / ``"mlp3@5"`` (an MLP, at a position), or a
-    (layer, head) pair (not yet range-checked: see ``check_components``)."""
+    head (``(1, 4)``, ``"L1H4"``, ``"1.4"``: ``analyses.core.heads.as_head``; not yet range-checked:
+    see ``check_components``)."""
     if isinstance(item, MLP):
         return item
-    if isinstance(item, str):
-        match = MLP_TEXT.fullmatch(item.strip())
-        if match is None:
-            raise UserError(f"a component is a (layer, head) pair or mlpL (mlpL@P at position P), got {item!r}")
+    match = MLP_TEXT.fullmatch(item.strip()) if isinstance(item, str) else None
+    if match is not None:
         return MLP(int(match[1]), None if match[2] is None else int(match[2]))
-    return item  # a head, which check_heads reads
+    if isinstance(item, str) and not HEAD_TEXT.fullmatch(item.strip()):
+        raise UserError(f"a component is a head ({FORMS}) or mlpL (mlpL@P at position P), got {item!r}")
+    return as_head(item)
 
 
 def check_components(model, items, n_pos: int | None = None) -> list[Component]:

@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric
 from analyses.core.plots import new_figure
-from analyses.core.stats import EFFECT_COLUMNS, N_BOOT, control_intervals
+from analyses.core.stats import EFFECT_COLUMNS, N_BOOT, control_intervals, effect_text
 from analyses.interventions.ablation import component_label, prepare_ablation
 from analyses.interventions.engine import check_heads
 from analyses.interventions.run import Run
@@ -203,9 +203,10 @@ def describe_control(row) -> str:
     effect, the ratio, each with its 95% interval, the p-value, and how many draws and prompts."""
     repeats = ("" if row["n_distinct"] >= row["n_draws"] else ", the only possible set" if row["n_distinct"] == 1
                else f", every one of the {int(row['n_distinct'])} possible sets")
-    return (f"{row['heads']} ({row['method']} ablation): effect {row['effect']:+.3f} "
-            f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]; {row['matching']} random sets of {int(row['n_heads'])}: "
-            f"mean {row['random_effect']:+.3f} [{row['random_ci_low']:+.3f}, {row['random_ci_high']:+.3f}]; "
+    effect = effect_text(row["effect"], row["ci_low"], row["ci_high"])
+    return (f"{row['heads']} ({row['method']} ablation): effect {effect}; {row['matching']} random sets of "
+            f"{int(row['n_heads'])}: "
+            f"mean {effect_text(row['random_effect'], row['random_ci_low'], row['random_ci_high'])}; "
             f"ratio {row['ratio']:.2f}x [{row['ratio_ci_low']:.2f}, {row['ratio_ci_high']:.2f}], "
             f"p {row['p_value']:.3f} (95% intervals; {int(row['n_draws'])} draws{repeats}, "
             f"{int(row['n_prompts'])} prompts)")

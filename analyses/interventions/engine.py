@@ -36,6 +36,7 @@ from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name,
 from analyses.core.metrics import Metric, PromptScores, evaluate_metric, evaluate_part, metric_part, read_positions
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator
+from analyses.core.heads import as_heads
 from interp.errors import UserError
 
 
@@ -71,14 +72,11 @@ def check_choice(name: str, value, allowed: Sequence) -> None:
 
 
 def check_heads(model, heads) -> list[tuple[int, int]]:
-    """[(layer, head), ...] validated against the model's shape."""
+    """Heads (each ``(1, 4)``, ``"L1H4"`` or ``"1.4"``; or one string of them joined by commas:
+    ``analyses.core.heads.as_heads``) -> [(layer, head), ...] validated against the model's shape."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     checked = []
-    for item in heads:
-        try:
-            layer, head = (int(v) for v in item)
-        except (TypeError, ValueError):
-            raise UserError(f"a head is a (layer, head) pair, got {item!r}") from None
+    for layer, head in as_heads(heads):
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise UserError(
                 f"head ({layer}, {head}) out of range: layer must be in [0, {n_layers}), head in [0, {n_heads})"

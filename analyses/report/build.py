@@ -39,7 +39,7 @@ from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, calibration_section,
-                                                  choosing_probes, probe_run)
+                                                  choosing_probes, probe_run, role_calibration)
 from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_figure, circuit_section, edge_lines,
                                        induction_pair, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
@@ -205,6 +205,33 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     steps.close()
     meta["cost"] = estimate.record()
     return HeadReport(table, sections, meta)
+
+
+def report_roles(model, *, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
+                 texts: Sequence[str] | None = None,
+                 thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
+                 intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float = DEFAULT_MEMORY_MB,
+                 progress: bool | None = None) -> pd.DataFrame:
+    """Exactly the roles ``build_report`` (``interp report``) gives with the same arguments, without
+    the rest of the report: the head table (``head_table``: one row per head, every measure with its
+    interval, the null columns, ``role`` and ``partial_role``; no effect columns).
+
+    The probes are the report's one draw of ``intervention_prompts + n_prompts`` (seeded by
+    ``seed``); the roles are chosen on the last ``n_prompts`` of it (``choosing_probes``):
+    classification (``classify_heads``), then with ``fdr`` the calibration (``role_calibration``:
+    the attention roles' nulls and the meaning roles' nulls in one false-discovery family), a role
+    being a (head, role) whose q-value is at most ``fdr`` and whose score reaches ``thresholds``.
+    ``fdr=None``, or ``texts`` (classified on the texts, which the probe nulls do not describe),
+    is the fixed rule: the threshold and an interval above chance. Returns a tidy frame."""
+    check_prompt_count(n_prompts, f"n_prompts={n_prompts}", PROMPTS_NEEDED_BY)
+    check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
+    probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
+    chosen_on = probes.after(intervention_prompts)
+    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on, memory_mb=memory_mb,
+                            progress=progress)
+    calibration = (role_calibration(model, chosen_on, seed=seed, fdr=fdr, memory_mb=memory_mb, progress=progress)
+                   if fdr is not None and not texts else None)
+    return head_table(scores, None, thresholds, fdr=fdr or DEFAULT_FDR, calibration=calibration)
 
 
 class ReportSteps:
@@ -722,19 +749,29 @@ def role_summary(table: pd.DataFrame) -> list[str]:
     a role spread over several weaker heads is not reported as absent."""
     lines = []
     for role in present_roles(table):
-        line = f"- **{role}**: {role_heads(table, 'role', role) or 'none'}"
+        line = f"- **{role}**{OV_ALONE if role in MEANING_ROLES else ''}: {role_heads(table, 'role', role) or 'none'}"
         partial = role_heads(table, "partial_role", role) if "partial_role" in table else ""
         lines.append(line + (f"; partial (beat their nulls, below the threshold): {partial}" if partial else ""))
     return lines
 
 
+# a meaning role is read from the head's OV circuit alone, so beside it the page shows what the head
+# writes to the logits itself (its direct effect), not what ablating it does through later layers
+OV_ALONE = (" (read from the OV circuit alone, not from what the head does on the probes; beside it the head's "
+            "direct effect, not its total ablation effect)")
+
+
 def role_heads(table: pd.DataFrame, column: str, role: str) -> str:
-    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and ablation effect."""
+    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and
+    ablation effect; for a meaning role (``MEANING_ROLES``, read from the OV circuit) its direct
+    effect instead, where the table has it."""
     heads = table[table[column].str.split(";").apply(lambda roles: role in roles)]
-    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, ablation "
-                     f"{effect_text(r.ablation_effect, r.ablation_ci_low, r.ablation_ci_high)} nats"
-                     + (f", {r.causal}" if r.causal else "") + ")"
-                     for r in heads.sort_values(role, ascending=False).itertuples())
+    direct = role in MEANING_ROLES and "direct_effect" in table
+    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
+                     + (f"direct {effect_text(r.direct_effect, r.direct_ci_low, r.direct_ci_high)} nats" if direct else
+                        f"ablation {effect_text(r.ablation_effect, r.ablation_ci_low, r.ablation_ci_high)} nats"
+                        + (f", {r.causal}" if r.causal else ""))
+                     + ")" for r in heads.sort_values(role, ascending=False).itertuples())
 
 
 def effect_columns(table: pd.DataFrame) -> list[str]:

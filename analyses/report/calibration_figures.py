@@ -169,9 +169,8 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
     memory_mb = left_after(memory_mb, run.held_mb())  # the run's store stays taken
     steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
-    calibration = joint_fdr(calibrate_roles(model, chosen_on, seed=seed, null_seeds=null_seeds, fdr=fdr,
-                                            memory_mb=memory_mb, progress=progress, run=chosen_run),
-                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
+    calibration = role_calibration(model, chosen_on, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
+                                   progress=progress, run=chosen_run)
     release_freed_memory()  # the null models' memory, before the ablations
     steps.update()
     effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
@@ -198,6 +197,18 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
               "dormant": dormant,
               "output_clusters": similarities["output"].frame(), "pattern_clusters": similarities["pattern"].frame()}
     return frames, similarities
+
+
+def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
+                     fdr: float = DEFAULT_FDR, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                     run: Run | None = None) -> pd.DataFrame:
+    """The report's calibration table on ``probes`` (the probes the roles are chosen on; ``run``: a
+    ``Run`` of them, see ``calibrate_roles``): every (head, attention role) against its nulls
+    (``calibrate_roles``) and every (head, meaning role) against its random-initialisation null
+    (``meaning_nulls``), with one Benjamini-Hochberg at ``fdr`` over all of them (``joint_fdr``)."""
+    return joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
+                                     progress=progress, run=run),
+                     meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
 
 
 def section_figures(frames: dict[str, pd.DataFrame], similarities: dict[str, Similarity]) -> dict[str, Figure]:

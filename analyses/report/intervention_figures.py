@@ -59,10 +59,14 @@ def bars(frame: pd.DataFrame, label: str, value: str, title: str):
     return fig
 
 
-def ablation_figure(frame: pd.DataFrame, title: str):
-    """The natural picture of an ablation table: a layer x head heatmap of the effect for single
-    heads, a layer x position one for MLPs at single positions, a curve for a pruning curve, bars
-    otherwise."""
+def ablation_figure(frame: pd.DataFrame, title: str | None = None) -> Figure:
+    """The natural picture of an ablation table (``ablation_sweep``'s or ``pruning_curve``'s): a
+    layer x head heatmap of the effect for single heads, a layer x position one for MLPs at single
+    positions, a curve for a pruning curve, bars otherwise. ``title``: default says which. Returns
+    a matplotlib ``Figure``."""
+    if title is None:
+        title = "pruning curve: metric by fraction of heads ablated" if "fraction" in frame else \
+            "ablation effect (metric - unablated)"
     if "fraction" in frame:
         return curve(frame, "fraction", "metric", title, baseline=float(frame["baseline"].iloc[0]))
     if (frame["n_heads"] == 1).all() and frame["head"].notna().all():
@@ -72,9 +76,16 @@ def ablation_figure(frame: pd.DataFrame, title: str):
     return bars(frame, "target", "effect", title)
 
 
-def patching_figure(frame: pd.DataFrame, value: str, title: str):
+def patching_figure(frame: pd.DataFrame, value: str | None = None, title: str | None = None) -> Figure:
     """A ``patching_frame`` as a heatmap: layer x head, layer x pos, or (layer, head) x pos
-    (cells annotated when normalised: raw metrics differ in late digits only); bars per layer (MLPs)."""
+    (cells annotated when normalised: raw metrics differ in late digits only); bars per layer (MLPs).
+    ``value``: the column drawn, default the frame's one value column (``normalized`` where it has
+    several and that is one, else ``metric``); ``title``: default "patching: {value}". Returns a
+    matplotlib ``Figure``."""
+    if value is None:
+        values = [column for column in frame.columns if column not in ("layer", "head", "pos")]
+        value = values[0] if len(values) == 1 else "normalized" if "normalized" in values else "metric"
+    title = f"patching: {value}" if title is None else title
     if "pos" not in frame and "head" not in frame:
         return bars(frame, "layer", value, title)
     if "pos" in frame and "head" in frame:

@@ -29,6 +29,7 @@ import torch
 
 from analyses.report.meta import write_meta
 from analyses.core.plots import token_label
+from analyses.core.stats import effect_text
 from interp.files import write_atomic
 
 FLOAT_FORMAT = "%.6f"
@@ -196,15 +197,6 @@ def interval_columns(column: str) -> tuple[str, str]:
     for an effect ``{kind}_effect`` those of its kind (``ablation_effect``: ``ablation_ci_low``, ...)."""
     stem = column.removesuffix("_effect")
     return f"{stem}_ci_low", f"{stem}_ci_high"
-
-
-def effect_text(value: float, low: float, high: float, digits: int = 3) -> str:
-    """An effect as the report prints it, ``+0.123 [+0.050, +0.200]`` (its 95% interval), or the value
-    and ``[no interval]`` where the interval is unknown (NaN: a first-order estimate, or a metric
-    without a per-prompt form)."""
-    interval = ("[no interval]" if math.isnan(low) or math.isnan(high) else
-                f"[{low:+.{digits}f}, {high:+.{digits}f}]")
-    return f"{value:+.{digits}f} {interval}"
 
 
 def _effect_cell(row: pd.Series, column: str) -> str:

@@ -30,6 +30,11 @@ circuit (edge attribution, path patching) and direct logit attribution are left 
 cannot run them, and the page and ``meta.json`` (``left_out``) say why; a model whose head
 patching cannot run is refused in one line.
 
+Where the model does not perform the task (``analyses.tasks.task.Performance``: the 95% paired
+interval of the metric's clean - corrupted difference on the measurement prompts does not lie above
+0), the page opens with a banner saying so, and the patching, circuit and chosen-heads sections are
+each marked as built on noise; ``meta.json`` keeps ``performs_task`` and the verdict's line.
+
 After the clean run, before the first sweep, ``analyse_task`` prints on stderr (unless ``progress`` is
 False) what each step will cost in forward-equivalents and seconds on this machine
 (``analyses.report.task_cost``; the clean run is the clock), the circuit's and the measured step's
@@ -71,8 +76,8 @@ from analyses.report.page import ReportFigure, Section, write_report_files
 from analyses.report.meta import run_setting, versions
 from analyses.report.plan import DLA, DLA_NEEDS, left_out_section
 from analyses.report.task_cost import TASK_COSTS, ClockedSteps, TaskShape, measured_cost, task_estimate
-from analyses.tasks.task import (Task, TaskBatch, task_ablation, task_batch, task_measure_intervals, task_measures,
-                                  task_metric, task_split)
+from analyses.tasks.task import (Performance, Task, TaskBatch, task_ablation, task_batch, task_measure_intervals,
+                                  task_measures, task_metric, task_performance, task_split)
 from interp.errors import UserError
 from interp.provenance import provenance
 
@@ -119,6 +124,12 @@ class TaskAnalysis:
     measured: dict = field(default_factory=dict)
     ablation: dict = field(default_factory=dict)
     cost: dict = field(default_factory=dict)
+
+    @property
+    def performance(self) -> Performance:
+        """Whether the model performs the task, on the prompts the effects are measured on
+        (``task_performance``: the paired clean - corrupted interval of its metric lies above 0)."""
+        return task_performance(self.measured["measures"], self.task.metric)
 
 
 # edge attribution methods beside path patching: frame column -> method (same edges, same frame)
@@ -452,9 +463,12 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
              f"{task.dropped} candidate words or prompts dropped for this tokenizer.",
              *([f"Note: {task.note}."] if task.note else []), split_text(analysis),
              f"- clean: `{task.clean[0]}`", f"- corrupted: `{task.corrupted[0]}`"]
-    sections = [*left_out_section(analysis.left_out), Section("Task", "\n".join(about)),
-                Section("Metric", "The task's measures on the unpatched runs, with their 95% intervals over "
-                                  "prompts on the split the effects are measured on.", table=metric_table(analysis))]
+    sections = [*performance_section(analysis.performance), *left_out_section(analysis.left_out),
+                Section("Task", "\n".join(about)),
+                Section("Metric", "The task's measures on the unpatched runs and their paired difference (`clean - "
+                                  "corrupted`, prompt by prompt), with their 95% intervals over prompts on the split "
+                                  f"the effects are measured on. {analysis.performance.text}",
+                        table=metric_table(analysis))]
     patched = [_figure("heads", "denoising: each head's output patched clean into corrupted (all positions)",
                        patching_figure(analysis.heads, "metric", "head patching")),
                _figure("heads_by_pos", "denoising: each head at each position",
@@ -463,7 +477,8 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
         patched += [_figure("mlps_by_pos", "denoising: each MLP's output at each position",
                             patching_figure(analysis.mlps_by_pos, "metric", "MLP patching by position"))]
     on = " on the selection split" if analysis.split is not None else ""
-    sections.append(Section("Patching", f"Corrupted-run metric{on} {values['corrupted']:.4f}, clean {values['clean']:.4f}; "
+    noise = "" if analysis.performance.performs else NOISE
+    sections.append(Section("Patching", noise + f"Corrupted-run metric{on} {values['corrupted']:.4f}, clean {values['clean']:.4f}; "
                                         "each cell is the metric with one component patched from the clean run."
                                         + screen_note(analysis), figures=patched, table=analysis.heads))
     if analysis.mlps is not None:
@@ -481,6 +496,19 @@ def task_sections(analysis: TaskAnalysis) -> list[Section]:
         sections.append(circuit_page(analysis))
     sections.append(chosen_section(analysis))
     return sections
+
+
+NOISE = ("**Built on noise**: the model does not perform this task (see the top of the page), so what follows "
+         "measures differences between runs the model does not tell apart; read no circuit or control claim into "
+         "it.\n\n")
+
+
+def performance_section(performance: Performance) -> list[Section]:
+    """The banner that opens the page of a task the model does not perform (``Performance``), or
+    none where it performs it."""
+    if performance.performs:
+        return []
+    return [Section("The model does not perform this task", f"**{performance.text}**")]
 
 
 def measured_where(analysis: TaskAnalysis) -> str:
@@ -504,7 +532,8 @@ def split_text(analysis: TaskAnalysis) -> str:
 def metric_table(analysis: TaskAnalysis) -> pd.DataFrame:
     """The metric on the clean and corrupted runs of the selection split (without an interval), then
     on the measurement split (``all`` in-sample) each of the task's measures (``task_measures``: the
-    metric and, for greater-than, the cutoff sharpness) with its 95% interval over prompts."""
+    metric and, for greater-than, the cutoff sharpness) on the clean and corrupted runs and their
+    paired difference, each with its 95% interval over prompts (``task_measure_intervals``)."""
     measured = analysis.measured["measures"].rename(columns={"value": "metric"})
     measured.insert(1, "split", "all" if analysis.split is None else "measurement")
     if analysis.split is None:
@@ -539,7 +568,8 @@ def chosen_section(analysis: TaskAnalysis) -> Section:
         verdict = f"Not computed: {control['refused']}"
     else:
         verdict = describe_control(control.iloc[0]) + "."
-    text = (f"Chosen on the selection split, measured on the {measured_where(analysis)}: the path-patching "
+    noise = "" if analysis.performance.performs else NOISE
+    text = (noise + f"Chosen on the selection split, measured on the {measured_where(analysis)}: the path-patching "
             "senders (`patching`: the heads whose patching moves the metric most), the top writers by |DLA| (`dla`) "
             "and the heads of the 5 strongest exact edges (`circuit`); each one's exact patching effect (metric - "
             "corrupted) and DLA with their 95% intervals.\n\n"
@@ -562,7 +592,8 @@ def circuit_page(analysis: TaskAnalysis) -> Section:
                 f"({analysis.screen.describe('edges')}), the others at their EAP estimate (column exact); the "
                 "agreement, the list and the figure are of the exact edges."
                 if analysis.screen is not None and len(measured) < len(analysis.edges) else "")
-    return Section("Circuit", "Path patching from the heads whose patching moves the metric most." + screened
+    noise = "" if analysis.performance.performs else NOISE
+    return Section("Circuit", noise + "Path patching from the heads whose patching moves the metric most." + screened
                    + agreement + "\n\n" + "\n".join(edge_lines_plain(measured)),
                    figures=[_figure("circuit", "strongest path-patched edges",
                                     circuit_figure(measured, title="task circuit"))],
@@ -612,5 +643,6 @@ def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
     title = f"interp task {analysis.task.name}"
     meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)},
                    "left_out": analysis.left_out, "split": split_record(analysis.split), "ablation": analysis.ablation,
+                   "performs_task": analysis.performance.performs, "performance": analysis.performance.text,
                    "cost": analysis.cost}
     return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta, tables)

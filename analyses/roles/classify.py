@@ -253,6 +253,9 @@ def classify_heads(
     ``layer, head, measure, score, ci_low, ci_high, chance``, sorted by measure, layer, head.
     """
     require_causal(model, "head classification")
+    if isinstance(n_prompts, str):
+        raise UserError(f"classify_heads(model, {n_prompts!r}): the second argument is n_prompts, a number of probes; "
+                        f"score texts with texts=[...], e.g. classify_heads(model, texts=[{n_prompts!r}])")
     if texts is not None and probes is not None:
         raise UserError("pass probes or texts to classify_heads, not both")
     if texts is not None:
@@ -312,6 +315,13 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
       also asks for a score of at least the threshold (a strong role, not only a non-random one);
     - without: the fixed rule, a score of at least ``thresholds`` (default ``DEFAULT_THRESHOLD``)
       and a bootstrap interval above chance.
+
+    ``interp report``'s roles are one call: ``analyses.report.build.report_roles`` (``analyses.report_roles``).
+    This function gives them only from the report's inputs: scores on the probes it chooses on, a
+    calibration that joins the meaning roles' nulls (``joint_fdr``; ``calibrate_roles`` alone has
+    the attention roles only, a smaller false-discovery family) and ``thresholds=DEFAULT_THRESHOLD``
+    (with a calibration, ``thresholds=None`` asks for significance alone: on the toy model every
+    layer-0 head then has ``previous_token;self``). Returns a tidy frame.
     """
     limits = _limits(DEFAULT_THRESHOLD if thresholds is None and calibration is None else thresholds,
                      ROLES if calibration is None else ALL_ROLES)
@@ -368,7 +378,8 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
     ``copy_suppression``); with ``effects`` (``analyses.roles.causal_check.ablation_effects``' frame)
     ``ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts`` (``EFFECT_COLUMNS``) and
     ``causal`` (``no_effect_labels``: "no causal effect" where the effect's 95% interval covers 0); and ``role``
-    (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``)."""
+    (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``, and for how its defaults differ from
+    ``interp report``'s, whose table ``analyses.report_roles`` gives in one call). Returns a tidy frame."""
     wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
     columns = {}
     for measure in [m for m in MEASURES if m in scores["measure"].unique()]:

@@ -29,7 +29,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import encode, model_tokenizer, read_text
-from analyses.tasks.task import continuation
+from analyses.tasks.task import check_header, continuation
 from interp.errors import UserError
 
 TABLE = Path(__file__).parent / "data" / "facts.csv"
@@ -73,10 +73,7 @@ def read_facts(path) -> list[Fact]:
     first after the header)."""
     path = Path(path)
     reader = csv.DictReader(io.StringIO(read_text(path, "facts file"), newline=""))
-    missing = [column for column in COLUMNS if column not in (reader.fieldnames or [])]
-    if missing:
-        raise UserError(f"facts file {path.name}: the header lacks {', '.join(missing)}; it needs "
-                        f"{', '.join(COLUMNS)}")
+    check_header(f"facts file {path.name}", reader.fieldnames, COLUMNS)
     facts = []
     for number, row in enumerate(reader, start=1):
         empty = [column for column in COLUMNS if not row[column]]
@@ -98,17 +95,43 @@ def load_facts(source: str) -> list[Fact]:
 
 def answer_token(model, prompt: str, answer: str) -> tuple[str, int]:
     """The rule every trace takes its answer by -> (the prompt to trace, the answer's token id): the
-    first token that ``answer`` adds to ``prompt``. Where that token is the answer's leading whitespace
-    alone (a byte tokenizer: " Paris" adds " ", "P", ...), the whitespace moves onto the prompt's end
-    and the token after it is the answer's ("P"), as the tasks take a word after a space
-    (``analyses.tasks.task.continuation``); an answer of whitespace alone is its own token. A one-line
-    error where the prompt's tokens are not a prefix of the joined text's (the answer merges into the prompt)."""
+    first of ``answer_tokens``."""
+    prompt, tokens = answer_tokens(model, prompt, answer)
+    return prompt, tokens[0]
+
+
+def answer_tokens(model, prompt: str, answer: str) -> tuple[str, list[int]]:
+    """(the prompt to trace, the tokens that ``answer`` adds to ``prompt``). Where the first is the
+    answer's leading whitespace alone (a byte tokenizer: " Paris" adds " ", "P", ...), the whitespace
+    moves onto the prompt's end and the tokens are the word's ("P", "a", ...), as the tasks take a
+    word after a space (``analyses.tasks.task.continuation``); an answer of whitespace alone is its
+    own token. A one-line error for an empty answer, and where the prompt's tokens are not a prefix
+    of the joined text's (the answer merges into the prompt), showing the tokens that merge."""
+    if not answer:
+        raise UserError(f"the answer to {prompt!r} is empty; give the exact continuation, e.g. ' Paris'")
     word = answer.lstrip() or answer
-    found = continuation(model_tokenizer(model), prompt, word, sep=answer[: len(answer) - len(word)])
+    tokenizer = model_tokenizer(model)
+    found = continuation(tokenizer, prompt, word, sep=answer[: len(answer) - len(word)])
     if found is None:
-        raise UserError(f"answer {answer!r} does not continue the prompt {prompt!r} as tokens of its own "
-                        "(give the exact continuation, e.g. ' Paris' with its space)")
-    return found[0], found[1][0]
+        raise UserError(f"answer {answer!r} does not continue the prompt {prompt!r} as tokens of its own: "
+                        f"{merged_tokens(tokenizer, prompt, answer)}; end the prompt where a token ends, or give the "
+                        "answer with what it merges with")
+    return found
+
+
+def token_list(tokenizer, ids: list[int]) -> str:
+    """Token ids as their texts, e.g. "[' st', 'ore']"."""
+    return "[" + ", ".join(repr(tokenizer.decode([i])) for i in ids) + "]"
+
+
+def merged_tokens(tokenizer, prompt: str, answer: str) -> str:
+    """Where ``answer`` merges into ``prompt`` on ``tokenizer``, in words: the prompt's tokens from
+    the first that the joined text tokenizes otherwise, and the joined text's tokens from there."""
+    base, joined = tokenizer.encode(prompt), tokenizer.encode(prompt + answer)
+    same = next((i for i, (a, b) in enumerate(zip(base, joined)) if a != b), min(len(base), len(joined)))
+    same = min(same, max(len(base) - 1, 0))
+    return (f"the prompt ends in the tokens {token_list(tokenizer, base[same:])}, prompt + answer in "
+            f"{token_list(tokenizer, joined[same:])}")
 
 
 def traced_facts(model, facts: list[Fact]) -> list[tuple[Fact, int]]:

@@ -52,7 +52,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric, PromptScores, prompt_mean_part, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, check_split, split_prompts
-from analyses.core.stats import bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts
+from analyses.core.stats import bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts, effect_text
 from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
 from analyses.interventions.ablation import METHODS as ABLATION_METHODS, PAIRED_METHODS, CorruptedReference
 from analyses.interventions.run import Run
@@ -60,6 +60,7 @@ from interp.errors import UserError
 from interp.tokenizer import Tokenizer
 
 METRICS = ("logit_diff", "prob_diff")
+GAP = "clean - corrupted"  # the run of task_measure_intervals' paired-difference rows
 BUILT_IN = ("ioi", "greater-than", "induction-text", "brackets", "identifier")
 
 # Wang et al. 2022's templates are of this kind: two names introduced, one of them (the subject)
@@ -303,16 +304,66 @@ def measure_intervals(task: Task, last: torch.Tensor, logits: torch.Tensor, seed
 def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0,
                            memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """Each of ``task_measures`` on the task's clean and on its corrupted prompts (``batch``:
-    ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``):
-    ``interval_frame``'s rows (over the task's clusters where it has them), ``run`` ("clean", "corrupted") first."""
+    ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``),
+    and their paired difference (``run`` ``GAP``: each prompt's clean score minus its corrupted
+    score, bootstrapped over the same prompts): ``interval_frame``'s rows (over the task's clusters
+    where it has them), ``run`` ("clean", "corrupted", ``GAP``) first."""
     measures = task_measures(task, batch.last)
-    frames = []
+    scores = {}
     for name, tokens in (("clean", batch.clean), ("corrupted", batch.corrupted)):
         run = Run.make(model, tokens, measures[task.metric], starts=False, memory_mb=memory_mb)
-        frames.append(interval_frame({measure: run.scores(metric) for measure, metric in measures.items()}, seed,
-                                     task.clusters or None).assign(run=name))
-    frame = pd.concat(frames, ignore_index=True)
+        scores[name] = {measure: run.scores(metric) for measure, metric in measures.items()}
+    scores[GAP] = {measure: paired_gap(scores["clean"][measure], scores["corrupted"][measure]) for measure in measures}
+    frame = pd.concat([interval_frame(found, seed, task.clusters or None).assign(run=name)
+                       for name, found in scores.items()], ignore_index=True)
     return frame[["run", *(column for column in frame.columns if column != "run")]]
+
+
+def paired_gap(clean: PromptScores, corrupted: PromptScores) -> PromptScores:
+    """The clean minus the corrupted scores of one measure on the same prompts, prompt by prompt
+    (each prompt's numerators subtracted; both runs count each prompt alike)."""
+    if not torch.equal(clean.counts, corrupted.counts):
+        raise ValueError("the clean and corrupted runs count their prompts differently; no paired difference")
+    return PromptScores(clean.values - corrupted.values, clean.numerators - corrupted.numerators, clean.counts)
+
+
+@dataclass(frozen=True)
+class Performance:
+    """Whether the model performs a task: it does where the 95% paired interval of its metric's
+    clean-minus-corrupted difference (``task_measure_intervals``' ``GAP`` row) lies wholly above 0,
+    i.e. the clean prompts' information moves the metric toward the answers, beyond prompt noise.
+    Where it does not, every patching effect, edge and control measured on the task is a
+    difference between two runs the model does not tell apart: built on noise. ``metric``: the
+    task's metric; ``clean``, ``gap``: (value, ci_low, ci_high); ``n_prompts``: the prompts it is over."""
+
+    metric: str
+    clean: tuple[float, float, float]
+    gap: tuple[float, float, float]
+    n_prompts: int
+
+    @property
+    def performs(self) -> bool:
+        return self.gap[1] > 0
+
+    @property
+    def text(self) -> str:
+        """One line: the verdict and the numbers it rests on."""
+        gap = (f"clean - corrupted {self.metric} {effect_text(*self.gap)} (95% paired interval over "
+               f"{self.n_prompts} prompts)")
+        if self.performs:
+            return f"The model performs the task: {gap} lies above 0."
+        where = "lies below 0: the corrupted prompts score higher" if self.gap[2] < 0 else "contains 0"
+        return (f"The model does not perform this task: {gap} {where} (clean {self.metric} "
+                f"{effect_text(*self.clean)}); the patching effects, circuit and control measured on it are "
+                "built on noise.")
+
+
+def task_performance(measures: pd.DataFrame, metric: str) -> Performance:
+    """The ``Performance`` read from ``task_measure_intervals``' frame ``measures`` for the metric ``metric``."""
+    rows = measures[measures["measure"] == metric].set_index("run")
+    clean, gap = (tuple(float(rows.at[run, column]) for column in ("value", "ci_low", "ci_high"))
+                  for run in ("clean", GAP))
+    return Performance(metric, clean, gap, int(rows.at[GAP, "n_prompts"]))
 
 
 def _mean_metric(task: Task, last: torch.Tensor, scorer) -> Metric:
@@ -788,6 +839,16 @@ def make_task(model, name: str, n: int | None = None, seed: int = 0) -> Task:
 FIELDS = ("clean", "corrupted", "answer", "distractor")
 
 
+def check_header(what: str, found: Sequence[str] | None, needed: Sequence[str]) -> None:
+    """Refuse, in one line naming what it lacks, what it needs and what it has, a CSV file
+    (``what``: its name in the message) whose header ``found`` (``csv.DictReader.fieldnames``; None
+    for an empty file) lacks a column of ``needed``."""
+    missing = [column for column in needed if column not in (found or [])]
+    if missing:
+        has = ", ".join(repr(column) for column in found) if found else "no header (the file is empty)"
+        raise UserError(f"{what}: the header lacks {', '.join(missing)}; it needs {', '.join(needed)}, and has {has}")
+
+
 def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
     """A task from a JSONL file (one object per line with ``FIELDS``; ``answer`` / ``distractor`` a
     string or a list of strings) or a CSV file (a header with ``FIELDS``; several answers joined by
@@ -810,9 +871,7 @@ def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
                 raise UserError(f"{path.name}, row {number}: not JSON ({error.msg})") from None
     else:
         reader = csv.DictReader(io.StringIO(text, newline=""))
-        missing = [f for f in FIELDS if f not in (reader.fieldnames or [])]
-        if missing:
-            raise UserError(f"{path.name}: the header lacks {', '.join(missing)}; it needs {', '.join(FIELDS)}")
+        check_header(path.name, reader.fieldnames, FIELDS)
         rows = [(number, {key: (value.split("|") if key in ("answer", "distractor") and value else value)
                           for key, value in row.items()})
                 for number, row in enumerate(reader, start=1)]

@@ -1,0 +1,76 @@
+"""One API shape: a head written three ways is the same head everywhere, the plotting helpers draw
+with their defaults, and the snippets' helpers are where the other entry points are."""
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+import analyses
+from analyses import (ablate_heads, ablation_figure, ablation_sweep, as_head, as_heads, control_effects,
+                      corrupt_first_copy, head_label, loss_metric, patch_heads, patching_figure, patching_frame, probes_for)
+from interp import UserError, load_model
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy")
+
+
+def test_a_head_is_the_same_head_written_three_ways():
+    assert as_head((1, 4)) == as_head("L1H4") == as_head("1.4") == as_head(" l1h4 ") == (1, 4)
+    assert as_heads("L1H4,1.10") == as_heads([(1, 4), "1.10"]) == [(1, 4), (1, 10)]
+    assert head_label("1.10") == "L1H10"
+    for bad in (1.4, "1:4", (1, 2, 3), (1.0, 4)):
+        with pytest.raises(UserError, match=r"is not a head; write a head as \(1, 4\), 'L1H4' or '1.4'$"):
+            as_head(bad)
+
+
+def test_the_library_and_the_command_line_take_every_form(toy, tmp_path, capsys):
+    probes = probes_for(toy, 4, seq_len=24)
+    values = {ablate_heads(toy, probes, heads) for heads in ([(1, 0), (1, 3)], ["L1H0", "1.3"], "L1H0,1.3")}
+    assert len(values) == 1
+    sweep = ablation_sweep(toy, probes, [["L1H0"], [(1, 0)]])
+    assert sweep["metric"].iloc[0] == sweep["metric"].iloc[1]
+    tested = control_effects(toy, probes.tokens, ["L1H0"], n_draws=2).effect
+    assert tested == pytest.approx(control_effects(toy, probes.tokens, [(1, 0)], n_draws=2).effect)
+    from analyses.cli import main
+    assert main(["ablate", "--heads", "L1H0,1.3", "--prompts", "4", "--out", str(tmp_path / "a"), "--quiet"]) == 0
+
+
+def test_the_plotting_helpers_draw_with_their_defaults(toy):
+    probes = probes_for(toy, 4, seq_len=24)
+    assert isinstance(ablation_figure(ablation_sweep(toy, probes)), Figure)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    found = patch_heads(toy, probes.tokens, corrupt_first_copy(probes), metric, progress=False)
+    assert isinstance(patching_figure(patching_frame(found, ("layer", "head"))), Figure)
+    assert ablation_figure(ablation_sweep(toy, probes)).axes[0].get_title() == "ablation effect (metric - unablated)"
+
+
+def test_the_package_lists_its_entry_points_by_job_and_exports_the_snippets_helpers():
+    assert analyses.probes_for is probes_for and analyses.corrupt_first_copy is corrupt_first_copy
+    doc = analyses.__doc__
+    for name in ("report_roles", "classify_heads", "ablation_sweep", "patch_heads", "make_task", "causal_trace",
+                 "probes_for", "corrupt_first_copy", "as_head"):
+        assert f"``{name}``" in doc, name
+        assert hasattr(analyses, name), name
+
+
+def test_the_docs_home_links_every_guide():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    index = (docs / "index.md").read_text(encoding="utf-8")
+    missing = [path.name for path in sorted((docs / "guides").glob("*.md")) if f"(guides/{path.name})" not in index]
+    assert missing == []
+
+
+def test_the_api_page_says_what_every_listed_entry_point_returns():
+    """Every entry point ``help(analyses)`` lists by job is in the API page's table of return types."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "analyses.md").read_text(encoding="utf-8")
+    table = page.split("## What each entry point returns", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"``(\w+)``", analyses.__doc__.split("- Prompts:", 1)[1]))
+    missing = sorted(name for name in listed if f"`{name}`" not in table)
+    assert missing == []
