@@ -135,7 +135,12 @@ def test_the_start_token_is_a_sink_the_heads_need_to_park_attention_on(smollm2, 
 
 # ----------------------------------------------------------------------- greater-than (greater_than.py)
 def test_greater_than_prob_diff_by_hand_and_its_mlps(smollm2):
-    task = greater_than_task(smollm2, n=8, seed=0)
+    """The guide's MLP claims were measured on start years 17D9, whose prompts end "... the year 17" and
+    compare the decade digit; the task now also draws years 17DY that compare the last digit, so the
+    claims are checked on the first 8 decade prompts (``task.clean`` ends in "17")."""
+    every = greater_than_task(smollm2, n=15 * 88, seed=0)  # every prompt: 15 nouns x 88 start years
+    task = every.subset([i for i, text in enumerate(every.clean) if text.endswith("17")][:8])
+    assert len(task) == 8
     batch = task_batch(smollm2, task)
     digits, decade = greater_than.digit_ids(task), greater_than.decades(task)
     by_hand = greater_than.prob_diff(greater_than.digit_probs(smollm2, batch.clean, batch.last, digits), decade).mean().item()

@@ -574,8 +574,8 @@ def ioi_task(model, n: int = 60, seed: int = 0, names: Sequence[str] = NAMES,
 
 def greater_than_task(model, n: int | None = None, seed: int = 0, nouns: Sequence[str] = GT_NOUNS) -> Task:
     """Greater-than (Hanna et al. 2023): "The NOUN lasted from the year 17YY to the year 17", ``n``
-    (None: 60, or all there are if fewer) distinct prompts drawn (seeded, without replacement) from every noun and start year, the nouns in
-    turn; the metric ``prob_diff`` at the last token: the probability of the next token(s) that make
+    (None: 60, or all there are if fewer) distinct prompts drawn (seeded, without replacement) from
+    every noun and start year, the nouns in turn; the metric ``prob_diff`` at the last token: the probability of the next token(s) that make
     the end year later than the start year minus that of those that do not. Which token is measured
     depends on the tokenizer:
 
