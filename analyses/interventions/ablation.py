@@ -22,7 +22,7 @@ With ``preserve_patterns`` every attention pattern is frozen at its value in the
 (Olsson et al. 2022), so later heads cannot react to the ablation through where they attend: only
 what they read (values) changes, which isolates the ablated head's direct role.
 
-Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
+Sweeps (each a tidy DataFrame; all ablations go through ``score_variants``: batched, chunked,
 suffix-only on ``GPTModel``): every single head, every layer, every MLP (at all positions, or at
 each position), named groups of heads and MLPs, and the cumulative pruning curve of Michel et al.
 (2019), heads removed in increasing order of importance. Each effect carries its 95% interval over
