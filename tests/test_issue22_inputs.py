@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from analyses.interventions.ablation import ablate_heads, head_importance, prepare_ablation, pruning_curve
 from analyses.cli import main
-from analyses.core.metrics import logit_diff_metric, loss_metric, metric_part, metric_rows, read_positions
+from analyses.core.metrics import as_metric, logit_diff_metric, loss_metric
 from analyses.core.probes import probes_for
 from analyses.studies.runner import run_study
 from analyses.studies.spec import load_spec
@@ -104,25 +104,28 @@ def test_loss_metric_on_ragged_texts_counts_real_tokens_only(scratch_gpt2):
 
 
 def test_a_metric_of_some_prompts_reads_only_their_positions_and_splits_again():
-    """``metric_rows``: the loss (and logit difference) of the first prompts as a metric of its own:
+    """``Metric.rows``: the loss (and logit difference) of the first prompts as a metric of its own:
     by hand on those prompts' logits, declaring only the positions those prompts count (the report's
     interventions unembed just these), and splitting over prompts again, its weighted parts its value."""
     torch.manual_seed(3)
     tokens, logits = torch.randint(0, 10, (4, 6)), torch.randn(4, 6, 10)
     counted = torch.zeros(4, 6, dtype=torch.bool)
     counted[0, 2], counted[1, 3], counted[1, 4], counted[3, 5] = True, True, True, True  # prompt 3 is left out
-    first = metric_rows(loss_metric(tokens, counted), slice(0, 2))
+    first = loss_metric(tokens, counted).rows(slice(0, 2))
     by_hand = torch.cat([F.cross_entropy(logits[0, 1:2], tokens[0, 2:3], reduction="none"),
                          F.cross_entropy(logits[1, 2:4], tokens[1, 3:5], reduction="none")]).mean()
     torch.testing.assert_close(first(logits[:2]), by_hand)
-    read = read_positions(first, 6)
+    read = first.positions(6)
     assert read.tolist() == [1, 2, 3]  # not 4, which only prompt 3 reads
-    parts = [metric_part(first, rows, read) for rows in (slice(0, 1), slice(1, 2))]
+    parts = [first.part(rows, read) for rows in (slice(0, 1), slice(1, 2))]
     pooled = sum(weight * part(logits[rows][:, read]) for (part, weight), rows in zip(parts, (slice(0, 1), slice(1, 2))))
     torch.testing.assert_close(pooled / sum(weight for _, weight in parts), by_hand)
-    diff = metric_rows(logit_diff_metric(torch.tensor([1, 2, 3, 4]), 0, lengths=torch.tensor([6, 4, 5, 6])), slice(1, 3))
+    diff = logit_diff_metric(torch.tensor([1, 2, 3, 4]), 0, lengths=torch.tensor([6, 4, 5, 6])).rows(slice(1, 3))
     torch.testing.assert_close(diff(logits[1:3]), ((logits[1, 3, 2] - logits[1, 3, 0]) + (logits[2, 4, 3] - logits[2, 4, 0])) / 2)
-    assert metric_rows(lambda logits: logits.mean(), slice(0, 1)) is None
+    plain = as_metric(lambda logits: logits.mean())
+    assert not plain.restricts
+    with pytest.raises(UserError, match="cannot be restricted to prompts 0:1"):
+        plain.rows(slice(0, 1))
 
 
 def test_a_loss_part_names_the_entries_it_counts_and_takes_their_logits_alone():
@@ -134,9 +137,9 @@ def test_a_loss_part_names_the_entries_it_counts_and_takes_their_logits_alone():
     counted = torch.zeros(3, 6, dtype=torch.bool)
     counted[0, 2], counted[1, 4], counted[1, 5], counted[2, 3] = True, True, True, True
     metric = loss_metric(tokens, counted)
-    read = read_positions(metric, 6)
+    read = metric.positions(6)
     assert read.tolist() == [1, 2, 3, 4]
-    part, weight = metric_part(metric, slice(0, 2), read)
+    part, weight = metric.part(slice(0, 2), read)
     assert weight == 3 and part.entries.tolist() == [[True, False, False, False], [False, False, True, True]]
     by_hand = F.cross_entropy(torch.stack([logits[0, 1], logits[1, 3], logits[1, 4]]), torch.tensor(
         [tokens[0, 2], tokens[1, 4], tokens[1, 5]]))
@@ -145,7 +148,7 @@ def test_a_loss_part_names_the_entries_it_counts_and_takes_their_logits_alone():
     torch.testing.assert_close(part(at_read[part.entries]), by_hand)  # (3, d_vocab)
     with pytest.raises(UserError, match=r"reads 3 entries, but got logits of shape \(2, 10\)"):
         part(at_read[part.entries][:2])
-    assert not hasattr(metric_part(metric, slice(0, 2), None)[0], "entries")  # every position: no entries
+    assert metric.part(slice(0, 2), None)[0].entries is None  # every position: no entries
 
 
 def test_a_ragged_batch_with_a_fixed_position_metric_of_unknown_make_is_refused(scratch_gpt2):
@@ -160,7 +163,7 @@ def test_positions_past_the_end_are_refused_not_wrapped():
     with pytest.raises(UserError, match=r"^the metric reads position 6, but these prompts have 6 tokens \(allowed -6 "
                                         r"\.\. 5\): it was built for other, longer prompts; build it from the prompts you "
                                         r"pass$"):
-        read_positions(logit_diff_metric(1, 2, position=6), 6)
+        logit_diff_metric(1, 2, position=6).positions(6)
     with pytest.raises(UserError, match="position -7 is past the end"):
         logit_diff_metric(1, 2, position=-7)(logits)
     with pytest.raises(UserError, match="position 3 is past the end of prompt 1, which has 2 real tokens"):
@@ -169,7 +172,7 @@ def test_positions_past_the_end_are_refused_not_wrapped():
     bound = logit_diff_metric(1, 2, lengths=torch.tensor([6, 2]))
     expected = ((logits[0, 5, 1] - logits[0, 5, 2]) + (logits[1, 1, 1] - logits[1, 1, 2])) / 2
     torch.testing.assert_close(bound(logits), expected)
-    assert read_positions(bound, 6).tolist() == [1, 5]
+    assert bound.positions(6).tolist() == [1, 5]
     with pytest.raises(UserError, match="logits of shape"):
         bound(torch.randn(3, 6, 10))  # three prompts, two lengths
     with pytest.raises(UserError, match="outside the vocabulary"):

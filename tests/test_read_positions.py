@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.interventions.engine import base_run, evaluate_variants, head_cells
-from analyses.core.metrics import logit_diff_metric, loss_metric, read_positions
+from analyses.interventions.engine import base_run, head_cells, score_variants
+from analyses.core.metrics import as_metric, logit_diff_metric, loss_metric
 from analyses.interventions.patching import patch_heads
 from analyses.core.probes import corrupt_first_copy, probes_for
 from interp import from_hf
@@ -34,11 +34,11 @@ def test_declared_positions():
     tokens = torch.zeros(2, 6, dtype=torch.long)
     predicted = torch.zeros(2, 6, dtype=torch.bool)
     predicted[0, 3], predicted[1, 5] = True, True  # tokens 3 and 5 are predicted from logits 2 and 4
-    assert read_positions(loss_metric(tokens, predicted), 6).tolist() == [2, 4]
-    assert read_positions(loss_metric(tokens), 6) is None  # every position
-    assert read_positions(logit_diff_metric(1, 2), 6).tolist() == [5]
-    assert read_positions(logit_diff_metric(1, 2, position=3), 6).tolist() == [3]
-    assert read_positions(lambda logits: logits.sum(), 6) is None  # any other callable: every position
+    assert loss_metric(tokens, predicted).positions(6).tolist() == [2, 4]
+    assert loss_metric(tokens).positions(6) is None  # every position
+    assert logit_diff_metric(1, 2).positions(6).tolist() == [5]
+    assert logit_diff_metric(1, 2, position=3).positions(6).tolist() == [3]
+    assert as_metric(lambda logits: logits.sum()).positions(6) is None  # any other callable: every position
 
 
 def _unembedded_rows(model, run) -> list[int]:
@@ -58,7 +58,7 @@ def test_patching_unembeds_only_read_positions_with_equal_values(model, pair, wh
     probes, corrupted = pair
     metric = (loss_metric(probes.tokens, probes.predictable) if which == "loss"
               else logit_diff_metric(5, 7, position=-2))
-    n_read = len(read_positions(metric, probes.tokens.shape[1]))
+    n_read = len(metric.positions(probes.tokens.shape[1]))
     assert n_read < probes.tokens.shape[1]
     full_metric = lambda logits: metric(logits)  # noqa: E731  -- undeclared: every position is unembedded
     full = patch_heads(model, probes.tokens, corrupted, full_metric, progress=False)  # runs the hook self-test too
@@ -82,4 +82,4 @@ def test_metric_reading_undeclared_positions_is_refused(model, pair):
     metric.read_positions = [5]  # ... but declares position 5
     _, cache, starts = base_run(model, corrupted, ["blocks.1.attn.hook_z"])
     with pytest.raises(UserError, match="outside the positions it declares"):
-        evaluate_variants(model, corrupted, [head_cells([(1, 0)])], cache, metric, starts=starts, progress=False)
+        score_variants(model, corrupted, [head_cells([(1, 0)])], cache, metric, starts=starts, progress=False).values

@@ -11,7 +11,7 @@ from analyses.interventions.ablation import ablation_reads, prepare_ablation, pr
 from analyses.roles.backup import direct_and_total_effects, direct_effect_reads
 from analyses.roles.classify import MEASURES, PromptSums, per_prompt_scores, probe_targets
 from analyses.core.hook_names import qkv_name, z_name, z_names
-from analyses.interventions.engine import Edit, cache_run, evaluate_variants
+from analyses.interventions.engine import Edit, cache_run, score_variants
 from analyses.core.metrics import loss_metric
 from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import path_patch, path_reads
@@ -175,8 +175,8 @@ def test_edits_equal_tuples(toy, probes):
     value = torch.ones(probes.tokens.shape[0], probes.tokens.shape[1], cache[z_name(1)].shape[-1])
     as_tuples = [[(z_name(1), (slice(None), 0))], [(z_name(1), (slice(None), 2), value)]]
     as_edits = [[Edit(z_name(1), (slice(None), 0))], [Edit(z_name(1), (slice(None), 2), value)]]
-    one = evaluate_variants(toy, probes.tokens, as_tuples, sources, metric, progress=False)
-    two = evaluate_variants(toy, probes.tokens, as_edits, sources, metric, progress=False)
+    one = score_variants(toy, probes.tokens, as_tuples, sources, metric, progress=False).values
+    two = score_variants(toy, probes.tokens, as_edits, sources, metric, progress=False).values
     assert torch.equal(one, two)
 
 

@@ -10,7 +10,6 @@ import torch
 from analyses.tasks.task import (
     NAMES, Task, greater_than_task, induction_text_task, ioi_task, load_task, make_task, task_batch, task_metric,
 )
-from analyses.core.metrics import metric_part
 from analyses.core.tokens import encode
 from interp import UserError, load_model
 from interp.random_models import make_random_gpt2
@@ -142,7 +141,7 @@ def test_task_metrics_equal_a_naive_per_prompt_computation_on_a_ragged_batch(mak
     read, parts = metric.read_positions, [slice(0, 1), slice(1, len(task) // 2), slice(len(task) // 2, len(task))]
     with torch.no_grad():
         logits = model(batch.clean)[:, read]
-    found = [metric_part(metric, rows, read) for rows in parts]
+    found = [metric.part(rows, read) for rows in parts]
     assert [weight for _, weight in found] == [rows.stop - rows.start for rows in parts]
     assert sum(weight * part(logits[rows]).item() for (part, weight), rows in zip(found, parts)) / len(task) == (
         pytest.approx(naive_value(model, task), abs=1e-5))

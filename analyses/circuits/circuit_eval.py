@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from analyses.core.metrics import Metric
+from analyses.core.metrics import Metric, PromptMeanMetric
 from analyses.circuits.edges import KEY_COLUMNS
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch
 from analyses.core.plots import new_figure
@@ -52,19 +52,19 @@ PAIRINGS = ("every", "one")  # task_pairs(every=True) or one seeded derangement
 METRIC_NAME = "minus the mean squared distance of the outputs from the clean run's (output_metric)"
 
 
-def output_metric(clean_logits: torch.Tensor, per_row: bool = False) -> Metric:
+def output_metric(clean_logits: torch.Tensor, per_row: bool = False) -> Metric | Callable[[torch.Tensor], torch.Tensor]:
     """logits (batch, pos, d_vocab_out) -> minus their mean squared distance from ``clean_logits``
-    (same shape) over positions 1.. (position 0 is the start token's): a scalar, or with
-    ``per_row`` one value per prompt (batch,), whose mean is the scalar."""
+    (same shape) over positions 1.. (position 0 is the start token's): a scalar (a
+    ``PromptMeanMetric``, reading every position, not split), or with ``per_row`` one value per
+    prompt (batch,), whose mean is the scalar."""
     clean = clean_logits.detach()
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+    def rows(logits: torch.Tensor) -> torch.Tensor:
         if logits.shape != clean.shape:
             raise UserError(f"output_metric: logits {tuple(logits.shape)} but the clean run's are {tuple(clean.shape)}")
-        rows = -(logits[:, 1:] - clean[:, 1:]).pow(2).flatten(1).mean(1)
-        return rows if per_row else rows.mean()
+        return -(logits[:, 1:] - clean[:, 1:]).pow(2).flatten(1).mean(1)
 
-    return metric
+    return rows if per_row else PromptMeanMetric(rows)
 
 
 def program_inputs(vocab: Sequence, length: int, max_prompts: int = 128, seed: int = 0) -> list[list]:

@@ -69,7 +69,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_check import require
 from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, resid_mid_name,
                                       resid_pre_name, z_name)
-from analyses.core.metrics import Metric, PromptScores, evaluate_part, metric_part, read_positions
+from analyses.core.metrics import Metric, PromptScores, as_metric, evaluate_metric
 from analyses.core.plots import new_figure
 from analyses.core.progress import progress_bar
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
@@ -365,7 +365,7 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> PromptScores:
     """The metric with only each circuit's edges keeping their signal, every other edge of the full
     graph carrying the corrupted run's (the module docstring) -> ``PromptScores``: values
-    (len(circuits),) and, for a metric with a per-prompt form, each prompt's numerator
+    (len(circuits),) and, for a metric that splits (``Metric.splits``), each prompt's numerator
     (len(circuits), batch) and count (batch,). ``circuits``: masks (n_edges,) bool over
     ``full_graph(model).edges``. ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal
     token lengths. Per chunk of prompts (within ``memory_mb``): one corrupted forward, then one
@@ -374,18 +374,18 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
     masks = _check_masks(graph, circuits)
     clean, corrupted = base_and_source(model, clean, corrupted, "noise")
     batch, n_pos = clean.shape
-    positions = read_positions(metric, n_pos)
-    split = metric_part(metric, slice(0, batch), positions) is not None
+    metric = as_metric(metric)
+    positions, split = metric.positions(n_pos), metric.splits
     rows = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
                        per_position=_floats_per_position(model, graph)) if split else batch
     corrupt = [graph.valid & ~graph.kept_matrix(mask) for mask in masks]
     sums, weights = accumulator(model, len(masks)), accumulator(model, len(masks))
-    numerators, counts, per_prompt = accumulator(model, len(masks), batch), accumulator(model, batch), split
+    numerators, counts = accumulator(model, len(masks), batch), accumulator(model, batch)
     chunks = [slice(start, min(start + rows, batch)) for start in range(0, batch, rows)]
     with progress_bar(total=len(masks) * len(chunks), progress=progress, desc="full-graph circuits",
                       leave=False) as bar:
         for chunk in chunks:
-            part, weight = metric_part(metric, chunk, positions) if split else (metric, 1.0)
+            part, weight = metric.part(chunk, positions) if split else (metric, 1.0)
             if weight <= 0:  # a part with no token the metric counts adds nothing
                 bar.update(len(masks))
                 continue
@@ -394,19 +394,19 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
                                device=source.input.device)
             for i, edges in enumerate(corrupt):
                 final = _final_residual(model, graph, clean[chunk], edges, source, diff)
-                value, each = evaluate_part(part, _logits(model, final, positions if split else None,
-                                                          getattr(part, "entries", None) if split else None))
+                logits = _logits(model, final, positions if split else None, part.entries if split else None)
+                if split:
+                    value, each = part.evaluate(logits)
+                    numerators[i, chunk] = each.to(numerators.dtype)
+                else:
+                    value = evaluate_metric(metric, logits)
                 sums[i] += weight * value.to(sums.dtype)
                 weights[i] += weight
-                if each is None:
-                    per_prompt = False
-                else:
-                    numerators[i, chunk] = each.to(numerators.dtype)
                 bar.update(1)
-            if per_prompt:
+            if split:
                 counts[chunk] = part.counts.to(counts.device, counts.dtype)
     values = (sums / weights).float()
-    return PromptScores(values, numerators if per_prompt else None, counts if per_prompt else None)
+    return PromptScores(values, numerators if split else None, counts if split else None)
 
 
 def _logits(model, final: torch.Tensor, positions: torch.Tensor | None, entries: torch.Tensor | None) -> torch.Tensor:

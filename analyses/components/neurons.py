@@ -32,10 +32,10 @@ from einops import einsum
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import has_mlps, mlp_post_name
-from analyses.core.metrics import Metric, evaluate_metric, prompt_scores
+from analyses.core.metrics import Metric, PromptMeanMetric, evaluate_metric, prompt_scores
 from analyses.core.tokens import as_tokens, model_tokenizer
 from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, check_choice,
-                                           evaluate_variants, gradient_parts, score_variants)
+                                           gradient_parts, score_variants)
 from analyses.interventions.run import effect_intervals
 from interp.errors import UserError
 
@@ -151,12 +151,11 @@ def promotion_metric(token_ids: Sequence[int], position: int = -1) -> Metric:
     ``token_ids`` minus the mean logit over the vocabulary (a shift of every logit cancels)."""
     ids = torch.as_tensor(list(token_ids))
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+    def scores(logits: torch.Tensor) -> torch.Tensor:  # (batch, pos, d_vocab) -> (batch,)
         at = logits[:, position].float()
-        return (at[:, ids.to(at.device)].mean(-1) - at.mean(-1)).mean()
+        return at[:, ids.to(at.device)].mean(-1) - at.mean(-1)
 
-    metric.read_positions = [position]
-    return metric
+    return PromptMeanMetric(scores, read_positions=[position])
 
 
 def promotion_effects(model, tokens, layer: int, neurons: Sequence[int], *, k: int = 10, position: int = -1,
@@ -177,8 +176,8 @@ def promotion_effects(model, tokens, layer: int, neurons: Sequence[int], *, k: i
     for neuron, ids in zip(neurons, top):
         metric = promotion_metric(ids.tolist(), position)
         clean = evaluate_metric(metric, logits)
-        ablated = evaluate_variants(model, tokens, [[Edit(name, (slice(None), int(neuron)))]], {name: source},
-                                    metric, memory_mb=memory_mb, progress=False)[0]
+        ablated = score_variants(model, tokens, [[Edit(name, (slice(None), int(neuron)))]], {name: source},
+                                 metric, memory_mb=memory_mb, progress=False).values[0]
         rows.append({"layer": layer, "neuron": int(neuron), "promotion": float(clean - ablated),
                      "activation": float(activation[:, position, int(neuron)].float().mean())})
     return pd.DataFrame(rows)

@@ -22,7 +22,7 @@ With ``preserve_patterns`` every attention pattern is frozen at its value in the
 (Olsson et al. 2022), so later heads cannot react to the ablation through where they attend: only
 what they read (values) changes, which isolates the ablated head's direct role.
 
-Sweeps (each a tidy DataFrame; all ablations go through ``evaluate_variants``: batched, chunked,
+Sweeps (each a tidy DataFrame; all ablations go through ``score_variants``: batched, chunked,
 suffix-only on ``GPTModel``): every single head, every layer, every MLP (at all positions, or at
 each position), named groups of heads and MLPs, and the cumulative pruning curve of Michel et al.
 (2019), heads removed in increasing order of importance. Each effect carries its 95% interval over
@@ -481,8 +481,8 @@ def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", met
 def effect_columns(ablation: Ablation, scores: PromptScores, seed: int = 0) -> dict:
     """The columns beside an ablation frame's ``effect`` (``analyses.core.stats.EFFECT_COLUMNS``):
     ``ci_low``, ``ci_high``, its 95% interval over prompts (a percentile bootstrap seeded by
-    ``seed``, ``analyses.interventions.run.effect_intervals``; NaN for a metric without a per-prompt
-    form, any callable not built in ``analyses.core.metrics``), and ``n_prompts``, the prompts the
+    ``seed``, ``analyses.interventions.run.effect_intervals``; NaN for a metric that does not split,
+    such as a plain callable: ``analyses.core.metrics.Metric.splits``), and ``n_prompts``, the prompts the
     metric counts. ``scores``: ``Ablation.scores`` of the frame's rows."""
     low, high, n_prompts = ablation.intervals(scores, seed=seed)
     return dict(zip(EFFECT_COLUMNS, (low.cpu().numpy(), high.cpu().numpy(), n_prompts)))

@@ -33,7 +33,7 @@ from einops import einsum, repeat
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
-from analyses.core.metrics import Metric, PromptScores, evaluate_metric, evaluate_part, metric_part, read_positions
+from analyses.core.metrics import Metric, MetricPart, PromptScores, as_metric, evaluate_metric
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator
 from analyses.core.heads import as_heads
@@ -233,8 +233,8 @@ def nearest_start(starts: Mapping, layer: int, after_attention: bool = False) ->
 def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The residual leaving the last block (rows, pos, d_model) -> logits (rows, pos, d_vocab) at
     ``positions`` only, NaN at every other position (so a metric that reads one of those shows it;
-    ``evaluate_variants`` refuses a NaN value). Only for a metric that cannot take the read
-    positions alone (``analyses.core.metrics.metric_part``): it allocates every position."""
+    ``score_variants`` refuses a NaN value). Only for a metric that cannot take the read
+    positions alone (one that does not split, ``analyses.core.metrics.Metric.part``): it allocates every position."""
     read = model.unembed(final[:, positions])  # its width is the output space's (d_vocab_out where it differs)
     logits = final.new_full((*final.shape[:2], read.shape[-1]), torch.nan)
     logits[:, positions] = read
@@ -251,7 +251,7 @@ def run_variants(
     ``base_run``) the forward begins at the chunk's earliest edited layer, and ``positions`` (n,),
     if given, are the only ones unembedded: (variants, batch, n, d_vocab) with ``compact``, NaN
     elsewhere without; with ``compact`` and ``entries`` (batch, n) bool, only those entries:
-    (variants, m, d_vocab), row-major (a metric part's ``entries``, ``analyses.core.metrics.metric_part``).
+    (variants, m, d_vocab), row-major (a metric part's ``entries``, ``analyses.core.metrics.MetricPart``).
     """
     logits = _forward_variants(model, tokens, variants, edit_hooks(variants, sources), starts, positions,
                                compact=compact, entries=entries)
@@ -314,13 +314,6 @@ def chunk_edits(variants: Sequence[Variant], sources: Mapping[str, torch.Tensor]
             None if starts is None else {name: start[rows] for name, start in starts.items()})
 
 
-def evaluate_variants(model, tokens: torch.Tensor, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor],
-                      metric: Metric, **keywords) -> torch.Tensor:
-    """``metric`` under each variant -> (n_variants,) float tensor, in the order given: the values
-    of ``score_variants`` (which see, with its keywords)."""
-    return score_variants(model, tokens, variants, sources, metric, **keywords).values
-
-
 def score_variants(
     model,
     tokens: torch.Tensor,
@@ -334,14 +327,14 @@ def score_variants(
     desc: str = "interventions",
 ) -> PromptScores:
     """``metric`` under each variant -> ``PromptScores``: values (n_variants,) float, in the order
-    given, and, for a metric with a per-prompt form (those of ``analyses.core.metrics``), each
+    given, and, for a metric that splits (``analyses.core.metrics.Metric.splits``), each
     prompt's numerator (n_variants, batch) and count (batch,) from the same forwards.
 
     Variants run in the chunks of ``variant_chunks``: several variants over every prompt per
     forward, or where one variant over every prompt exceeds ``memory_mb``, one variant over a chunk
-    of prompts, the parts' values combined as ``analyses.core.metrics.metric_part`` says (a metric
+    of prompts, the parts' values combined as ``analyses.core.metrics.Metric.part`` says (a metric
     that cannot be split gets every prompt at once). ``starts``: see ``run_variants``; with them,
-    only the positions the metric reads (``analyses.core.metrics.read_positions``) are unembedded,
+    only the positions the metric reads (``analyses.core.metrics.Metric.positions``) are unembedded,
     and only those positions' logits are made (for a metric that cannot take them alone, the
     others are NaN). ``progress``: see ``analyses.core.progress``. Deterministic in its inputs.
     """
@@ -356,13 +349,6 @@ def score_variants(
                         memory_mb=memory_mb, progress=progress, desc=desc)
 
 
-def evaluate_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits,
-                    **keywords) -> torch.Tensor:
-    """``metric`` under each variant -> (n_variants,) float tensor: the values of ``score_chunks``
-    (which see, with its keywords)."""
-    return score_chunks(model, tokens, variants, metric, chunk_logits, **keywords).values
-
-
 def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
                  read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
                  desc: str = "interventions", by_prompts: bool = False) -> PromptScores:
@@ -375,31 +361,30 @@ def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metri
     The chunks, metric parts and their weighting are ``score_variants``'s (see there; ``by_prompts``:
     ``variant_chunks``'); with ``read_only`` the logits are asked for at the metric's read positions only.
     Each value is the weighted mean of its parts' values, as without the per-prompt numerators,
-    which each part gives from the same logits (``analyses.core.metrics.evaluate_part``)."""
+    which each part gives from the same logits (``analyses.core.metrics.MetricPart.evaluate``)."""
     batch, n_pos = tokens.shape
-    positions = read_positions(metric, n_pos) if read_only else None
-    split = metric_part(metric, slice(0, batch), positions) is not None
+    metric = as_metric(metric)
+    positions = metric.positions(n_pos) if read_only else None
+    split = metric.splits
     sums, weights = accumulator(model, len(variants)), accumulator(model, len(variants))
     numerators, counts = accumulator(model, len(variants), batch), accumulator(model, batch)
-    per_prompt = split  # until a part without a per-prompt form turns up
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
                             else len(positions), split_rows=split,
                             by_prompts=by_prompts)
     with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
         for chunk in chunks:
-            part, weight = metric_part(metric, chunk.rows, positions) if split else (metric, 1.0)
+            part, weight = metric.part(chunk.rows, positions) if split else (metric, 1.0)
             if weight > 0:  # a part with no token the metric counts adds nothing
-                entries = getattr(part, "entries", None) if split else None
-                logits = chunk_logits(chunk.members, chunk.rows, positions, split, entries)
+                logits = chunk_logits(chunk.members, chunk.rows, positions, split, part.entries if split else None)
                 for v, variant_logits in zip(chunk.members, logits):
-                    value, each = evaluate_part(part, variant_logits)
+                    if split:
+                        value, each = part.evaluate(variant_logits)
+                        numerators[v, chunk.rows] = each.to(numerators.dtype)
+                    else:
+                        value = evaluate_metric(metric, variant_logits)
                     sums[v] += weight * value.to(sums.dtype)
                     weights[v] += weight
-                    if each is None:
-                        per_prompt = False
-                    else:
-                        numerators[v, chunk.rows] = each.to(numerators.dtype)
-                if per_prompt:
+                if split:
                     counts[chunk.rows] = part.counts.to(counts.device, counts.dtype)
             bar.update(len(chunk.members) if chunk.rows.stop == batch else 0)  # a variant is done at its last rows
     values = (sums / weights).float()
@@ -407,7 +392,7 @@ def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metri
         raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
                         f"({positions.tolist()}; give it the right read_positions, or none), or the model's "
                         "output is not finite")
-    return PromptScores(values, numerators if per_prompt else None, counts if per_prompt else None)
+    return PromptScores(values, numerators if split else None, counts if split else None)
 
 
 def collect_variants(
@@ -454,12 +439,12 @@ def collect_variants(
 @dataclass(frozen=True)
 class GradientPart:
     """One chunk of prompts of a linearised analysis: the prompts ``rows`` (a slice start:stop),
-    the metric on them alone (``analyses.core.metrics.metric_part``) and its ``share`` of the
+    the metric on them alone (``analyses.core.metrics.Metric.part``) and its ``share`` of the
     batch's metric (weight / the batch's weight), so the batch's gradient is the sum over parts of
     share x the part's gradient."""
 
     rows: slice
-    metric: Metric
+    metric: Metric | MetricPart
     share: float
 
 
@@ -470,12 +455,13 @@ def gradient_parts(model, tokens: torch.Tensor, metric: Metric, memory_mb: float
     unembed: those the metric reads on a model that can stop before its unembedding, else None).
     A metric that cannot be split is one part of every prompt."""
     batch, n_pos = tokens.shape
-    positions = read_positions(metric, n_pos) if runs_suffix_only(model) else None
-    if metric_part(metric, slice(0, batch), positions) is None:
+    metric = as_metric(metric)
+    positions = metric.positions(n_pos) if runs_suffix_only(model) else None
+    if not metric.splits:
         return [GradientPart(slice(0, batch), metric, 1.0)], None
     fit = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
                       layers=model.cfg.n_layers, per_position=per_position)
-    parts = [(rows, *metric_part(metric, rows, positions))
+    parts = [(rows, *metric.part(rows, positions))
              for rows in (slice(start, min(start + fit, batch)) for start in range(0, batch, fit))]
     total = sum(weight for *_, weight in parts)
     return [GradientPart(rows, part, weight / total) for rows, part, weight in parts if weight > 0], positions

@@ -9,7 +9,7 @@ stream, attention patterns), exactly or by its first-order estimate (attribution
 ``patch_heads``, ``patch_mlps``, ``patch_residual`` and ``patch_patterns`` are its shortcuts.
 
 ``normalize=True`` rescales to (value - corrupted) / (clean - corrupted): 0 = the corrupted
-run's metric, 1 = the clean run's. Exact patches go through ``evaluate_variants`` (batched,
+run's metric, 1 = the clean run's. Exact patches go through ``score_variants`` (batched,
 chunked to ``memory_mb``; on ``GPTModel`` only the layers from the patched one on are rerun).
 ``patch_effects`` gives exact patching as a tidy frame with each effect's 95% interval over prompts
 (DESIGN 4.12); the tensors stay TransformerLens's.
@@ -83,7 +83,7 @@ def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direct
 
 
 def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options, desc: str) -> torch.Tensor:
-    values = contrast.evaluate(variants, options, desc).reshape(shape)
+    values = contrast.score(variants, options, desc).values.reshape(shape)
     return contrast.normalize(values) if options.normalize else values
 
 
@@ -212,7 +212,7 @@ def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, compone
     (the unpatched run's, in the same units: 0 denoising and 1 noising when normalised), ``effect``
     (metric - baseline), ``ci_low``, ``ci_high`` (its 95% interval, a percentile bootstrap over
     prompts seeded by ``seed``: ``analyses.interventions.run.effect_intervals``) and ``n_prompts``.
-    A metric without a per-prompt form (any callable not built in ``analyses.core.metrics``) gets
+    A metric that does not split (a plain callable, ``analyses.core.metrics.Metric.splits``) gets
     NaN intervals. Attribution patching has no intervals (it is a first-order estimate)."""
     check_choice("component", component, COMPONENTS)
     options = Options.of(options, keywords)
@@ -303,7 +303,7 @@ def patch_patterns(model, clean_tokens, corrupted_tokens, metric: Metric, **keyw
 def patch_specific_heads(contrast: Contrast, heads, options: Options = Options()) -> torch.Tensor:
     """Exact patch of each of ``heads`` [(layer, head), ...] alone -> (len(heads),), with a
     ``Contrast`` already made (its sources must hold every ``hook_z``)."""
-    return contrast.evaluate([head_cells([cell]) for cell in heads], options, "patch heads")
+    return contrast.score([head_cells([cell]) for cell in heads], options, "patch heads").values
 
 
 def patching_frame(result: torch.Tensor, dims: tuple[str, ...], value: str = "metric") -> pd.DataFrame:

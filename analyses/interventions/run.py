@@ -14,7 +14,7 @@ before the one forward. An activation a step asks for later (``Run.read``) is co
 forward of only the blocks it needs, from the latest cached start before it.
 
 Interventions run on a ``Run``: the base run is the one that gets patched (its tokens, starts and
-baseline), the sources what gets written in (``analyses.interventions.engine.evaluate_variants``).
+baseline), the sources what gets written in (``analyses.interventions.engine.score_variants``).
 Options shared by the intervention functions are one ``Options`` object. Beside each pooled value a
 run and a sweep keep each prompt's numerator and count (``PromptScores``), from which
 ``effect_intervals`` bootstraps every effect's interval over prompts (DESIGN 4.12).
@@ -30,7 +30,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
 from analyses.interventions.engine import _Collected, nearest_start, runs_suffix_only, score_variants, start_names
-from analyses.core.metrics import Metric, PromptScores, evaluate_metric, evaluate_part, metric_part, read_positions
+from analyses.core.metrics import Metric, PromptScores, as_metric, evaluate_metric
 from analyses.core.progress import progress_bar
 from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.core.tokens import accumulator
@@ -262,7 +262,7 @@ def kept_starts(model, tokens: torch.Tensor, memory_mb: float) -> list[str]:
 
 
 class MetricParts:
-    """A metric over a batch scored one chunk of prompts at a time (``analyses.core.metrics.metric_part``),
+    """A metric over a batch scored one chunk of prompts at a time (``analyses.core.metrics.Metric.part``),
     so no more than a chunk's logits ever exist; on a model that can stop before its unembedding
     (GPTModel), only the positions the metric reads are unembedded. A metric that cannot be split
     keeps every chunk's logits and is scored on all of them at once.
@@ -271,16 +271,15 @@ class MetricParts:
     needs every position unembedded); read: how many positions a row unembeds (None: all)."""
 
     def __init__(self, model, metric: Metric | None, tokens: torch.Tensor, hooked: Sequence[str] = ()):
-        self.model, self.metric, self.tokens = model, metric, tokens
+        self.model, self.metric, self.tokens = model, None if metric is None else as_metric(metric), tokens
         unembeds = not runs_suffix_only(model) or any(name.startswith("ln_final") for name in hooked)
-        positions = read_positions(metric, tokens.shape[1]) if metric is not None and not unembeds else None
-        self.split = metric is not None and metric_part(metric, slice(0, len(tokens)), positions) is not None
+        positions = self.metric.positions(tokens.shape[1]) if self.metric is not None and not unembeds else None
+        self.split = self.metric is not None and self.metric.splits
         self.positions = positions if self.split else None
         self.read = None if self.positions is None else len(self.positions)
         self.stop = {} if unembeds else {"stop_at_layer": model.cfg.n_layers}  # without a metric: no logits
         self.total, self.weight, self.logits = 0.0, 0.0, []
         self.numerators, self.counts = accumulator(model, len(tokens)), accumulator(model, len(tokens))
-        self.per_prompt = self.split  # until a part without a per-prompt form turns up
 
     def add(self, rows: slice, resid: torch.Tensor | None = None, layer: int = 0) -> None:
         """Run the prompts ``rows`` (a slice start:stop of the batch), from their tokens or from
@@ -299,16 +298,13 @@ class MetricParts:
         if not self.split:
             self.logits.append(logits)
             return
-        part, weight = metric_part(self.metric, rows, self.positions)
+        part, weight = self.metric.part(rows, self.positions)
         if weight > 0:  # a part with no token the metric counts adds nothing
-            value, each = evaluate_part(part, logits)
+            value, each = part.evaluate(logits)
             self.total += weight * value.item()
             self.weight += weight
-            if each is None:
-                self.per_prompt = False
-            else:
-                self.numerators[rows] = each.to(self.numerators.dtype)
-                self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
+            self.numerators[rows] = each.to(self.numerators.dtype)
+            self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
 
     def value(self) -> float:
         """The metric over every prompt added."""
@@ -318,10 +314,9 @@ class MetricParts:
 
     def scores(self) -> PromptScores:
         """The metric over every prompt added (values 0-d float64) with each prompt's numerator and
-        count (batch,) where the metric has a per-prompt form."""
-        known = self.per_prompt
-        return PromptScores(torch.tensor(self.value(), dtype=torch.float64), self.numerators if known else None,
-                            self.counts if known else None)
+        count (batch,) where the metric splits."""
+        return PromptScores(torch.tensor(self.value(), dtype=torch.float64), self.numerators if self.split else None,
+                            self.counts if self.split else None)
 
 
 class FirstRows:
@@ -402,10 +397,6 @@ class Contrast:
         """``normalize_values`` with this contrast's clean and corrupted values."""
         return normalize_values(values, self.clean_value, self.corrupted_value)
 
-    def evaluate(self, variants, options: Options | None = None, desc: str = "interventions") -> torch.Tensor:
-        """The metric under each variant -> (len(variants),): the values of ``score``."""
-        return self.score(variants, options, desc).values
-
     def score(self, variants, options: Options | None = None, desc: str = "interventions") -> PromptScores:
         """The metric under each variant with each prompt's numerator and count
         (``analyses.interventions.engine.score_variants`` on the base run, from its starts): values
@@ -448,8 +439,8 @@ def effect_intervals(scores: PromptScores, baseline: PromptScores, n_batch: int,
     sum(differences) / sum(counts) over the prompts drawn, the pooled mean the effect itself is.
     For a normalised effect, (value - baseline) / (clean - corrupted), the denominators are ``scale``
     (batch,) instead: each prompt's clean minus corrupted numerator. Prompts that count nothing are
-    left out; n_prompts counts the rest. A metric without a per-prompt form (any callable not built
-    in ``analyses.core.metrics``) gets NaN intervals and n_prompts ``n_batch``. The cells are
+    left out; n_prompts counts the rest. A metric that does not split (``analyses.core.metrics.Metric.splits``:
+    a plain callable) gets NaN intervals and n_prompts ``n_batch``. The cells are
     resampled a few thousand at a time, each time with the same draws (``seed``)."""
     shape = scores.values.shape
     if scores.numerators is None or baseline.numerators is None:

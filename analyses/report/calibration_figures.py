@@ -26,7 +26,7 @@ from analyses.components.meaning import meaning_nulls
 from analyses.roles.classify import ALL_ROLES, DEFAULT_FDR, MEANING_ROLES, MEASURES, PromptSums, probe_targets
 from analyses.roles.dormant import DORMANT_BELOW, Similarity, dormant_frame, head_similarities
 from analyses.core.hook_names import has_mlps, pattern_names, z_names
-from analyses.core.metrics import Metric, loss_metric, metric_rows
+from analyses.core.metrics import Metric, as_metric, loss_metric
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
 from analyses.core.probes import RepeatedProbes
 from analyses.core.progress import progress_bar
@@ -103,7 +103,7 @@ def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names
 @dataclass(frozen=True)
 class FirstProbes:
     """The probes the interventions run on: the first ``n`` of a batch, the batch's ``Run`` and
-    metric restricted to them (``Run.first``, ``analyses.core.metrics.metric_rows``)."""
+    metric restricted to them (``Run.first``, ``analyses.core.metrics.Metric.rows``)."""
 
     probes: RepeatedProbes
     run: Run
@@ -114,11 +114,11 @@ class FirstProbes:
         """The first ``n`` (None, or at least the batch: every probe, and ``metric`` as it is)."""
         if n is None or n >= probes.n_prompts:
             return cls(probes, run, metric)
-        first = metric_rows(metric, slice(0, n))
-        if first is None:
+        metric = as_metric(metric)
+        if not metric.restricts:
             raise UserError(f"intervention_prompts={n}: the metric {metric!r} cannot be restricted to the first "
                             f"{n} prompts (a metric built by analyses.core.metrics can); pass None for all")
-        return cls(probes.first(n), run.first(n), first)
+        return cls(probes.first(n), run.first(n), metric.rows(slice(0, n)))
 
 
 def choosing_probes(probes: RepeatedProbes, run: Run, n: int | None) -> tuple[RepeatedProbes, Run]:

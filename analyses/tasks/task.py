@@ -50,7 +50,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.metrics import Metric, PromptScores, prompt_mean_part, prompt_scores
+from analyses.core.metrics import Metric, PromptMeanMetric, PromptScores, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, check_split, split_prompts
 from analyses.core.stats import bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts, effect_text
 from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
@@ -263,11 +263,11 @@ def cutoff_scores(task: Task, last: torch.Tensor):
 
 def task_metric(task: Task, last: torch.Tensor) -> Metric:
     """The task's metric: logits (batch, pos, d_vocab) -> scalar, the mean over prompts of
-    ``task_scores``. Differentiable; declares the positions it reads (``read_positions``) so
-    interventions unembed only those, and how it splits over chunks of prompts (``part``, see
-    ``analyses.core.metrics.metric_part``: a part's mean weighted by its prompts, with its per-prompt
-    form, so every effect on a task gets its interval over prompts), so an intervention holds a
-    chunk of prompts at a time, not the whole batch."""
+    ``task_scores`` (a ``PromptMeanMetric``). Differentiable; declares the positions it reads
+    (``read_positions``) so interventions unembed only those, and splits over chunks of prompts
+    (``analyses.core.metrics.Metric.part``: a part's mean weighted by its prompts, with its
+    per-prompt form, so every effect on a task gets its interval over prompts), so an intervention
+    holds a chunk of prompts at a time, not the whole batch."""
     return _mean_metric(task, last, task_scores)
 
 
@@ -369,20 +369,12 @@ def task_performance(measures: pd.DataFrame, metric: str) -> Performance:
 def _mean_metric(task: Task, last: torch.Tensor, scorer) -> Metric:
     """The mean over prompts of ``scorer(task, last)`` (logits -> (batch,)) as a metric with its read
     positions and its parts (see ``task_metric``)."""
-    scores = scorer(task, last)
-
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        return scores(logits).mean()
-
-    def part(rows: slice, read: torch.Tensor | None) -> tuple[Metric, float]:
-        """The metric on the prompts ``rows`` alone, its logits (rows, pos or len(read), d_vocab)."""
+    def part_scores(rows: slice, read: torch.Tensor | None):
+        """The scores of the prompts ``rows`` alone, on logits (rows, pos or len(read), d_vocab)."""
         at = last[rows].cpu() if read is None else torch.searchsorted(read, last[rows].cpu())
-        sliced = task.subset(range(len(task))[rows])
-        return prompt_mean_part(scorer(sliced, at), len(sliced))
+        return scorer(task.subset(range(len(task))[rows]), at)
 
-    metric.read_positions = torch.unique(last).cpu()
-    metric.part = part
-    return metric
+    return PromptMeanMetric(scorer(task, last), torch.unique(last).cpu(), part_scores)
 
 
 # ------------------------------------------------------------- selection apart from measurement

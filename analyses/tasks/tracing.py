@@ -17,7 +17,7 @@ the whole embedding table, the rule before issue 47).
 
 How it runs: the noise samples are the rows of one batch (the prompt repeated), so the corrupted
 run is one forward of ``samples`` rows; every restoration is a variant of the intervention engine
-(``analyses.interventions.engine.evaluate_variants``), many per forward, chunked to ``memory_mb``, its
+(``analyses.interventions.engine.score_variants``), many per forward, chunked to ``memory_mb``, its
 source the clean run's state. On ``GPTModel`` a restoration at layer l starts from the noised run's
 residual entering l and computes only the rest; elsewhere the noise hook is on during the full
 forward. Each restored (state, layer, position) therefore costs one row batch of at most one
@@ -55,13 +55,13 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
-from analyses.core.metrics import prompt_mean_part
+from analyses.core.metrics import Metric, PromptMeanMetric
 from analyses.core.plots import new_figure, token_label
 from analyses.core.progress import progress_bar
 from analyses.core.stats import bootstrap_ratio, check_interval_prompts
 from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids, start_ids
-from analyses.interventions.engine import (Edit, base_run, cache_run, check_choice, evaluate_variants,
-                                           runs_suffix_only)
+from analyses.interventions.engine import (Edit, base_run, cache_run, check_choice, runs_suffix_only,
+                                           score_variants)
 from analyses.tasks.facts import Fact, answer_token, traced_facts
 from interp.attention import LayerKV
 from interp.errors import UserError
@@ -185,25 +185,17 @@ class Trace:
         return torch.tensor(part.pivot(index="layer", columns="pos", values="prob").to_numpy())
 
 
-def answer_probability(answer: int, parts: bool = False):
+def answer_probability(answer: int, parts: bool = False) -> Metric:
     """Metric: mean over rows of the probability of ``answer`` at the last position. With ``parts``
-    it can be split over rows (``analyses.core.metrics.metric_part``), its parts taking the last
+    it can be split over rows (``analyses.core.metrics.Metric.part``), its parts taking the last
     position's logits alone (a sweep then unembeds only that position). Only for sweeps whose runs
     all start from the noised residual (``suffix_only_start``): a chunk of some of a variant's rows
     would misalign the noise hook, which adds draw b to row b of every group of ``samples`` rows."""
     def probabilities(logits: torch.Tensor) -> torch.Tensor:  # (rows, pos, d_vocab) -> (rows,)
         return logits[:, -1].float().softmax(dim=-1)[:, answer]
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        return probabilities(logits).mean()
-
-    def part(rows: slice, read: torch.Tensor | None):
-        return prompt_mean_part(probabilities, rows.stop - rows.start)
-
-    metric.read_positions = -1
-    if parts:
-        metric.part = part
-    return metric
+    return PromptMeanMetric(probabilities, read_positions=-1,
+                            part_scores=(lambda rows, read: probabilities) if parts else None)
 
 
 def noise_hook(noise: torch.Tensor, positions: list[int]):
@@ -269,8 +261,8 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
     variants = [[(state_name(kind, layer, state), (pos,))] for kind, layer, pos in cells]
     with model.hooks(fwd_hooks=[("hook_embed", hook)]):
         noised_logits, _, starts = base_run(model, rows)
-        values = evaluate_variants(model, rows, variants, sources, metric, starts=starts, memory_mb=memory_mb,
-                                   progress=progress, desc="causal trace")
+        values = score_variants(model, rows, variants, sources, metric, starts=starts, memory_mb=memory_mb,
+                                progress=progress, desc="causal trace").values
     strings = [model_tokenizer(model).decode([t]) for t in tokens[0].tolist()]
     frame = pd.DataFrame(cells, columns=["kind", "layer", "pos"]).assign(
         token=[strings[pos] for _, _, pos in cells], prob=values.cpu().numpy())
@@ -458,7 +450,7 @@ def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Te
                   memory_mb: float) -> torch.Tensor:
     """The answer probability (len(kinds) * n_layers,) with the clean states of ``kinds`` restored at
     ``positions`` at each layer (``restored_layers``), the subject noised by ``draws``: one
-    ``evaluate_variants`` sweep over the positions from ``start`` on (``keys``: the noised run's keys
+    ``score_variants`` sweep over the positions from ``start`` on (``keys``: the noised run's keys
     and values per layer, of which the first ``start`` positions are read; None with ``start`` 0)."""
     n_layers, samples = model.cfg.n_layers, draws.shape[0]
     runner = model if start == 0 else PrefixCached(model, [(k[:, :, :start], v[:, :, :start]) for k, v in keys])
@@ -471,8 +463,8 @@ def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Te
     suffix = rows[:, start:]
     with model.hooks(fwd_hooks=hooks):
         _, _, starts = base_run(runner, suffix)
-        return evaluate_variants(runner, suffix, variants, sources, metric, starts=starts, memory_mb=memory_mb,
-                                 progress=False)
+        return score_variants(runner, suffix, variants, sources, metric, starts=starts, memory_mb=memory_mb,
+                              progress=False).values
 
 
 def aie_frame(effects: np.ndarray, corrupted: np.ndarray, kinds: tuple[str, ...], seed: int = 0) -> pd.DataFrame:
