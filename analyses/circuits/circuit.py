@@ -1,4 +1,4 @@
-"""From head roles to the circuit (DESIGN 4.6): the edges among chosen heads, each scored two ways.
+"""From head roles to the circuit (architecture §4.6): the edges among chosen heads, each scored two ways.
 
 An edge joins a sender head to a later receiver head's query, key or value input (or to the
 logits). ``circuit_edges`` gives every edge among the chosen heads two numbers side by side:

@@ -1,4 +1,4 @@
-"""Circuit discovery measured against a known circuit (issue 25): a Tracr-compiled program, whose
+"""Circuit discovery measured against a known circuit (architecture §4.10): a Tracr-compiled program, whose
 true nodes and edges ``analyses.circuits.ground_truth`` reads from the compiler.
 
 The task: every input of the program's length (or a seeded sample) is a clean prompt; its

@@ -1,4 +1,4 @@
-"""Q/K/V composition scores between every earlier and later head, from the weights (DESIGN 4.6).
+"""Q/K/V composition scores between every earlier and later head, from the weights (architecture §4.6).
 
 Elhage et al. (2021), "A Mathematical Framework for Transformer Circuits": a sender head s writes
 ``x @ W_OV^s`` into the residual stream (``W_OV = W_V @ W_O``, d_model x d_model, row-vector

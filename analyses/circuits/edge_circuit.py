@@ -1,4 +1,4 @@
-"""Circuits of edges evaluated on a CANDIDATE SET (DESIGN 4.6): the metric when only some of the
+"""Circuits of edges evaluated on a CANDIDATE SET (architecture §4.6): the metric when only some of the
 candidate edges keep their signal, and the faithfulness of the top-k candidate edges of a ranking.
 
 This is not the papers' evaluation. Wang et al., ACDC, MIB and Hanna et al. corrupt every edge of the

@@ -1,4 +1,4 @@
-"""The edges circuit tools score (DESIGN 4.6): a *sender* head joined to a *receiver*, a later
+"""The edges circuit tools score (architecture §4.6): a *sender* head joined to a *receiver*, a later
 head's query, key or value input or the unembedding ("logits"); ``Edges`` holds thousands of them
 as one table, ``edges_of`` selects them, and a sender's write to the residual stream is its z
 through its ``W_O`` (``output_weights``, ``writes_into``). Exact path patching

@@ -1,4 +1,4 @@
-"""Circuits evaluated on the full graph (DESIGN 4.12, issue 47), as Wang et al. (2022), ACDC (Conmy et
+"""Circuits evaluated on the full graph (architecture §4.12), as Wang et al. (2022), ACDC (Conmy et
 al. 2023), Hanna et al. (2024, EAP-IG's ``evaluate_graph``) and MIB (Mueller et al. 2025) do.
 
 **The graph.** Nodes: the input (the token embeddings with the positional ones: what enters block

@@ -1,5 +1,5 @@
 """Rankings of the full graph's edges and nodes, and the circuits each finds compared as Hanna et al.
-(2024) compare them: by the full-graph faithfulness of each method's circuits over circuit sizes (issue 47).
+(2024) compare them: by the full-graph faithfulness of each method's circuits over circuit sizes.
 
 **EAP and EAP-IG on every edge** (``full_graph_edge_scores``). The graph is ``full_graph(model)``'s
 (the input, heads, MLPs -> later heads' q/k/v inputs, later MLPs' inputs, the logits). An edge

@@ -1,4 +1,4 @@
-"""The circuit of a Tracr-compiled program, derived from the compiler's own graph (issue 25).
+"""The circuit of a Tracr-compiled program, derived from the compiler's own graph (architecture §4.10).
 
 Tracr turns every RASP operation into one craft block -- an attention head (``Aggregate``), an
 MLP (``Map``, ``SequenceMap``), or an attention head then an MLP (``SelectorWidth``) -- places

@@ -1,4 +1,4 @@
-"""Path patching (DESIGN 4.6; Wang et al. 2022): how much of a metric flows along one edge, exactly
+"""Path patching (architecture §4.6; Wang et al. 2022): how much of a metric flows along one edge, exactly
 or estimated for every edge at once (``path_patch(method="eap" | "eap_ig")``: edge attribution).
 
 An edge joins a *sender* head to a *receiver*: a later head's query, key or value input, or the
@@ -10,7 +10,7 @@ the corrupted residual. Noising swaps clean and corrupted. This is TransformerLe
 equals it to float precision where that runs.
 
 How it runs, with no model internals but ``W_O`` (``blocks.{l}.attn.W_O``, (head, d_head,
-d_model)) and the hooks of DESIGN 2, every step batched through the intervention engine:
+d_model)) and the hooks of architecture §2, every step batched through the intervention engine:
 
 1. for each (sender, receiver layer L, input q/k/v): one partial forward from layer L whose
    residual entering L is the base one plus the sender's write, with the two other inputs'

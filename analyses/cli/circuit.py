@@ -1,4 +1,4 @@
-"""``interp circuit``: the edges among a model's role heads (DESIGN 4.6), in one directory:
+"""``interp circuit``: the edges among a model's role heads (architecture §4.6), in one directory:
 
     edges.csv     one row per edge (sender, receiver, via q/k/v/logits, composition score,
                   path-patching value and effect, both heads' roles)

@@ -1,4 +1,4 @@
-"""Components (DESIGN 4.8): the final residual as the sum of its parts, direct logit attribution and
+"""Components (architecture §4.8): the final residual as the sum of its parts, direct logit attribution and
 the logit lens, read from one clean cache.
 
 The residual stream leaving the last block is a sum of writes:
@@ -451,7 +451,7 @@ def dla_effects(model, source, answers, distractors=None, *, positions: Sequence
                 at: torch.Tensor | None = None, counted: torch.Tensor | None = None, n_boot: int = N_BOOT,
                 seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """Each component's direct logit attribution as a task measures it: a mean over prompts with its
-    95% interval (DESIGN 4.12).
+    95% interval (architecture §4.12).
 
     Onto (``onto``) the logit difference, the answers' mean logit minus the distractors', where
     ``distractors`` are given, split into ``dla_answer`` (onto the answers' mean logit) and

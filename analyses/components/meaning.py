@@ -1,4 +1,4 @@
-"""What heads move (DESIGN 4.8): copying and copy suppression from each head's OV circuit, QK
+"""What heads move (architecture §4.8): copying and copy suppression from each head's OV circuit, QK
 positional scores, and their calibrated roles.
 
 A head's full OV circuit on the tokens (Elhage et al. 2021, "A Mathematical Framework for

@@ -1,4 +1,4 @@
-"""Linear probes on any hook, with a control task (DESIGN 4.8).
+"""Linear probes on any hook, with a control task (architecture §4.8).
 
 A probe is a multinomial logistic regression (float32, features standardised on the training rows,
 an L2 penalty, fit by full-batch L-BFGS from zeros: deterministic) from an activation to a label,

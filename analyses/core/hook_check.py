@@ -1,4 +1,4 @@
-"""The hook self-test (DESIGN 2.1): does this model's hook API do what the analyses assume?
+"""The hook self-test (architecture §2.1): does this model's hook API do what the analyses assume?
 
 A ``TransformerBridge`` wraps Hugging Face modules, and for some families an edit of a hook never
 reaches the output (measured: ``hook_pattern`` edits on opt and gpt_neo change nothing at all).
@@ -195,7 +195,7 @@ class HookCheck:
 
 
 def documented_shapes(cfg, batch: int, n_pos: int) -> dict[str, tuple[int, ...]]:
-    """Hook suffix -> the shape DESIGN 2 documents for it."""
+    """Hook suffix -> the shape architecture §2 documents for it."""
     n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
     heads, kv = (batch, n_pos, cfg.n_heads, cfg.d_head), (batch, n_pos, n_kv, cfg.d_head)
     square, resid = (batch, cfg.n_heads, n_pos, n_pos), (batch, n_pos, cfg.d_model)

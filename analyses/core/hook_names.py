@@ -1,4 +1,4 @@
-"""The hook names every analysis reads or edits (DESIGN 2), shared by both backends."""
+"""The hook names every analysis reads or edits (architecture §2), shared by both backends."""
 
 
 def z_name(layer: int) -> str:

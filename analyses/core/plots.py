@@ -26,7 +26,7 @@ def new_figure(**options) -> Figure:
     """``matplotlib.figure.Figure(**options)`` with its own Agg canvas. A bare ``Figure`` has none, so
     every text measurement (seaborn checks each tick label for overlap) renders a fresh full-size
     renderer: on a 144-head similarity heatmap that took minutes and grew the process by gigabytes
-    (the 23 GB of issue 24); with a canvas the renderer is made once. Same PNG bytes."""
+    (23 GB, measured); with a canvas the renderer is made once. Same PNG bytes."""
     figure = Figure(**options)
     FigureCanvasAgg(figure)
     return figure

@@ -1,4 +1,4 @@
-"""Probe prompts with a repeated segment, the ground truth for head roles (DESIGN 4.1).
+"""Probe prompts with a repeated segment, the ground truth for head roles (architecture §4.1).
 
 Each prompt is ``start token, prefix (a tokens), segment (p tokens), the same segment again,
 filler``, all ``seq_len`` long; the start token is the model's BOS (else its EOS) and every other

@@ -1,4 +1,4 @@
-"""Selection apart from measurement (DESIGN 4.12): heads chosen on one split of the prompts, their
+"""Selection apart from measurement (architecture §4.12): heads chosen on one split of the prompts, their
 effects measured on another.
 
 Choosing the heads with the largest effect and then printing that effect on the same prompts prints

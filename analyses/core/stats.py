@@ -1,4 +1,4 @@
-"""Intervals over prompts: the statistics every printed effect stands on (DESIGN 4.12).
+"""Intervals over prompts: the statistics every printed effect stands on (architecture §4.12).
 
 An effect measured on a batch is a pooled mean over prompts: per prompt a numerator (the summed
 change of the metric over the entries the prompt counts) and a denominator (how many entries it

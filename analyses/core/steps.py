@@ -1,5 +1,5 @@
 """Finished steps kept on disk, so that a long run stopped part-way finishes later without redoing
-them (``interp task --resume``), as a study keeps its rows (DESIGN 4.5, ``analyses.studies.runner``).
+them (``interp task --resume``), as a study keeps its rows (architecture §4.5, ``analyses.studies.runner``).
 
 ``Steps(directory, inputs, resume)`` is the store: ``inputs`` is the run's fingerprint, a JSON
 record of everything its results depend on (the model's ``interp.provenance``, with its weights

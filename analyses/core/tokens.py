@@ -35,7 +35,7 @@ def accumulator_dtype(device: torch.device) -> torch.dtype:
 
 def accumulator(model, *shape: int) -> torch.Tensor:
     """Zeros ``shape`` to sum an analysis's values into, by the one rule of where accumulators and
-    results live (DESIGN 4.0, 4.11): on the model's device (a metric there cannot be added into a
+    results live (architecture §4.0, §4.11): on the model's device (a metric there cannot be added into a
     CPU tensor), in ``accumulator_dtype``, until a frame is made on the CPU. A value is added as
     ``value.to(acc)``: cast to its dtype there, never widened on the device first."""
     device = model_device(model)

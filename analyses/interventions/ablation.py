@@ -1,4 +1,4 @@
-"""Head and MLP ablation at ``hook_z`` and ``hook_mlp_out`` (DESIGN 4.2): zero, mean and resample,
+"""Head and MLP ablation at ``hook_z`` and ``hook_mlp_out`` (architecture §4.2): zero, mean and resample,
 optionally pattern-preserving.
 
 A head's output (its slice of ``hook_z``, (batch, pos, d_head)), or an MLP's (``hook_mlp_out``,

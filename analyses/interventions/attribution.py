@@ -101,7 +101,7 @@ class Screen:
 
 
 # the screen of `interp task` and of the report's circuit, measured on SmolLM2-135M's IOI against every
-# cell and edge exact (benchmarks/README.md, issue 35)
+# cell and edge exact (benchmarks/README.md)
 DEFAULT_SCREEN = Screen(top_k=20, share=0.02)
 
 

@@ -1,4 +1,4 @@
-"""Random-head controls (DESIGN 4.12): "these heads matter N times as much as random heads", with
+"""Random-head controls (architecture §4.12): "these heads matter N times as much as random heads", with
 the ratio's interval.
 
 ``matched_random_sets`` draws head sets matched to a tested set: in each layer as many heads as

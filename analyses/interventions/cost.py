@@ -1,4 +1,4 @@
-"""What a command's steps cost, said before the work: forward-equivalents and seconds (issue 45).
+"""What a command's steps cost, said before the work: forward-equivalents and seconds.
 
 A forward-equivalent (FE) is one forward of a command's batch (the report's probes, a task's
 prompts) through every block, as ``benchmarks/bench_report.py`` counts them: a run of r rows (tokens

@@ -13,7 +13,7 @@ a metric, stopping each forward once they are stored.
 On ``GPTModel`` a chunk runs only the blocks from its earliest edited layer on, starting from
 the cached residual stream of the unedited run (``start_at_layer``); a chunk whose earliest edits
 are all of that layer's ``hook_resid_mid`` starts after the layer's attention. A
-``TransformerBridge``'s ``start_at_layer`` still runs the earlier blocks (DESIGN 7), so there the
+``TransformerBridge``'s ``start_at_layer`` still runs the earlier blocks (architecture §7), so there the
 full forward runs.
 
 The linearised counterpart (``activation_gradients``, ``linear_effects``) serves attribution
@@ -62,7 +62,7 @@ def as_edit(cell: Cell) -> Edit:
 
 def runs_suffix_only(model) -> bool:
     """Whether ``model(resid, start_at_layer=l)`` computes only blocks l.. (GPTModel's
-    ``suffix_only_start``; a TransformerBridge reruns the earlier blocks, DESIGN 7)."""
+    ``suffix_only_start``; a TransformerBridge reruns the earlier blocks, architecture §7)."""
     return getattr(model, "suffix_only_start", False)
 
 

@@ -1,4 +1,4 @@
-"""Activation patching (DESIGN 4.3), in TransformerLens's convention and result shapes.
+"""Activation patching (architecture §4.3), in TransformerLens's convention and result shapes.
 
 Denoising (the default) runs the corrupted prompts and patches in activations from the clean run
 (is this component sufficient to restore the clean behaviour?); noising runs the clean prompts
@@ -12,7 +12,7 @@ stream, attention patterns), exactly or by its first-order estimate (attribution
 run's metric, 1 = the clean run's. Exact patches go through ``score_variants`` (batched,
 chunked to ``memory_mb``; on ``GPTModel`` only the layers from the patched one on are rerun).
 ``patch_effects`` gives exact patching as a tidy frame with each effect's 95% interval over prompts
-(DESIGN 4.12); the tensors stay TransformerLens's.
+(architecture §4.12); the tensors stay TransformerLens's.
 """
 
 from __future__ import annotations

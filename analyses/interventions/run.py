@@ -1,4 +1,4 @@
-"""The spine (DESIGN 4.0): one run of one model on one batch, made once and read by every analysis.
+"""The spine (architecture §4.0): one run of one model on one batch, made once and read by every analysis.
 
 A ``Run`` holds the model, the token batch (batch, pos), the metric and its value on the unedited
 run (``baseline``), the activations later steps read (``cache``: hook name -> (batch, ...)) and,
@@ -17,7 +17,7 @@ Interventions run on a ``Run``: the base run is the one that gets patched (its t
 baseline), the sources what gets written in (``analyses.interventions.engine.score_variants``).
 Options shared by the intervention functions are one ``Options`` object. Beside each pooled value a
 run and a sweep keep each prompt's numerator and count (``PromptScores``), from which
-``effect_intervals`` bootstraps every effect's interval over prompts (DESIGN 4.12).
+``effect_intervals`` bootstraps every effect's interval over prompts (architecture §4.12).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Backup heads and self-repair (DESIGN 4.7), batched through the intervention engine.
+"""Backup heads and self-repair (architecture §4.7), batched through the intervention engine.
 
 - **Pairwise ablation**: for heads A and B, the effect of ablating both together against the sum
   of their single effects. ``excess = joint - (effect_A + effect_B)``: with a loss metric
@@ -8,7 +8,7 @@
   of the same prompts, so the excess has its own interval. Heads joined by an excess of at least
   ``min_excess`` *whose 95% interval excludes 0* are one **backup group** (connected components),
   and each group is ablated as a whole; ``backup_report(choose=...)`` forms the groups on other
-  prompts than those it measures them on (the report's selection rows: DESIGN 4.12).
+  prompts than those it measures them on (the report's selection rows: architecture §4.12).
 - **Direct vs total effect** (McGrath et al. 2023, "the Hydra effect"): a head's *total* effect
   is the ordinary ablation effect, where every later component reacts; its *direct* effect is
   the same ablation with everything downstream frozen at its unablated value (every later
@@ -197,7 +197,7 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     choose: None forms the groups from the pairs measured on ``prompts`` (in-sample); an ``Ablation``
     of other prompts (``prepare_ablation``, same method and metric) forms them from the pairs measured
     there, so the groups' effects printed from ``prompts`` are measured on prompts that did not choose
-    them (DESIGN 4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
+    them (architecture §4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
 
     Returns (pairs: see ``pairwise_ablation``, on ``prompts``, with ``backs`` (the pair joins a group,
     as decided on the choosing prompts) and, with ``choose``, ``chosen_excess, chosen_excess_ci_low,

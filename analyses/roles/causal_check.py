@@ -1,4 +1,4 @@
-"""The causal check behind head roles (DESIGN 4.1): each head's mean-ablation effect on the loss
+"""The causal check behind head roles (architecture §4.1): each head's mean-ablation effect on the loss
 of the probes' predictable tokens (the second copy of the segment, minus its first token).
 
 It is one ``ablation_sweep`` (position-aligned mean ablation of each head at ``hook_z``, batched and chunked by the

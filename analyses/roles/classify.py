@@ -1,4 +1,4 @@
-"""Head classification (DESIGN 4.1): every head's attention-role scores from one batched forward.
+"""Head classification (architecture §4.1): every head's attention-role scores from one batched forward.
 
 Each role is a *target*: for every query position where the role is defined, the keys the role
 attends to. A head's score for a role is its attention mass on the target keys, averaged over the
@@ -306,7 +306,7 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
     all attend alike: any trained head passes, however little it does) is significant but not
     partial. '' under the fixed rule.
 
-    Two rules (DESIGN 4.7):
+    Two rules (architecture §4.7):
     - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``, or that joined with
       ``analyses.components.meaning.meaning_nulls`` by ``analyses.roles.nulls.joint_fdr``): the roles
       whose Benjamini-Hochberg q-value over all heads x roles is at most ``fdr`` (the head beats its

@@ -1,4 +1,4 @@
-"""Dormant heads and redundancy (DESIGN 4.7).
+"""Dormant heads and redundancy (architecture §4.7).
 
 A head can attend in a striking pattern and still write almost nothing: attention-sink scores
 miss such heads (Sanyal et al. 2025, "dormant attention heads"), so a head is judged by what it

@@ -1,4 +1,4 @@
-"""Null distributions for the role scores, p-values and Benjamini-Hochberg roles (DESIGN 4.7).
+"""Null distributions for the role scores, p-values and Benjamini-Hochberg roles (architecture §4.7).
 
 "Would a head score this by chance?" has two answers here, and a role must beat each that applies:
 

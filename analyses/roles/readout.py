@@ -1,7 +1,7 @@
 """The final norm and unembedding of a ``GPTModel`` split into a linear map and a per-row scale, so
 that the logits of ``final + change`` for many small changes cost less than one full unembedding each.
 
-For the norms ``GPTModel`` has (DESIGN 2), with ``x`` a final residual (d_model,):
+For the norms ``GPTModel`` has (architecture §2), with ``x`` a final residual (d_model,):
 
 - LayerNorm: ``logits(x) = s(x) * (centre(x) * w) @ W_U^T + (b @ W_U^T + b_U)``, ``s = rsqrt(var(x) + eps)``;
 - RMSNorm:   ``logits(x) = s(x) * (x * w) @ W_U^T + b_U``, ``s = rsqrt(mean(x^2) + eps)``;

@@ -1,4 +1,4 @@
-"""TransformerLens ``head_detector.detect_head`` scores, batched, for cross-checks (DESIGN 4.1, 6).
+"""TransformerLens ``head_detector.detect_head`` scores, batched, for cross-checks (architecture §4.1, §6).
 
 ``detect_head(model, prompts, name, exclude_bos=..., exclude_current_token=..., error_measure=...)``
 runs one forward per prompt and per role; ``detect_heads`` gives the same numbers (to float

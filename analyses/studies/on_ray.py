@@ -1,4 +1,4 @@
-"""Study rows computed by Ray actors (``interp study run SPEC --ray [ADDRESS]``; DESIGN 4.5).
+"""Study rows computed by Ray actors (``interp study run SPEC --ray [ADDRESS]``; architecture §4.5).
 
 Imported only when a study runs on Ray (Ray is the optional extra ``interp[ray]``). Each actor is a
 ``StudyCells`` (``analyses.studies.runner``): it loads a cell's model once and keeps it for the cell's row

@@ -1,4 +1,4 @@
-"""Scripted ablation studies (DESIGN 4.5): ``interp study run SPEC.toml --out DIR [--resume] [--ray [ADDRESS]]``.
+"""Scripted ablation studies (architecture §4.5): ``interp study run SPEC.toml --out DIR [--resume] [--ray [ADDRESS]]``.
 
 Each target of the spec is one row of ``DIR/results.csv``, appended (flushed, fsynced) as soon as
 it is computed; every row is computed by its own forward, so its value does not depend on which

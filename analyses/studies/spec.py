@@ -1,4 +1,4 @@
-"""The TOML spec of a scripted ablation study (DESIGN 4.5), parsed and checked key by key.
+"""The TOML spec of a scripted ablation study (architecture §4.5), parsed and checked key by key.
 
 ```toml
 [run]                       # optional

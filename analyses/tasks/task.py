@@ -1,4 +1,4 @@
-"""Tasks as data (DESIGN 4.9): clean prompts, corrupted prompts, answer and distractor tokens, a metric.
+"""Tasks as data (architecture §4.9): clean prompts, corrupted prompts, answer and distractor tokens, a metric.
 
 A ``Task`` is made for one tokenizer: its answers and distractors are token ids, each the one token
 that continues its prompt. The built-in generators work for any tokenizer and keep only the words

@@ -1,4 +1,4 @@
-"""Causal tracing (Meng et al. 2022, "Locating and Editing Factual Associations in GPT"; DESIGN 4.9).
+"""Causal tracing (Meng et al. 2022, "Locating and Editing Factual Associations in GPT"; architecture §4.9).
 
 Corrupt the subject: Gaussian noise of ``noise`` (3 by default) times the embedding's standard
 deviation is added to the subject tokens' embeddings (``hook_embed``), one seeded draw per noise
@@ -13,7 +13,7 @@ onto the prompt, so the token traced is never the space.
 The embedding's standard deviation (``noise_from``) is that of ``hook_embed`` over the subject's
 tokens (``"subjects"``: every element at every noised position, as ROME's ``collect_embedding_std``
 takes it over its facts' subjects), or over every ordinary token of the vocabulary (``"vocabulary"``:
-the whole embedding table, the rule before issue 47).
+the whole embedding table).
 
 How it runs: the noise samples are the rows of one batch (the prompt repeated), so the corrupted
 run is one forward of ``samples`` rows; every restoration is a variant of the intervention engine

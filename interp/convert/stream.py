@@ -1,5 +1,5 @@
-"""A Hugging Face directory's weights read tensor by tensor, at the loaded model's own size (issue
-24.2): ``FileWeights`` is what ``interp.convert.common.convert`` reads in place of an in-memory
+"""A Hugging Face directory's weights read tensor by tensor, at the loaded model's own size
+(architecture §3.3): ``FileWeights`` is what ``interp.convert.common.convert`` reads in place of an in-memory
 state dict, so the from-scratch model is built from the files without building the Hugging Face
 model first. The files are safetensors (``model.safetensors`` or its shards) or, where a directory
 has none, ``pytorch_model.bin`` (or its shards) as ``torch.save`` has written it since torch 1.6 (a
