@@ -21,7 +21,14 @@ the circuit edges listed and drawn, the backup groups) are chosen on the selecti
 ``LIST_PROMPTS`` (fewer where ``intervention_prompts`` is fewer: ``selection_probes``, ``CHOSEN_LISTS``)
 and printed with their effects on the intervention rows.
 
-Same model, prompts and seed -> the same bytes. Every file is written atomically.
+The report is the steps of ``REPORT_SECTIONS`` (roles, ablation, calibration, control, circuit,
+components), run in order after the probes' one forward (``analyses.report.sections``); the page is
+written once the roles land and rewritten as each section does, the rest shown pending, and each
+finished section is kept in the directory's ``.sections`` store for ``--resume`` (``build_report``).
+
+Same model, prompts and seed -> the same bytes (meta.json's ``cost``, the run's own record of its
+seconds and of the sections it reused, aside), whether run at once or stopped and resumed. Every
+file is written atomically.
 """
 
 from __future__ import annotations
