@@ -55,11 +55,14 @@ def test_each_step_estimate_matches_the_counted_forwards(make, monkeypatch, caps
             assert record["estimated_fe"] == pytest.approx(counted, rel=0.1, abs=1e-9), step
         assert record["estimated_s"] == pytest.approx(record["estimated_fe"] * report.meta["cost"]["seconds_per_fe"])
         assert record["actual_s"] > 0, step
-    # the probes' forward, and the selection rows' the lists are chosen on (2 of the 12 drawn)
-    assert counter.fe["calibration"] > 0 and cost["probe run"]["estimated_fe"] == pytest.approx(1.0 + 2 / 12)
+    # the probes' forward, the selection rows' the lists are chosen on (2 of the 12 drawn)
+    # and the pattern views' two (the display probe's, the display text's), all 12 x 32 rows being one FE
+    views = (len(build.display_probe(drawn[0])[:build.DISPLAY_TOKENS])
+             + len(build.leading_tokens(model, build.DISPLAY_TEXT, build.DISPLAY_TOKENS)))
+    assert counter.fe["calibration"] > 0 and cost["probe run"]["estimated_fe"] == pytest.approx(1.0 + 2 / 12 + views / 384)
     lines = capsys.readouterr().err.splitlines()
     probe_run = next(i for i, line in enumerate(lines) if line.startswith("report: probe run"))
-    first_sweep = next(i for i, line in enumerate(lines) if line.startswith("report: classification"))
+    first_sweep = next(i for i, line in enumerate(lines) if line.startswith("report: roles"))
     estimate = next(i for i, line in enumerate(lines) if line.startswith("report cost estimate:"))
     assert probe_run < estimate < first_sweep  # timed by the probe run, said before the first sweep
 

@@ -16,7 +16,7 @@ import analyses.core.probes
 from analyses.roles.classify import MEASURES
 from analyses.cli import build_parser, main
 from analyses.core.plots import png_bytes
-from analyses.report.build import DISPLAY_TEXT, DISPLAY_TOKENS, build_report, write_report
+from analyses.report.build import DISPLAY_TEXT, DISPLAY_TOKENS, ReportSteps, build_report, write_report
 from analyses.report.page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
 from analyses.core.tokens import leading_tokens
 from interp import GPTConfig, GPTModel, load_model, provenance
@@ -38,8 +38,10 @@ def scratch_report(gpt2_dir, tmp_path_factory):
 def test_report_writes_every_file_with_one_row_per_head(scratch_report):
     names = sorted(p.relative_to(scratch_report).as_posix() for p in scratch_report.rglob("*"))
     figures = sorted(n.removeprefix("figures/").removesuffix(".png") for n in names if n.startswith("figures/"))
-    assert names == ["figures", *[f"figures/{f}.png" for f in figures], "head_roles.csv", "index.html", "meta.json",
-                     "report.md"]  # no temporary files left
+    store = [".sections", ".sections/.lock", ".sections/steps", ".sections/steps.json",
+             *[f".sections/steps/{name}.json" for name in ReportSteps.STEPS[1:]]]  # the finished sections (--resume)
+    assert names == sorted([*store, "figures", *[f"figures/{f}.png" for f in figures], "head_roles.csv", "index.html",
+                            "meta.json", "report.md"])  # no temporary files left
     always = {"role_scores", "top_heads", "layer_map", "rollout", "null_bands", "self_repair", "dormant", "similarity",
               "dla", "logit_lens", "attention_vs_mlp"}
     assert always <= set(figures) <= always | {"backup", "circuit", "control"}  # those three need role heads
@@ -62,7 +64,7 @@ def test_report_writes_every_file_with_one_row_per_head(scratch_report):
 
 def test_same_seed_same_bytes_and_other_impl_same_scores(scratch_report, gpt2_dir, tmp_path):
     again = report(tmp_path / "again", gpt2_dir)
-    for path in sorted(scratch_report.rglob("*.*")):
+    for path in sorted(p for p in scratch_report.rglob("*.*") if p.is_file()):  # the page and the store (--resume)
         if path.name == "meta.json":  # its cost record holds seconds measured on this run (issue 45.3)
             timed = [json.loads(p.read_text()) | {"cost": None} for p in (path, again / "meta.json")]
             assert timed[0] == timed[1]

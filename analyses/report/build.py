@@ -21,14 +21,24 @@ the circuit edges listed and drawn, the backup groups) are chosen on the selecti
 ``LIST_PROMPTS`` (fewer where ``intervention_prompts`` is fewer: ``selection_probes``, ``CHOSEN_LISTS``)
 and printed with their effects on the intervention rows.
 
-Same model, prompts and seed -> the same bytes. Every file is written atomically.
+The report is the steps of ``REPORT_SECTIONS`` (roles, ablation, calibration, control, circuit,
+components), run in order after the probes' one forward (``analyses.report.sections``); the page is
+written once the roles land and rewritten as each section does, the rest shown pending, and each
+finished section is kept in the directory's ``.sections`` store for ``--resume`` (``build_report``).
+
+Same model, prompts and seed -> the same bytes (meta.json's ``cost``, the run's own record of its
+seconds and of the sections it reused, aside), whether run at once or stopped and resumed. Every
+file is written atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -37,9 +47,12 @@ import torch
 
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
+from analyses.core.steps import FOLDER, RECORD, Steps, directory_lock
 from analyses.core.hook_check import left_out, require
-from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, calibration_section,
-                                                  choosing_probes, probe_run, role_calibration)
+from analyses.report.calibration_figures import CAPTIONS as CALIBRATION_CAPTIONS
+from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, backup_frames,
+                                                  choosing_probes, dormant_and_similarity, head_effects, probe_run,
+                                                  role_calibration, section_figures)
 from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_figure, circuit_section, edge_lines,
                                        induction_pair, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
@@ -55,6 +68,7 @@ from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, direct_eff
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate
+from analyses.report.sections import ReportSection, chosen_sections, run_sections, section_data, section_of
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
@@ -118,15 +132,31 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                  texts: Sequence[str] | None = None,
                  thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
                  intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float = DEFAULT_MEMORY_MB,
-                 progress: bool | None = None, circuit_screen: Screen | None = None) -> HeadReport:
+                 progress: bool | None = None, circuit_screen: Screen | None = None,
+                 sections: Sequence[str] | None = None, out: str | Path | None = None,
+                 resume: bool = False) -> HeadReport:
     """Classify every head (on probes, or on ``texts``), calibrate the scores and run the causal
     checks on the probes, find the edges among the role heads, store every head's pattern on a
     probe and on a text, draw the figures. The probes are drawn once and serve all of it.
 
+    The report is the sections of ``REPORT_SECTIONS`` (``sections``: the names of those to run, None
+    every one; roles always, and every section a chosen one needs), each a step run in order after
+    the probes' one forward. With ``out``, the page (``write_report``) is written there as soon as the
+    roles land, every later section shown pending with its estimate, and rewritten (each file
+    atomically) as each section lands; each finished section is kept in ``out/.sections`` (the step
+    store, ``analyses.core.steps.Steps``, fingerprinted by ``report_inputs``), and with ``resume`` a
+    later run reads back those that are finished instead of computing them: stopped anywhere and
+    resumed, the files equal an uninterrupted run's (meta.json's ``cost``, this run's record of
+    seconds and of the sections it reused, aside); a store of other inputs is refused in one line
+    naming the first that changed. Without ``resume`` the store is emptied first. Without ``out``
+    nothing is written or kept.
+
     Roles (``analyses.roles.classify.assign_roles``): with ``fdr`` (and probe scores), a role is a
     (head, role) whose score beats its nulls at that false-discovery rate and, with
     ``thresholds``, also reaches the threshold; ``fdr=None`` (or ``texts``, which the probe nulls
-    do not describe) is the fixed rule: the threshold and an interval above chance.
+    do not describe) is the fixed rule: the threshold and an interval above chance. No role reads
+    an ablation effect, so the roles (and the head table's role column) are final when the roles
+    section lands.
     The probes are one draw of ``intervention_prompts + n_prompts``: the interventions run on the first
     ``intervention_prompts``, the roles are chosen on the other ``n_prompts`` (``choosing_probes``), so
     every effect is measured on prompts that did not choose the heads (meta.json: ``probe_split``).
@@ -143,67 +173,290 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
 
     After the probe run, before the first sweep, the report prints on stderr (unless ``progress`` is False) what each step
     will cost in forward-equivalents and seconds on this machine (``report_cost``); meta.json's
-    ``cost`` keeps that estimate and each step's measured seconds."""
+    ``cost`` keeps that estimate and each step's measured seconds (and ``reused``: whether the step
+    was read back from the store)."""
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
     check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     if fdr is not None:
         check_fdr(fdr)
+    chosen = chosen_sections(REPORT_SECTIONS, sections, always="roles")
+    if out is None:
+        return _build(model, model_name, chosen, None, locals())
+    store_dir = Path(out) / STORE
+    store_dir.mkdir(parents=True, exist_ok=True)
+    with directory_lock(store_dir, "report run"):
+        if not resume:
+            clear_store(store_dir)
+        return _build(model, model_name, chosen, (store_dir, Path(out)), locals())
+
+
+def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Path, Path] | None,
+           options: dict) -> HeadReport:
+    """``build_report``'s work, with the step store and the page's directory ``where`` (or None)."""
     left = report_plan(model)
+    o = options
     # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
-    probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
-    shape, estimate = report_cost(model, probes, left, texts, intervention_prompts)
-    steps = ReportSteps(progress, StepClock(estimate))
+    probes = probes_for(model, o["intervention_prompts"] + o["n_prompts"], o["seq_len"], seed=o["seed"])
+    shape, estimate = report_cost(model, probes, left, o["texts"], o["intervention_prompts"],
+                                  [section.name for section in chosen])
+    context = ReportContext(model, model_name, o["n_prompts"], o["seed"], o["texts"], o["thresholds"], o["fdr"],
+                            o["intervention_prompts"], o["memory_mb"], o["progress"], o["circuit_screen"], left,
+                            probes, shape, estimate)
+    store = (Steps(where[0], report_inputs(context), resume=True) if where is not None else None)
+    steps = ReportSteps(context.progress, StepClock(estimate), ("probe run", *(s.name for s in chosen)))
     steps.begin("probe run")  # the probes' one forward, which every step below reads
-    started = time.perf_counter()
-    run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=intervention_prompts,
-                    memory_mb=memory_mb, progress=progress)
-    estimate.timed_by(time.perf_counter() - started)  # the probe run is one FE: the clock for every step's estimate
-    estimate.show("report", progress)
-    first = FirstProbes.of(probes, run, run.metric, intervention_prompts)
-    chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
-    selection = selection_probes(model, probes, intervention_prompts, left_after(memory_mb, run.held_mb()),
-                                 progress)
-    step_mb = left_after(memory_mb, run.held_mb() + selection.run.held_mb())
-    steps.begin("classification")
-    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on, memory_mb=memory_mb,
-                            progress=progress, run=None if texts else chosen_run)
-    steps.begin("calibration")
-    calibration = calibration_section(model, probes, fdr=fdr or DEFAULT_FDR, seed=seed, memory_mb=memory_mb,
-                                      progress=progress, run=run, intervention_prompts=intervention_prompts,
-                                      direct=DIRECT_EFFECTS not in left, choose=selection)
-    calibrated = fdr is not None and not texts
-    table = with_direct_effects(head_table(scores, total_effects(calibration), thresholds, fdr=fdr or DEFAULT_FDR,
-                                           calibration=calibration.frames["calibration"] if calibrated else None),
-                                calibration)
-    steps.begin("control")
-    control = role_control(model, table, first, seed=seed, memory_mb=step_mb, progress=progress)
-    steps.begin("circuit")
-    skipped = [role for role in ALL_ROLES if role not in CIRCUIT_ROLES]
-    estimate.at_start("circuit", circuit_cost(shape, circuit_role_heads(table, skip=skipped), circuit_screen), progress)
-    circuit = None if CIRCUIT in left else chosen_edges(model, circuit_section(
-        model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
-        skip_roles=skipped, screen=circuit_screen), selection, seed=seed, memory_mb=step_mb, progress=progress)
-    steps.begin("pattern views")
-    views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
-    meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
-                                            "texts": len(texts) if texts else None, "thresholds": thresholds,
-                                            "fdr": fdr if calibrated else None,
-                                            "intervention_prompts": first.probes.n_prompts,
-                                            "probe_split": probe_split(n_prompts, intervention_prompts, seed, bool(texts)),
-                                            "null_seeds": list(DEFAULT_NULL_SEEDS),
-                                            "circuit_screen": screen_meta(circuit), "left_out": left}
-    steps.begin("figures")
-    chosen = chosen_apart(n_prompts, first.probes.n_prompts, len(texts) if texts else None)
-    sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None) + " " + chosen)
-    circuit_page = [] if circuit is None else [circuit_report_section(circuit)]
-    steps.begin("components")
-    sections[2:2] = [calibration_report_section(calibration), control_report_section(control, chosen), *circuit_page,
-                     components_report_section(model, first.probes, component_effects(calibration), run=first.run,
-                                               memory_mb=step_mb, progress=progress, dla=DLA not in left,
-                                               selection=selection)]
-    sections[:0] = left_out_section(left)
+    context.prepare()
+
+    def written(results: dict) -> None:
+        if where is not None:
+            first_write = not (where[1] / "index.html").exists() or len(results) == 1
+            path = write_report(report_of(context, chosen, results, store), where[1])
+            if first_write and context.progress is not False:
+                pending = len(chosen) - len(results)
+                print(f"report: the page is at {path / 'index.html'}" + (f" ({pending} sections pending; rewritten "
+                      "as each lands)" if pending else ""), file=sys.stderr, flush=True)
+
+    results = run_sections(chosen, context, store if store is not None else _compute, steps.begin, written)
     steps.close()
-    meta["cost"] = estimate.record()
+    return report_of(context, chosen, results, store)
+
+
+def _compute(name: str, compute):
+    return compute()
+
+
+STORE = ".sections"  # the report's step store in its directory (``analyses.core.steps.Steps``)
+
+
+def clear_store(directory: Path) -> None:
+    """Empty a report's step store (its record and its finished steps), for a run that does not resume."""
+    (directory / RECORD).unlink(missing_ok=True)
+    for path in (directory / FOLDER).glob("*.json"):
+        path.unlink()
+
+
+@dataclass
+class ReportContext:
+    """What every section reads: the model, the options, the plan (``left``: part -> why it is left
+    out), the probes, the cost estimate, and once ``prepare`` ran, the probes' one forward (``run``),
+    the intervention probes (``first``), the probes choosing the roles (``chosen_on``, ``chosen_run``),
+    the selection rows choosing the page's lists (``selection``), each later step's memory
+    (``step_mb``) and the pattern views (``views``). None of these is stored: a resumed report makes
+    them again (one forward of the probes and of the lists' rows, the views' two). ``head_sections``:
+    the page's head sections as drawn from the head table without and with the ablation's effects."""
+
+    model: object
+    model_name: str
+    n_prompts: int
+    seed: int
+    texts: Sequence[str] | None
+    thresholds: float | Mapping[str, float] | None
+    fdr: float | None
+    intervention_prompts: int
+    memory_mb: float
+    progress: bool | None
+    circuit_screen: Screen | None
+    left: dict[str, str]
+    probes: RepeatedProbes
+    shape: ReportShape
+    estimate: CostEstimate
+    run: Run | None = None
+    first: FirstProbes | None = None
+    chosen_on: RepeatedProbes | None = None
+    chosen_run: Run | None = None
+    selection: FirstProbes | None = None
+    step_mb: float = 0.0
+    views: list[PatternView] | None = None
+    head_sections: dict[bool, list[Section]] = field(default_factory=dict)  # drawn by ``report_of``, per table
+    figures: dict[str, bytes] = field(default_factory=dict)  # the head sections' figures that read no effect
+
+    def prepare(self) -> None:
+        """The probe run (timing one FE: the estimate's clock, printed), the selection rows' run, the views."""
+        started = time.perf_counter()
+        self.run = probe_run(self.model, self.probes, names=component_hooks(self.model, lens=True),
+                             intervention_prompts=self.intervention_prompts, memory_mb=self.memory_mb,
+                             progress=self.progress)
+        self.estimate.timed_by(time.perf_counter() - started)  # the probe run is one FE: every step's clock
+        self.estimate.show("report", self.progress)
+        self.first = FirstProbes.of(self.probes, self.run, self.run.metric, self.intervention_prompts)
+        self.chosen_on, self.chosen_run = choosing_probes(self.probes, self.run, self.intervention_prompts)
+        self.selection = selection_probes(self.model, self.probes, self.intervention_prompts,
+                                          left_after(self.memory_mb, self.run.held_mb()), self.progress)
+        self.step_mb = left_after(self.memory_mb, self.run.held_mb() + self.selection.run.held_mb())
+        self.views = pattern_views(self.model, self.probes, self.texts[0] if self.texts else DISPLAY_TEXT)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the roles are decided against their nulls (``fdr``, on probes)."""
+        return self.fdr is not None and not self.texts
+
+    @property
+    def calibration_mb(self) -> float:
+        """The calibration's memory: what the probe run's store leaves."""
+        return left_after(self.memory_mb, self.run.held_mb())
+
+    def chosen_text(self) -> str:
+        return chosen_apart(self.n_prompts, self.first.probes.n_prompts, len(self.texts) if self.texts else None)
+
+    def meta(self) -> dict:
+        """meta.json's record but the circuit's screen, the sections and the cost (``report_of``)."""
+        o = self
+        return model_meta(o.model, o.model_name) | {
+            "prompts": o.n_prompts, "seq_len": o.probes.seq_len, "seed": o.seed,
+            "texts": len(o.texts) if o.texts else None, "thresholds": o.thresholds,
+            "fdr": o.fdr if o.calibrated else None, "intervention_prompts": min(o.intervention_prompts, o.probes.n_prompts),
+            "probe_split": probe_split(o.n_prompts, o.intervention_prompts, o.seed, bool(o.texts)),
+            "null_seeds": list(DEFAULT_NULL_SEEDS), "left_out": o.left}
+
+
+def report_inputs(context: ReportContext) -> dict:
+    """Everything a section's numbers depend on, the step store's fingerprint (``Steps``): the model
+    (family, implementation, weights hash, dtype, precision, start token), the package versions, every
+    option (the texts by their SHA-256) and the constants the steps read, and each section's code
+    version. The memory budget says how, not what, and is left out, as a task's is; so is the choice
+    of sections (a resume may add sections)."""
+    meta = model_meta(context.model, context.model_name)
+    texts = None if context.texts is None else hashlib.sha256(json.dumps(list(context.texts)).encode()).hexdigest()
+    screen = context.circuit_screen
+    return {"model": {key: meta[key] for key in ("family", "impl", "weights_hash", "dtype", "precision", "start_token")},
+            "versions": meta["versions"],
+            "options": {"prompts": context.n_prompts, "seq_len": context.probes.seq_len, "seed": context.seed,
+                        "texts_sha256": texts, "thresholds": context.thresholds, "fdr": context.fdr,
+                        "intervention_prompts": context.intervention_prompts,
+                        "circuit_screen": None if screen is None else {"top_k": screen.top_k, "share": screen.share},
+                        "null_seeds": list(DEFAULT_NULL_SEEDS), "pair_heads": DEFAULT_PAIR_HEADS,
+                        "control_draws": CONTROL_DRAWS, "list_prompts": LIST_PROMPTS, "display_text": DISPLAY_TEXT},
+            "code": {section.name: section.version for section in REPORT_SECTIONS}}
+
+
+# ------------------------------------------------------------------------------ the sections
+def roles_result(context: ReportContext, results: dict) -> dict:
+    """Every head's scores (``classify_heads``, from the probe run, or on the texts) and the role
+    tests against their nulls (``role_calibration``): all the roles read."""
+    c = context
+    scores = classify_heads(c.model, seed=c.seed, texts=c.texts, probes=None if c.texts else c.chosen_on,
+                            memory_mb=c.memory_mb, progress=c.progress, run=None if c.texts else c.chosen_run)
+    calibration = role_calibration(c.model, c.chosen_on, run=c.chosen_run, fdr=c.fdr or DEFAULT_FDR, seed=c.seed,
+                                   memory_mb=c.calibration_mb, progress=c.progress)
+    return {"scores": scores, "calibration": calibration}
+
+
+def ablation_result(context: ReportContext, results: dict) -> dict:
+    """Every head's and MLP's total and direct ablation effect on the intervention probes (``head_effects``)."""
+    c = context
+    effects, mlp_effects = head_effects(c.model, c.first, direct=DIRECT_EFFECTS not in c.left,
+                                        memory_mb=c.calibration_mb, progress=c.progress)
+    return {"effects": effects, "mlp_effects": mlp_effects}
+
+
+def calibration_result(context: ReportContext, results: dict) -> dict:
+    """The calibration section: null bands, backup groups (``backup_frames``, chosen on the selection
+    rows), self-repair, dormant heads and similarity (``dormant_and_similarity``)."""
+    c = context
+    calibration, effects = results["roles"]["calibration"], results["ablation"]["effects"]
+    pairs, groups = backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
+                                  choose=c.selection, memory_mb=c.calibration_mb, progress=c.progress)
+    dormant, similarities = dormant_and_similarity(c.model, c.probes, c.run, c.first, effects)
+    frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects,
+              "mlp_effects": results["ablation"]["mlp_effects"], "dormant": dormant,
+              "output_clusters": similarities["output"].frame(), "pattern_clusters": similarities["pattern"].frame()}
+    figures = section_figures(frames, similarities)
+    found = CalibrationSection(frames, figures, {name: CALIBRATION_CAPTIONS[name] for name in figures})
+    return {"section": section_data(calibration_report_section(found))}
+
+
+def control_result(context: ReportContext, results: dict) -> dict:
+    """The role heads against layer-matched random heads (``role_control``)."""
+    c = context
+    control = role_control(c.model, roles_table(c, results), c.first, seed=c.seed, memory_mb=c.step_mb,
+                           progress=c.progress)
+    return {"section": section_data(control_report_section(control, c.chosen_text()))}
+
+
+def circuit_result(context: ReportContext, results: dict) -> dict:
+    """The edges among the role heads (``circuit_section``, ``chosen_edges``) and meta.json's record of
+    its screen; no section where the plan left the circuit out."""
+    c = context
+    if CIRCUIT in c.left:
+        return {"section": None, "screen": None}
+    table = roles_table(c, results)
+    skipped = [role for role in ALL_ROLES if role not in CIRCUIT_ROLES]
+    c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=skipped), c.circuit_screen),
+                        c.progress)
+    circuit = chosen_edges(c.model, circuit_section(
+        c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb, progress=c.progress, run=c.first.run,
+        skip_roles=skipped, screen=c.circuit_screen), c.selection, seed=c.seed, memory_mb=c.step_mb, progress=c.progress)
+    return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit)}
+
+
+def components_result(context: ReportContext, results: dict) -> dict:
+    """The components section (``components_report_section``), its attention-vs-MLP read from the ablation."""
+    c = context
+    effects = component_effects(results["ablation"])
+    return {"section": section_data(components_report_section(
+        c.model, c.first.probes, effects, run=c.first.run, memory_mb=c.step_mb, progress=c.progress,
+        dla=DLA not in c.left, selection=c.selection))}
+
+
+# The report's sections in the order they run; the page shows them (but the head table, which
+# roles and ablation fill) between the roles and the head table, in this order. A new section is
+# one entry here, a ``*_result`` function and its estimator in ``analyses.report.plan.REPORT_COSTS``.
+REPORT_SECTIONS = (
+    ReportSection("roles", "Roles", (), 1, roles_result),
+    ReportSection("ablation", "Ablation effects", (), 1, ablation_result),
+    ReportSection("calibration", "Calibration", ("ablation",), 1, calibration_result),
+    ReportSection("control", "Role heads vs layer-matched random heads", (), 1, control_result),
+    ReportSection("circuit", "Circuit", (), 1, circuit_result),
+    ReportSection("components", "Components", ("ablation",), 1, components_result),
+)
+
+
+def roles_table(context: ReportContext, results: dict) -> pd.DataFrame:
+    """The head table of the roles alone (``head_table`` without effects): what the roles' readers need."""
+    roles = results["roles"]
+    return head_table(roles["scores"], None, context.thresholds, fdr=context.fdr or DEFAULT_FDR,
+                      calibration=roles["calibration"] if context.calibrated else None)
+
+
+def report_table(context: ReportContext, results: dict) -> pd.DataFrame:
+    """The head table (head_roles.csv): the roles, and the heads' ablation effects once that section landed."""
+    ablation = results.get("ablation")
+    if ablation is None:
+        return roles_table(context, results)
+    roles = results["roles"]
+    table = head_table(roles["scores"], total_effects(ablation["effects"]), context.thresholds,
+                       fdr=context.fdr or DEFAULT_FDR, calibration=roles["calibration"] if context.calibrated else None)
+    return with_direct_effects(table, ablation["effects"])
+
+
+def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: dict, store: Steps | None) -> HeadReport:
+    """The report as far as ``results`` go: the head sections from the head table, each finished
+    section's page section, each chosen section not finished yet as pending with its estimate
+    (``pending_section``), the sections not chosen named (``unchosen_section``); meta.json with the
+    sections (``chosen``, ``pending``) and the cost so far, each step marked ``reused`` where the store
+    read it back."""
+    table = report_table(context, results)
+    c = context
+    drawn = "ablation" in results  # the head sections change only when the ablation's effects land
+    if drawn not in c.head_sections:
+        c.head_sections[drawn] = report_sections(table, c.views, role_rule(c.thresholds, c.fdr if c.calibrated else None)
+                                                 + " " + c.chosen_text(), c.figures)
+    sections = list(c.head_sections[drawn])
+    middle = []
+    for section in chosen[1:]:
+        if section.name not in results:
+            middle.append(pending_section(section, c.estimate))
+        elif results[section.name].get("section") is not None:
+            middle.append(section_of(results[section.name]["section"]))
+    sections[2:2] = middle + unchosen_section(chosen)
+    sections[:0] = left_out_section(c.left)
+    cost = c.estimate.record()
+    for name, step in cost["steps"].items():
+        step["reused"] = store is not None and name in store.reused
+    meta = c.meta() | {"circuit_screen": results.get("circuit", {}).get("screen"),
+                       "sections": {"chosen": [s.name for s in chosen],
+                                    "pending": [s.name for s in chosen if s.name not in results]},
+                       "cost": cost}
     return HeadReport(table, sections, meta)
 
 
@@ -234,20 +487,62 @@ def report_roles(model, *, n_prompts: int = 64, seq_len: int | None = None, seed
     return head_table(scores, None, thresholds, fdr=fdr or DEFAULT_FDR, calibration=calibration)
 
 
+def pending_section(section: ReportSection, estimate: CostEstimate) -> Section:
+    """A chosen section not finished yet: its slot on the page, with its estimated cost."""
+    cost = estimate.step_line(section.name, estimate.steps.get(section.name)).strip().removeprefix(f"{section.name}: ")
+    what = ("each head's and MLP's ablation effect, which fills the head table's effect columns and the role "
+            "heads' effects above" if section.name == "ablation" else "this section")
+    return Section(f"{section.title} (pending)", f"Pending: {what} is computed after the sections above; "
+                   f"estimated {cost}. The page is rewritten as each section lands.")
+
+
+def unchosen_section(chosen: Sequence[ReportSection]) -> list[Section]:
+    """The page's line naming the sections ``--sections`` left out (none where every one was chosen)."""
+    names = [s.name for s in REPORT_SECTIONS if s not in chosen]
+    if not names:
+        return []
+    return [Section("Sections not run", f"Not chosen by `--sections`: {', '.join(names)}. Rerun with `--resume "
+                    f"--sections {','.join([s.name for s in chosen] + names)}` to add them (the finished sections are "
+                    "reused).")]
+
+
+def plan_lines(model, *, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
+               texts: Sequence[str] | None = None, intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS,
+               sections: Sequence[str] | None = None) -> list[str]:
+    """``interp report --plan``: the sections a report would run, in order, each with what it needs
+    and its estimated cost in forward-equivalents (``analyses.report.plan``), from the shapes alone:
+    no forward runs (the hook self-test neither: a part it would leave out is costed as if kept)."""
+    chosen = chosen_sections(REPORT_SECTIONS, sections, always="roles")
+    probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
+    _, estimate = report_cost(model, probes, {}, texts, intervention_prompts, [s.name for s in chosen])
+    lines = [f"interp report plan: {len(chosen)} of {len(REPORT_SECTIONS)} sections, in order, each with its estimated "
+             f"cost in forward-equivalents (FE: one forward of the {probes.n_prompts} probes of {probes.seq_len} "
+             "tokens); the run times one FE by its probe run and prints the seconds before its first sweep"]
+    needs = {s.name: s.needs for s in REPORT_SECTIONS}
+    for name, cost in estimate.steps.items():
+        line = (estimate.step_line(name, cost) if cost is None else  # the seconds wait for the probe run
+                f"  {name}: {'<= ' if cost.at_most else '~'}{cost.fe:.2f} FE")
+        notes = ["always, made again on --resume"] if name == "probe run" else (
+            ["always"] if name == "roles" else [f"needs {', '.join(needs[name])}"] if needs[name] else [])
+        lines.append(line + (f" ({'; '.join(notes)})" if notes else ""))
+    left = [s.name for s in REPORT_SECTIONS if s not in chosen]
+    return lines + ([f"  not chosen: {', '.join(left)}"] if left else [])
+
+
 class ReportSteps:
-    """The report's step-level bar, e.g. ``report: calibration  3/7``: which of ``STEPS`` it is on
+    """The report's step-level bar, e.g. ``report: calibration  3/7``: which of ``steps`` (the probe run
+    and the chosen sections; ``STEPS``: every one) it is on
     (shown per ``progress``, as every bar: ``analyses.core.progress``)."""
 
-    STEPS = ("probe run", "classification", "calibration", "control", "circuit", "pattern views", "figures",
-             "components")
+    STEPS = ("probe run", "roles", "ablation", "calibration", "control", "circuit", "components")
 
-    def __init__(self, progress: bool | None, clock: StepClock | None = None):
-        self.bar = progress_bar(total=len(self.STEPS), progress=progress, desc="report", unit="step")
+    def __init__(self, progress: bool | None, clock: StepClock | None = None, steps: Sequence[str] = STEPS):
+        self.bar = progress_bar(total=len(steps), progress=progress, desc="report", unit="step")
         self.started = False
         self.clock = clock
 
     def begin(self, step: str) -> None:
-        """Mark the step before as done and ``step`` (one of ``STEPS``, in order) as running; the
+        """Mark the step before as done and ``step`` (the next of the steps, in order) as running; the
         memory the step before freed goes back to the system (``release_freed_memory``), so a
         step's peak is its own tensors, not its own plus the holes earlier steps left in the heap."""
         release_freed_memory()
@@ -277,9 +572,10 @@ def report_plan(model) -> dict[str, str]:
 
 
 def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequence[str] | None,
-                intervention_prompts: int) -> tuple[ReportShape, CostEstimate]:
+                intervention_prompts: int, steps: Sequence[str] | None = None) -> tuple[ReportShape, CostEstimate]:
     """The report's shape (``analyses.report.plan.ReportShape``) and its cost estimate
-    (``report_estimate`` over ``ReportSteps.STEPS``), its clock set by the probe run (``CostEstimate.timed_by``)."""
+    (``report_estimate`` over the probe run and ``steps``, the sections run, None every one), its clock set by the
+    probe run (``CostEstimate.timed_by``)."""
     first = min(intervention_prompts, probes.n_prompts)
     view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
@@ -288,7 +584,8 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     shape = ReportShape(model, probes.tokens.numel(), share, lists, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
                         encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
                         DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
-    return shape, report_estimate(shape, ReportSteps.STEPS, float("nan"))
+    steps = [section.name for section in REPORT_SECTIONS] if steps is None else steps
+    return shape, report_estimate(shape, ["probe run", *steps], float("nan"))
 
 
 def list_prompts(intervention_prompts: int, selection_rows: int) -> int:
@@ -379,20 +676,20 @@ def screen_meta(circuit: CircuitSection | None) -> dict | None:
             "exact": int(circuit.edges["exact"].sum())}
 
 
-def total_effects(calibration: CalibrationSection) -> pd.DataFrame:
+def total_effects(effects: pd.DataFrame) -> pd.DataFrame:
     """``layer, head, ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts``: each head's
-    total ablation effect and its 95% interval over prompts, measured once by the calibration
-    (position-aligned mean ablation, loss on the probes' predictable tokens)."""
+    total ablation effect and its 95% interval over prompts, from the ablation section's ``effects``
+    (``head_effects``: position-aligned mean ablation, loss on the probes' predictable tokens)."""
     names = {"total": "ablation_effect", "total_ci_low": "ablation_ci_low", "total_ci_high": "ablation_ci_high",
              "n_prompts": "ablation_n_prompts"}
-    return calibration.frames["effects"].rename(columns=names)[["layer", "head", *names.values()]]
+    return effects.rename(columns=names)[["layer", "head", *names.values()]]
 
 
-def with_direct_effects(table: pd.DataFrame, calibration: CalibrationSection) -> pd.DataFrame:
-    """The head table with each head's direct effect (downstream frozen, as the calibration measured it;
+def with_direct_effects(table: pd.DataFrame, effects: pd.DataFrame) -> pd.DataFrame:
+    """The head table with each head's direct effect (downstream frozen, as the ablation measured it in ``effects``;
     NaN where the plan left direct effects out) and its 95% interval, ``direct_effect, direct_ci_low,
     direct_ci_high``, right after the ablation (total) effect's columns and ``causal``."""
-    direct = calibration.frames["effects"][["layer", "head", "direct", "direct_ci_low", "direct_ci_high"]]
+    direct = effects[["layer", "head", "direct", "direct_ci_low", "direct_ci_high"]]
     merged = table.merge(direct.rename(columns={"direct": "direct_effect"}).astype({"head": int}), on=["layer", "head"],
                          how="left")
     at = list(table.columns).index("causal") + 1
@@ -631,10 +928,10 @@ def dla_intervals(found: pd.DataFrame) -> pd.DataFrame:
     return parts.reset_index().assign(dla=mean.cpu().numpy(), ci_low=low.cpu().numpy(), ci_high=high.cpu().numpy())
 
 
-def component_effects(calibration: CalibrationSection) -> pd.DataFrame:
-    """Every head's and MLP's direct and total ablation effect, as the calibration measured them:
-    ``component, kind, layer, head, total, direct, self_repair, baseline``."""
-    return pd.concat([calibration.frames["effects"], calibration.frames["mlp_effects"]], ignore_index=True)
+def component_effects(ablation: dict) -> pd.DataFrame:
+    """Every head's and MLP's direct and total ablation effect, as the ablation section measured them
+    (its ``effects`` and ``mlp_effects``): ``component, kind, layer, head, total, direct, self_repair, baseline``."""
+    return pd.concat([ablation["effects"], ablation["mlp_effects"]], ignore_index=True)
 
 
 def circuit_report_section(circuit: CircuitSection) -> Section:
@@ -670,9 +967,14 @@ def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]
             PatternView("the report's text", display_tokens(model.to_str_tokens(tokens)), all_patterns(model, tokens))]
 
 
-def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) -> list[Section]:
+def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
+                    drawn: dict[str, bytes] | None = None) -> list[Section]:
     """The head-role report's sections: the explorer, the roles, the head table, the figures, rollout.
-    views: the display probe's and the text's (``pattern_views``); rule: how roles were assigned."""
+    views: the display probe's and the text's (``pattern_views``); rule: how roles were assigned;
+    drawn: the PNGs of the figures that read no effect (the top heads, the layer map, the rollout),
+    by name, drawn here where absent and kept there, so a page drawn again for the effects redraws
+    only the role heatmaps."""
+    drawn = {} if drawn is None else drawn
     measures = [m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
     explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), start_measure(table))
@@ -680,9 +982,11 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) ->
     intervals = {"ablation_effect": interval_columns("ablation_effect")}
     figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"],
                             png_bytes(role_heatmaps(table, heatmap_columns(table), intervals=intervals))),
-               ReportFigure("top_heads", FIGURE_CAPTIONS["top_heads"], png_bytes(top_heads_figure(table, probe_view))),
-               ReportFigure("layer_map", FIGURE_CAPTIONS["layer_map"], png_bytes(layer_map_figure(table, text_view)))]
-    rolled = rollout_figure(attention_rollout(text_view.patterns), text_view.tokens)
+               ReportFigure("top_heads", FIGURE_CAPTIONS["top_heads"],
+                            once(drawn, "top_heads", lambda: top_heads_figure(table, probe_view))),
+               ReportFigure("layer_map", FIGURE_CAPTIONS["layer_map"],
+                            once(drawn, "layer_map", lambda: layer_map_figure(table, text_view)))]
+    rolled = once(drawn, "rollout", lambda: rollout_figure(attention_rollout(text_view.patterns), text_view.tokens))
     how = (rule + " Ablation effect: the rise in loss on the predictable second-copy tokens when the head's "
            "output is replaced by its mean over the other probes at the same place in their structure, printed "
            "as 'effect [low, high]' with its 95% percentile bootstrap interval over the probes; 'no causal "
@@ -696,8 +1000,15 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str) ->
                 table=markdown_frame(table)),
         Section("Figures", figures=figures),
         Section("Attention rollout", ROLLOUT_NOTE,
-                figures=[ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], png_bytes(rolled))]),
+                figures=[ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], rolled)]),
     ]
+
+
+def once(drawn: dict[str, bytes], name: str, draw) -> bytes:
+    """The PNG of the figure ``draw()`` makes, drawn where ``drawn`` lacks ``name`` and kept there."""
+    if name not in drawn:
+        drawn[name] = png_bytes(draw())
+    return drawn[name]
 
 
 def start_measure(table: pd.DataFrame) -> str:
@@ -712,7 +1023,8 @@ def start_head(table: pd.DataFrame) -> tuple[int, int]:
 
 
 def heatmap_columns(table: pd.DataFrame) -> list[str]:
-    return [m for m in (*ROLES, "entropy") if m in table.columns] + ["ablation_effect"]
+    """The role heatmaps' panels: the roles, entropy and the ablation effect where the table has it."""
+    return [m for m in (*ROLES, "entropy", "ablation_effect") if m in table.columns]
 
 
 def present_roles(table: pd.DataFrame) -> list[str]:
@@ -767,11 +1079,19 @@ def role_heads(table: pd.DataFrame, column: str, role: str) -> str:
     effect instead, where the table has it."""
     heads = table[table[column].str.split(";").apply(lambda roles: role in roles)]
     direct = role in MEANING_ROLES and "direct_effect" in table
-    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}, "
-                     + (f"direct {effect_text(r.direct_effect, r.direct_ci_low, r.direct_ci_high)} nats" if direct else
-                        f"ablation {effect_text(r.ablation_effect, r.ablation_ci_low, r.ablation_ci_high)} nats"
-                        + (f", {r.causal}" if r.causal else ""))
+    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}"
+                     + (f", direct {effect_text(r.direct_effect, r.direct_ci_low, r.direct_ci_high)} nats" if direct
+                        else ablation_text(r))
                      + ")" for r in heads.sort_values(role, ascending=False).itertuples())
+
+
+def ablation_text(row) -> str:
+    """A head's ablation effect as the role lists print it after its score, or that it is pending
+    (a head table without the ablation section's columns)."""
+    if not hasattr(row, "ablation_effect"):
+        return ", ablation pending"
+    return (f", ablation {effect_text(row.ablation_effect, row.ablation_ci_low, row.ablation_ci_high)} nats"
+            + (f", {row.causal}" if row.causal else ""))
 
 
 def effect_columns(table: pd.DataFrame) -> list[str]:

@@ -171,26 +171,13 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
     steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
     calibration = role_calibration(model, chosen_on, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
                                    progress=progress, run=chosen_run)
-    release_freed_memory()  # the null models' memory, before the ablations
     steps.update()
-    effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
-                                       memory_mb=memory_mb, progress=progress, run=first.run, direct=direct)
-    effects, mlp_effects = effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
+    effects, mlp_effects = head_effects(model, first, method, direct=direct, memory_mb=memory_mb, progress=progress)
     steps.update()
-    chooser = None if choose is None else prepare_ablation(model, choose.probes, method, choose.metric,
-                                                           run=choose.run, memory_mb=memory_mb)
-    role_heads = role_heads_by_effect(calibration, effects if chooser is None else
-                                      first_order_head_effects(chooser, memory_mb), pair_heads)
-    pairs, groups = (backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
-                                   progress=progress, run=first.run, choose=chooser)
-                     if len(role_heads) >= 2 else (pd.DataFrame(), pd.DataFrame()))
+    pairs, groups = backup_frames(model, first, calibration, effects, method, pair_heads=pair_heads, choose=choose,
+                                  memory_mb=memory_mb, progress=progress)
     steps.update()
-    dormant = dormant_frame(model, first.probes.tokens, *(effects[c].to_numpy() for c in ("total", "total_ci_low",
-                                                                                        "total_ci_high")), run=first.run)
-    sample = min(SIMILARITY_PROMPTS, first.probes.n_prompts)
-    similarities = head_similarities(model, probes.tokens[:sample],
-                                     cache={name: z[:sample] for name, z in first.run.read(z_names(model)).items()}
-                                     | {name: pattern[:sample] for name, pattern in run.reduced["similarity"].items()})
+    dormant, similarities = dormant_and_similarity(model, probes, run, first, effects)
     steps.update()
     steps.close()
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "mlp_effects": mlp_effects,
@@ -202,13 +189,58 @@ def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None =
 def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
                      fdr: float = DEFAULT_FDR, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
                      run: Run | None = None) -> pd.DataFrame:
-    """The report's calibration table on ``probes`` (the probes the roles are chosen on; ``run``: a
-    ``Run`` of them, see ``calibrate_roles``): every (head, attention role) against its nulls
-    (``calibrate_roles``) and every (head, meaning role) against its random-initialisation null
-    (``meaning_nulls``), with one Benjamini-Hochberg at ``fdr`` over all of them (``joint_fdr``)."""
-    return joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
-                                     progress=progress, run=run),
-                     meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
+    """The report's calibration table on ``probes`` (the probes the roles are chosen on:
+    ``choosing_probes``; ``run``: a ``Run`` of them, see ``calibrate_roles``): every (head, attention
+    role) against its nulls (``calibrate_roles``) and every (head, meaning role) against its
+    random-initialisation null (``meaning_nulls``), with one Benjamini-Hochberg at ``fdr`` over all of
+    them (``joint_fdr``). Reads no ablation: the roles are decided by these tests and the scores alone.
+    The null models' memory goes back to the system before it returns."""
+    calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
+                                            memory_mb=memory_mb, progress=progress, run=run),
+                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
+    release_freed_memory()  # the null models' memory, before the ablations
+    return calibration
+
+
+def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *, direct: bool = True,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every head's and every MLP's total (and, with ``direct``, direct) ablation effect on ``first``'s
+    probes and run (``direct_and_total_effects``) -> (the heads' rows, the MLPs' rows, the latter
+    empty without MLPs)."""
+    effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
+                                       memory_mb=memory_mb, progress=progress, run=first.run, direct=direct)
+    return effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
+
+
+def backup_frames(model, first: FirstProbes, calibration: pd.DataFrame, effects: pd.DataFrame,
+                  method: str = "mean_aligned", *, pair_heads: int = DEFAULT_PAIR_HEADS, choose: FirstProbes | None = None,
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The backup ``pairs`` and ``groups`` (``backup_report``) of the role heads (``calibration``'s
+    significant ones) with the largest |effect|, at most ``pair_heads``: ranked by their first-order
+    effect on ``choose`` where given (``first_order_head_effects``), else by ``effects`` (the heads'
+    total effects on ``first``, in-sample); two empty frames where fewer than two heads qualify."""
+    chooser = None if choose is None else prepare_ablation(model, choose.probes, method, choose.metric,
+                                                           run=choose.run, memory_mb=memory_mb)
+    role_heads = role_heads_by_effect(calibration, effects if chooser is None else
+                                      first_order_head_effects(chooser, memory_mb), pair_heads)
+    if len(role_heads) < 2:
+        return pd.DataFrame(), pd.DataFrame()
+    return backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
+                         progress=progress, run=first.run, choose=chooser)
+
+
+def dormant_and_similarity(model, probes: RepeatedProbes, run: Run, first: FirstProbes,
+                           effects: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Similarity]]:
+    """The ``dormant`` table (each head's output norm and whether its total ablation, ``effects``, is a
+    no-op) and the head similarities of outputs and patterns on the first ``SIMILARITY_PROMPTS`` probes,
+    all read from ``run`` (the probes' ``probe_run``) and ``first``'s run: no forward."""
+    dormant = dormant_frame(model, first.probes.tokens, *(effects[c].to_numpy() for c in ("total", "total_ci_low",
+                                                                                        "total_ci_high")), run=first.run)
+    sample = min(SIMILARITY_PROMPTS, first.probes.n_prompts)
+    similarities = head_similarities(model, probes.tokens[:sample],
+                                     cache={name: z[:sample] for name, z in first.run.read(z_names(model)).items()}
+                                     | {name: pattern[:sample] for name, pattern in run.reduced["similarity"].items()})
+    return dormant, similarities
 
 
 def section_figures(frames: dict[str, pd.DataFrame], similarities: dict[str, Similarity]) -> dict[str, Figure]:

@@ -41,7 +41,7 @@ def left_out_section(left: dict[str, str]) -> list[Section]:
 
 
 # ----------------------------------------------------------------------------- the report's cost
-# One estimator per report step (``analyses.report.build.ReportSteps.STEPS``), each the forward-
+# One estimator per report step (the probe run, then each of ``analyses.report.build.REPORT_SECTIONS``), each the forward-
 # equivalents (``analyses.interventions.cost``) of the code that runs the step, on the shapes alone.
 @dataclass(frozen=True)
 class ReportShape:
@@ -72,40 +72,44 @@ def one_block_fe(model) -> float:
 
 
 def probe_run_cost(shape: ReportShape) -> StepCost:
-    """The probes' one forward (``probe_run``): 1 FE; and that of the selection rows the report's lists
-    are chosen on (``selection_probes``)."""
-    return StepCost(1.0 + shape.list_share)
+    """The probes' one forward (``probe_run``): 1 FE; that of the selection rows the report's lists
+    are chosen on (``selection_probes``); and the pattern views' (``pattern_views``: one forward of
+    the display probe and one of the text). A resumed report makes them again (they are not stored)."""
+    return StepCost(1.0 + shape.list_share + shape.view_rows / shape.batch_rows)
 
 
-def classification_cost(shape: ReportShape) -> StepCost:
-    """Read from the probe run; on texts, one forward of the texts."""
-    return StepCost(shape.text_rows / shape.batch_rows)
+def roles_cost(shape: ReportShape) -> StepCost:
+    """Classification (read from the probe run; on texts, one forward of the texts) and the role
+    nulls (``role_calibration``): on the probes the roles are chosen on, the control probes' forward and
+    one per null model (``calibrate_roles``)."""
+    return StepCost(shape.text_rows / shape.batch_rows + shape.role_share * (1 + shape.null_seeds))
+
+
+def ablation_cost(shape: ReportShape) -> StepCost:
+    """``head_effects``: the ablation's reference (one block of the intervention probes) and every
+    head's and MLP's total effect, one run from its layer on each (``direct_and_total_effects``; the
+    direct effects run no block)."""
+    model = shape.model
+    layers = [layer for layer in range(model.cfg.n_layers) for _ in range(model.cfg.n_heads)]  # every head's
+    mlps = list(range(model.cfg.n_layers)) if has_mlps(model) else []
+    return StepCost(shape.share * (one_block_fe(model) + sum(suffix_fe(model, layer) for layer in [*layers, *mlps])))
 
 
 def calibration_cost(shape: ReportShape) -> StepCost:
-    """``calibration_frames``: on the probes the roles are chosen on, the control probes' forward
-    and one per null model (``calibrate_roles``); the ablation's reference (one block of the intervention probes);
-    every head's and MLP's total effect, one run from its layer on each
-    (``direct_and_total_effects``; the direct effects run no block); pairwise ablation of at most
-    ``pair_heads`` role heads and their backup groups (``backup_report``), which heads is known only
-    after the nulls: bounded by the earliest heads, each pair from the earlier head's layer on,
-    at most one group per two heads, each from block 0; the pairs and each head alone (the excess is
-    per prompt) run twice, on the selection rows that choose the groups (``choose``: ``list_share``)
-    and on the intervention probes, with the heads' first-order screen there (a forward; its
-    backward is not counted)."""
+    """``backup_frames`` (dormant heads and similarities read the probe run): the heads' first-order
+    screen on the selection rows that choose the groups (a forward, ``list_share``; its backward is
+    not counted); pairwise ablation of at most ``pair_heads`` role heads and their backup groups
+    (``backup_report``), which heads is known only after the nulls: bounded by the earliest heads,
+    each pair from the earlier head's layer on, at most one group per two heads, each from block 0;
+    the pairs and each head alone (the excess is per prompt) run twice, on the selection rows and
+    on the intervention probes."""
     model = shape.model
-    cfg = model.cfg
-    layers = [layer for layer in range(cfg.n_layers) for _ in range(cfg.n_heads)]  # every head's, in order
-    mlps = list(range(cfg.n_layers)) if has_mlps(model) else []
-    totals = sum(suffix_fe(model, layer) for layer in [*layers, *mlps])
-    earliest = layers[:shape.pair_heads]
+    earliest = [layer for layer in range(model.cfg.n_layers) for _ in range(model.cfg.n_heads)][:shape.pair_heads]
     pairs = sum(suffix_fe(model, min(a, b)) for a, b in combinations(earliest, 2))
     singles = sum(suffix_fe(model, layer) for layer in earliest)  # each head alone, for the excess per prompt
     groups = len(earliest) // 2 * suffix_fe(model, 0)
-    exact = (shape.role_share * (1 + shape.null_seeds) + shape.share * (one_block_fe(model) + totals)
-             + shape.list_share)  # the heads' first-order screen on the selection rows
-    return StepCost(exact) + StepCost((shape.share + shape.list_share) * (pairs + singles) + shape.share * groups,
-                                      at_most=True)
+    return StepCost(shape.list_share) + StepCost((shape.share + shape.list_share) * (pairs + singles)
+                                                 + shape.share * groups, at_most=True)
 
 
 def control_cost(shape: ReportShape) -> StepCost:
@@ -148,24 +152,18 @@ def from_mid(model, layer: int) -> bool:
     return getattr(model.blocks[layer], "has_resid_mid", False) and output_norm(model, layer) is None
 
 
-def pattern_views_cost(shape: ReportShape) -> StepCost:
-    """``pattern_views``: one forward of the display probe and one of the text."""
-    return StepCost(shape.view_rows / shape.batch_rows)
-
-
 def no_forward_cost(shape: ReportShape) -> StepCost:
-    """The figures, and the components (read from the probe run; the OV circuits and the logit lens
-    are weights and cached residuals): no block runs."""
+    """The components (read from the probe run; the OV circuits and the logit lens are weights and
+    cached residuals): no block runs."""
     return StepCost(0.0)
 
 
 REPORT_COSTS: dict[str, Callable[[ReportShape], StepCost | None]] = {
-    "probe run": probe_run_cost, "classification": classification_cost, "calibration": calibration_cost,
-    "control": control_cost, "circuit": circuit_cost, "pattern views": pattern_views_cost,
-    "figures": no_forward_cost, "components": no_forward_cost}
+    "probe run": probe_run_cost, "roles": roles_cost, "ablation": ablation_cost, "calibration": calibration_cost,
+    "control": control_cost, "circuit": circuit_cost, "components": no_forward_cost}
 
 
 def report_estimate(shape: ReportShape, steps: Sequence[str], seconds_per_fe: float) -> CostEstimate:
-    """The report's estimate before its first sweep: each of ``steps`` (``ReportSteps.STEPS``, in
-    order) costed by its estimator in ``REPORT_COSTS``; the circuit's (None) waits for the roles."""
+    """The report's estimate before its first sweep: each of ``steps`` (the probe run and the chosen
+    sections, in order) costed by its estimator in ``REPORT_COSTS``; the circuit's (None) waits for the roles."""
     return CostEstimate({step: REPORT_COSTS[step](shape) for step in steps}, seconds_per_fe)
