@@ -137,15 +137,27 @@ def _side_frame(names: Sequence[str], values: torch.Tensor, side: str, n_boot: i
 
 def qk_attention(model, layer: int) -> GroupedQueryAttention:
     """Block ``layer``'s attention module; refused in one line where it is not interp's own (the
-    norms and rotation inside the score are then out of reach)."""
+    norms and rotation inside the score are then out of reach: ``qk_refusal``)."""
     if not 0 <= layer < model.cfg.n_layers:
         raise UserError(f"layer={layer} must be in [0, {model.cfg.n_layers})")
     attn = getattr(model.blocks[layer], "attn", None)
     if not isinstance(attn, GroupedQueryAttention):
-        raise UserError(f"QK attribution needs interp's own attention to freeze the norms and the rotation inside a "
-                        f"head's score; this {model_family(model)} model is a {type(model).__name__} "
-                        f"(impl={model_impl(model)}): load it with impl='scratch'")
+        raise UserError(_refusal(model))
     return attn
+
+
+def qk_refusal(model) -> str | None:
+    """Why this model's scores cannot be split (one line), or None where every block's attention is
+    interp's own (``GroupedQueryAttention``)."""
+    if all(isinstance(getattr(block, "attn", None), GroupedQueryAttention) for block in model.blocks):
+        return None
+    return _refusal(model)
+
+
+def _refusal(model) -> str:
+    return (f"QK attribution needs interp's own attention to freeze the norms and the rotation inside a head's "
+            f"score; this {model_family(model)} model is a {type(model).__name__} (impl={model_impl(model)}): "
+            "load it with impl='scratch'")
 
 
 def _pairs(tokens: torch.Tensor, query_pos, key_pos) -> tuple[torch.Tensor, torch.Tensor]:

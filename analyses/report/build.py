@@ -52,7 +52,10 @@ from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, 
 from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
-from analyses.report.plan import DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate
+from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate,
+                                  role_qk_cost)
+from analyses.report.qk_section import QK, qk_heads, qk_report_section, role_qk, with_qk
+from analyses.components.qk import qk_refusal
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
@@ -181,6 +184,10 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     circuit = None if CIRCUIT in left else chosen_edges(model, circuit_section(
         model, table, first.probes, seed=seed, memory_mb=step_mb, progress=progress, run=first.run,
         skip_roles=skipped, screen=circuit_screen), selection, seed=seed, memory_mb=step_mb, progress=progress)
+    steps.begin("qk")
+    estimate.at_start("qk", role_qk_cost(shape, [] if QK in left else qk_heads(table)), progress)
+    found_qk = None if QK in left else role_qk(model, table, first.probes, seed=seed, memory_mb=step_mb)
+    table = table if found_qk is None else with_qk(table, found_qk)
     steps.begin("pattern views")
     views = pattern_views(model, probes, texts[0] if texts else DISPLAY_TEXT)
     meta = model_meta(model, model_name) | {"prompts": n_prompts, "seq_len": probes.seq_len, "seed": seed,
@@ -193,7 +200,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     steps.begin("figures")
     chosen = chosen_apart(n_prompts, first.probes.n_prompts, len(texts) if texts else None)
     sections = report_sections(table, views, role_rule(thresholds, fdr if calibrated else None) + " " + chosen)
-    circuit_page = [] if circuit is None else [circuit_report_section(circuit)]
+    circuit_page = ([] if circuit is None else [circuit_report_section(circuit)]) + (
+        [] if found_qk is None else [qk_report_section(found_qk, circuit, table)])
     steps.begin("components")
     sections[2:2] = [calibration_report_section(calibration), control_report_section(control, chosen), *circuit_page,
                      components_report_section(model, first.probes, component_effects(calibration), run=first.run,
@@ -209,7 +217,7 @@ class ReportSteps:
     """The report's step-level bar, e.g. ``report: calibration  3/7``: which of ``STEPS`` it is on
     (shown per ``progress``, as every bar: ``analyses.core.progress``)."""
 
-    STEPS = ("probe run", "classification", "calibration", "control", "circuit", "pattern views", "figures",
+    STEPS = ("probe run", "classification", "calibration", "control", "circuit", "qk", "pattern views", "figures",
              "components")
 
     def __init__(self, progress: bool | None, clock: StepClock | None = None):
@@ -241,10 +249,13 @@ class ReportSteps:
 def report_plan(model) -> dict[str, str]:
     """The report's plan, from the hook self-test, before any sweep: each part this model cannot
     run (``CIRCUIT``: the composition scores and path patching; ``DLA``; ``DIRECT_EFFECTS``: the
-    heads' direct effects and self-repair) -> why, in one line. Refuses in one line a model whose
+    heads' direct effects and self-repair; ``QK``: the role heads' QK attribution, which needs interp's
+    own attention, ``qk_refusal``) -> why, in one line. Refuses in one line a model whose
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
-    return left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
+    left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
+    refusal = qk_refusal(model)
+    return left if refusal is None else left | {QK: refusal}
 
 
 def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequence[str] | None,

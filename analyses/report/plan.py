@@ -142,6 +142,15 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     return cost if screen is None else cost + StepCost(2.0 * shape.share, at_most=True)
 
 
+def role_qk_cost(shape: ReportShape, heads: list[tuple[int, int, str]] | None = None) -> StepCost | None:
+    """``role_qk``'s forwards: per role head (``qk_heads``: None before the roles, so no estimate; []
+    where the model cannot run it) one run of the intervention probes through blocks 0..its layer
+    (stopped inside the last, counted whole)."""
+    if heads is None:
+        return None
+    return StepCost(shape.share * sum((layer + 1) / shape.model.cfg.n_layers for layer, _, _ in heads))
+
+
 def from_mid(model, layer: int) -> bool:
     """Whether path patching's run for a receiver in ``layer`` starts at its ``hook_resid_mid``
     (``edge_variants``: a block with one, and no norm on its attention output to recompute)."""
@@ -161,7 +170,7 @@ def no_forward_cost(shape: ReportShape) -> StepCost:
 
 REPORT_COSTS: dict[str, Callable[[ReportShape], StepCost | None]] = {
     "probe run": probe_run_cost, "classification": classification_cost, "calibration": calibration_cost,
-    "control": control_cost, "circuit": circuit_cost, "pattern views": pattern_views_cost,
+    "control": control_cost, "circuit": circuit_cost, "qk": role_qk_cost, "pattern views": pattern_views_cost,
     "figures": no_forward_cost, "components": no_forward_cost}
 
 
