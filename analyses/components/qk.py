@@ -214,6 +214,22 @@ def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos
                          head, query_pos.cpu(), key_pos.cpu(), note)
 
 
+@torch.no_grad()
+def qk_identity_gap(model, tokens: torch.Tensor) -> float:
+    """How exactly the terms add up on this model: the largest |sum of a pair's terms - the model's
+    score| over every head of the last layer (the most components) at every (query, key) pair its
+    query sees on ``tokens`` (1, pos), relative to the largest |score| there. One forward per head."""
+    layer = model.cfg.n_layers - 1
+    _, cache = cache_run(model, tokens[:1], [scores_name(layer)], logits=False)
+    query_pos, key_pos = (positions[None] for positions in torch.isfinite(cache[scores_name(layer)][0, 0]).nonzero().T)
+    gap, largest = 0.0, 0.0
+    for head in range(model.cfg.n_heads):
+        result = qk_attribution(model, tokens[:1], layer, head, query_pos.cpu(), key_pos.cpu())
+        gap = max(gap, float((result.terms.double().sum((2, 3)) - result.score.double()).abs().max()))
+        largest = max(largest, float(result.score.abs().max()))
+    return gap / largest
+
+
 def _attribute(model, attn: GroupedQueryAttention, tokens: torch.Tensor, layer: int, head: int,
                query_pos: torch.Tensor, key_pos: torch.Tensor, baseline: str | None):
     """One chunk of prompts -> (names, terms (b, pairs, C, C) float32 on the CPU, score (b, pairs))."""

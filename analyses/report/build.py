@@ -12,7 +12,9 @@
 Beside the roles, the page has a calibration section (each score against its nulls, backup
 groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``),
 the role heads against layer-matched random heads (``role_control``: ``analyses.interventions.controls``)
-and a circuit section (the edges among the role heads: ``analyses.circuits.circuit``).
+a circuit section (the edges among the role heads: ``analyses.circuits.circuit``) and why the role
+heads attend (each induction, previous-token and duplicate-token head's QK attribution on the
+intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``).
 
 The roles are chosen on the selection rows of the probe draw, every effect measured on the
 intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
