@@ -4,6 +4,8 @@ heads, and the heads' outputs add up to hook_attn_out."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -83,8 +85,12 @@ def test_interp_check_prints_the_verdicts(family_dir, capsys):
     out = capsys.readouterr().out
     assert "opt (transformer_lens)" in out and "edit hook_pattern: changes NOTHING" in out
     assert "edit hook_z: changes the output" in out
+    assert "QK attribution: refused on this model (QK attribution needs interp's own attention" in out
     assert main(["check", "--model", "toy"]) == 0
-    assert "hook shapes: all as documented" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "hook shapes: all as documented" in out
+    said = re.search(r"QK attribution: the terms add up to hook_attn_scores .*max error (\S+) of the largest", out)
+    assert said and float(said[1]) < 1e-5
 
 
 def cold_toy(factor: float):

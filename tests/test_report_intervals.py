@@ -19,9 +19,11 @@ import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
 from analyses.core.probes import probes_for
 from analyses.core.metrics import loss_metric
+from analyses.circuits.qk_check import qk_intervention_check, role_pairs
 from analyses.components.decompose import component_hooks
 from analyses.report.build import build_report, write_report
 from analyses.report.calibration_figures import FirstProbes, probe_run
+from analyses.report.qk_section import QK_PAIRS
 from analyses.roles.backup import direct_and_total_effects
 from analyses.roles.causal_check import ablation_effects
 from analyses.roles.classify import classify_heads
@@ -234,3 +236,62 @@ def test_the_self_repair_figure_draws_each_effects_interval(toy_report):
     assert vertical[:, :, 1] == pytest.approx(effects[["total_ci_low", "total_ci_high"]].to_numpy(), abs=2e-6)
     assert horizontal[:, 0, 1] == pytest.approx(effects["total"].to_numpy(), abs=2e-6)
     assert horizontal[:, :, 0] == pytest.approx(effects[["direct_ci_low", "direct_ci_high"]].to_numpy(), abs=2e-6)
+
+
+def top_named(cell: str) -> str:
+    """The first component of a ``qk_key_top`` cell ('L0H3 0.82; L0H2 0.10; ...')."""
+    return cell.split(";")[0].rsplit(" ", 1)[0]
+
+
+def test_the_induction_heads_name_the_previous_token_head_as_what_their_keys_read(toy_report, written):
+    """head_roles.csv's key-side QK attribution of each induction head against an intervention: the
+    component whose removal from that head's key input alone drops its attention on the induction
+    target the most (``qk_intervention_check``). Where removal singles one out (its drop at least
+    twice the next), the CSV names it first; the toy's previous-token head L0H3 is that component
+    for most of the induction heads, L1H5 (its strongest) among them. (The old report had no QK
+    columns.)"""
+    model, _, _ = toy_report
+    table = pd.read_csv(written / "head_roles.csv", keep_default_na=False)
+    holds = table["role"].str.split(";")
+    assert "previous_token" in holds[(table["layer"] == 0) & (table["head"] == 3)].iloc[0]
+    induction = table[holds.apply(lambda roles: "induction" in roles)]
+    probes = measured_probes(model)
+    query, key = role_pairs(probes, "induction", QK_PAIRS)
+    by_removal = {}
+    for row in induction.itertuples():
+        assert row.qk_role == "induction"
+        check = qk_intervention_check(model, probes.tokens, row.layer, row.head, query, key, side="key", n_boot=10)
+        drops = check.frame.sort_values("drop", ascending=False)
+        first, second = drops["drop"].iloc[0], drops["drop"].iloc[1]
+        if first >= 2 * second:
+            by_removal[(row.layer, row.head)] = drops["component"].iloc[0]
+            assert top_named(row.qk_key_top) == drops["component"].iloc[0], (row.layer, row.head)
+    assert len(by_removal) >= len(induction) // 2
+    strongest = table[(table["layer"] == 1) & (table["head"] == 5)]
+    assert by_removal[(1, 5)] == "L0H3" and top_named(strongest["qk_key_top"].iloc[0]) == "L0H3"
+    assert sum(component == "L0H3" for component in by_removal.values()) > len(by_removal) / 2
+
+
+def test_the_qk_contrast_is_the_heads_own_score_contrast(toy_report, written):
+    """qk_contrast: the mean over the role's pairs of the head's pre-softmax score at the target minus
+    the mean of its scores at the other keys the query sees, read here from the model's own
+    ``hook_attn_scores``; the listed shares of a side are of that contrast (the CSV's top three add
+    up to at most the whole, within rounding, where they are all positive)."""
+    model, _, _ = toy_report
+    table = pd.read_csv(written / "head_roles.csv", keep_default_na=False)
+    probes = measured_probes(model)
+    rows = table[table["qk_role"] != ""]
+    assert len(rows) >= 2
+    for row in rows.itertuples():
+        query, key = role_pairs(probes, row.qk_role, QK_PAIRS)
+        _, cache = model.run_with_cache(probes.tokens, names_filter=f"blocks.{row.layer}.attn.hook_attn_scores")
+        scores = cache[f"blocks.{row.layer}.attn.hook_attn_scores"][:, row.head].double()
+        contrasts = []
+        for prompt in range(len(query)):
+            for q, k in zip(query[prompt].tolist(), key[prompt].tolist()):
+                others = [j for j in range(q + 1) if j != k]
+                contrasts.append(scores[prompt, q, k] - scores[prompt, q, others].mean())
+        assert float(row.qk_contrast) == pytest.approx(float(torch.stack(contrasts).mean()), rel=1e-4, abs=1e-4)
+    markdown = (written / "report.md").read_text()
+    assert "## Why the role heads attend" in markdown and "figures/qk.png" in markdown
+    assert "| L0H3 -> L1H5.k |" in markdown  # the revealed edge, beside its composition score and path patching

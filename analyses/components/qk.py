@@ -137,15 +137,27 @@ def _side_frame(names: Sequence[str], values: torch.Tensor, side: str, n_boot: i
 
 def qk_attention(model, layer: int) -> GroupedQueryAttention:
     """Block ``layer``'s attention module; refused in one line where it is not interp's own (the
-    norms and rotation inside the score are then out of reach)."""
+    norms and rotation inside the score are then out of reach: ``qk_refusal``)."""
     if not 0 <= layer < model.cfg.n_layers:
         raise UserError(f"layer={layer} must be in [0, {model.cfg.n_layers})")
     attn = getattr(model.blocks[layer], "attn", None)
     if not isinstance(attn, GroupedQueryAttention):
-        raise UserError(f"QK attribution needs interp's own attention to freeze the norms and the rotation inside a "
-                        f"head's score; this {model_family(model)} model is a {type(model).__name__} "
-                        f"(impl={model_impl(model)}): load it with impl='scratch'")
+        raise UserError(_refusal(model))
     return attn
+
+
+def qk_refusal(model) -> str | None:
+    """Why this model's scores cannot be split (one line), or None where every block's attention is
+    interp's own (``GroupedQueryAttention``)."""
+    if all(isinstance(getattr(block, "attn", None), GroupedQueryAttention) for block in model.blocks):
+        return None
+    return _refusal(model)
+
+
+def _refusal(model) -> str:
+    return (f"QK attribution needs interp's own attention to freeze the norms and the rotation inside a head's "
+            f"score; this {model_family(model)} model is a {type(model).__name__} (impl={model_impl(model)}): "
+            "load it with impl='scratch'")
 
 
 def _pairs(tokens: torch.Tensor, query_pos, key_pos) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,6 +212,22 @@ def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos
         note = f"{note}, minus its mean over the other keys the query sees"
     return QKAttribution(names, torch.cat([p[1] for p in pieces]), torch.cat([p[2] for p in pieces]), baseline, layer,
                          head, query_pos.cpu(), key_pos.cpu(), note)
+
+
+@torch.no_grad()
+def qk_identity_gap(model, tokens: torch.Tensor) -> float:
+    """How exactly the terms add up on this model: the largest |sum of a pair's terms - the model's
+    score| over every head of the last layer (the most components) at every (query, key) pair its
+    query sees on ``tokens`` (1, pos), relative to the largest |score| there. One forward per head."""
+    layer = model.cfg.n_layers - 1
+    _, cache = cache_run(model, tokens[:1], [scores_name(layer)], logits=False)
+    query_pos, key_pos = (positions[None] for positions in torch.isfinite(cache[scores_name(layer)][0, 0]).nonzero().T)
+    gap, largest = 0.0, 0.0
+    for head in range(model.cfg.n_heads):
+        result = qk_attribution(model, tokens[:1], layer, head, query_pos.cpu(), key_pos.cpu())
+        gap = max(gap, float((result.terms.double().sum((2, 3)) - result.score.double()).abs().max()))
+        largest = max(largest, float(result.score.abs().max()))
+    return gap / largest
 
 
 def _attribute(model, attn: GroupedQueryAttention, tokens: torch.Tensor, layer: int, head: int,

@@ -1,1 +1,1 @@
-"""What a reader sees: the head-role report (tables, figures, the page and its assets), calibration and intervention figures, the attention map, model comparison, meta.json."""
+"""What a reader sees: the head-role report (tables, figures, the page and its assets), calibration and intervention figures, why the role heads attend (QK attribution), the attention map, model comparison, meta.json."""

@@ -12,8 +12,10 @@
 Beside the roles, the page has a calibration section (each score against its nulls, backup
 groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``),
 the role heads against layer-matched random heads without the role (``role_control``:
-``analyses.interventions.controls``) and a circuit section (the edges among the role heads:
-``analyses.circuits.circuit``).
+``analyses.interventions.controls``),
+a circuit section (the edges among the role heads: ``analyses.circuits.circuit``) and why the role
+heads attend (each induction, previous-token and duplicate-token head's QK attribution on the
+intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``).
 
 The roles are chosen on the selection rows of the probe draw, every effect measured on the
 intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
@@ -67,7 +69,10 @@ from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, 
 from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
-from analyses.report.plan import DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate
+from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate,
+                                  role_qk_cost)
+from analyses.report.qk_section import QK, qk_heads, qk_report_section, role_qk, with_qk
+from analyses.components.qk import qk_refusal
 from analyses.report.sections import ReportSection, chosen_sections, run_sections, section_data, section_of
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
@@ -386,7 +391,22 @@ def circuit_result(context: ReportContext, results: dict) -> dict:
     circuit = chosen_edges(c.model, circuit_section(
         c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb, progress=c.progress, run=c.first.run,
         skip_roles=skipped, screen=c.circuit_screen), c.selection, seed=c.seed, memory_mb=c.step_mb, progress=c.progress)
-    return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit)}
+    return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit),
+            "edges": circuit.edges}
+
+
+def qk_result(context: ReportContext, results: dict) -> dict:
+    """Why the role heads attend (``role_qk``: each induction, previous-token and duplicate-token head's
+    QK attribution of its contrast on the intervention probes), its edges beside the circuit's where the
+    circuit ran, and the head table's ``qk_*`` columns; no section where the plan left it out."""
+    c = context
+    if QK in c.left:
+        return {"section": None, "heads": None}
+    table = roles_table(c, results)
+    c.estimate.at_start("qk", role_qk_cost(c.shape, qk_heads(table)), c.progress)
+    found = role_qk(c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb)
+    edges = (results.get("circuit") or {}).get("edges")
+    return {"section": section_data(qk_report_section(found, edges, table)), "heads": found.heads}
 
 
 def components_result(context: ReportContext, results: dict) -> dict:
@@ -406,7 +426,8 @@ REPORT_SECTIONS = (
     ReportSection("ablation", "Ablation effects", (), 1, ablation_result),
     ReportSection("calibration", "Calibration", ("ablation",), 1, calibration_result),
     ReportSection("control", "Role heads vs layer-matched random heads", (), 1, control_result),
-    ReportSection("circuit", "Circuit", (), 1, circuit_result),
+    ReportSection("circuit", "Circuit", (), 2, circuit_result),
+    ReportSection("qk", "Why the role heads attend", (), 1, qk_result),
     ReportSection("components", "Components", ("ablation",), 1, components_result),
 )
 
@@ -419,14 +440,18 @@ def roles_table(context: ReportContext, results: dict) -> pd.DataFrame:
 
 
 def report_table(context: ReportContext, results: dict) -> pd.DataFrame:
-    """The head table (head_roles.csv): the roles, and the heads' ablation effects once that section landed."""
-    ablation = results.get("ablation")
+    """The head table (head_roles.csv): the roles, the heads' ablation effects once that section
+    landed, and the role heads' QK attribution once that one did."""
+    ablation, qk = results.get("ablation"), results.get("qk")
     if ablation is None:
-        return roles_table(context, results)
-    roles = results["roles"]
-    table = head_table(roles["scores"], total_effects(ablation["effects"]), context.thresholds,
-                       fdr=context.fdr or DEFAULT_FDR, calibration=roles["calibration"] if context.calibrated else None)
-    return with_direct_effects(table, ablation["effects"])
+        table = roles_table(context, results)
+    else:
+        roles = results["roles"]
+        table = with_direct_effects(head_table(roles["scores"], total_effects(ablation["effects"]), context.thresholds,
+                                               fdr=context.fdr or DEFAULT_FDR,
+                                               calibration=roles["calibration"] if context.calibrated else None),
+                                    ablation["effects"])
+    return table if qk is None or qk["heads"] is None else with_qk(table, qk["heads"])
 
 
 def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: dict, store: Steps | None) -> HeadReport:
@@ -534,7 +559,7 @@ class ReportSteps:
     and the chosen sections; ``STEPS``: every one) it is on
     (shown per ``progress``, as every bar: ``analyses.core.progress``)."""
 
-    STEPS = ("probe run", "roles", "ablation", "calibration", "control", "circuit", "components")
+    STEPS = ("probe run", "roles", "ablation", "calibration", "control", "circuit", "qk", "components")
 
     def __init__(self, progress: bool | None, clock: StepClock | None = None, steps: Sequence[str] = STEPS):
         self.bar = progress_bar(total=len(steps), progress=progress, desc="report", unit="step")
@@ -565,10 +590,13 @@ class ReportSteps:
 def report_plan(model) -> dict[str, str]:
     """The report's plan, from the hook self-test, before any sweep: each part this model cannot
     run (``CIRCUIT``: the composition scores and path patching; ``DLA``; ``DIRECT_EFFECTS``: the
-    heads' direct effects and self-repair) -> why, in one line. Refuses in one line a model whose
+    heads' direct effects and self-repair; ``QK``: the role heads' QK attribution, which needs interp's
+    own attention, ``qk_refusal``) -> why, in one line. Refuses in one line a model whose
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
-    return left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
+    left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
+    refusal = qk_refusal(model)
+    return left if refusal is None else left | {QK: refusal}
 
 
 def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequence[str] | None,

@@ -146,6 +146,15 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     return cost if screen is None else cost + StepCost(2.0 * shape.share, at_most=True)
 
 
+def role_qk_cost(shape: ReportShape, heads: list[tuple[int, int, str]] | None = None) -> StepCost | None:
+    """``role_qk``'s forwards: per role head (``qk_heads``: None before the roles, so no estimate; []
+    where the model cannot run it) one run of the intervention probes through blocks 0..its layer
+    (stopped inside the last, counted whole)."""
+    if heads is None:
+        return None
+    return StepCost(shape.share * sum((layer + 1) / shape.model.cfg.n_layers for layer, _, _ in heads))
+
+
 def from_mid(model, layer: int) -> bool:
     """Whether path patching's run for a receiver in ``layer`` starts at its ``hook_resid_mid``
     (``edge_variants``: a block with one, and no norm on its attention output to recompute)."""
@@ -160,7 +169,8 @@ def no_forward_cost(shape: ReportShape) -> StepCost:
 
 REPORT_COSTS: dict[str, Callable[[ReportShape], StepCost | None]] = {
     "probe run": probe_run_cost, "roles": roles_cost, "ablation": ablation_cost, "calibration": calibration_cost,
-    "control": control_cost, "circuit": circuit_cost, "components": no_forward_cost}
+    "control": control_cost, "circuit": circuit_cost, "qk": role_qk_cost,
+    "components": no_forward_cost}
 
 
 def report_estimate(shape: ReportShape, steps: Sequence[str], seconds_per_fe: float) -> CostEstimate:
