@@ -209,11 +209,15 @@ def test_every_command_parses():
 
 @pytest.mark.parametrize("page", COMMAND_PAGES)
 def test_commands_run(page, workdir):
+    """A page's unmarked commands run in order in one working directory; what it quotes of their
+    outputs is what they wrote."""
     for block in page_blocks(page):
         if block.lang in SHELL:
             for command in commands(block):
                 if command.not_run is None:
                     run_command(command)
+    if page in COMMAND_CHECKS:
+        COMMAND_CHECKS[page](workdir)
 
 
 def trailing_comment(block: Block, after: str) -> str:
@@ -239,7 +243,7 @@ def readme_prints_the_effect_it_quotes(page: list[Block], namespace: dict, print
     quoted = quoted_output(next(b for b in page if b.lang == "python"), "print(ablated")
     assert [line.split() for line in quoted] == [line.split() for line in printed.splitlines()[-2:]]
     roles = namespace["roles"].query("role != ''")
-    assert set(zip(roles.layer, roles.head, roles.role)) == {(0, 3, "previous_token")} | {
+    assert set(zip(roles["layer"], roles["head"], roles["role"])) == {(0, 3, "previous_token")} | {
         (1, head, "induction") for head in range(8)}
 
 
@@ -249,6 +253,7 @@ def interventions_quotes_what_describe_says(page: list[Block], namespace: dict, 
     assert quoted == repr(namespace["found"].describe())
 
 
+COMMAND_CHECKS: dict = {}  # page -> check(workdir) of the files its commands wrote
 OUTPUT_CHECKS = {"README.md": readme_prints_the_effect_it_quotes,
                  "docs/guides/interventions.md": interventions_quotes_what_describe_says}
 
