@@ -2,11 +2,12 @@
 
 - Python: each page's ```python blocks run in order in one namespace (a block may use what an earlier
   block of the same page defined; a page is self-contained), in a temporary working directory.
-- Commands: every ``interp ...`` line of a ```bash block (lines continued with ``\\`` joined) is parsed by
+- Commands: every ``interp ...`` line of a ```bash (or unlabelled) block, lines continued with ``\\`` joined, is parsed by
   the real argument parser, so a wrong flag or command name fails; every command not marked is run
   in-process (``analyses.cli.main``) in a temporary working directory and must exit 0.
 - The working directory holds what the examples name: the repository's ``examples/`` and, for the
-  placeholders ``path/to/gpt2``, ``path/to/model-dir`` and ``DIR``, tiny random-init GPT-2 directories.
+  placeholders (``path/to/gpt2``, ``path/to/model-dir``, ``DIR``, ``path/to/llama-dir``, ... : ``PLACEHOLDERS``),
+  tiny random-init models of that family.
 
 The convention for an example that cannot run here (a GPU, a hub id, a placeholder, minutes of CPU):
 ``<!-- not run: REASON -->`` on the line right before a fence marks the whole block; a command line whose
