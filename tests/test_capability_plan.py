@@ -61,7 +61,8 @@ def test_a_report_leaves_out_the_circuit_and_dla_and_says_why(tmp_path, monkeypa
     out = tmp_path / "report"
     assert main(["report", "--model", "toy", "--prompts", "4", "--out", str(out), "--quiet"]) == 0
     assert {"index.html", "report.md", "head_roles.csv", "meta.json"} <= {p.name for p in out.iterdir()}
-    reasons = {part: f"{part} " + WRITES.format(family="interp-gpt") for part in ("circuit", "direct logit attribution")}
+    reasons = {part: f"{part} " + WRITES.format(family="interp-gpt")
+               for part in ("circuit", "direct logit attribution", "QK attribution")}
     assert json.loads((out / "meta.json").read_text())["left_out"] == reasons
     markdown, page = (out / "report.md").read_text(), (out / "index.html").read_text()
     assert "## Left out" in markdown
@@ -71,7 +72,7 @@ def test_a_report_leaves_out_the_circuit_and_dla_and_says_why(tmp_path, monkeypa
     assert ">Left out<" in page and page.count("does not give hook_attn_out") >= 2
     figures = {p.stem for p in (out / "figures").iterdir()}
     assert "logit_lens" in figures and "role_scores" in figures  # what could run did
-    assert not {"circuit", "dla"} & figures
+    assert not {"circuit", "dla", "qk"} & figures
 
 
 def test_a_report_refuses_before_the_probe_run_where_head_ablation_cannot_run(monkeypatch):

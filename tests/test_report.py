@@ -308,4 +308,4 @@ def test_report_roles_are_one_fdr_family_with_the_copying_roles(scratch_report):
         named = table["role"].str.split(";").apply(lambda listed: role in listed)
         assert (named == ((table[f"{role}_q"] <= 0.05) & (table[role] >= 0.4))).all()
     markdown = (scratch_report / "report.md").read_text()
-    assert "- **copying**:" in markdown and "- **copy_suppression**:" in markdown
+    assert all(f"- **{role}** (read from the OV circuit alone" in markdown for role in ("copying", "copy_suppression"))

@@ -16,7 +16,7 @@ from analyses.cli import main
 from interp.model import GPTModel
 
 ARGS = ["--model", "toy", "--prompts", "4", "--seq-len", "32", "--intervention-prompts", "2"]
-LATER = ["ablation", "calibration", "control", "circuit", "components"]
+LATER = ["ablation", "calibration", "control", "circuit", "qk", "components"]
 
 
 class Stopped(Exception):
@@ -126,14 +126,14 @@ def test_sections_choose_a_subset_and_a_resume_adds_the_rest(uninterrupted, tmp_
     assert meta["sections"] == {"chosen": ["roles", "control"], "pending": []}
     assert sorted(meta["cost"]["steps"]) == ["control", "probe run", "roles"]
     markdown = (out / "report.md").read_text()
-    assert "Not chosen by `--sections`: ablation, calibration, circuit, components." in markdown
+    assert "Not chosen by `--sections`: ablation, calibration, circuit, qk, components." in markdown
     assert "## Role heads vs layer-matched random heads" not in markdown  # the control's title names the role
     assert "## Induction heads vs layer-matched random heads" in markdown and "## Calibration" not in markdown
     assert "ablation_effect" not in pd.read_csv(out / "head_roles.csv").columns
     assert report(out, "--resume") == 0
     assert_same_files(out, uninterrupted)
     assert reused(out) == {"probe run": False, "roles": True, "ablation": False, "calibration": False,
-                           "control": True, "circuit": False, "components": False}
+                           "control": True, "circuit": False, "qk": False, "components": False}
 
 
 def test_a_section_needs_what_it_reads(tmp_path):
@@ -161,10 +161,10 @@ def test_plan_prints_each_section_with_its_cost_and_runs_no_forward(tmp_path, mo
     out = tmp_path / "plan"
     assert report(out, "--plan", "--sections", "calibration") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("interp report plan: 3 of 6 sections")
+    assert lines[0].startswith("interp report plan: 3 of 7 sections")
     assert [line.split(":")[0].strip() for line in lines[1:5]] == ["probe run", "roles", "ablation", "calibration"]
     assert all(" FE" in line for line in lines[1:5]) and "<= " in lines[4] and "needs ablation" in lines[4]
-    assert lines[5] == "  not chosen: control, circuit, components"
+    assert lines[5] == "  not chosen: control, circuit, qk, components"
     assert forwards == [] and not out.exists()
 
 
@@ -172,4 +172,4 @@ def test_an_unknown_section_is_refused_in_one_line(capsys):
     assert main(["report", *ARGS, "--sections", "roles,ablations"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert errors == ["interp report: error: --sections: no section 'ablations'; the sections are roles, ablation, "
-                      "calibration, control, circuit, components"]
+                      "calibration, control, circuit, qk, components"]

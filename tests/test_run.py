@@ -37,7 +37,8 @@ def test_report_runs_the_probe_batch_once(toy):
     """Count the probe rows the model embeds, as ``benchmarks/bench_report.py`` does (a forward of any
     subset or chunk of the probes counts its share): the report's steps, the components section's 16
     prompts included, all read one ``Run`` of the intervention probes, so those go through the model
-    once; of the probes that choose the roles, only the selection rows the report's lists are chosen
+    once, and once more for the QK section (one forward stopped at the last role head's layer, which
+    keeps the scores, queries and keys the probe run does not: every role head's split reads it); of the probes that choose the roles, only the selection rows the report's lists are chosen
     on (``selection_probes``: ``LIST_PROMPTS`` of them, half the intervention probes) go through again, three more times:
     their run, the backup pairs' first-order screen (a forward with its backward) and the circuit's
     edge attribution on their clean prompts; every other choosing probe once."""
@@ -62,7 +63,7 @@ def test_report_runs_the_probe_batch_once(toy):
         handle.remove()
     selection = min(LIST_PROMPTS, DEFAULT_INTERVENTION_PROMPTS, n_prompts)
     assert selection < DEFAULT_INTERVENTION_PROMPTS  # the lists are chosen on fewer rows than measure
-    assert passes[:DEFAULT_INTERVENTION_PROMPTS].eq(1).all(), passes
+    assert passes[:DEFAULT_INTERVENTION_PROMPTS].eq(2).all(), passes
     chosen_on = passes[DEFAULT_INTERVENTION_PROMPTS:]
     assert chosen_on[selection:].eq(1).all() and chosen_on[:selection].eq(4).all(), passes
 

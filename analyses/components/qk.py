@@ -44,7 +44,7 @@ the rotation the split needs; a model without it (a TransformerLens bridge) is r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 import seaborn as sns
@@ -185,14 +185,17 @@ def chunk_prompts(model, layer: int, n_pos: int, n_pairs: int, memory_mb: float)
 
 @torch.no_grad()
 def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos, key_pos,
-                   baseline: str | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB) -> QKAttribution:
+                   baseline: str | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
+                   cache: Mapping[str, torch.Tensor] | None = None) -> QKAttribution:
     """Head ``head`` of block ``layer``: its pre-softmax score at each (query, key) pair split over the
     components of its input residual (module docstring).
 
     tokens: (prompts, positions) token ids; query_pos, key_pos: (prompts, pairs) the pairs, each key
     one the model lets its query see. ``baseline``: None (the score) or ``"mean_other_keys"`` (the
     score minus the mean score of the other keys the query sees). Chunked over prompts within
-    ``memory_mb`` (one forward per chunk, stopped at the layer)."""
+    ``memory_mb`` (one forward per chunk, stopped at the layer). ``cache``: the activations of a
+    forward of ``tokens`` already made, holding ``qk_hooks(model, layer)`` for every prompt (as
+    ``cache_run`` returns them): no forward runs, so several heads can share one."""
     check_choice("baseline", baseline, BASELINES)
     attn = qk_attention(model, layer)
     if not 0 <= head < model.cfg.n_heads:
@@ -203,7 +206,9 @@ def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos
     query_pos, key_pos = _pairs(tokens, query_pos, key_pos)
     chunk = chunk_prompts(model, layer, tokens.shape[1], query_pos.shape[1], memory_mb)
     pieces = [_attribute(model, attn, tokens[at:at + chunk], layer, head, query_pos[at:at + chunk],
-                         key_pos[at:at + chunk], baseline) for at in range(0, len(tokens), chunk)]
+                         key_pos[at:at + chunk], baseline,
+                         None if cache is None else {name: cache[name][at:at + chunk] for name in qk_hooks(model, layer)})
+              for at in range(0, len(tokens), chunk)]
     names = pieces[0][0]
     cap = attn.soft_cap
     note = ("the pre-softmax score" if cap is None else
@@ -230,12 +235,20 @@ def qk_identity_gap(model, tokens: torch.Tensor) -> float:
     return gap / largest
 
 
+def qk_hooks(model, layer: int) -> list[str]:
+    """The hooks a split of block ``layer``'s scores reads: the components of its input residual, its
+    scores, queries and keys."""
+    return [*component_hooks(model, layer=layer), scores_name(layer), qkv_name(layer, "q"), qkv_name(layer, "k")]
+
+
 def _attribute(model, attn: GroupedQueryAttention, tokens: torch.Tensor, layer: int, head: int,
-               query_pos: torch.Tensor, key_pos: torch.Tensor, baseline: str | None):
-    """One chunk of prompts -> (names, terms (b, pairs, C, C) float32 on the CPU, score (b, pairs))."""
+               query_pos: torch.Tensor, key_pos: torch.Tensor, baseline: str | None,
+               cache: Mapping[str, torch.Tensor] | None = None):
+    """One chunk of prompts (``cache``: its activations, else a forward is made) -> (names, terms
+    (b, pairs, C, C) float32 on the CPU, score (b, pairs))."""
     group = head // attn.group_size
-    wanted = [*component_hooks(model, layer=layer), scores_name(layer), qkv_name(layer, "q"), qkv_name(layer, "k")]
-    _, cache = cache_run(model, tokens, wanted, logits=False)
+    if cache is None:
+        _, cache = cache_run(model, tokens, qk_hooks(model, layer), logits=False)
     parts = decompose_residual(model, cache, layer=layer)
     names = list(parts.components["component"])
     resid = cache[f"blocks.{layer}.hook_resid_pre"]

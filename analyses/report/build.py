@@ -594,9 +594,10 @@ def report_plan(model) -> dict[str, str]:
     own attention, ``qk_refusal``) -> why, in one line. Refuses in one line a model whose
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
-    left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model)})
+    left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model),
+                            QK: DLA_NEEDS})  # the split reads the residual's decomposition, as DLA does
     refusal = qk_refusal(model)
-    return left if refusal is None else left | {QK: refusal}
+    return left if refusal is None or QK in left else left | {QK: refusal}
 
 
 def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequence[str] | None,

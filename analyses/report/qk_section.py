@@ -26,7 +26,8 @@ from analyses.circuits.circuit import circuit_figure, with_roles
 from analyses.circuits.composition import head_label
 from analyses.circuits.edges import KEY_COLUMNS
 from analyses.circuits.qk_check import PAIR_ROLES, role_pairs
-from analyses.components.qk import qk_attribution
+from analyses.components.qk import qk_attribution, qk_hooks
+from analyses.interventions.engine import cache_run
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.plots import png_bytes
 from analyses.core.probes import RepeatedProbes
@@ -68,12 +69,18 @@ def qk_heads(table: pd.DataFrame) -> list[tuple[int, int, str]]:
 def role_qk(model, table: pd.DataFrame, probes: RepeatedProbes, *, seed: int = 0,
             memory_mb: float = DEFAULT_MEMORY_MB) -> RoleQK:
     """Each role head's contrast attribution (module docstring) on ``probes``, up to ``QK_PAIRS``
-    pairs per probe, with the sides' 95% intervals (bootstrap over prompts, ``seed``)."""
+    pairs per probe, with the sides' 95% intervals (bootstrap over prompts, ``seed``). One forward of
+    the probes, stopped at the last role head's layer, serves every head (``qk_hooks``)."""
     rows, sides, pairs = [], [], 0
-    for layer, head, role in qk_heads(table):
+    heads = qk_heads(table)
+    wanted = list(dict.fromkeys(name for layer in sorted({layer for layer, _, _ in heads})
+                                for name in qk_hooks(model, layer)))
+    _, cache = cache_run(model, probes.tokens, wanted, logits=False) if heads else (None, None)
+    for layer, head, role in heads:
         query, key = role_pairs(probes, role, QK_PAIRS)
         pairs = max(pairs, int(query.shape[1]))
-        result = qk_attribution(model, probes.tokens, layer, head, query, key, "mean_other_keys", memory_mb=memory_mb)
+        result = qk_attribution(model, probes.tokens, layer, head, query, key, "mean_other_keys", memory_mb=memory_mb,
+                                cache=cache)
         contrast = float(result.score.mean())
         found = pd.concat([result.key_side(seed=seed), result.query_side(seed=seed)], ignore_index=True)
         found = found.assign(layer=layer, head=head, role=role, share=found["attribution"] / contrast)
