@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import rankdata
 
 from analyses.components.decompose import decompose_residual
 from analyses.components.qk import chunk_prompts, qk_attribution
@@ -104,10 +103,10 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
     spearman = _spearman(attr_means, drop_means)
     overlap = _overlap(attr_means, drop_means, k)
     full_attr, full_drop = per_side.mean(0, keepdim=True), drops.mean(0, keepdim=True)
-    frame = pd.DataFrame({"component": list(names), "attribution": full_attr[0].numpy(), "drop": full_drop[0].numpy()})
+    frame = pd.DataFrame({"component": list(names), "attribution": full_attr[0].cpu().numpy(), "drop": full_drop[0].cpu().numpy()})
     for column, means in (("attribution", attr_means), ("drop", drop_means)):
         low, high = percentile_bounds(means)
-        frame[f"{column}_ci_low"], frame[f"{column}_ci_high"] = low.numpy(), high.numpy()
+        frame[f"{column}_ci_low"], frame[f"{column}_ci_high"] = low.cpu().numpy(), high.cpu().numpy()
     return QKCheck(frame, float(_spearman(full_attr, full_drop)[0]), _bounds(spearman),
                    float(_overlap(full_attr, full_drop, k)[0]), _bounds(overlap), k, side, len(tokens))
 
@@ -139,7 +138,7 @@ def _drops(model, tokens: torch.Tensor, layer: int, head: int, query_pos: torch.
 
 def _spearman(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     """Row-wise Spearman correlation of a, b (rows, C) (ties averaged) -> (rows,)."""
-    ranks_a, ranks_b = (rankdata(x.numpy(), axis=1) for x in (a, b))
+    ranks_a, ranks_b = (pd.DataFrame(x.cpu().double().numpy()).rank(axis=1).to_numpy() for x in (a, b))
     ranks_a, ranks_b = ranks_a - ranks_a.mean(1, keepdims=True), ranks_b - ranks_b.mean(1, keepdims=True)
     return (ranks_a * ranks_b).sum(1) / np.sqrt((ranks_a ** 2).sum(1) * (ranks_b ** 2).sum(1))
 
@@ -147,7 +146,7 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 def _overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> np.ndarray:
     """Row-wise share of the top ``k`` entries of a (rows, C) that are among the top ``k`` of b -> (rows,)."""
     top_a, top_b = a.topk(k, dim=1).indices, b.topk(k, dim=1).indices
-    return (top_a[:, :, None] == top_b[:, None, :]).any(-1).double().mean(1).numpy()
+    return (top_a[:, :, None] == top_b[:, None, :]).any(-1).double().mean(1).cpu().numpy()
 
 
 def _bounds(values: np.ndarray) -> tuple[float, float]:

@@ -7,6 +7,7 @@ import argparse
 from analyses.components.qk import qk_identity_gap, qk_refusal
 from analyses.core.hook_check import check_hooks, probe_tokens
 from analyses.cli.args import add_model_args, load_cli_model
+from interp.errors import UserError
 
 QK_TOLERANCE = 1e-4  # relative, as tests/test_qk.py checks the identity; bfloat16 products (--precision mixed) exceed it
 
@@ -29,7 +30,10 @@ def qk_line(model) -> str:
     refusal = qk_refusal(model)
     if refusal is not None:
         return f"QK attribution: refused on this model ({refusal})"
-    gap = qk_identity_gap(model, probe_tokens(model))
+    try:
+        gap = qk_identity_gap(model, probe_tokens(model))
+    except UserError as refused:  # e.g. a residual that its parts do not add up to: nothing to split
+        return f"QK attribution: not stated on this model ({refused})"
     verdict = "add up to" if gap <= QK_TOLERANCE else "do NOT add up to"
     return (f"QK attribution: the terms {verdict} hook_attn_scores (the last layer's heads, every pair the self-test "
             f"prompt's queries see; max error {gap:.1e} of the largest |score|, tolerance {QK_TOLERANCE:.0e})")

@@ -120,7 +120,7 @@ class QKAttribution:
         estimate, low, high = bootstrap_ratio(sums, torch.full((n_prompts,), float(n_pairs)), n_boot=n_boot, seed=seed)
         return pd.DataFrame({"query_component": [self.names[int(i) // n_comp] for i in picked],
                              "key_component": [self.names[int(i) % n_comp] for i in picked],
-                             "attribution": estimate.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
+                             "attribution": estimate.cpu().numpy(), "ci_low": low.cpu().numpy(), "ci_high": high.cpu().numpy(),
                              "n_prompts": n_prompts})
 
 
@@ -130,8 +130,8 @@ def _side_frame(names: Sequence[str], values: torch.Tensor, side: str, n_boot: i
     n_prompts, n_pairs, _ = values.shape
     estimate, low, high = bootstrap_ratio(values.sum(1), torch.full((n_prompts,), float(n_pairs)), n_boot=n_boot,
                                           seed=seed)
-    frame = pd.DataFrame({"component": list(names), "side": side, "attribution": estimate.numpy(),
-                          "ci_low": low.numpy(), "ci_high": high.numpy(), "n_prompts": n_prompts})
+    frame = pd.DataFrame({"component": list(names), "side": side, "attribution": estimate.cpu().numpy(),
+                          "ci_low": low.cpu().numpy(), "ci_high": high.cpu().numpy(), "n_prompts": n_prompts})
     return frame.reindex(frame["attribution"].abs().sort_values(ascending=False).index).reset_index(drop=True)
 
 
@@ -349,7 +349,7 @@ def qk_figure(result: QKAttribution, top: int = 10) -> Figure:
     key_side, query_side = result.key_side().head(top), result.query_side().head(top)
     rows = [result.names.index(name) for name in query_side["component"]]
     columns = [result.names.index(name) for name in key_side["component"]]
-    grid = pd.DataFrame(result.terms.mean((0, 1))[rows][:, columns].numpy(), index=query_side["component"],
+    grid = pd.DataFrame(result.terms.mean((0, 1))[rows][:, columns].cpu().numpy(), index=query_side["component"],
                         columns=key_side["component"])
     figure = new_figure(figsize=(15, 0.35 * top + 2.5))
     heat, query_ax, key_ax = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.4, 1, 1]})

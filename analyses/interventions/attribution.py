@@ -197,6 +197,6 @@ def shortlist_patch_heads(
     for column, values in (("effect", screened.values.flatten()[exact_cells].cpu().double() - float(baseline)),
                            ("ci_low", low), ("ci_high", high)):
         frame[column] = float("nan")
-        frame.loc[rows, column] = values.numpy()
+        frame.loc[rows, column] = values.cpu().numpy()
     frame["n_prompts"] = pd.array([n_prompts if exact else pd.NA for exact in frame["exact"]], dtype="Int64")
     return frame

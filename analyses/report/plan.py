@@ -147,12 +147,13 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
 
 
 def role_qk_cost(shape: ReportShape, heads: list[tuple[int, int, str]] | None = None) -> StepCost | None:
-    """``role_qk``'s forwards: per role head (``qk_heads``: None before the roles, so no estimate; []
-    where the model cannot run it) one run of the intervention probes through blocks 0..its layer
-    (stopped inside the last, counted whole)."""
+    """``role_qk``'s forward: one run of the intervention probes through blocks 0..the last role head's
+    layer (stopped inside it, counted whole), which every role head's split reads (``qk_heads``: None
+    before the roles, so no estimate; [] where the model cannot run it or has no role head: none)."""
     if heads is None:
         return None
-    return StepCost(shape.share * sum((layer + 1) / shape.model.cfg.n_layers for layer, _, _ in heads))
+    last = max((layer for layer, _, _ in heads), default=-1)
+    return StepCost(shape.share * (last + 1) / shape.model.cfg.n_layers)
 
 
 def from_mid(model, layer: int) -> bool:
