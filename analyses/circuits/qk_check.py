@@ -94,7 +94,7 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
     drops = torch.cat([_drops(model, tokens[at:at + chunk], layer, head, query_pos[at:at + chunk],
                               key_pos[at:at + chunk], side) for at in range(0, len(tokens), chunk)])
     n_parts = drops.shape[1]  # the residual's parts; the extra terms (biases, ALiBi) cannot be removed from the input
-    names, per_side = attribution.names[:n_parts], per_side[:, :n_parts].double()
+    names, per_side = attribution.names[:n_parts], per_side[:, :n_parts].cpu().double()
     if k < 1:
         raise UserError(f"k={k} must be at least 1")
     k = min(k, n_parts)
@@ -123,7 +123,7 @@ def _drops(model, tokens: torch.Tensor, layer: int, head: int, query_pos: torch.
         hooks = [] if edit is None else [(qkv_input_name(layer, which), edit)]
         with model.hooks(fwd_hooks=hooks):
             _, cache = cache_run(model, tokens, [pattern_name(layer)], logits=False)
-        return cache[pattern_name(layer)][:, head].double().cpu()[rows, query_pos, key_pos].mean(1)
+        return cache[pattern_name(layer)][:, head].cpu().double()[rows, query_pos, key_pos].mean(1)
 
     def removing(part: torch.Tensor):
         def edit(copies, hook):  # (b, pos, head, d_model): this head's copy only
