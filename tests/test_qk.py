@@ -227,6 +227,36 @@ def test_the_planted_heads_removal_from_the_key_input_agrees_with_the_attributio
     assert check.overlap == 1.0 and check.overlap_ci == (1.0, 1.0)
 
 
+@pytest.mark.parametrize("side", ["key", "query"])
+def test_the_drops_run_from_the_heads_layer_equal_full_forwards_with_hand_written_hooks(side):
+    """The check's removals start at the head's layer (the engine's suffix-only run); a full forward
+    from the tokens under a plain hook subtracting the part from this head's own input must agree."""
+    from analyses.circuits.qk_check import _drops
+
+    model = from_hf(*sharp("llama"))  # RoPE and grouped keys: head 3 reads key/value group 1
+    tokens, query, key = pairs()
+    parts = decompose_residual(model, tokens, layer=LAYER).parts
+    which, rows = ("k" if side == "key" else "q"), torch.arange(N_PROMPTS)[:, None]
+
+    def attention(part=None) -> torch.Tensor:
+        def edit(copies, hook):
+            copies[:, :, HEAD] -= part
+            return copies
+        hooks = [] if part is None else [(f"blocks.{LAYER}.hook_{which}_input", edit)]
+        model.set_use_split_qkv_input(True)
+        try:
+            with model.hooks(fwd_hooks=hooks):
+                _, cache = model.run_with_cache(tokens)
+        finally:
+            model.set_use_split_qkv_input(False)
+        return cache[f"blocks.{LAYER}.attn.hook_pattern"][:, HEAD].double()[rows, query, key].mean(1)
+
+    expected = torch.stack([attention() - attention(part) for part in parts], dim=1)
+    assert float(expected.abs().max()) > 0.01  # some removal moves the attention
+    torch.testing.assert_close(_drops(model, tokens, LAYER, HEAD, query, key, side, 64.0), expected,
+                               atol=1e-6, rtol=0)
+
+
 def test_role_pairs_are_the_roles_targets():
     from analyses.circuits.qk_check import role_pairs
     from analyses.core.probes import probes_for

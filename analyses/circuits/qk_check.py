@@ -16,8 +16,9 @@ component of the head's input residual (``decompose_residual(model, tokens, laye
 The agreement is the Spearman rank correlation of the two over the components and the overlap of
 their top ``k`` (the largest attributions and the largest drops), each with a percentile bootstrap
 interval over prompts (``analyses.core.stats.resample_weights``: every resample recomputes both
-means on the same prompts). Cost: one forward per component (stopped at the head's layer) per chunk
-of prompts, plus ``qk_attribution``'s.
+means on the same prompts). Cost: per chunk of prompts one clean forward, then per component only
+the head's own layer's attention where the model can start a forward part-way (GPTModel; a
+TransformerBridge runs every layer up to it), plus ``qk_attribution``'s.
 
 ``role_pairs`` gives the pairs a role defines on repeated-segment probes: each query where the role
 has a target, with that target as its key (``analyses.roles.classify.probe_targets``).
@@ -38,7 +39,7 @@ from analyses.core.hook_names import pattern_name, qkv_input_name
 from analyses.core.probes import RepeatedProbes
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
 from analyses.circuits.edge_attribution import split_qkv_inputs
-from analyses.interventions.engine import cache_run, check_choice
+from analyses.interventions.engine import Edit, base_run, check_choice, collect_variants
 from analyses.roles.classify import probe_targets
 from interp.errors import UserError
 
@@ -92,7 +93,7 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
     per_side = attribution.terms.sum(2 if side == "key" else 3).mean(1)  # (prompts, C)
     chunk = chunk_prompts(model, layer, tokens.shape[1], query_pos.shape[1], memory_mb)
     drops = torch.cat([_drops(model, tokens[at:at + chunk], layer, head, query_pos[at:at + chunk],
-                              key_pos[at:at + chunk], side) for at in range(0, len(tokens), chunk)])
+                              key_pos[at:at + chunk], side, memory_mb) for at in range(0, len(tokens), chunk)])
     n_parts = drops.shape[1]  # the residual's parts; the extra terms (biases, ALiBi) cannot be removed from the input
     names, per_side = attribution.names[:n_parts], per_side[:, :n_parts].cpu().double()
     if k < 1:
@@ -112,28 +113,23 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
 
 
 def _drops(model, tokens: torch.Tensor, layer: int, head: int, query_pos: torch.Tensor, key_pos: torch.Tensor,
-           side: str) -> torch.Tensor:
+           side: str, memory_mb: float) -> torch.Tensor:
     """(prompts, C) float64: the mean over pairs of the head's attention on the pair's key, clean minus
-    with component c's part subtracted from the head's own ``side`` input."""
+    with component c's part subtracted from the head's own ``side`` input. One variant per
+    component, run by the engine from the clean residual entering ``layer`` where the model can start
+    there (GPTModel: only this layer's attention runs per component) and stopped at its pattern."""
+    _, clean, starts = base_run(model, tokens, [pattern_name(layer)])
     parts = decompose_residual(model, tokens, layer=layer).parts  # (C, b, pos, d_model)
-    rows = torch.arange(len(tokens))[:, None]
+    resid = parts.sum(0)  # the residual entering the layer: every head's clean q/k/v input
     which = "k" if side == "key" else "q"
-
-    def attention(edit=None) -> torch.Tensor:
-        hooks = [] if edit is None else [(qkv_input_name(layer, which), edit)]
-        with model.hooks(fwd_hooks=hooks):
-            _, cache = cache_run(model, tokens, [pattern_name(layer)], logits=False)
-        return cache[pattern_name(layer)][:, head].cpu().double()[rows, query_pos, key_pos].mean(1)
-
-    def removing(part: torch.Tensor):
-        def edit(copies, hook):  # (b, pos, head, d_model): this head's copy only
-            copies[:, :, head] -= part.to(copies.dtype)
-            return copies
-        return edit
-
+    variants = [[Edit(qkv_input_name(layer, which), (slice(None), head), resid - part)] for part in parts]
     with split_qkv_inputs(model, [which]):
-        clean = attention()
-        return torch.stack([clean - attention(removing(part)) for part in parts], dim=1)
+        edited = collect_variants(model, tokens, variants, {}, [pattern_name(layer)], starts=starts,
+                                  memory_mb=memory_mb)[pattern_name(layer)]  # (C, b, head, q, k)
+    patterns = torch.cat([clean[pattern_name(layer)][None], edited])[:, :, head].cpu().double()
+    rows = torch.arange(len(tokens))[:, None]
+    attention = patterns[:, rows, query_pos, key_pos].mean(-1)  # (1 + C, b)
+    return (attention[:1] - attention[1:]).T
 
 
 def _spearman(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
