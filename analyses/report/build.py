@@ -701,8 +701,9 @@ def probe_rows(probes: RepeatedProbes, split: dict, part: str) -> RepeatedProbes
 # how the report's lists are chosen on the selection rows (meta.json's probe_split rule, the guide)
 CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPTS} selection rows (as many as the "
                 "intervention probes where those are fewer): the top-5 "
-                "direct logit attribution (exact DLA there), the circuit edges printed and drawn (edge attribution, "
-                "EAP, there: a screen, not the exact path-patching sweep), the backup pairs' heads (their first-order "
+                "direct logit attribution (exact DLA there), the circuit edges printed and drawn and, with a screen, "
+                "those path-patched exactly (edge attribution, EAP, there: a screen, not the exact path-patching "
+                "sweep), the backup pairs' heads (their first-order "
                 f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
                 f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0)")
 
