@@ -256,11 +256,11 @@ def test_a_screened_circuit_is_exact_where_its_rule_says_and_the_page_says_it_is
     section = circuit_section(model, table, probes, baseline_samples=4, skip_roles=("bos",), screen=screen)
     page = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8, 1024.0,
                                                                                 progress=False))).text
-    assert f"{int(section.edges['exact'].sum())} were path-patched exactly" in page
+    assert f"chose the {int(section.edges['exact'].sum())} path-patched exactly" in page
     lines = edge_lines(screened, top=len(screened))
     assert sum(line.endswith("(estimate)") or "(estimate)," in line for line in lines) == (~exact).sum()
-    assert screen_meta(section) == {"top_k": 3, "share": 0.05, "edges": len(section.edges),
-                                    "exact": int(section.edges["exact"].sum())}
+    assert screen_meta(section, [16, 24]) == {"top_k": 3, "share": 0.05, "edges": len(section.edges),
+                                              "exact": int(section.edges["exact"].sum()), "screened_on": [16, 24]}
 
 
 def test_a_screened_circuit_draws_only_its_path_patched_edges(toy):

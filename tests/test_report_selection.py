@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,10 @@ import torch
 
 import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
+from analyses.circuits.circuit import induction_pair
+from analyses.circuits.path_patching import edge_attribution
 from analyses.components.decompose import direct_logit_attribution, next_token_answers
+from analyses.interventions.attribution import Screen
 from analyses.core.metrics import loss_metric
 from analyses.core.probes import probes_for
 from analyses.interventions.ablation import prepare_ablation
@@ -207,3 +211,58 @@ def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_l
             assert len(top) == 5
             covered[name] = covered.get(name, 0) + int(((top["ci_low"] <= 0) & (top["ci_high"] >= 0)).sum())
     assert covered["apart"] >= 45 and covered["in_sample"] <= 40, covered
+
+
+def test_the_circuit_screen_chooses_its_exact_edges_on_the_selection_rows_and_meta_says_which():
+    """With a screen, the edges the report path-patches exactly are the screen's rule applied to edge
+    attribution on the selection rows that choose the lists (recomputed here: EAP there, the rule by hand
+    against their own clean - corrupted gap), not on the measurement rows; meta.json names those rows,
+    disjoint from the measurement rows, and the page says where the screen ran."""
+    model = load_model("toy").eval()
+    sections = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        original = build.chosen_edges
+        monkeypatch.setattr(build, "chosen_edges", lambda *a, **k: sections.append(original(*a, **k)) or sections[-1])
+        report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
+                              intervention_prompts=INTERVENTION_PROMPTS, progress=False,
+                              circuit_screen=Screen(top_k=3, share=0.05), sections=["circuit"])
+    edges = sections[0]
+    split, screened = report.meta["probe_split"], report.meta["circuit_screen"]
+    low, high = screened["screened_on"]
+    assert [low, high] == split["lists"] and high <= split["selection"][1]
+    assert set(range(low, high)).isdisjoint(range(*split["measurement"]))
+    probes = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0)
+    keys = ["sender_layer", "sender_head", "receiver_layer", "receiver_head", "via"]
+
+    def chosen_on(rows) -> np.ndarray:
+        clean, corrupted, metric = induction_pair(rows, 0)
+        found = edge_attribution(model, clean, corrupted, metric, senders=edges.senders, receivers=edges.receivers,
+                                 direction="noise").merge(edges.edges[keys], on=keys, how="right")["attribution"]
+        with torch.no_grad():
+            gap = metric(model(corrupted)).item() - metric(model(clean)).item()
+        chosen = (found.abs() >= 0.05 * abs(gap)).to_numpy().copy()
+        chosen[found.abs().to_numpy().argsort(kind="stable")[::-1][:3]] = True
+        return chosen
+
+    selection = chosen_on(probes.after(low).first(high - low))
+    measurement = chosen_on(probes.first(INTERVENTION_PROMPTS))
+    assert (selection != measurement).any()  # the two choices differ here, so the test tells them apart
+    assert (edges.edges["exact"].to_numpy(dtype=bool) == selection).all()
+    assert screened["exact"] == int(selection.sum())
+    page = next(s for s in report.sections if s.title == "Circuit").text
+    assert "on the first probes of the selection rows chose the" in page
+
+
+def test_report_check_draws_the_reports_own_selection_and_measurement_rows(toy_report, monkeypatch):
+    """examples/smollm2/report_check.py reads meta.json and draws the rows the report ran on: the
+    selection rows (the last N_PROMPTS of one draw of INTERVENTION_PROMPTS + N_PROMPTS) and the
+    measurement rows (its first INTERVENTION_PROMPTS), drawn here by hand."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "smollm2"))
+    from report_check import report_probes
+
+    model, report, _, directory = toy_report
+    meta = json.loads((directory / "meta.json").read_text())
+    selection, measurement = report_probes(model, meta)
+    tokens = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0).tokens
+    assert torch.equal(measurement.tokens, tokens[:INTERVENTION_PROMPTS])
+    assert torch.equal(selection.tokens, tokens[INTERVENTION_PROMPTS:])

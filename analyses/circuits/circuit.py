@@ -59,7 +59,8 @@ CIRCUIT_ROLES = ("previous_token", "duplicate_token", "induction")
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
                   via: str | Sequence[str] = VIAS, direction: str = "noise", baseline_samples: int = 100,
                   seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                  base_run: Run | None = None, screen: Screen | None = None) -> pd.DataFrame:
+                  base_run: Run | None = None, screen: Screen | None = None,
+                  screen_on: tuple | None = None) -> pd.DataFrame:
     """Every edge from ``senders`` to later ``receivers`` through each of ``via``, one row each.
 
     Args:
@@ -73,6 +74,8 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
         base_run: a ``Run`` of the prompts path patching edits (clean when noising), see ``path_patch``.
         screen: None path-patches every edge exactly; a ``Screen`` estimates every edge by edge
             attribution and path-patches exactly only those it chooses (``screened_path_patch``).
+        screen_on: other prompts ``(clean, corrupted, metric)`` whose edge attribution the screen
+            chooses by (``screened_path_patch``); None: these prompts'.
 
     Returns ``sender_layer, sender_head, receiver_layer, receiver_head, via`` (a logits edge's
     receiver is ``(n_layers, -1)``), ``composition``, ``composition_minus_baseline`` (NaN for
@@ -87,7 +90,7 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
     if screen is None:
         paths = path_patch(model, clean, corrupted, metric, **options).assign(exact=True)
     else:
-        paths = screened_path_patch(model, clean, corrupted, metric, screen=screen, **options)
+        paths = screened_path_patch(model, clean, corrupted, metric, screen=screen, screen_on=screen_on, **options)
     kinds = [v for v in vias if v in KINDS]
     if not kinds:
         return paths.assign(composition=float("nan"), composition_minus_baseline=float("nan"))[_COLUMNS]
@@ -270,7 +273,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
                     top: int = 12, baseline_samples: int = 100, seed: int = 0,
                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
                     run: Run | None = None, skip_roles: Sequence[str] = (),
-                    screen: Screen | None = None) -> CircuitSection:
+                    screen: Screen | None = None, screen_probes: RepeatedProbes | None = None) -> CircuitSection:
     """The circuit among a head-role table's heads on the probes' induction pair.
 
     ``table``: ``layer, head, role`` (``analyses.assign_roles``, or the report's head table);
@@ -279,7 +282,9 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     every role outside ``CIRCUIT_ROLES``). The metric is the loss on the probes' predictable tokens, so an edge's
     ``effect`` > 0 under noising means the loss rises without it. With no head chosen the section
     has no edges and no figure. ``run``: a ``Run`` of the probes, which noising path patching edits
-    (it runs the clean probes) instead of running them again. ``screen``: as ``circuit_edges``.
+    (it runs the clean probes) instead of running them again. ``screen``: as ``circuit_edges``;
+    ``screen_probes``: the probes whose induction pair (same ``seed``) the screen chooses the exact edges
+    on, so that the probes measured do not choose them (None: ``probes``).
     """
     senders, receivers = role_heads(table, sender_role, skip_roles), role_heads(table, receiver_role, skip_roles)
     skipped = sorted(set(role_heads(table)) - set(role_heads(table, skip=skip_roles)))
@@ -289,7 +294,8 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     clean, corrupted, metric = induction_pair(probes, seed)
     edges = circuit_edges(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                           direction=direction, baseline_samples=baseline_samples, seed=seed, memory_mb=memory_mb,
-                          progress=progress, base_run=run if direction == "noise" else None, screen=screen)
+                          progress=progress, base_run=run if direction == "noise" else None, screen=screen,
+                          screen_on=None if screen_probes is None else induction_pair(screen_probes, seed))
     edges = with_roles(edges, table)
     patched = edges[edges["exact"].astype(bool)]  # the figure draws no estimate under "path patching"
     title = (f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"

@@ -58,7 +58,7 @@ from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_ou
                                       require)
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.circuits.edge_attribution import eap_scores
-from analyses.circuits.edges import QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
+from analyses.circuits.edges import KEY_COLUMNS, QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
 from analyses.interventions.engine import (check_choice, collect_variants, rows_per_chunk, runs_suffix_only,
                                           score_variants)
 from analyses.core.metrics import Metric, PromptScores
@@ -316,17 +316,38 @@ def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **keyword
     return path_patch(model, clean, corrupted, metric, method="eap_ig", steps=steps, **keywords)
 
 
+def screen_edges(model, clean, corrupted, metric: Metric, *, screen: Screen, senders=None, receivers=None,
+                 via: str | Sequence[str] = VIAS, options: Options | None = None, **keywords) -> pd.DataFrame:
+    """The edges ``screen`` chooses on these prompts: every edge's EAP ``attribution``
+    (``edge_attribution``, unnormalised) and ``exact``, ``screen.chosen`` of the attributions against
+    |clean - corrupted| of ``metric`` on these prompts -> the key columns, ``attribution``, ``exact``,
+    one row per edge in ``edges_of``'s order. ``senders``, ``receivers``, ``via`` and the options
+    (``options`` or keywords) as ``path_patch`` takes them."""
+    options = Options.of(options, keywords).but(normalize=False)
+    found = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
+                             options=options)
+    base, source = base_and_source(model, clean, corrupted, options.direction)
+    gap = (Run.make(model, source, metric, memory_mb=options.memory_mb).value(metric)
+           - Run.make(model, base, metric, memory_mb=options.memory_mb).value(metric))
+    exact = screen.chosen(torch.tensor(found["attribution"].to_numpy(), dtype=torch.float32), gap)
+    return found[[*KEY_COLUMNS, "attribution"]].assign(exact=exact.cpu().numpy())
+
+
 def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Screen = Screen(),
                         attribution: torch.Tensor | np.ndarray | None = None, base_run: Run | None = None,
-                        source_run: Run | None = None, **keywords) -> pd.DataFrame:
+                        source_run: Run | None = None, screen_on: tuple | None = None, **keywords) -> pd.DataFrame:
     """Path patching screened by edge attribution: every edge's effect estimated (EAP,
     ``edge_attribution``; or ``attribution``, the estimated effects given in ``edges_of``'s order),
     the edges ``screen`` chooses (``analyses.interventions.attribution.Screen``) path-patched
     exactly, the others left at their estimate -> ``path_patch``'s frame of every edge (unnormalised)
     with ``attribution`` and ``exact`` beside ``value`` and ``effect`` (exact where ``exact``, the
     base run's metric plus the estimate elsewhere) and ``ci_low, ci_high, n_prompts`` (the 95%
-    interval of an exact effect; NaN for an estimate). ``keywords``: ``senders``, ``receivers``, ``via``
-    and the options, as ``path_patch`` takes them; ``base_run`` and ``source_run`` as there."""
+    interval of an exact effect; NaN for an estimate). ``screen_on``: other prompts ``(clean,
+    corrupted, metric)`` on which the screen chooses (``screen_edges`` there: their attribution
+    against their own gap), so the prompts measured here do not choose which edges they measure
+    exactly; None: the screen chooses on these prompts' attribution. ``keywords``: ``senders``,
+    ``receivers``, ``via`` and the options, as ``path_patch`` takes them; ``base_run`` and
+    ``source_run`` as there."""
     selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
     options = Options.of(keywords.pop("options", None), keywords)
     every_edge = edges_of(model, **selection)
@@ -343,7 +364,11 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
         source_run = Run.make(model, source, metric, sender_reads(model, every_edge), starts=False,
                               memory_mb=options.memory_mb)
     source_run.check_tokens(source)
-    exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
+    if screen_on is None:
+        exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
+    else:
+        exact = torch.tensor(screen_edges(model, *screen_on, screen=screen, **selection,
+                                          options=options)["exact"].to_numpy())
     chosen = exact.nonzero()[:, 0].cpu().numpy()
     baseline = base_run.value(metric)
     values = baseline + estimate.double()

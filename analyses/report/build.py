@@ -88,6 +88,7 @@ from analyses.core.metrics import loss_metric
 from analyses.core.tokens import encode, leading_tokens
 from analyses.interventions.ablation import ablation_reads
 from analyses.interventions.cost import CostEstimate, StepClock
+from interp.errors import UserError
 from interp.memory import release_freed_memory
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -201,7 +202,7 @@ def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Pat
     left = report_plan(model)
     o = options
     # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
-    probes = probes_for(model, o["intervention_prompts"] + o["n_prompts"], o["seq_len"], seed=o["seed"])
+    probes = drawn_probes(model, probe_split(o["n_prompts"], o["intervention_prompts"], o["seed"]), o["seq_len"])
     shape, estimate = report_cost(model, probes, left, o["texts"], o["intervention_prompts"],
                                   [section.name for section in chosen])
     context = ReportContext(model, model_name, o["n_prompts"], o["seed"], o["texts"], o["thresholds"], o["fdr"],
@@ -379,8 +380,9 @@ def control_result(context: ReportContext, results: dict) -> dict:
 
 
 def circuit_result(context: ReportContext, results: dict) -> dict:
-    """The edges among the role heads (``circuit_section``, ``chosen_edges``) and meta.json's record of
-    its screen; no section where the plan left the circuit out."""
+    """The edges among the role heads (``circuit_section``, ``chosen_edges``), the edges path-patched
+    exactly screened on the selection rows that choose the lists, and meta.json's record of its screen;
+    no section where the plan left the circuit out."""
     c = context
     if CIRCUIT in c.left:
         return {"section": None, "screen": None}
@@ -390,8 +392,10 @@ def circuit_result(context: ReportContext, results: dict) -> dict:
                         c.progress)
     circuit = chosen_edges(c.model, circuit_section(
         c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb, progress=c.progress, run=c.first.run,
-        skip_roles=skipped, screen=c.circuit_screen), c.selection, seed=c.seed, memory_mb=c.step_mb, progress=c.progress)
-    return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit),
+        skip_roles=skipped, screen=c.circuit_screen, screen_probes=c.selection.probes), c.selection, seed=c.seed,
+        memory_mb=c.step_mb, progress=c.progress)
+    screened_on = probe_split(c.n_prompts, c.intervention_prompts, c.seed)["lists"]
+    return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit, screened_on),
             "edges": circuit.edges}
 
 
@@ -426,7 +430,7 @@ REPORT_SECTIONS = (
     ReportSection("ablation", "Ablation effects", (), 1, ablation_result),
     ReportSection("calibration", "Calibration", ("ablation",), 1, calibration_result),
     ReportSection("control", "Role heads vs layer-matched random heads", (), 1, control_result),
-    ReportSection("circuit", "Circuit", (), 2, circuit_result),
+    ReportSection("circuit", "Circuit", (), 3, circuit_result),
     ReportSection("qk", "Why the role heads attend", (), 1, qk_result),
     ReportSection("components", "Components", ("ablation",), 1, components_result),
 )
@@ -678,11 +682,28 @@ def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: boo
                     "effect is measured on the measurement rows"}
 
 
+def drawn_probes(model, split: dict, seq_len: int | None) -> RepeatedProbes:
+    """The one probe draw that ``split`` (``probe_split``'s record, meta.json's ``probe_split``) describes,
+    drawn as the report draws it: ``probes_for`` of its ``probes_drawn`` at ``seq_len`` (meta.json's) and
+    its ``seed``."""
+    return probes_for(model, split["probes_drawn"], seq_len, seed=split["seed"])
+
+
+def probe_rows(probes: RepeatedProbes, split: dict, part: str) -> RepeatedProbes:
+    """The rows of ``part`` ("measurement", "selection" or "lists": ``probe_split``'s half-open row
+    ranges) of ``drawn_probes``' draw."""
+    if part not in ("measurement", "selection", "lists"):
+        raise UserError(f"probe rows {part!r}: the split has 'measurement', 'selection' and 'lists'")
+    low, high = split[part]
+    return probes.rows(slice(low, high))
+
+
 # how the report's lists are chosen on the selection rows (meta.json's probe_split rule, the guide)
 CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPTS} selection rows (as many as the "
                 "intervention probes where those are fewer): the top-5 "
-                "direct logit attribution (exact DLA there), the circuit edges printed and drawn (edge attribution, "
-                "EAP, there: a screen, not the exact path-patching sweep), the backup pairs' heads (their first-order "
+                "direct logit attribution (exact DLA there), the circuit edges printed and drawn and, with a screen, "
+                "those path-patched exactly (edge attribution, EAP, there: a screen, not the exact path-patching "
+                "sweep), the backup pairs' heads (their first-order "
                 f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
                 f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0)")
 
@@ -696,13 +717,14 @@ def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = 
             f"{list_prompts(intervention_prompts, n_prompts)} probes of the selection rows (meta.json: probe_split).")
 
 
-def screen_meta(circuit: CircuitSection | None) -> dict | None:
-    """meta.json's record of the circuit's screen: its rule and how many edges it measured exactly
-    (None without a screen, or where the circuit was left out)."""
+def screen_meta(circuit: CircuitSection | None, screened_on: list[int]) -> dict | None:
+    """meta.json's record of the circuit's screen: its rule, how many edges it measured exactly and
+    ``screened_on``, the probe rows (half-open, of ``probe_split``'s draw) whose edge attribution chose
+    them (None without a screen, or where the circuit was left out)."""
     if circuit is None or circuit.screen is None:
         return None
     return {"top_k": circuit.screen.top_k, "share": circuit.screen.share, "edges": len(circuit.edges),
-            "exact": int(circuit.edges["exact"].sum())}
+            "exact": int(circuit.edges["exact"].sum()), "screened_on": list(screened_on)}
 
 
 def total_effects(effects: pd.DataFrame) -> pd.DataFrame:
@@ -973,10 +995,11 @@ def circuit_report_section(circuit: CircuitSection) -> Section:
     if circuit.edges.empty:
         return Section("Circuit", how + "\n\nNo head has a role the circuit covers, so there is no edge to show.")
     if circuit.screen is not None:
-        how += (f" Screened: edge attribution (EAP) estimated all {len(circuit.edges)} edges and "
-                f"{int(circuit.edges['exact'].sum())} were path-patched exactly ({circuit.screen.describe('edges')}); "
-                "the others show their estimate, marked as such, and are not drawn in the figure (`--exact-all` "
-                "patches every edge).")
+        how += (f" Screened: edge attribution (EAP) of all {len(circuit.edges)} edges on the first probes of the "
+                f"selection rows chose the {int(circuit.edges['exact'].sum())} path-patched exactly on the "
+                f"intervention probes ({circuit.screen.describe('edges')}, there; meta.json: circuit_screen); "
+                "the others show their EAP estimate on the intervention probes, marked as such, and are not drawn in "
+                "the figure (`--exact-all` patches every edge).")
     figures = [] if circuit.figure is None else [ReportFigure("circuit", FIGURE_CAPTIONS["circuit"],
                                                               png_bytes(circuit.figure))]
     how += (f" The {CHOSEN_EDGES} edges listed (and the {CIRCUIT_FIGURE_EDGES} drawn) are chosen by their edge "

@@ -127,8 +127,8 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     lacks (at most a forward each); per (sender, receiver layer, q/k/v) one block (step 1); per
     q/k/v edge one run from the receiver's layer (from its MLP where the receiver's moved z
     reaches ``hook_resid_mid`` alone); per logits edge the last block (``path_values``). With a
-    ``screen``, edge attribution first (a forward of each prompt set) and at most every edge
-    exact. The edges the page lists are chosen by edge attribution on the selection rows of the
+    ``screen``, edge attribution first (a forward of each prompt set, on the lists' rows, which choose
+    the exact edges, and on the intervention probes) and at most every edge exact. The edges the page lists are chosen by edge attribution on the selection rows of the
     lists (``chosen_edges``: a forward of each prompt set, ``list_share``). 0 where the circuit is
     left out or no head has a circuit role."""
     if not shape.circuit or heads == []:
@@ -143,7 +143,9 @@ def circuit_cost(shape: ReportShape, heads: list[tuple[int, int]] | None = None,
     for _, _, layer, _, via in edges:
         fe += one_block_fe(model) if via not in qkv else suffix_fe(model, layer, after_attention=from_mid(model, layer))
     cost = StepCost(shape.share * fe + 2.0 * shape.list_share)  # ``chosen_edges``' two forwards
-    return cost if screen is None else cost + StepCost(2.0 * shape.share, at_most=True)
+    # a screen: edge attribution and the gap's two forwards on the lists' rows, which choose the exact edges, and
+    # edge attribution on the intervention probes, the estimate of the others
+    return cost if screen is None else cost + StepCost(2.0 * shape.share + 4.0 * shape.list_share, at_most=True)
 
 
 def role_qk_cost(shape: ReportShape, heads: list[tuple[int, int, str]] | None = None) -> StepCost | None:

@@ -366,15 +366,63 @@ def task_performance(measures: pd.DataFrame, metric: str) -> Performance:
     return Performance(metric, clean, gap, int(rows.at[GAP, "n_prompts"]))
 
 
+def answer_prob_scores(task: Task, last: torch.Tensor):
+    """The probability of the answer per prompt: logits (batch, pos, d_vocab) -> (batch,) float32, the
+    sum of the answers' probabilities (a softmax over the whole vocabulary) at ``last`` (batch,), the
+    prompt's last real position; for IOI p(indirect object)."""
+    good, good_mask = _padded(task.answers)
+
+    def scores(logits: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        probs = logits[rows, last.to(logits.device)].float().softmax(dim=-1)  # (batch, d_vocab)
+        return (probs.gather(-1, good.to(probs.device)) * good_mask.to(probs.device)).sum(-1)
+
+    return scores
+
+
+def answer_prob_metric(task: Task, last: torch.Tensor) -> Metric:
+    """The mean over prompts of ``answer_prob_scores``, a metric as ``task_metric`` makes (read
+    positions, parts, per-prompt form)."""
+    return _mean_metric(task, last, answer_prob_scores)
+
+
+def kl_metric(task: Task, last: torch.Tensor, reference: torch.Tensor) -> Metric:
+    """The mean over prompts of KL(reference || run) of the next-token distribution at each prompt's
+    last real position ``last`` (batch,), in nats: ``reference`` (batch, d_vocab) the reference run's
+    logits there (e.g. the clean, unablated run's), the run's the logits the metric is given. A metric
+    as ``task_metric`` makes (read positions, parts, per-prompt form); 0 on the reference's own logits."""
+    if reference.shape[0] != len(task):
+        raise UserError(f"kl_metric: {reference.shape[0]} reference rows for {len(task)} prompts")
+    target = reference.detach().float().log_softmax(dim=-1)
+
+    def scores_of(rows: slice, at: torch.Tensor):
+        def scores(logits: torch.Tensor) -> torch.Tensor:
+            batch = torch.arange(logits.shape[0], device=logits.device)
+            run = logits[batch, at.to(logits.device)].float().log_softmax(dim=-1)
+            wanted = target[rows].to(run.device)
+            return (wanted.exp() * (wanted - run)).sum(-1)
+
+        return scores
+
+    return _rows_metric(last, scores_of)
+
+
 def _mean_metric(task: Task, last: torch.Tensor, scorer) -> Metric:
     """The mean over prompts of ``scorer(task, last)`` (logits -> (batch,)) as a metric with its read
+    positions and its parts (see ``task_metric``)."""
+    return _rows_metric(last, lambda rows, at: scorer(task.subset(range(len(task))[rows]), at))
+
+
+def _rows_metric(last: torch.Tensor, scores_of) -> Metric:
+    """The mean over prompts of ``scores_of(rows, at)`` (the scores of the prompts ``rows``, a slice,
+    read at positions ``at``: logits (rows, pos, d_vocab) -> (rows,)) as a metric with its read
     positions and its parts (see ``task_metric``)."""
     def part_scores(rows: slice, read: torch.Tensor | None):
         """The scores of the prompts ``rows`` alone, on logits (rows, pos or len(read), d_vocab)."""
         at = last[rows].cpu() if read is None else torch.searchsorted(read, last[rows].cpu())
-        return scorer(task.subset(range(len(task))[rows]), at)
+        return scores_of(rows, at)
 
-    return PromptMeanMetric(scorer(task, last), torch.unique(last).cpu(), part_scores)
+    return PromptMeanMetric(scores_of(slice(0, len(last)), last), torch.unique(last).cpu(), part_scores)
 
 
 # ------------------------------------------------------------- selection apart from measurement

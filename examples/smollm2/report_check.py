@@ -1,16 +1,18 @@
 """Check what ``interp report --model smollm2`` named against computations that do not use interp.
 
-Reads a report directory's ``head_roles.csv`` and ``meta.json``, draws the report's own probes
-(``probes_for`` with the report's prompts, length and seed), and, on Hugging Face's own reading of
-the same GGUF file:
+Reads a report directory's ``head_roles.csv`` and ``meta.json``, draws the report's own probes with
+the report's own functions (``drawn_probes`` and ``probe_rows`` of ``analyses.report.build``, from
+meta.json's ``probe_split`` and ``seq_len``: the one draw the report made, split into the selection rows
+that chose the roles and the measurement rows every effect was measured on), and, on Hugging Face's own
+reading of the same GGUF file:
 
-1. scores every head from its eager attention patterns (``role_scores.hand_scores``: attention
-   mass on the previous token, the earlier copy of the token, the token after it) and asks whether
-   the heads the report names for a role include the strongest heads of that role by these patterns,
-   and whether any named head's pattern score is near zero;
+1. scores every head from its eager attention patterns on the selection rows (``role_scores.hand_scores``:
+   attention mass on the previous token, the earlier copy of the token, the token after it) and asks
+   whether the heads the report names for a role include the strongest heads of that role by these
+   patterns, and whether any named head's pattern score is near zero;
 2. zeroes the named induction heads with hand-written forward hooks on each layer's ``o_proj``
    input (Hugging Face's modules, not interp's hooks) and compares the loss on the predictable tokens
-   of the report's first 16 probes with zeroing as many random heads (20 draws).
+   of the first 16 measurement rows with zeroing as many random heads (20 draws).
 
     python examples/smollm2/report_check.py /path/to/report [--top 5] [--near-zero 0.05]
 """
@@ -25,7 +27,8 @@ from types import SimpleNamespace
 import pandas as pd
 import torch
 
-from analyses.core.probes import probes_for
+from analyses.core.probes import RepeatedProbes
+from analyses.report.build import drawn_probes, probe_rows
 from role_scores import hand_scores
 from setup_smollm2 import head_name, hf_eager_model, hf_patterns, load
 
@@ -36,6 +39,13 @@ def named(table: pd.DataFrame, role: str) -> list[tuple[int, int]]:
     """The heads whose ``role`` (';'-joined) includes ``role``."""
     has = table["role"].fillna("").str.split(";").map(lambda roles: role in roles)
     return [(int(l), int(h)) for l, h in table.loc[has, ["layer", "head"]].itertuples(index=False)]
+
+
+def report_probes(model, meta: dict) -> tuple[RepeatedProbes, RepeatedProbes]:
+    """The report's (selection rows, measurement rows), drawn as the report drew them from its meta.json."""
+    split = meta["probe_split"]
+    probes = drawn_probes(model, split, meta["seq_len"])
+    return probe_rows(probes, split, "selection"), probe_rows(probes, split, "measurement")
 
 
 def hf_scores(hf_model, probe, rows: int = 16) -> dict[str, torch.Tensor]:
@@ -86,15 +96,16 @@ def main() -> None:
     parser.add_argument("report", type=Path)
     parser.add_argument("--top", type=int, default=5, help="the strongest heads by the patterns to look for")
     parser.add_argument("--near-zero", type=float, default=0.05, help="a pattern score at most this is 'near zero'")
-    parser.add_argument("--ablation-prompts", type=int, default=16, help="the first this many probes for the ablation")
+    parser.add_argument("--ablation-prompts", type=int, default=16,
+                        help="the first this many measurement rows for the ablation")
     args = parser.parse_args()
     torch.set_num_threads(2)
     table = pd.read_csv(args.report / "head_roles.csv", keep_default_na=False)
     meta = json.loads((args.report / "meta.json").read_text())
     model = load()
-    probe = probes_for(model, meta["prompts"], meta["seq_len"], seed=meta["seed"])
+    selection, measurement = report_probes(model, meta)
     hf_model = hf_eager_model()
-    scores = hf_scores(hf_model, probe)
+    scores = hf_scores(hf_model, selection)
     for role in ("induction", "previous_token", "duplicate_token"):
         heads = named(table, role)
         score = scores[role]
@@ -103,13 +114,14 @@ def main() -> None:
         strongest = [head for _, head in order[:args.top]]
         found = [head_name(*h) for h in strongest if h in heads]
         lowest = min((float(score[h]) for h in heads), default=float("nan"))
-        print(f"{role}: the report names {len(heads)}; the {args.top} strongest by Hugging Face's patterns "
+        print(f"{role}: the report names {len(heads)}; the {args.top} strongest by Hugging Face's patterns on the "
+              f"{selection.n_prompts} selection rows "
               f"{', '.join(f'{head_name(*h)} {s:.2f}' for s, h in order[:args.top])}; named among them: "
               f"{len(found)} ({', '.join(found) or 'none'}); the lowest pattern score of a named head {lowest:.3f}; "
               f"named heads at or under {args.near_zero}: {sum(float(score[h]) <= args.near_zero for h in heads)}")
     induction = named(table, "induction")
     n = args.ablation_prompts
-    tokens, predictable = probe.tokens[:n], probe.predictable[:n]
+    tokens, predictable = measurement.tokens[:n], measurement.predictable[:n]
     clean = hf_loss(hf_model, tokens, predictable, [])
     ablated = hf_loss(hf_model, tokens, predictable, induction)
     generator = torch.Generator().manual_seed(0)
@@ -118,8 +130,8 @@ def main() -> None:
     random = torch.tensor([hf_loss(hf_model, tokens, predictable,
                                    [others[i] for i in torch.randperm(len(others), generator=generator)[:len(induction)]])
                            for _ in range(N_DRAWS)]) - clean
-    print(f"zeroing the {len(induction)} named induction heads by hand-written Hugging Face hooks on the first {n} "
-          f"probes: loss {clean:.3f} -> {ablated:.3f} (+{ablated - clean:.3f} nats); {len(induction)} random other "
+    print(f"zeroing the {len(induction)} named induction heads by hand-written Hugging Face hooks on the first "
+          f"{len(tokens)} measurement rows: loss {clean:.3f} -> {ablated:.3f} (+{ablated - clean:.3f} nats); {len(induction)} random other "
           f"heads: +{random.mean():.3f} (sd {random.std():.3f}, max {random.max():.3f}) over {N_DRAWS} draws; "
           f"ratio {(ablated - clean) / random.mean():.1f}x")
 
