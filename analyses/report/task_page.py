@@ -13,7 +13,12 @@ every sweep.
 Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps``, keyed by
 ``task_inputs``: the model and how it runs, the task's contents and tokens, the options), ``analyse_task``
 reads the steps already finished from it and writes each other step to it as soon as it is done,
-so an interrupted ``interp task --resume`` computes only the rest.
+so an interrupted ``interp task --resume`` computes only the rest. Given ``landed`` it hands the
+analysis so far to it after each step (``task_analysis``: the steps not finished yet in
+``TaskAnalysis.pending`` with their estimates), and ``page_writer`` rewrites the page with it: the
+page is there from the first step on, each section whose step is pending shown as its pending slot,
+every file written whole (``write_report_files``); stopped anywhere and resumed, the files equal an
+uninterrupted run's (meta.json's ``cost``, the run's own seconds, aside).
 
 Selection apart from measurement (DESIGN 4.12), by default: the prompts are split
 (``analyses.tasks.task.task_split``: seeded, stratified by template) and every sweep above runs on the
