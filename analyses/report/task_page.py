@@ -575,9 +575,10 @@ def metric_section(analysis: TaskAnalysis) -> Section:
     """The metric's section: its table (``metric_table``) and the verdict on performance, or that
     the measures on the measurement split and the verdict are pending."""
     if analysis.performance is None:
+        waiting = pending_words(analysis, ["measured"])
         return Section("Metric", "The metric on the unpatched runs of the prompts the heads are chosen on. The task's "
                                  "measures with their 95% intervals on the split the effects are measured on, and "
-                                 f"whether the model performs the task, are pending: {pending_words(analysis, ['measured'])}.",
+                                 f"whether the model performs the task, are pending: {waiting}.",
                        table=metric_table(analysis))
     return Section("Metric", "The task's measures on the unpatched runs and their paired difference (`clean - "
                              "corrupted`, prompt by prompt), with their 95% intervals over prompts on the split the "
@@ -588,10 +589,12 @@ def patching_section(analysis: TaskAnalysis) -> Section:
     """Head patching's table, the figures of the patching sweeps landed so far and the pending ones named."""
     sweeps = [("heads", analysis.heads, "denoising: each head's output patched clean into corrupted (all positions)",
                "head patching"),
-              ("heads_by_pos", analysis.heads_by_pos, "denoising: each head at each position", "head patching by position"),
+              ("heads_by_pos", analysis.heads_by_pos, "denoising: each head at each position",
+               "head patching by position"),
               ("mlps_by_pos", analysis.mlps_by_pos, "denoising: each MLP's output at each position",
                "MLP patching by position")]
-    patched = [_figure(analysis, name, caption, lambda frame=frame, title=title: patching_figure(frame, "metric", title))
+    patched = [_figure(analysis, name, caption,
+                       lambda frame=frame, title=title: patching_figure(frame, "metric", title))
                for name, frame, caption, title in sweeps if frame is not None]
     waiting = pending_words(analysis, PATCHING_STEPS)
     on = " on the selection split" if analysis.split is not None else ""
@@ -650,8 +653,9 @@ def metric_table(analysis: TaskAnalysis) -> pd.DataFrame:
     metric and, for greater-than, the cutoff sharpness) on the clean and corrupted runs and their
     paired difference, each with its 95% interval over prompts (``task_measure_intervals``). While
     the measured step is pending: the first part alone (in-sample, its split ``all``)."""
-    chosen = pd.DataFrame([{"run": run, "split": "all" if analysis.split is None else "selection",
-                            "measure": analysis.task.metric, "metric": value} for run, value in analysis.values.items()])
+    split = "all" if analysis.split is None else "selection"
+    chosen = pd.DataFrame([{"run": run, "split": split, "measure": analysis.task.metric, "metric": value}
+                           for run, value in analysis.values.items()])
     if "measures" not in analysis.measured:
         return chosen
     measured = analysis.measured["measures"].rename(columns={"value": "metric"})
