@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,7 +81,21 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
             main(task_args(gpt2_dir, out))
     done = task_page.STEPS[: task_page.STEPS.index(stop)]
     assert sorted(p.stem for p in (out / "steps").glob("*.json")) == sorted(done)
-    assert not (out / "index.html").exists() and not list(out.rglob(".*.tmp-*"))  # nothing half-written
+    assert not list(out.rglob(".*.tmp-*"))  # nothing half-written
+    # the page holds the steps that landed, each file as the uninterrupted run wrote it, the rest pending
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["steps"] == {"run": list(task_page.STEPS), "pending": list(task_page.STEPS[len(done):])}
+    stopped, final = files(out), files(whole)
+    landed = {"mlps_by_pos": {"heads.csv", "heads_by_pos.csv", "mlps.csv", "figures/heads.png",
+                              "figures/heads_by_pos.png"},
+              "attribution_ig": {"heads.csv", "heads_by_pos.csv", "mlps.csv", "mlps_by_pos.csv", "edges.csv",
+                                 "figures/heads.png", "figures/heads_by_pos.png", "figures/mlps_by_pos.png",
+                                 "figures/circuit.png"}}[stop]
+    assert {name for name in stopped if not name.startswith("steps")} == {
+        "index.html", "report.md", "meta.json", "metric.csv", ".lock", *landed}
+    differ = {name for name in landed if stopped[name] != final[name]}
+    assert differ == ({"edges.csv"} if stop == "attribution_ig" else set())  # edges.csv: without EAP-IG's column yet
+    assert "## Chosen heads, measured (pending)" in (out / "report.md").read_text()
 
     assert main(task_args(gpt2_dir, out)) == 2  # without --resume: refused, as a study's results are
     calls.clear()
@@ -95,6 +110,41 @@ def test_an_interrupted_task_resumes_with_only_the_unfinished_steps_and_the_same
                        for call in ((step_calls[s],) if isinstance(step_calls[s], str) else step_calls[s]))
     assert calls == expected  # the finished steps were read, not computed
     assert files(out) == files(whole)  # the page, its tables, figures, meta and steps: the same bytes
+
+
+def test_the_page_is_written_after_the_first_step_with_every_later_step_pending(gpt2_dir, whole, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """Stopped as the first sweep begins, right after the clean and corrupted runs (the metric step):
+    the directory already holds a whole page, the metric on it and every later step pending with
+    its estimate; the terminal said where the page is. Resumed, the files equal an uninterrupted run's."""
+    out = tmp_path / "page"
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(task_page, "patch_sweep", stop)
+        with pytest.raises(KeyboardInterrupt):
+            main([arg for arg in task_args(gpt2_dir, out) if arg != "--quiet"])
+    later = list(task_page.STEPS[1:])
+    assert (f"task: the page is at {out / 'index.html'} ({len(later)} steps pending; rewritten as each lands)"
+            in capsys.readouterr().err)
+    assert sorted(name for name in files(out) if not name.startswith("steps")) == [
+        ".lock", "index.html", "meta.json", "metric.csv", "report.md"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["steps"] == {"run": list(task_page.STEPS), "pending": later} and meta["performs_task"] is None
+    page, markdown = (out / "index.html").read_text(), (out / "report.md").read_text()
+    assert page.rstrip().endswith("</html>")
+    pending = re.findall(r"^- `(\w+)`: (?:~|<= )[0-9.]+ FE, (?:~|<= )[0-9.]+ s$", markdown, flags=re.MULTILINE)
+    assert pending == later  # each with its estimate in FE and seconds
+    for title in ("Patching", "MLP patching", "Direct logit attribution", "Circuit", "Chosen heads, measured"):
+        assert f"## {title} (pending)" in markdown and f"<h2>{title} (pending)</h2>" in page
+    metric = pd.read_csv(out / "metric.csv")
+    final = pd.read_csv(whole / "metric.csv")
+    pd.testing.assert_frame_equal(metric, final[final["split"] == "selection"][metric.columns])  # the clean run's
+    assert main(task_args(gpt2_dir, out, "--resume")) == 0
+    assert files(out) == files(whole)
+    assert "## Steps pending" not in (out / "report.md").read_text()
 
 
 def test_a_killed_task_run_resumes_with_the_same_bytes(gpt2_dir, whole, tmp_path, monkeypatch):

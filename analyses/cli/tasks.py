@@ -14,7 +14,9 @@ most-attended token is decisive under intervention: ``scores.csv``, ``agreement.
 ``interp task NAME|FILE``: a task (``analyses.tasks.task``) on a model -- the metric on the clean and
 corrupted runs, head and MLP patching (all positions and by position), direct logit attribution,
 path patching from the top senders with edge attribution beside it -- as one offline page
-(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs. The sweeps are screened
+(``analyses/report/task_page.py``): index.html, report.md, figures and CSVs, written as soon as the
+clean and corrupted runs (the first step) are done, every later step shown pending with its estimate,
+and rewritten (each file whole) as each step lands. The sweeps are screened
 by attribution (``--screen-top``, ``--screen-share``: which cells are measured exactly, the others
 estimated, said on the page and in meta.json) unless ``--exact-all``. Each step's result is
 kept in ``DIR/steps/`` as it finishes (``analyses.core.steps``), so ``--resume`` after an
@@ -43,7 +45,7 @@ from analyses.tasks.task import (BUILT_IN, TASK_ABLATIONS, chat_task, check_task
                                  task_metric, task_scores, task_split)
 from interp.errors import UserError
 from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
-from analyses.report.task_page import analyse_task, task_inputs, write_task_page
+from analyses.report.task_page import analyse_task, page_writer, task_inputs
 from analyses.core.tokens import model_tokenizer
 from analyses.tasks.facts import BUILTIN, answer_tokens, load_facts, token_list, top1_facts
 from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, facts_figure, trace_facts,
@@ -219,9 +221,8 @@ def run_task(args) -> int:
         steps = Steps(args.out, inputs | {"arguments": fingerprinted_arguments(args)}, resume=args.resume)
         analysis = analyse_task(model, task, top=args.top, screen=screen, split=split or False,
                                 ablation=args.ablation, seed=args.seed, memory_mb=args.memory_mb,
-                                progress=args.progress, steps=steps)
-        out = write_task_page(analysis, args.out, meta)
-    values = analysis.values
+                                progress=args.progress, steps=steps, landed=page_writer(args.out, meta, args.progress))
+    out, values = args.out, analysis.values
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
     print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric} clean {values['clean']:.4f}, "
           f"corrupted {values['corrupted']:.4f}{reused}; wrote {out / 'index.html'}")

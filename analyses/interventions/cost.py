@@ -81,6 +81,10 @@ class CostEstimate:
         about = "<= " if cost.at_most else "~"
         return f"  {step}: {about}{cost.fe:.2f} FE, {about}{_clock(cost.fe * self.seconds_per_fe)}"
 
+    def step_words(self, step: str) -> str:
+        """``step``'s estimate as ``step_line`` says it, without the step's name: "~0.50 FE, ~1.2 s"."""
+        return self.step_line(step, self.steps.get(step)).strip().removeprefix(f"{step}: ")
+
     def lines(self, what: str) -> list[str]:
         """The estimate as text: a head line, then one line per step."""
         known = [cost for cost in self.steps.values() if cost is not None]

@@ -13,7 +13,12 @@ every sweep.
 Each of those is a step (``STEPS``); given a store (``analyses.core.steps.Steps``, keyed by
 ``task_inputs``: the model and how it runs, the task's contents and tokens, the options), ``analyse_task``
 reads the steps already finished from it and writes each other step to it as soon as it is done,
-so an interrupted ``interp task --resume`` computes only the rest.
+so an interrupted ``interp task --resume`` computes only the rest. Given ``landed`` it hands the
+analysis so far to it after each step (``task_analysis``: the steps not finished yet in
+``TaskAnalysis.pending`` with their estimates), and ``page_writer`` rewrites the page with it: the
+page is there from the first step on, each section whose step is pending shown as its pending slot,
+every file written whole (``write_report_files``); stopped anywhere and resumed, the files equal an
+uninterrupted run's (meta.json's ``cost``, the run's own seconds, aside).
 
 Selection apart from measurement (DESIGN 4.12), by default: the prompts are split
 (``analyses.tasks.task.task_split``: seeded, stratified by template) and every sweep above runs on the
@@ -45,10 +50,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pandas as pd
 import seaborn as sns
@@ -107,7 +113,15 @@ class TaskAnalysis:
     patching effect and DLA with their intervals) and ``control`` (the top writers against matched
     random sets, ``ControlEffects.summary``, or {"refused": why}). ablation: how the control ablates
     (``task_ablation``: method and reference in words). cost: each step's estimate and measured
-    seconds (``analyses.report.task_cost``: ``ClockedSteps.record``), meta.json's ``cost``."""
+    seconds (``analyses.report.task_cost``: ``ClockedSteps.record``), meta.json's ``cost``.
+
+    steps: the ``STEPS`` this analysis runs, in order (``steps_run``); pending: those not finished
+    yet -> each one's estimate in words (``CostEstimate.step_words``), empty once the analysis is
+    whole. While a step is pending, what it makes is None (``measured`` empty), so a frame that is
+    None is "not made" where its step is pending, "not run" (no MLPs, left out) where it is not.
+    drawn: the page's figures drawn so far, by name, shared by the successive analyses of one run
+    (``task_analysis``), so that each is drawn once: a figure is drawn only from what landed steps
+    made, which no later step changes."""
 
     task: Task
     values: dict
@@ -124,11 +138,17 @@ class TaskAnalysis:
     measured: dict = field(default_factory=dict)
     ablation: dict = field(default_factory=dict)
     cost: dict = field(default_factory=dict)
+    steps: tuple[str, ...] = ()
+    pending: dict[str, str] = field(default_factory=dict)
+    drawn: dict[str, ReportFigure] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def performance(self) -> Performance:
+    def performance(self) -> Performance | None:
         """Whether the model performs the task, on the prompts the effects are measured on
-        (``task_performance``: the paired clean - corrupted interval of its metric lies above 0)."""
+        (``task_performance``: the paired clean - corrupted interval of its metric lies above 0);
+        None while the measured step is pending."""
+        if "measures" not in self.measured:
+            return None
         return task_performance(self.measured["measures"], self.task.metric)
 
 
@@ -142,6 +162,7 @@ ATTRIBUTION_NAMES = {"attribution": "Edge attribution (EAP)", "attribution_ig": 
 STEPS = ("metric", "heads", "heads_by_pos", "mlps", "mlps_by_pos", "dla", "attribution", "path_patching",
          "attribution_ig", "measured")
 CIRCUIT_STEPS = ("attribution", "path_patching", "attribution_ig")
+PATCHING_STEPS = ("heads", "heads_by_pos", "mlps_by_pos")  # the sweeps the Patching section draws
 CIRCUIT_EDGES = 5  # the strongest exact edges whose heads are chosen (``circuit_heads``)
 Step = Callable[[str, Callable[[], object]], object]  # (name, compute) -> the step's value
 CIRCUIT = "circuit (edge attribution and path patching)"  # a part a model may not run (``task_plan``)
@@ -276,7 +297,7 @@ def edge_sweep(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | 
 def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEFAULT_SCREEN,
                  split: PromptSplit | bool = True, ablation: str = "mean_corrupted", seed: int = 0,
                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                 steps: Step | None = None) -> TaskAnalysis:
+                 steps: Step | None = None, landed: Callable[[TaskAnalysis], object] | None = None) -> TaskAnalysis:
     """The ``TaskAnalysis`` of ``task`` on ``model``. ``screen``: the rule choosing the patching
     cells and path-patching edges measured exactly (see the module docstring); None: all of them.
     ``split``: True (``task_split(task, seed)``), a ``PromptSplit`` of the task's prompts, or False
@@ -288,7 +309,9 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     it and keeps it; None computes every step. The senders of path patching are the ``top`` heads
     by |exact head patching - corrupted| (among those measured exactly), the top writers the ``top``
     heads by |DLA|, each chosen on the selection split. The parts ``task_plan`` leaves out are not
-    computed."""
+    computed. ``landed``: called after each step (the first: the metric, the clean and corrupted
+    runs) with the analysis so far (``task_analysis``: the later steps pending), e.g. to rewrite
+    the page (``page_writer``); the last call's, after the measured step, is whole."""
     left = task_plan(model, task)
     split = task_split(task, seed) if split is True else (split or None)
     chosen_on = task.subset(split.selection) if split is not None else task
@@ -302,33 +325,61 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     with_mlps, with_dla = has_mlps(model), task.metric == "logit_diff" and DLA not in left
     shape = task_shape(model, (batch, measure_batch if split is not None else None), measured_on, top, screen,
                        with_dla, CIRCUIT not in left, reference is not None)
-    step = ClockedSteps(steps or _compute, task_estimate(shape, steps_run(model, with_dla, CIRCUIT not in left)),
-                        progress)
+    plan = steps_run(model, with_dla, CIRCUIT not in left)
+    step = ClockedSteps(steps or _compute, task_estimate(shape, plan), progress)
+    record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if with_dla else
+              "top heads by patching"}
+    done, drawn = {}, {}
+
+    def so_far() -> TaskAnalysis:
+        return task_analysis(task, done, plan, step, screen=screen, left=left, split=split, ablation=record,
+                             drawn=drawn)
+
+    def finish(name: str, compute: Callable[[], object]) -> object:
+        """Step ``name``'s value (``step``: read back or computed), then the analysis so far to ``landed``."""
+        done[name] = step(name, compute)
+        if landed is not None:
+            landed(so_far())
+        return done[name]
+
     step.timed("metric", lambda: runs.clean, shape.selection, "the clean run")  # the metric step's first forward
-    values = step("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
-    heads = step("heads", lambda: patch_sweep(runs, "heads", False, screen))
-    heads_by_pos = step("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
-    mlps = step("mlps", lambda: patch_sweep(runs, "mlps", False, screen)) if with_mlps else None
-    mlps_by_pos = step("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen)) if with_mlps else None
-    writers = top_heads(step("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
+    values = finish("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
+    heads = finish("heads", lambda: patch_sweep(runs, "heads", False, screen))
+    finish("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
+    if with_mlps:
+        finish("mlps", lambda: patch_sweep(runs, "mlps", False, screen))
+        finish("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen))
+    writers = top_heads(finish("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
     exact = heads[heads["exact"].astype(bool)]
     senders = top_heads(exact.assign(moved=exact["metric"] - values["corrupted"]), "moved", top)
-    edges, agreement = None, {}
+    circuit = []
     if CIRCUIT not in left:
         for name in CIRCUIT_STEPS:  # their edges known now
             step.at_start(name, TASK_COSTS[name](shape, senders))
-        edges, agreement = circuit(runs, senders, screen, step)
-    chosen = {"patching": senders, "dla": writers,
-              "circuit": [] if edges is None else circuit_heads(edges[edges["exact"].astype(bool)])}
+        circuit_steps(runs, senders, screen, finish)
+        edges = done["path_patching"]
+        circuit = circuit_heads(edges[edges["exact"].astype(bool)])
+    chosen = {"patching": senders, "dla": writers, "circuit": circuit}
     tested = writers or senders
     with_reference = (measured_on, measure_batch, reference)
     step.at_start("measured", measured_cost(shape, list(dict.fromkeys(sum(chosen.values(), []))), tested))
-    measured = step("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla,
-                                                       options, seed))
-    record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if writers else
-              "top heads by patching"}
-    return TaskAnalysis(task, values, heads, heads_by_pos, mlps, mlps_by_pos, measured["dla"], edges, agreement,
-                        screen, left, split, measured, record, step.record())
+    finish("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla, options, seed))
+    return so_far()
+
+
+def task_analysis(task: Task, done: dict, plan: list[str], step: ClockedSteps, *, screen: Screen | None,
+                  left: dict[str, str], split: PromptSplit | None, ablation: dict, drawn: dict) -> TaskAnalysis:
+    """The ``TaskAnalysis`` as far as the finished steps ``done`` (step -> value; the metric's at
+    least) go, of the steps ``plan``: each pending one's frames None, named in ``pending`` with its
+    estimate (``step``'s); the circuit's edges once path patching is done, with the attributions
+    finished so far; ``cost``: ``step.record()``, which ends the clock of the step just finished;
+    ``drawn``: the run's figures drawn so far (``TaskAnalysis.drawn``)."""
+    edges, agreement = circuit_edges(done["path_patching"], done) if "path_patching" in done else (None, {})
+    measured = done.get("measured", {})
+    return TaskAnalysis(task, done["metric"], done.get("heads"), done.get("heads_by_pos"), done.get("mlps"),
+                        done.get("mlps_by_pos"), measured.get("dla"), edges, agreement, screen, left, split, measured,
+                        ablation, step.record(), tuple(plan),
+                        {name: step.estimate.step_words(name) for name in plan if name not in done}, drawn)
 
 
 def task_shape(model, batches: tuple[TaskBatch, TaskBatch | None], measured_on: Task, top: int,
@@ -373,16 +424,21 @@ def circuit_heads(edges: pd.DataFrame, top: int = CIRCUIT_EDGES) -> list[tuple[i
     return list(dict.fromkeys(found))
 
 
-def circuit(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | None, step: Step) -> tuple[pd.DataFrame, dict]:
-    """Path patching from ``senders`` with EAP and EAP-IG beside it -> (edges, agreement): see
-    ``TaskAnalysis``."""
+def circuit_steps(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | None, step: Step) -> None:
+    """The circuit's steps (``CIRCUIT_STEPS``), through ``step``: EAP from ``senders``, path patching
+    screened by it, EAP-IG."""
     pair = (runs.model, runs.batch.clean, runs.batch.corrupted, runs.metric)
-    found = {"attribution": step("attribution", lambda: _attribution(ATTRIBUTIONS["attribution"], pair, senders))}
-    edges = step("path_patching", lambda: edge_sweep(runs, senders, screen, found["attribution"]))
-    found["attribution_ig"] = step("attribution_ig", lambda: _attribution(ATTRIBUTIONS["attribution_ig"], pair,
-                                                                          senders))
-    agreement = {}
-    for column, result in found.items():
+    attribution = step("attribution", lambda: _attribution(ATTRIBUTIONS["attribution"], pair, senders))
+    step("path_patching", lambda: edge_sweep(runs, senders, screen, attribution))
+    step("attribution_ig", lambda: _attribution(ATTRIBUTIONS["attribution_ig"], pair, senders))
+
+
+def circuit_edges(edges: pd.DataFrame, found: dict) -> tuple[pd.DataFrame, dict]:
+    """Path patching's ``edges`` with each attribution of ``found`` (step -> its value, of those of
+    ``ATTRIBUTIONS`` finished) beside it -> (a new edges frame, agreement): see ``TaskAnalysis``."""
+    edges, agreement = edges.copy(), {}
+    for column in (name for name in ATTRIBUTIONS if name in found):
+        result = found[column]
         if isinstance(result, dict):  # e.g. a bridge that cannot split q/k/v per head: said on the page
             agreement[column] = result
             continue
@@ -452,50 +508,112 @@ def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.Data
         return {"refused": str(refusal)}
 
 
-def _figure(name: str, caption: str, figure) -> ReportFigure:
-    return ReportFigure(name, caption, png_bytes(figure, caption))
+def _figure(analysis: TaskAnalysis, name: str, caption: str, draw: Callable[[], Figure]) -> ReportFigure:
+    """The page's figure ``name``: ``draw()`` the first time, then as ``analysis.drawn`` keeps it."""
+    if name not in analysis.drawn:
+        analysis.drawn[name] = ReportFigure(name, caption, png_bytes(draw(), caption))
+    return analysis.drawn[name]
 
 
 def task_sections(analysis: TaskAnalysis) -> list[Section]:
-    """The page's sections: the task, the metric, patching, DLA, the circuit."""
-    task, values = analysis.task, analysis.values
+    """The page's sections: the task, the metric, patching, DLA, the circuit, the chosen heads; while
+    steps are pending (``TaskAnalysis.pending``), first a section naming them with their estimates,
+    and in the place of each section whose steps have not landed, its pending slot."""
+    task = analysis.task
     about = [f"**{len(task)}** prompt pairs; metric **{task.metric}** at each prompt's last token; "
              f"{task.dropped} candidate words or prompts dropped for this tokenizer.",
              *([f"Note: {task.note}."] if task.note else []), split_text(analysis),
              f"- clean: `{task.clean[0]}`", f"- corrupted: `{task.corrupted[0]}`"]
-    sections = [*performance_section(analysis.performance), *left_out_section(analysis.left_out),
-                Section("Task", "\n".join(about)),
-                Section("Metric", "The task's measures on the unpatched runs and their paired difference (`clean - "
-                                  "corrupted`, prompt by prompt), with their 95% intervals over prompts on the split "
-                                  f"the effects are measured on. {analysis.performance.text}",
-                        table=metric_table(analysis))]
-    patched = [_figure("heads", "denoising: each head's output patched clean into corrupted (all positions)",
-                       patching_figure(analysis.heads, "metric", "head patching")),
-               _figure("heads_by_pos", "denoising: each head at each position",
-                       patching_figure(analysis.heads_by_pos, "metric", "head patching by position"))]
-    if analysis.mlps is not None:
-        patched += [_figure("mlps_by_pos", "denoising: each MLP's output at each position",
-                            patching_figure(analysis.mlps_by_pos, "metric", "MLP patching by position"))]
-    on = " on the selection split" if analysis.split is not None else ""
-    noise = "" if analysis.performance.performs else NOISE
-    sections.append(Section("Patching", noise + f"Corrupted-run metric{on} {values['corrupted']:.4f}, clean {values['clean']:.4f}; "
-                                        "each cell is the metric with one component patched from the clean run."
-                                        + screen_note(analysis), figures=patched, table=analysis.heads))
-    if analysis.mlps is not None:
-        sections.append(Section("MLP patching", "Each MLP's output patched from the clean run (all positions).",
-                                table=analysis.mlps))
-    if analysis.dla is not None:
-        sections.append(Section(
-            "Direct logit attribution",
-            f"Each component's direct contribution to the logit difference on the {measured_where(analysis)}: mean "
-            "over prompts with its 95% interval, and its parts onto the answers' logit (`dla_answer`) and minus the "
-            "distractors' (`dla_distractor`); hatched cells: the interval contains 0.",
-            figures=[_figure("dla", "direct logit attribution (hatched: 95% interval contains 0)",
-                             dla_heatmap(analysis.dla))], table=analysis.dla))
-    if analysis.edges is not None:
-        sections.append(circuit_page(analysis))
-    sections.append(chosen_section(analysis))
+    sections = [*pending_steps_section(analysis), *performance_section(analysis.performance),
+                *left_out_section(analysis.left_out), Section("Task", "\n".join(about)), metric_section(analysis),
+                landed_section(analysis, "Patching", "heads", PATCHING_STEPS, patching_section)]
+    if "mlps" in analysis.steps:
+        sections.append(landed_section(analysis, "MLP patching", "mlps", ["mlps"], lambda found: Section(
+            "MLP patching", "Each MLP's output patched from the clean run (all positions).", table=found.mlps)))
+    if "dla" in analysis.steps:
+        sections.append(landed_section(analysis, "Direct logit attribution", "measured", ["measured"], dla_section))
+    if "path_patching" in analysis.steps:
+        sections.append(landed_section(analysis, "Circuit", "path_patching", CIRCUIT_STEPS, circuit_page))
+    sections.append(landed_section(analysis, "Chosen heads, measured", "measured", ["measured"], chosen_section))
     return sections
+
+
+def pending_words(analysis: TaskAnalysis, names) -> str:
+    """The pending steps among ``names``, each with its estimate, in words."""
+    return "; ".join(f"step `{name}`, estimated {analysis.pending[name]}" for name in names if name in analysis.pending)
+
+
+def pending_steps_section(analysis: TaskAnalysis) -> list[Section]:
+    """The section that opens the page while steps are pending: the steps finished and each pending
+    one with its estimate (none once the analysis is whole)."""
+    if not analysis.pending:
+        return []
+    finished = ", ".join(f"`{name}`" for name in analysis.steps if name not in analysis.pending)
+    return [Section("Steps pending", f"This run is still going: finished {finished}. The page is rewritten as each "
+                                     "step lands (each file replaced whole). Pending, with the estimate of each:\n\n"
+                    + "\n".join(f"- `{name}`: {words}" for name, words in analysis.pending.items()))]
+
+
+def landed_section(analysis: TaskAnalysis, title: str, waits_for: str, shows: Sequence[str],
+                   section: Callable[[TaskAnalysis], Section]) -> Section:
+    """``section(analysis)`` once the step ``waits_for`` has landed, else the slot the section
+    ``title`` holds on the page meanwhile, naming the pending steps of those it shows (``shows``)
+    with their estimates."""
+    if waits_for not in analysis.pending:
+        return section(analysis)
+    return Section(f"{title} (pending)", f"Pending: {pending_words(analysis, shows)}. The page is rewritten as each "
+                                         "step lands.")
+
+
+def noise_text(analysis: TaskAnalysis) -> str:
+    """``NOISE`` where the measured step found the model does not perform the task, else nothing."""
+    performance = analysis.performance
+    return NOISE if performance is not None and not performance.performs else ""
+
+
+def metric_section(analysis: TaskAnalysis) -> Section:
+    """The metric's section: its table (``metric_table``) and the verdict on performance, or that
+    the measures on the measurement split and the verdict are pending."""
+    if analysis.performance is None:
+        waiting = pending_words(analysis, ["measured"])
+        return Section("Metric", "The metric on the unpatched runs of the prompts the heads are chosen on. The task's "
+                                 "measures with their 95% intervals on the split the effects are measured on, and "
+                                 f"whether the model performs the task, are pending: {waiting}.",
+                       table=metric_table(analysis))
+    return Section("Metric", "The task's measures on the unpatched runs and their paired difference (`clean - "
+                             "corrupted`, prompt by prompt), with their 95% intervals over prompts on the split the "
+                             f"effects are measured on. {analysis.performance.text}", table=metric_table(analysis))
+
+
+def patching_section(analysis: TaskAnalysis) -> Section:
+    """Head patching's table, the figures of the patching sweeps landed so far and the pending ones named."""
+    sweeps = [("heads", analysis.heads, "denoising: each head's output patched clean into corrupted (all positions)",
+               "head patching"),
+              ("heads_by_pos", analysis.heads_by_pos, "denoising: each head at each position",
+               "head patching by position"),
+              ("mlps_by_pos", analysis.mlps_by_pos, "denoising: each MLP's output at each position",
+               "MLP patching by position")]
+    patched = [_figure(analysis, name, caption,
+                       lambda frame=frame, title=title: patching_figure(frame, "metric", title))
+               for name, frame, caption, title in sweeps if frame is not None]
+    waiting = pending_words(analysis, PATCHING_STEPS)
+    on = " on the selection split" if analysis.split is not None else ""
+    values = analysis.values
+    return Section("Patching", noise_text(analysis) + f"Corrupted-run metric{on} {values['corrupted']:.4f}, clean "
+                   f"{values['clean']:.4f}; each cell is the metric with one component patched from the clean run."
+                   + screen_note(analysis) + (f" Pending: {waiting}." if waiting else ""),
+                   figures=patched, table=analysis.heads)
+
+
+def dla_section(analysis: TaskAnalysis) -> Section:
+    """Direct logit attribution on the measurement split."""
+    return Section(
+        "Direct logit attribution",
+        f"Each component's direct contribution to the logit difference on the {measured_where(analysis)}: mean "
+        "over prompts with its 95% interval, and its parts onto the answers' logit (`dla_answer`) and minus the "
+        "distractors' (`dla_distractor`); hatched cells: the interval contains 0.",
+        figures=[_figure(analysis, "dla", "direct logit attribution (hatched: 95% interval contains 0)",
+                         lambda: dla_heatmap(analysis.dla))], table=analysis.dla)
 
 
 NOISE = ("**Built on noise**: the model does not perform this task (see the top of the page), so what follows "
@@ -503,10 +621,10 @@ NOISE = ("**Built on noise**: the model does not perform this task (see the top 
          "it.\n\n")
 
 
-def performance_section(performance: Performance) -> list[Section]:
+def performance_section(performance: Performance | None) -> list[Section]:
     """The banner that opens the page of a task the model does not perform (``Performance``), or
-    none where it performs it."""
-    if performance.performs:
+    none where it performs it or its measurement is pending (None)."""
+    if performance is None or performance.performs:
         return []
     return [Section("The model does not perform this task", f"**{performance.text}**")]
 
@@ -533,14 +651,16 @@ def metric_table(analysis: TaskAnalysis) -> pd.DataFrame:
     """The metric on the clean and corrupted runs of the selection split (without an interval), then
     on the measurement split (``all`` in-sample) each of the task's measures (``task_measures``: the
     metric and, for greater-than, the cutoff sharpness) on the clean and corrupted runs and their
-    paired difference, each with its 95% interval over prompts (``task_measure_intervals``)."""
+    paired difference, each with its 95% interval over prompts (``task_measure_intervals``). While
+    the measured step is pending: the first part alone (in-sample, its split ``all``)."""
+    split = "all" if analysis.split is None else "selection"
+    chosen = pd.DataFrame([{"run": run, "split": split, "measure": analysis.task.metric, "metric": value}
+                           for run, value in analysis.values.items()])
+    if "measures" not in analysis.measured:
+        return chosen
     measured = analysis.measured["measures"].rename(columns={"value": "metric"})
     measured.insert(1, "split", "all" if analysis.split is None else "measurement")
-    if analysis.split is None:
-        return measured
-    chosen = pd.DataFrame([{"run": run, "split": "selection", "measure": analysis.task.metric, "metric": value}
-                           for run, value in analysis.values.items()])
-    return pd.concat([chosen, measured], ignore_index=True)
+    return measured if analysis.split is None else pd.concat([chosen, measured], ignore_index=True)
 
 
 def chosen_figure(frame: pd.DataFrame) -> Figure:
@@ -568,7 +688,7 @@ def chosen_section(analysis: TaskAnalysis) -> Section:
         verdict = f"Not computed: {control['refused']}"
     else:
         verdict = describe_control(control.iloc[0]) + "."
-    noise = "" if analysis.performance.performs else NOISE
+    noise = noise_text(analysis)
     text = (noise + f"Chosen on the selection split, measured on the {measured_where(analysis)}: the path-patching "
             "senders (`patching`: the heads whose patching moves the metric most), the top writers by |DLA| (`dla`) "
             "and the heads of the 5 strongest exact edges (`circuit`); each one's exact patching effect (metric - "
@@ -577,8 +697,8 @@ def chosen_section(analysis: TaskAnalysis) -> Section:
             "replaced by "
             f"{ablation['reference']} (`{ablation['method']}`): {verdict}")
     return Section("Chosen heads, measured", text, table=heads,
-                   figures=[_figure("chosen", "chosen heads on the measurement prompts (95% intervals)",
-                                    chosen_figure(heads))])
+                   figures=[_figure(analysis, "chosen", "chosen heads on the measurement prompts (95% intervals)",
+                                    lambda: chosen_figure(heads))])
 
 
 def circuit_page(analysis: TaskAnalysis) -> Section:
@@ -592,11 +712,13 @@ def circuit_page(analysis: TaskAnalysis) -> Section:
                 f"({analysis.screen.describe('edges')}), the others at their EAP estimate (column exact); the "
                 "agreement, the list and the figure are of the exact edges."
                 if analysis.screen is not None and len(measured) < len(analysis.edges) else "")
-    noise = "" if analysis.performance.performs else NOISE
+    waiting = pending_words(analysis, ["attribution_ig"])
+    noise = noise_text(analysis)
     return Section("Circuit", noise + "Path patching from the heads whose patching moves the metric most." + screened
-                   + agreement + "\n\n" + "\n".join(edge_lines_plain(measured)),
-                   figures=[_figure("circuit", "strongest path-patched edges",
-                                    circuit_figure(measured, title="task circuit"))],
+                   + agreement + (f" {ATTRIBUTION_NAMES['attribution_ig']} pending: {waiting}." if waiting else "")
+                   + "\n\n" + "\n".join(edge_lines_plain(measured)),
+                   figures=[_figure(analysis, "circuit", "strongest path-patched edges",
+                                    lambda: circuit_figure(measured, title="task circuit"))],
                    table=analysis.edges)
 
 
@@ -629,20 +751,41 @@ def edge_lines_plain(edges: pd.DataFrame, top: int = 5) -> list[str]:
 
 
 def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
-    """``out``: index.html (self-contained), report.md, figures/, the tables as CSV, meta.json."""
+    """``out``: index.html (self-contained), report.md, figures/, the tables as CSV, meta.json, each
+    file written whole (``write_report_files``), of the analysis as far as its steps have landed:
+    a pending step's tables are not written yet, its sections are pending slots (``task_sections``),
+    and meta.json's ``steps`` names the steps run and those pending (``performs_task`` None
+    until the measured step lands)."""
     tables = {"metric.csv": metric_table(analysis), "heads.csv": analysis.heads,
-              "heads_by_pos.csv": analysis.heads_by_pos, "chosen_heads.csv": analysis.measured["heads"]}
-    if isinstance(analysis.measured["control"], pd.DataFrame):
+              "heads_by_pos.csv": analysis.heads_by_pos, "chosen_heads.csv": analysis.measured.get("heads"),
+              "edges.csv": analysis.edges, "mlps.csv": analysis.mlps, "mlps_by_pos.csv": analysis.mlps_by_pos,
+              "dla.csv": analysis.dla}
+    if isinstance(analysis.measured.get("control"), pd.DataFrame):
         tables["control.csv"] = analysis.measured["control"]
-    if analysis.edges is not None:
-        tables["edges.csv"] = analysis.edges
-    if analysis.mlps is not None:
-        tables |= {"mlps.csv": analysis.mlps, "mlps_by_pos.csv": analysis.mlps_by_pos}
-    if analysis.dla is not None:
-        tables["dla.csv"] = analysis.dla
     title = f"interp task {analysis.task.name}"
+    performance = analysis.performance
     meta = meta | {"screen": screen_record(analysis.screen) | {"exact_of_all": sweep_counts(analysis)},
                    "left_out": analysis.left_out, "split": split_record(analysis.split), "ablation": analysis.ablation,
-                   "performs_task": analysis.performance.performs, "performance": analysis.performance.text,
-                   "cost": analysis.cost}
-    return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta, tables)
+                   "performs_task": None if performance is None else performance.performs,
+                   "performance": None if performance is None else performance.text, "cost": analysis.cost,
+                   "steps": {"run": list(analysis.steps), "pending": list(analysis.pending)}}
+    return write_report_files(out, title, f"model {meta['model']}", task_sections(analysis), meta,
+                              {name: frame for name, frame in tables.items() if frame is not None})
+
+
+def page_writer(out: Path, meta: dict, progress: bool | None) -> Callable[[TaskAnalysis], Path]:
+    """``analyse_task``'s ``landed`` for ``interp task``: each call writes the page of the analysis
+    so far in ``out`` (``write_task_page``, with ``meta``); the first also says on stderr where the
+    page is and how many steps are pending (unless ``progress`` is False, as every progress line)."""
+    written: list[Path] = []
+
+    def land(analysis: TaskAnalysis) -> Path:
+        path = write_task_page(analysis, out, meta)
+        if not written and progress is not False:
+            pending = len(analysis.pending)
+            print(f"task: the page is at {path / 'index.html'}" + (f" ({pending} steps pending; rewritten as each "
+                  "lands)" if pending else ""), file=sys.stderr, flush=True)
+        written.append(path)
+        return path
+
+    return land
