@@ -72,7 +72,7 @@ from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, re
 from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
-from analyses.interventions.engine import Chunk, cache_run, runs_suffix_only, score_each_chunk
+from analyses.interventions.engine import Chunk, MetricSums, cache_run, runs_suffix_only
 from analyses.interventions.patching import base_and_source
 from interp.errors import UserError
 
@@ -390,8 +390,8 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
         final = _final_residual(model, graph, clean[rows], corrupt[members[0]], held["source"], held["diff"])
         return _logits(model, final, positions if compact else None, entries)[None]
 
-    scores = score_each_chunk(model, metric, chunks, chunk_logits, n_variants=len(masks), batch=batch,
-                              positions=positions, progress=progress, desc="full-graph circuits")
+    scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits, progress=progress,
+                                                                           desc="full-graph circuits")
     return PromptScores(scores.values.float(), scores.numerators, scores.counts)
 
 

@@ -108,7 +108,6 @@ def capture_hooks(names: Sequence[str], kept: dict, *, stop: bool = False, graph
             kept[name] = activation.detach()
             if stop and len(kept) == len(names):
                 raise _Collected
-            return None
 
         return keep
 
@@ -369,16 +368,16 @@ def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metri
     being ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where
     given); where the metric's part reads only some entries of those positions (``entries``
     (rows, n) bool, not None), those alone -> (len(members), m, d_vocab), row-major.
-    The chunks are ``variant_chunks``' (``by_prompts``: see there), scored by ``score_each_chunk``
-    (the metric's parts and their weighting: ``MetricSums``); with ``read_only`` the logits are
-    asked for at the metric's read positions only."""
+    The chunks are ``variant_chunks``' (``by_prompts``: see there), scored by ``MetricSums``
+    (the metric's parts and their weighting); with ``read_only`` the logits are asked for at the
+    metric's read positions only."""
     batch, n_pos = tokens.shape
     metric = as_metric(metric)
     positions = metric.positions(n_pos) if read_only else None
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not metric.splits
                             else len(positions), split_rows=metric.splits, by_prompts=by_prompts)
-    scores = score_each_chunk(model, metric, chunks, chunk_logits, n_variants=len(variants), batch=batch,
-                              positions=positions, progress=progress, desc=desc)
+    scores = MetricSums(model, metric, len(variants), batch, positions).score(chunks, chunk_logits, progress=progress,
+                                                                              desc=desc)
     values = scores.values.float()
     if positions is not None and values.isnan().any():
         raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
@@ -432,31 +431,26 @@ class MetricSums:
         if self.split:
             self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
 
+    def score(self, chunks: Sequence[Chunk], chunk_logits, *, progress: bool | None = None,
+              desc: str = "interventions") -> PromptScores:
+        """Score each of ``chunks`` in turn from ``chunk_logits(members, rows, positions, compact,
+        entries)`` (as ``score_chunks`` says; ``compact`` where the metric splits), asked for only
+        where the chunk's part has a weight -> ``scores()``. The progress bar counts chunks' variants."""
+        with progress_bar(total=sum(len(chunk.members) for chunk in chunks), progress=progress, desc=desc,
+                          leave=False) as bar:
+            for chunk in chunks:
+                part, weight = self.part(chunk.rows)
+                if weight > 0:
+                    logits = chunk_logits(chunk.members, chunk.rows, self.positions, self.split,
+                                          part.entries if self.split else None)
+                    self.add(chunk.members, chunk.rows, part, weight, logits)
+                bar.update(len(chunk.members))
+        return self.scores()
+
     def scores(self) -> PromptScores:
         """Every value (n_variants,) in the accumulators' dtype (``analyses.core.tokens.accumulator``),
         and where the metric splits each prompt's numerator (n_variants, batch) and count (batch,)."""
         return PromptScores(self.sums / self.weights, self.numerators, self.counts)
-
-
-def score_each_chunk(model, metric: Metric, chunks: Sequence[Chunk], chunk_logits, *, n_variants: int, batch: int,
-                     positions: torch.Tensor | None, progress: bool | None = None,
-                     desc: str = "interventions") -> PromptScores:
-    """``metric`` under each of ``n_variants`` variants on ``batch`` prompts, from the logits of each
-    of ``chunks`` in turn (``MetricSums``) -> ``MetricSums.scores``. ``chunk_logits(members, rows,
-    positions, compact, entries)``: as ``score_chunks`` says, asked for only where the chunk's part
-    of the metric has a weight. ``positions``: where the metric reads (see ``MetricSums``; asked for
-    compactly, ``compact``, where the metric splits). The progress bar counts a chunk's variants."""
-    sums = MetricSums(model, metric, n_variants, batch, positions)
-    with progress_bar(total=sum(len(chunk.members) for chunk in chunks), progress=progress, desc=desc,
-                      leave=False) as bar:
-        for chunk in chunks:
-            part, weight = sums.part(chunk.rows)
-            if weight > 0:
-                logits = chunk_logits(chunk.members, chunk.rows, positions, sums.split,
-                                      part.entries if sums.split else None)
-                sums.add(chunk.members, chunk.rows, part, weight, logits)
-            bar.update(len(chunk.members))
-    return sums.scores()
 
 
 def collect_variants(
