@@ -69,12 +69,10 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_check import require
 from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, resid_mid_name,
                                       resid_pre_name, z_name)
-from analyses.core.metrics import Metric, PromptScores, as_metric, evaluate_metric
+from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.plots import new_figure
-from analyses.core.progress import progress_bar
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
-from analyses.core.tokens import accumulator
-from analyses.interventions.engine import cache_run, runs_suffix_only
+from analyses.interventions.engine import Chunk, MetricSums, cache_run, runs_suffix_only
 from analyses.interventions.patching import base_and_source
 from interp.errors import UserError
 
@@ -376,37 +374,25 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
     batch, n_pos = clean.shape
     metric = as_metric(metric)
     positions, split = metric.positions(n_pos), metric.splits
-    rows = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
-                       per_position=_floats_per_position(model, graph)) if split else batch
+    fit = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
+                      per_position=_floats_per_position(model, graph)) if split else batch
     corrupt = [graph.valid & ~graph.kept_matrix(mask) for mask in masks]
-    sums, weights = accumulator(model, len(masks)), accumulator(model, len(masks))
-    numerators, counts = accumulator(model, len(masks), batch), accumulator(model, batch)
-    chunks = [slice(start, min(start + rows, batch)) for start in range(0, batch, rows)]
-    with progress_bar(total=len(masks) * len(chunks), progress=progress, desc="full-graph circuits",
-                      leave=False) as bar:
-        for chunk in chunks:
-            part, weight = metric.part(chunk, positions) if split else (metric, 1.0)
-            if weight <= 0:  # a part with no token the metric counts adds nothing
-                bar.update(len(masks))
-                continue
-            source = _source_run(model, graph, corrupted[chunk])
-            diff = torch.empty((len(graph.senders), *source.input.shape), dtype=torch.float32,
-                               device=source.input.device)
-            for i, edges in enumerate(corrupt):
-                final = _final_residual(model, graph, clean[chunk], edges, source, diff)
-                logits = _logits(model, final, positions if split else None, part.entries if split else None)
-                if split:
-                    value, each = part.evaluate(logits)
-                    numerators[i, chunk] = each.to(numerators.dtype)
-                else:
-                    value = evaluate_metric(metric, logits)
-                sums[i] += weight * value.to(sums.dtype)
-                weights[i] += weight
-                bar.update(1)
-            if split:
-                counts[chunk] = part.counts.to(counts.device, counts.dtype)
-    values = (sums / weights).float()
-    return PromptScores(values, numerators if split else None, counts if split else None)
+    chunks = [Chunk([i], slice(start, min(start + fit, batch))) for start in range(0, batch, fit)
+              for i in range(len(masks))]
+    held = {}  # the prompts of the latest chunk -> their corrupted run and the senders' differences
+
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor, compact: bool,
+                     entries: torch.Tensor | None) -> torch.Tensor:
+        if held.get("rows") != rows:  # one corrupted forward per chunk of prompts, before its first circuit
+            source = _source_run(model, graph, corrupted[rows])
+            held.update(rows=rows, source=source, diff=torch.empty((len(graph.senders), *source.input.shape),
+                                                                     dtype=torch.float32, device=source.input.device))
+        final = _final_residual(model, graph, clean[rows], corrupt[members[0]], held["source"], held["diff"])
+        return _logits(model, final, positions if compact else None, entries)[None]
+
+    scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits, progress=progress,
+                                                                           desc="full-graph circuits")
+    return PromptScores(scores.values.float(), scores.numerators, scores.counts)
 
 
 def _logits(model, final: torch.Tensor, positions: torch.Tensor | None, entries: torch.Tensor | None) -> torch.Tensor:

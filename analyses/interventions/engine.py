@@ -94,25 +94,35 @@ class _Collected(Exception):
     """Raised once every wanted activation is stored, to skip the rest of the forward."""
 
 
+def capture_hooks(names: Sequence[str], kept: dict, *, stop: bool = False, graph: bool = False) -> list:
+    """Forward hooks storing the activation of each of ``names`` (distinct) in ``kept`` under that
+    name (a hook's own name may be a backend's alias): detached, and with ``stop`` raising
+    ``_Collected`` once every one is stored (``kept`` starts empty); with ``graph`` a view that the
+    hook returns, so the tensor stored is the one the model uses next (a gradient may be taken with
+    respect to it)."""
+    def keeper(name):
+        def keep(activation, hook):
+            if graph:
+                kept[name] = activation.view_as(activation)
+                return kept[name]
+            kept[name] = activation.detach()
+            if stop and len(kept) == len(names):
+                raise _Collected
+
+        return keep
+
+    return [(name, keeper(name)) for name in names]
+
+
 def cache_run(model, tokens: torch.Tensor, names: Sequence[str], *, logits: bool = True):
     """One plain forward -> (logits (batch, pos, d_vocab), {name: activation} for ``names``).
 
     With ``logits=False`` the forward stops as soon as the last wanted activation is stored
     (the layers after it and the unembedding are skipped) and the logits are None.
     """
-    wanted, kept = set(names), {}
-
-    def keeper(name):
-        def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
-            kept[name] = activation.detach()
-            if not logits and len(kept) == len(wanted):
-                raise _Collected
-
-        return keep
-
-    output = None
+    kept, output = {}, None
     try:
-        with torch.no_grad(), model.hooks(fwd_hooks=[(name, keeper(name)) for name in wanted]):
+        with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(set(names), kept, stop=not logits)):
             output = model(tokens)
     except _Collected:
         pass
@@ -358,41 +368,89 @@ def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metri
     being ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where
     given); where the metric's part reads only some entries of those positions (``entries``
     (rows, n) bool, not None), those alone -> (len(members), m, d_vocab), row-major.
-    The chunks, metric parts and their weighting are ``score_variants``'s (see there; ``by_prompts``:
-    ``variant_chunks``'); with ``read_only`` the logits are asked for at the metric's read positions only.
-    Each value is the weighted mean of its parts' values, as without the per-prompt numerators,
-    which each part gives from the same logits (``analyses.core.metrics.MetricPart.evaluate``)."""
+    The chunks are ``variant_chunks``' (``by_prompts``: see there), scored by ``MetricSums``
+    (the metric's parts and their weighting); with ``read_only`` the logits are asked for at the
+    metric's read positions only."""
     batch, n_pos = tokens.shape
     metric = as_metric(metric)
     positions = metric.positions(n_pos) if read_only else None
-    split = metric.splits
-    sums, weights = accumulator(model, len(variants)), accumulator(model, len(variants))
-    numerators, counts = accumulator(model, len(variants), batch), accumulator(model, batch)
-    chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not split
-                            else len(positions), split_rows=split,
-                            by_prompts=by_prompts)
-    with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
-        for chunk in chunks:
-            part, weight = metric.part(chunk.rows, positions) if split else (metric, 1.0)
-            if weight > 0:  # a part with no token the metric counts adds nothing
-                logits = chunk_logits(chunk.members, chunk.rows, positions, split, part.entries if split else None)
-                for v, variant_logits in zip(chunk.members, logits):
-                    if split:
-                        value, each = part.evaluate(variant_logits)
-                        numerators[v, chunk.rows] = each.to(numerators.dtype)
-                    else:
-                        value = evaluate_metric(metric, variant_logits)
-                    sums[v] += weight * value.to(sums.dtype)
-                    weights[v] += weight
-                if split:
-                    counts[chunk.rows] = part.counts.to(counts.device, counts.dtype)
-            bar.update(len(chunk.members) if chunk.rows.stop == batch else 0)  # a variant is done at its last rows
-    values = (sums / weights).float()
+    chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not metric.splits
+                            else len(positions), split_rows=metric.splits, by_prompts=by_prompts)
+    scores = MetricSums(model, metric, len(variants), batch, positions).score(chunks, chunk_logits, progress=progress,
+                                                                              desc=desc)
+    values = scores.values.float()
     if positions is not None and values.isnan().any():
         raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
                         f"({positions.tolist()}; give it the right read_positions, or none), or the model's "
                         "output is not finite")
-    return PromptScores(values, numerators if split else None, counts if split else None)
+    return PromptScores(values, scores.numerators, scores.counts)
+
+
+class MetricSums:
+    """A metric pooled over chunks of (variants x prompts), each chunk scored as its logits come, so
+    that no more than a chunk's logits exist at once: for a metric that splits
+    (``analyses.core.metrics.Metric.splits``) each variant's value is the weighted mean of its parts'
+    values (``Metric.part``) and each prompt's numerator and count are kept from the same logits
+    (``MetricPart.evaluate``); one that does not is scored once per variant on the logits of
+    every prompt (its chunks' joined, in row order).
+
+    n_variants, batch: the values' and the prompts' number; positions (n,): the positions the logits
+    of a chunk are at (None: every position; a part then reads its own from them)."""
+
+    def __init__(self, model, metric: Metric, n_variants: int, batch: int, positions: torch.Tensor | None = None):
+        self.metric, self.batch, self.positions = as_metric(metric), batch, positions
+        self.split = self.metric.splits
+        self.sums, self.weights = accumulator(model, n_variants), accumulator(model, n_variants)
+        self.numerators = accumulator(model, n_variants, batch) if self.split else None
+        self.counts = accumulator(model, batch) if self.split else None
+        self.unsplit: dict[int, list[torch.Tensor]] = defaultdict(list)  # variant -> its chunks' logits so far
+
+    def part(self, rows: slice) -> tuple[Metric | MetricPart, float]:
+        """The metric on the prompts ``rows`` (a slice start:stop of the batch) -> (its part, the
+        part's weight), or for a metric that does not split (itself, 1.0). A part of weight 0 counts
+        no token: scoring it adds nothing."""
+        return self.metric.part(rows, self.positions) if self.split else (self.metric, 1.0)
+
+    def add(self, members: Sequence[int], rows: slice, part: Metric | MetricPart, weight: float,
+            logits: torch.Tensor) -> None:
+        """Score the logits (len(members), ...) of the variants ``members`` (indices) on the prompts
+        ``rows``, as ``part`` (from ``part(rows)``, with its ``weight``) takes them: (rows, n,
+        d_vocab), n the positions, or (m, d_vocab) at the part's ``entries``."""
+        for v, variant_logits in zip(members, logits):
+            if self.split:
+                value, each = part.evaluate(variant_logits)
+                self.numerators[v, rows] = each.to(self.numerators.dtype)
+            else:
+                self.unsplit[v].append(variant_logits)
+                if rows.stop < self.batch:  # scored once its last prompts are in
+                    continue
+                chunks = self.unsplit.pop(v)
+                value = evaluate_metric(self.metric, chunks[0] if len(chunks) == 1 else torch.cat(chunks))
+            self.sums[v] += weight * value.to(self.sums.dtype)
+            self.weights[v] += weight
+        if self.split:
+            self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
+
+    def score(self, chunks: Sequence[Chunk], chunk_logits, *, progress: bool | None = None,
+              desc: str = "interventions") -> PromptScores:
+        """Score each of ``chunks`` in turn from ``chunk_logits(members, rows, positions, compact,
+        entries)`` (as ``score_chunks`` says; ``compact`` where the metric splits), asked for only
+        where the chunk's part has a weight -> ``scores()``. The progress bar counts chunks' variants."""
+        with progress_bar(total=sum(len(chunk.members) for chunk in chunks), progress=progress, desc=desc,
+                          leave=False) as bar:
+            for chunk in chunks:
+                part, weight = self.part(chunk.rows)
+                if weight > 0:
+                    logits = chunk_logits(chunk.members, chunk.rows, self.positions, self.split,
+                                          part.entries if self.split else None)
+                    self.add(chunk.members, chunk.rows, part, weight, logits)
+                bar.update(len(chunk.members))
+        return self.scores()
+
+    def scores(self) -> PromptScores:
+        """Every value (n_variants,) in the accumulators' dtype (``analyses.core.tokens.accumulator``),
+        and where the metric splits each prompt's numerator (n_variants, batch) and count (batch,)."""
+        return PromptScores(self.sums / self.weights, self.numerators, self.counts)
 
 
 def collect_variants(
@@ -416,22 +474,13 @@ def collect_variants(
         edits, part_sources, part_starts = chunk_edits([variants[v] for v in chunk.members], sources, starts,
                                                        chunk.rows, batch)
         kept = {}
-
-        def keeper(name):
-            def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
-                kept[name] = activation.detach().unflatten(0, (len(edits), -1))
-                if len(kept) == len(wanted):
-                    raise _Collected
-
-            return keep
-
         try:
-            hooks = [*edit_hooks(edits, part_sources), *((name, keeper(name)) for name in wanted)]
+            hooks = [*edit_hooks(edits, part_sources), *capture_hooks(wanted, kept, stop=True)]
             _forward_variants(model, tokens[chunk.rows], edits, hooks, part_starts)
         except _Collected:
             pass
         for name in wanted:
-            for v, activation in zip(chunk.members, kept[name]):
+            for v, activation in zip(chunk.members, kept[name].unflatten(0, (len(edits), -1))):
                 collected[name][v].append(activation)  # the chunks of one variant come in row order
     return {name: torch.stack([torch.cat(collected[name][v]) for v in range(len(variants))]) for name in wanted}
 
@@ -480,15 +529,8 @@ def activation_gradients(model, tokens: torch.Tensor, metric: Metric, names: Seq
     def start_graph(embed, hook):  # a graph even when the weights do not require grad
         return embed.detach().requires_grad_(True)
 
-    def keeper(name):
-        def keep(activation, hook):  # hook.name may be the backend's own alias, so the name is bound here
-            kept[name] = activation.view_as(activation)  # returned, so this very tensor is what the model uses next
-            return kept[name]
-
-        return keep
-
     kept_names = list(dict.fromkeys([*names, *also_keep]))
-    hooks = [("hook_embed", start_graph)] + [(name, keeper(name)) for name in kept_names]
+    hooks = [("hook_embed", start_graph), *capture_hooks(kept_names, kept, graph=True)]
     with torch.enable_grad():
         if positions is None:
             value = evaluate_metric(metric, model.run_with_hooks(tokens, fwd_hooks=hooks))

@@ -29,11 +29,11 @@ import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within
 from analyses.core.hook_names import layer_of, resid_pre_name
-from analyses.interventions.engine import _Collected, nearest_start, runs_suffix_only, score_variants, start_names
-from analyses.core.metrics import Metric, PromptScores, as_metric, evaluate_metric
+from analyses.interventions.engine import (MetricSums, _Collected, capture_hooks, nearest_start, runs_suffix_only,
+                                           score_variants, start_names)
+from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.progress import progress_bar
 from analyses.core.stats import N_BOOT, bootstrap_ratio
-from analyses.core.tokens import accumulator
 from interp.errors import UserError
 
 Consumer = Callable[[torch.Tensor, slice], None]  # (activation of a chunk of prompts, its rows) -> None
@@ -141,8 +141,8 @@ class Run:
         # run_with_cache's names_filter leaves it out, and remembered as silent
         silent = frozenset(name for name, parts in kept.items() if not parts)
         cache = {name: _joined(parts) for name, parts in kept.items() if parts}
-        baseline = scored.value() if metric is not None else None
         scores = [(metric, scored.scores())] if metric is not None else []
+        baseline = float(scores[0][1].values) if scores else None
         run_starts = {name: cache.pop(name) for name in resid_names if name not in names} if resid_names else None
         if run_starts is not None:
             run_starts |= {name: cache[name] for name in resid_names if name in names}
@@ -163,18 +163,9 @@ class Run:
 
     def _suffix_cache(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         start = None if self.starts is None else nearest_start(self.starts, min(layer_of(name) for name in names))
-        kept, wanted = {}, set(names)
-
-        def keeper(name):
-            def keep(activation, hook):  # the name is bound here: hook.name may be a backend alias
-                kept[name] = activation.detach()
-                if len(kept) == len(wanted):
-                    raise _Collected
-
-            return keep
-
+        kept = {}
         try:
-            with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, keeper(name)) for name in wanted]):
+            with torch.no_grad(), self.model.hooks(fwd_hooks=capture_hooks(set(names), kept, stop=True)):
                 if start is None:
                     self.model(self.tokens)
                 else:
@@ -262,10 +253,10 @@ def kept_starts(model, tokens: torch.Tensor, memory_mb: float) -> list[str]:
 
 
 class MetricParts:
-    """A metric over a batch scored one chunk of prompts at a time (``analyses.core.metrics.Metric.part``),
-    so no more than a chunk's logits ever exist; on a model that can stop before its unembedding
-    (GPTModel), only the positions the metric reads are unembedded. A metric that cannot be split
-    keeps every chunk's logits and is scored on all of them at once.
+    """A metric over a batch scored one chunk of prompts at a time as ``MetricSums`` pools it (one
+    variant: the run itself), so no more than a chunk's logits ever exist; on a model that can stop
+    before its unembedding (GPTModel), only the positions the metric reads are unembedded. A metric
+    that cannot be split is scored on every chunk's logits at once.
 
     tokens: the batch (batch, pos); hooked: the hooks the forwards carry (one of the final norm's
     needs every position unembedded); read: how many positions a row unembeds (None: all)."""
@@ -274,12 +265,10 @@ class MetricParts:
         self.model, self.metric, self.tokens = model, None if metric is None else as_metric(metric), tokens
         unembeds = not runs_suffix_only(model) or any(name.startswith("ln_final") for name in hooked)
         positions = self.metric.positions(tokens.shape[1]) if self.metric is not None and not unembeds else None
-        self.split = self.metric is not None and self.metric.splits
-        self.positions = positions if self.split else None
+        self.positions = positions if self.metric is not None and self.metric.splits else None
         self.read = None if self.positions is None else len(self.positions)
         self.stop = {} if unembeds else {"stop_at_layer": model.cfg.n_layers}  # without a metric: no logits
-        self.total, self.weight, self.logits = 0.0, 0.0, []
-        self.numerators, self.counts = accumulator(model, len(tokens)), accumulator(model, len(tokens))
+        self.sums = None if self.metric is None else MetricSums(model, self.metric, 1, len(tokens), self.positions)
 
     def add(self, rows: slice, resid: torch.Tensor | None = None, layer: int = 0) -> None:
         """Run the prompts ``rows`` (a slice start:stop of the batch), from their tokens or from
@@ -295,28 +284,16 @@ class MetricParts:
             logits = run()
         else:
             logits = self.model.unembed(run(stop_at_layer=self.model.cfg.n_layers)[:, self.positions])
-        if not self.split:
-            self.logits.append(logits)
-            return
-        part, weight = self.metric.part(rows, self.positions)
+        part, weight = self.sums.part(rows)
         if weight > 0:  # a part with no token the metric counts adds nothing
-            value, each = part.evaluate(logits)
-            self.total += weight * value.item()
-            self.weight += weight
-            self.numerators[rows] = each.to(self.numerators.dtype)
-            self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
-
-    def value(self) -> float:
-        """The metric over every prompt added."""
-        if not self.split:
-            return evaluate_metric(self.metric, _joined(self.logits)).item()
-        return self.total / self.weight
+            self.sums.add([0], rows, part, weight, logits[None])
 
     def scores(self) -> PromptScores:
-        """The metric over every prompt added (values 0-d float64) with each prompt's numerator and
-        count (batch,) where the metric splits."""
-        return PromptScores(torch.tensor(self.value(), dtype=torch.float64), self.numerators if self.split else None,
-                            self.counts if self.split else None)
+        """The metric over every prompt added (values 0-d float64 on the CPU) with each prompt's
+        numerator and count (batch,) where the metric splits."""
+        scores = self.sums.scores()
+        numerators = None if scores.numerators is None else scores.numerators[0]
+        return PromptScores(scores.values[0].to("cpu", torch.float64), numerators, scores.counts)
 
 
 class FirstRows:
