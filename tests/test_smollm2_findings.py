@@ -212,3 +212,28 @@ def test_a_small_circuits_value_equals_hand_written_hooks_and_the_top_writers_lo
         assert value == pytest.approx(naive_value(smollm2, batch.clean, batch.corrupted, metric, removed, passes=5),
                                       abs=1e-4)
     assert (values[0] - empty) / (full - empty) > 0.5  # one edge of 45
+
+
+def test_l11_mlp_writes_the_sink_and_the_previous_token_heads_key_check_names_it_first(smollm2, hf):
+    """docs/guides/smollm2.md (QK attribution): L11 MLP's output at position 0 is the massive
+    activation that fills the residual there (read from Hugging Face's own layers, a hook on its
+    ``mlp`` and ``output_hidden_states``), and removing it from L16H0's key input moves that
+    previous-token head's attention more than removing any other component (interp's check)."""
+    from analyses.circuits.qk_check import qk_intervention_check, role_pairs
+
+    measure = probes_for(smollm2, 4, 48, seed=1)
+    written = {}
+    handle = hf.model.layers[11].mlp.register_forward_hook(lambda module, args, output: written.update(out=output))
+    try:
+        with torch.no_grad():
+            entering = hf(measure.tokens, output_hidden_states=True).hidden_states[16]  # the residual into layer 16
+    finally:
+        handle.remove()
+    norms = written["out"].norm(dim=-1)  # (b, pos)
+    assert float(norms[:, 0].min()) > 50 * float(norms[:, 1:].median())
+    cosine = torch.nn.functional.cosine_similarity(written["out"][:, 0], entering[:, 0], dim=-1)
+    assert float(cosine.min()) > 0.99
+    query, key = role_pairs(measure, "previous_token", 8)
+    check = qk_intervention_check(smollm2, measure.tokens, 16, 0, query, key, side="key", n_boot=20)
+    drops = check.frame.set_index("component")["drop"].sort_values(ascending=False)
+    assert drops.index[0] == "L11 MLP" and drops.iloc[0] > 0.3 and drops.iloc[1] < 0.1
