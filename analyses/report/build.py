@@ -864,7 +864,7 @@ def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int
     hold a head with the role (every one is passed as ``exclude``), so a layer with k role heads of n
     tests its highest-scoring min(k, n - k); a layer whose every head has the role is unmatched."""
     role = start_measure(table)
-    ranked = table[table["role"].str.split(";").apply(lambda roles: role in roles)].sort_values(
+    ranked = table[has_role(table["role"], role)].sort_values(
         [role, "layer", "head"], ascending=[False, True, True])
     role_heads = [(int(layer), int(head)) for layer, head in ranked[["layer", "head"]].itertuples(index=False)]
     per_layer = Counter(layer for layer, _ in role_heads)
@@ -937,9 +937,11 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
             + "\n".join(groups or ["- backup groups: none"]) + f"\n- dormant heads: {dormant_line}")
     figures = [ReportFigure(name, calibration.captions[name], png_bytes(figure))
                for name, figure in calibration.figures.items()]
+    if frames["pairs"].empty:
+        return Section("Calibration", text, figures=figures)
     pairs = ranked_pairs(frames["pairs"])
-    return Section("Calibration", text, figures=figures, table=pair_table(pairs),
-                   csv="backup_pairs.csv" if len(pairs) else "", csv_table=pairs if len(pairs) else None)
+    return Section("Calibration", text, figures=figures, table=pair_table(pairs), csv="backup_pairs.csv",
+                   csv_table=pairs)
 
 
 def ranked_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -959,13 +961,10 @@ BACKUP_RULE = ("Backup: the role heads with the largest first-order ablation eff
                "chosen).")
 
 
-def pair_table(pairs: pd.DataFrame) -> pd.DataFrame | None:
+def pair_table(pairs: pd.DataFrame) -> pd.DataFrame:
     """The pairwise ablation as the calibration section's table: ``a, b``, the single and joint
     effects and the excess (each 'e [low, high]', ``effect_text``) on the intervention probes, the
-    excess on the probes that chose the groups, and whether the pair backs up; None without pairs."""
-    if pairs.empty:
-        return None
-
+    excess on the probes that chose the groups, and whether the pair backs up."""
     def shown(value: str, stem: str) -> list[str]:
         return [effect_text(*cells, 3) for cells in zip(pairs[value], pairs[f"{stem}_ci_low"], pairs[f"{stem}_ci_high"])]
 
@@ -1254,9 +1253,9 @@ def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     the effects as 'effect [low, high]' (``effect_text``); the heads with a role first, each group by
     its ablation effect, largest first, where the table has it (ties in (layer, head) order)."""
     partial = ["partial_role"] if "partial_role" in table.columns else []
-    keys = [table["role"].eq(""), -table["ablation_effect"] if "ablation_effect" in table.columns else 0]
-    order = table.assign(_no_role=keys[0], _effect=keys[1]).sort_values(["_no_role", "_effect", "layer", "head"],
-                                                                        kind="stable").index
+    effect = -table["ablation_effect"] if "ablation_effect" in table.columns else 0.0
+    order = table.assign(_no_role=table["role"].eq(""), _effect=effect).sort_values(
+        ["_no_role", "_effect", "layer", "head"], kind="stable").index
     table = table.loc[order]
     effects = {column: [effect_text(*values) for values in zip(table[column], *map(table.get, interval_columns(column)))]
                for column in effect_columns(table)}
