@@ -41,14 +41,16 @@ def test_report_writes_every_file_with_one_row_per_head(scratch_report):
     figures = sorted(n.removeprefix("figures/").removesuffix(".png") for n in names if n.startswith("figures/"))
     store = [".sections", ".sections/.lock", ".sections/steps", ".sections/steps.json",
              *[f".sections/steps/{name}.json" for name in ReportSteps.STEPS[1:]]]  # the finished sections (--resume)
-    assert names == sorted([*store, "figures", *[f"figures/{f}.png" for f in figures], "head_roles.csv", "index.html",
+    tables = ["head_roles.csv", "copying.csv", *(["backup_pairs.csv"] if "backup" in figures else [])]
+    assert names == sorted([*store, "figures", *[f"figures/{f}.png" for f in figures], *tables, "index.html",
                             "meta.json", "report.md"])  # no temporary files left
     always = {"role_scores", "top_heads", "layer_map", "rollout", "null_bands", "self_repair", "dormant", "similarity",
               "dla", "logit_lens", "attention_vs_mlp"}
     assert always <= set(figures) <= always | {"backup", "circuit", "control", "qk"}  # those four need role heads
     table = pd.read_csv(scratch_report / "head_roles.csv", keep_default_na=False)
-    expected = ["layer", "head"] + [f"{m}{s}" for m in MEASURES for s in ("", "_ci_low", "_ci_high")]
-    assert list(table.columns[: len(expected)]) == expected and "role" in table.columns
+    expected = (["layer", "head", "head_name", "role", "partial_role"]
+                + [f"{m}{s}" for m in MEASURES for s in ("", "_ci_low", "_ci_high")])
+    assert list(table.columns[: len(expected)]) == expected
     assert {"ablation_effect", "causal", "induction_null_low", "induction_null_high", "induction_q"} <= set(table.columns)
     assert list(zip(table["layer"], table["head"])) == [(layer, head) for layer in range(2) for head in range(4)]
     assert ((table["induction_ci_low"] <= table["induction"]) & (table["induction"] <= table["induction_ci_high"])).all()

@@ -104,7 +104,7 @@ def test_the_role_scores_are_those_of_the_choosing_probes_alone(toy_report):
 
 def test_the_page_says_the_effects_were_measured_apart(toy_report):
     _, report, _ = toy_report
-    roles = next(s for s in report.sections if s.title == "Roles").text
+    roles = next(s for s in report.sections if s.title == "Method").text
     assert "measured on prompts that did not choose the heads" in roles
     assert f"the {INTERVENTION_PROMPTS} intervention probes" in roles and f"the other {N_PROMPTS} probes" in roles
     assert "these included" not in roles

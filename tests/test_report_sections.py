@@ -84,6 +84,8 @@ def test_the_page_holds_the_roles_and_the_pending_sections_before_the_ablation_e
     for title in ("Ablation effects", "Calibration", "Role heads vs layer-matched random heads", "Circuit", "Components"):
         assert f"## {title} (pending)" in markdown and f"<h2>{title} (pending)</h2>" in page
     assert "ablation pending" in markdown and "estimated ~" in markdown
+    summary = markdown[markdown.index("## Summary"):markdown.index("## Method")]  # the page opens on it
+    assert f"- **pending**: {', '.join(LATER)} (the page is rewritten as each lands)" in summary
     for figure in (out / "figures").iterdir():  # every figure the page names, and no other
         assert f"figures/{figure.name}" in markdown
     assert report(out, "--resume") == 0
@@ -127,6 +129,7 @@ def test_sections_choose_a_subset_and_a_resume_adds_the_rest(uninterrupted, tmp_
     assert sorted(meta["cost"]["steps"]) == ["control", "probe run", "roles"]
     markdown = (out / "report.md").read_text()
     assert "Not chosen by `--sections`: ablation, calibration, circuit, qk, components." in markdown
+    assert "- **not run**: ablation, calibration, circuit, qk, components (not chosen by `--sections`)" in markdown
     assert "## Role heads vs layer-matched random heads" not in markdown  # the control's title names the role
     assert "## Induction heads vs layer-matched random heads" in markdown and "## Calibration" not in markdown
     assert "ablation_effect" not in pd.read_csv(out / "head_roles.csv").columns

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from analyses.circuits.ground_truth import read_truth
 from analyses.cli.args import (THRESHOLD_HELP, add_chat_arg, add_intervention_prompts_arg, add_model_args, add_probe_args,
@@ -42,13 +43,19 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(plan_lines(model, n_prompts=args.prompts, seq_len=args.seq_len, seed=args.seed, texts=texts,
                                    intervention_prompts=args.intervention_prompts, sections=args.sections)))
         return 0
-    build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
-                 seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
-                 intervention_prompts=args.intervention_prompts, memory_mb=args.memory_mb,
-                 progress=args.progress, circuit_screen=None if args.exact_all else DEFAULT_SCREEN,
-                 sections=args.sections, out=args.out, resume=args.resume)
-    print(args.out)
+    report = build_report(model, model_name=str(args.model), n_prompts=args.prompts, seq_len=args.seq_len,
+                          seed=args.seed, texts=texts, thresholds=args.threshold, fdr=args.fdr,
+                          intervention_prompts=args.intervention_prompts, memory_mb=args.memory_mb,
+                          progress=args.progress, circuit_screen=None if args.exact_all else DEFAULT_SCREEN,
+                          sections=args.sections, out=args.out, resume=args.resume)
+    print("\n".join(summary_text(report.summary)))
+    print(f"\nThe report: {Path(args.out) / 'index.html'} (and report.md, head_roles.csv beside it)")
     return 0
+
+
+def summary_text(lines: list[str]) -> list[str]:
+    """The report's summary (``report_summary``: Markdown) as the terminal prints it: without the bold marks."""
+    return [line.replace("**", "") for line in lines]
 
 
 def register(subparsers) -> None:

@@ -1,8 +1,11 @@
 """``interp report``: the head-role report (DESIGN 4.4), one directory per model:
 
-    head_roles.csv   one row per head: layer, head, each measure with _ci_low/_ci_high,
-                     ablation_effect, role (the assigned roles joined by ';')
-    report.md        the roles found, their ablation effects, the figures (figures/*.png)
+    head_roles.csv   one row per head: layer, head, head_name (L1H4), role (the assigned roles joined
+                     by ';'), partial_role, then each measure with _ci_low/_ci_high, the null
+                     columns, ablation_effect and the other effects
+    report.md        a summary of the findings (``report_summary``), then the method, the roles,
+                     the sections, the figures (figures/*.png); a table longer than the page shows
+                     is in a CSV file beside it (backup_pairs.csv, copying.csv), linked
     index.html       the same and more, interactive and self-contained (``analyses.report.page``):
                      click a head in the layer x head grid to see its pattern on a probe prompt
                      and on the report's text; the head table sorts and filters by role
@@ -121,12 +124,14 @@ LIST_PROMPTS = 8  # the selection rows that choose the page's lists (``selection
 
 @dataclass
 class HeadReport:
-    """table: one row per head (see ``head_table``); sections: the page, in order (``Section``:
-    title, Markdown, page-only HTML, figures, table; append one to add it); meta: JSON-able."""
+    """table: one row per head (see ``head_table``, ``identity_first``); sections: the page, in order
+    (``Section``: title, Markdown, page-only HTML, figures, table; append one to add it); meta:
+    JSON-able; summary: the page's opening lines (``report_summary``), Markdown."""
 
     table: pd.DataFrame
     sections: list[Section]
     meta: dict
+    summary: list[str] = field(default_factory=list)
 
     @property
     def figures(self) -> dict[str, bytes]:
@@ -376,7 +381,8 @@ def control_result(context: ReportContext, results: dict) -> dict:
     c = context
     control = role_control(c.model, roles_table(c, results), c.first, seed=c.seed, memory_mb=c.step_mb,
                            progress=c.progress)
-    return {"section": section_data(control_report_section(control, c.chosen_text()))}
+    return {"section": section_data(control_report_section(control, c.chosen_text())),
+            "finding": control_finding(control)}
 
 
 def circuit_result(context: ReportContext, results: dict) -> dict:
@@ -428,11 +434,11 @@ def components_result(context: ReportContext, results: dict) -> dict:
 REPORT_SECTIONS = (
     ReportSection("roles", "Roles", (), 1, roles_result),
     ReportSection("ablation", "Ablation effects", (), 1, ablation_result),
-    ReportSection("calibration", "Calibration", ("ablation",), 1, calibration_result),
-    ReportSection("control", "Role heads vs layer-matched random heads", (), 1, control_result),
-    ReportSection("circuit", "Circuit", (), 3, circuit_result),
-    ReportSection("qk", "Why the role heads attend", (), 1, qk_result),
-    ReportSection("components", "Components", ("ablation",), 1, components_result),
+    ReportSection("calibration", "Calibration", ("ablation",), 2, calibration_result),
+    ReportSection("control", "Role heads vs layer-matched random heads", (), 2, control_result),
+    ReportSection("circuit", "Circuit", (), 4, circuit_result),
+    ReportSection("qk", "Why the role heads attend", (), 2, qk_result),
+    ReportSection("components", "Components", ("ablation",), 2, components_result),
 )
 
 
@@ -444,8 +450,8 @@ def roles_table(context: ReportContext, results: dict) -> pd.DataFrame:
 
 
 def report_table(context: ReportContext, results: dict) -> pd.DataFrame:
-    """The head table (head_roles.csv): the roles, the heads' ablation effects once that section
-    landed, and the role heads' QK attribution once that one did."""
+    """The head table (head_roles.csv, ``identity_first``): the roles, the heads' ablation effects once
+    that section landed, and the role heads' QK attribution once that one did."""
     ablation, qk = results.get("ablation"), results.get("qk")
     if ablation is None:
         table = roles_table(context, results)
@@ -455,7 +461,18 @@ def report_table(context: ReportContext, results: dict) -> pd.DataFrame:
                                                fdr=context.fdr or DEFAULT_FDR,
                                                calibration=roles["calibration"] if context.calibrated else None),
                                     ablation["effects"])
-    return table if qk is None or qk["heads"] is None else with_qk(table, qk["heads"])
+    return identity_first(table if qk is None or qk["heads"] is None else with_qk(table, qk["heads"]))
+
+
+IDENTITY = ("layer", "head", "head_name", "role", "partial_role")  # head_roles.csv's first columns
+
+
+def identity_first(table: pd.DataFrame) -> pd.DataFrame:
+    """The head table with each head's identity and verdict first: ``layer, head, head_name`` (e.g.
+    "L1H4"), ``role``, ``partial_role`` (where the table has it), then every other column in its order."""
+    named = table.assign(head_name=[f"L{int(layer)}H{int(head)}" for layer, head in zip(table["layer"], table["head"])])
+    first = [column for column in IDENTITY if column in named.columns]
+    return named[[*first, *[column for column in named.columns if column not in first]]]
 
 
 def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: dict, store: Steps | None) -> HeadReport:
@@ -468,17 +485,21 @@ def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: 
     c = context
     drawn = "ablation" in results  # the head sections change only when the ablation's effects land
     if drawn not in c.head_sections:
-        c.head_sections[drawn] = report_sections(table, c.views, role_rule(c.thresholds, c.fdr if c.calibrated else None)
-                                                 + " " + c.chosen_text(), c.figures)
-    sections = list(c.head_sections[drawn])
+        rule = role_rule(c.thresholds, c.fdr if c.calibrated else None) + " " + c.chosen_text()
+        c.head_sections[drawn] = report_sections(table, c.views, provenance(c.meta()) + "\n\n" + rule, c.figures)
+    before, after = c.head_sections[drawn]
     middle = []
     for section in chosen[1:]:
         if section.name not in results:
             middle.append(pending_section(section, c.estimate))
         elif results[section.name].get("section") is not None:
             middle.append(section_of(results[section.name]["section"]))
-    sections[2:2] = middle + unchosen_section(chosen)
-    sections[:0] = left_out_section(c.left)
+    circuit = results.get("circuit")
+    summary = report_summary(table, edges=None if circuit is None else circuit.get("edges"),
+                             control=(results.get("control") or {}).get("finding"), missing=missing_parts(c.left, chosen,
+                                                                                                         results))
+    sections = [Section("Summary", "\n".join(summary)), *left_out_section(c.left), *before, *middle,
+                *unchosen_section(chosen), *after]
     cost = c.estimate.record()
     for name, step in cost["steps"].items():
         step["reused"] = store is not None and name in store.reused
@@ -486,7 +507,83 @@ def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: 
                        "sections": {"chosen": [s.name for s in chosen],
                                     "pending": [s.name for s in chosen if s.name not in results]},
                        "cost": cost}
-    return HeadReport(table, sections, meta)
+    return HeadReport(table, sections, meta, summary)
+
+
+SUMMARY_HEADS = 3  # the heads of each role the summary names (the role list below names every one)
+SUMMARY_EDGES = 3  # the circuit edges it names
+
+
+def report_summary(table: pd.DataFrame, *, edges: pd.DataFrame | None = None, control: dict | None = None,
+                   missing: Sequence[str] = ()) -> list[str]:
+    """The report's opening lines (Markdown), made from its results: what was found (each role with a
+    head: how many, the ``SUMMARY_HEADS`` of highest score with their ablation effects and intervals;
+    the circuit's strongest edges, ``edges`` being the circuit section's where it ran; the control,
+    ``control_finding``'s, where it ran), then what was not (the roles no head has, with their
+    partial heads; the circuit without an edge; no matched control; ``missing``: the parts left out,
+    pending or not run, ``missing_parts``)."""
+    found, absent = [], []
+    for role in present_roles(table):
+        heads = int(has_role(table["role"], role).sum())
+        if heads:
+            found.append(f"- **{role}** ({heads} head{'s' if heads > 1 else ''}): "
+                         + role_heads(table, "role", role, SUMMARY_HEADS))
+        else:
+            partial = partial_names(table, role)
+            absent.append(f"- **{role}**: no head" + (f"; partial heads (beat their nulls, below the threshold): "
+                                                      f"{partial}" if partial else ""))
+    if edges is not None:
+        (found if len(edges) else absent).append(circuit_line(edges))
+    if control is not None:
+        (found if control["tested"] else absent).append(f"- **control**: {control['text']}")
+    return (["**Found**", "", *(found or ["- no head has any of the roles"]), "", "**Not found, or not run**", "",
+             *(absent + list(missing) or ["- nothing: every role has a head and every part ran"])])
+
+
+def partial_names(table: pd.DataFrame, role: str) -> str:
+    """The names of ``role``'s partial heads (``partial_role``), best first, the ``SUMMARY_HEADS`` best and
+    how many more; "" where it has none or the table has no partial roles."""
+    if "partial_role" not in table:
+        return ""
+    heads = table[has_role(table["partial_role"], role)].sort_values(role, ascending=False)
+    names = [f"L{int(r.layer)}H{int(r.head)}" for r in heads.itertuples()]
+    more = len(names) - SUMMARY_HEADS
+    return ", ".join(names[:SUMMARY_HEADS]) + (f", and {more} more" if more > 0 else "")
+
+
+def circuit_line(edges: pd.DataFrame) -> str:
+    """The circuit in one Markdown list item: its ``SUMMARY_EDGES`` strongest edges as the circuit
+    section chooses them (edge attribution on the selection rows), each with its path-patched effect
+    and interval on the intervention probes, or that no head has a role the circuit covers."""
+    if edges.empty:
+        return "- **circuit**: no edge (no head has a role the circuit covers)"
+    shown = strongest(edges.dropna(subset=["chosen_by"]), SUMMARY_EDGES, "chosen_by")
+    parts = []
+    for row in shown.itertuples():
+        receiver = "logits" if row.receiver_head < 0 else f"L{row.receiver_layer}H{row.receiver_head}.{row.via}"
+        effect = (effect_text(row.effect, row.ci_low, row.ci_high) if row.exact else f"{row.effect:+.3f} (estimate)")
+        parts.append(f"L{row.sender_layer}H{row.sender_head} -> {receiver} {effect}")
+    return (f"- **circuit** ({len(edges)} edges among the role heads; the {len(shown)} strongest by edge attribution, "
+            "their path-patched effect in nats): "
+            + "; ".join(parts))
+
+
+def control_finding(control: RoleControl) -> dict:
+    """The control for the summary: ``tested`` (whether a matched control ran) and ``text``, its
+    result (``describe``) or why there is none."""
+    if control.found is None:
+        return {"tested": False, "text": control.why}
+    return {"tested": True, "text": control.found.describe()}
+
+
+def missing_parts(left: dict[str, str], chosen: Sequence[ReportSection], results: dict) -> list[str]:
+    """The summary's lines for the parts without a result: those the model cannot run (``left``: part ->
+    why), the chosen sections still pending, the sections ``--sections`` did not choose."""
+    pending = [s.name for s in chosen if s.name not in results]
+    unchosen = [s.name for s in REPORT_SECTIONS if s not in chosen]
+    return ([f"- **left out**: {part} ({why})" for part, why in left.items()]
+            + ([f"- **pending**: {', '.join(pending)} (the page is rewritten as each lands)"] if pending else [])
+            + ([f"- **not run**: {', '.join(unchosen)} (not chosen by `--sections`)"] if unchosen else []))
 
 
 def report_roles(model, *, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
@@ -789,7 +886,7 @@ def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int
     hold a head with the role (every one is passed as ``exclude``), so a layer with k role heads of n
     tests its highest-scoring min(k, n - k); a layer whose every head has the role is unmatched."""
     role = start_measure(table)
-    ranked = table[table["role"].str.split(";").apply(lambda roles: role in roles)].sort_values(
+    ranked = table[has_role(table["role"], role)].sort_values(
         [role, "layer", "head"], ascending=[False, True, True])
     role_heads = [(int(layer), int(head)) for layer, head in ranked[["layer", "head"]].itertuples(index=False)]
     per_layer = Counter(layer for layer, _ in role_heads)
@@ -862,7 +959,19 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
             + "\n".join(groups or ["- backup groups: none"]) + f"\n- dormant heads: {dormant_line}")
     figures = [ReportFigure(name, calibration.captions[name], png_bytes(figure))
                for name, figure in calibration.figures.items()]
-    return Section("Calibration", text, figures=figures, table=pair_table(frames["pairs"]))
+    if frames["pairs"].empty:
+        return Section("Calibration", text, figures=figures)
+    pairs = ranked_pairs(frames["pairs"])
+    return Section("Calibration", text, figures=figures, table=pair_table(pairs), csv="backup_pairs.csv",
+                   csv_table=pairs)
+
+
+def ranked_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The backup pairs best first: those that back up, then by their excess on the intervention
+    probes, largest first (ties in the pairs' order)."""
+    order = pairs.assign(_rank=~pairs["backs"].astype(bool), _excess=-pairs["excess"]).sort_values(
+        ["_rank", "_excess"], kind="stable").index
+    return pairs.loc[order].reset_index(drop=True)
 
 
 BACKUP_RULE = ("Backup: the role heads with the largest first-order ablation effect on the selection probes (at most "
@@ -874,13 +983,10 @@ BACKUP_RULE = ("Backup: the role heads with the largest first-order ablation eff
                "chosen).")
 
 
-def pair_table(pairs: pd.DataFrame) -> pd.DataFrame | None:
+def pair_table(pairs: pd.DataFrame) -> pd.DataFrame:
     """The pairwise ablation as the calibration section's table: ``a, b``, the single and joint
     effects and the excess (each 'e [low, high]', ``effect_text``) on the intervention probes, the
-    excess on the probes that chose the groups, and whether the pair backs up; None without pairs."""
-    if pairs.empty:
-        return None
-
+    excess on the probes that chose the groups, and whether the pair backs up."""
     def shown(value: str, stem: str) -> list[str]:
         return [effect_text(*cells, 3) for cells in zip(pairs[value], pairs[f"{stem}_ci_low"], pairs[f"{stem}_ci_high"])]
 
@@ -935,7 +1041,7 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
                + (f"{per_kind.loc['mlp', 'direct']:+.2f} (total {per_kind.loc['mlp', 'total']:+.2f})"
                   if "mlp" in per_kind.index else "nothing (the model has none)") + "." if direct else "")
             + " **Logit lens**: the residual entering each block decoded as if it were the last. **What heads "
-            "move** (table): copying read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V "
+            "move** (table, largest copying first): copying read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V "
             "W_O W_U; copy suppression is its negative) and the share of tokens whose own logit tops (bottoms) "
             "their row. The roles copying and copy_suppression are in the head table, decided against their "
             "random-initialisation nulls in the same false-discovery family as the attention roles.")
@@ -943,8 +1049,9 @@ def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFra
                              png_bytes(logit_lens_figure(lens))),
                 *([ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
                                 png_bytes(attention_vs_mlp_figure(effects)))] if direct else [])]
-    columns = ["layer", "head", "copying", "copying_topk", "suppression_topk"]
-    return Section("Components", text, figures=figures, table=roles[columns].round(3))
+    copying = roles[["layer", "head", "copying", "copying_topk", "suppression_topk"]].sort_values(
+        ["copying", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
+    return Section("Components", text, figures=figures, table=copying.round(3), csv="copying.csv", csv_table=copying)
 
 
 def predictable_dla(model, probes: RepeatedProbes, cache: dict) -> pd.DataFrame:
@@ -1020,12 +1127,13 @@ def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]
 
 
 def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
-                    drawn: dict[str, bytes] | None = None) -> list[Section]:
-    """The head-role report's sections: the explorer, the roles, the head table, the figures, rollout.
-    views: the display probe's and the text's (``pattern_views``); rule: how roles were assigned;
-    drawn: the PNGs of the figures that read no effect (the top heads, the layer map, the rollout),
-    by name, drawn here where absent and kept there, so a page drawn again for the effects redraws
-    only the role heatmaps."""
+                    drawn: dict[str, bytes] | None = None) -> tuple[list[Section], list[Section]]:
+    """The head-role report's own sections, as (those before the later sections: the method, the
+    roles, the explorer; those after: the head table, the figures, rollout). views: the display
+    probe's and the text's (``pattern_views``); rule: what the probes were and how roles were
+    assigned, Markdown; drawn: the PNGs of the figures that read no effect (the top heads, the layer
+    map, the rollout), by name, drawn here where absent and kept there, so a page drawn again for
+    the effects redraws only the role heatmaps."""
     drawn = {} if drawn is None else drawn
     measures = [m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
@@ -1044,12 +1152,16 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
            "as 'effect [low, high]' with its 95% percentile bootstrap interval over the probes; 'no causal "
            "effect' marks a role head whose interval contains 0 (not a cut-off on the effect's size).")
     return [
-        Section("Heads", "Click a head in the grid to see its attention on a probe prompt and on the report's "
-                "text.", explorer_html(explorer, "click a head; the colour is the score chosen above")),
-        Section("Roles", how + "\n\n" + "\n".join(role_summary(table))),
-        Section("All heads", "Each score with its 95% bootstrap interval over prompts.",
+        Section("Method", how),
+        Section("Roles", "Every head of each role, best first, and the partial heads (they beat their nulls but "
+                "score below the threshold).\n\n" + "\n".join(role_summary(table))),
+        Section("Heads", html=explorer_html(explorer, "click a head to see its attention on a probe prompt and on the "
+                                            "report's text; the colour is the score chosen above")),
+    ], [
+        Section("All heads", "Each score with its 95% bootstrap interval over prompts; the heads with a role first, "
+                "each group by its ablation effect once measured.",
                 head_table_html(table, measures, present_roles(table), "head-table", extra=effect_columns(table)),
-                table=markdown_frame(table)),
+                table=markdown_frame(table), csv="head_roles.csv"),
         Section("Figures", figures=figures),
         Section("Attention rollout", ROLLOUT_NOTE,
                 figures=[ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], rolled)]),
@@ -1125,16 +1237,23 @@ OV_ALONE = (" (read from the OV circuit alone, not from what the head does on th
             "direct effect, not its total ablation effect)")
 
 
-def role_heads(table: pd.DataFrame, column: str, role: str) -> str:
-    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first, with score and
-    ablation effect; for a meaning role (``MEANING_ROLES``, read from the OV circuit) its direct
-    effect instead, where the table has it."""
-    heads = table[table[column].str.split(";").apply(lambda roles: role in roles)]
+def role_heads(table: pd.DataFrame, column: str, role: str, top: int | None = None) -> str:
+    """The heads whose ``column`` (';'-joined roles) holds ``role``, best first (the ``top`` best, and
+    how many more, where given), with score and ablation effect; for a meaning role
+    (``MEANING_ROLES``, read from the OV circuit) its direct effect instead, where the table has it."""
+    heads = table[has_role(table[column], role)].sort_values(role, ascending=False)
     direct = role in MEANING_ROLES and "direct_effect" in table
-    return ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}"
-                     + (f", direct {effect_text(r.direct_effect, r.direct_ci_low, r.direct_ci_high)} nats" if direct
-                        else ablation_text(r))
-                     + ")" for r in heads.sort_values(role, ascending=False).itertuples())
+    shown = ", ".join(f"L{int(r.layer)}H{int(r.head)} (score {getattr(r, role):.2f}"
+                      + (f", direct {effect_text(r.direct_effect, r.direct_ci_low, r.direct_ci_high)} nats" if direct
+                         else ablation_text(r))
+                      + ")" for r in heads.head(top).itertuples())
+    more = len(heads) - (len(heads) if top is None else min(top, len(heads)))
+    return shown + (f", and {more} more" if more else "")
+
+
+def has_role(roles: pd.Series, role: str) -> pd.Series:
+    """Whether each of ``roles`` (';'-joined role names) holds ``role``."""
+    return roles.str.split(";").apply(lambda names: role in names)
 
 
 def ablation_text(row) -> str:
@@ -1154,25 +1273,28 @@ def effect_columns(table: pd.DataFrame) -> list[str]:
 
 def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The head table as report.md shows it: layer, head, role, the measures (and the copying scores),
-    the effects as 'effect [low, high]' (``effect_text``)."""
+    the effects as 'effect [low, high]' (``effect_text``); the heads with a role first, each group by
+    its ablation effect, largest first, where the table has it (ties in (layer, head) order)."""
     partial = ["partial_role"] if "partial_role" in table.columns else []
+    effect = -table["ablation_effect"] if "ablation_effect" in table.columns else 0.0
+    order = table.assign(_no_role=table["role"].eq(""), _effect=effect).sort_values(
+        ["_no_role", "_effect", "layer", "head"], kind="stable").index
+    table = table.loc[order]
     effects = {column: [effect_text(*values) for values in zip(table[column], *map(table.get, interval_columns(column)))]
                for column in effect_columns(table)}
     return table[["layer", "head", "role", *partial, *[m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]]
                  ].assign(**effects)
 
 
-def report_title(report: HeadReport) -> tuple[str, str]:
-    """(title, the provenance line under it)."""
-    meta = report.meta
-    subtitle = (f"family `{meta['family']}`, impl `{meta['impl']}`, weights `{meta['weights_hash']}`, "
-                f"{meta['prompts']} probe prompts choosing the roles and {meta['intervention_prompts']} others "
-                f"measuring the effects, of {meta['seq_len']} tokens, seed {meta['seed']}"
-                + (f", {meta['texts']} texts" if meta["texts"] else "") + ".")
-    return f"Head roles: {meta['model']}", subtitle
+def provenance(meta: dict) -> str:
+    """The model and probes a report ran on, one sentence (the method section's first), from its meta.json."""
+    return (f"Model `{meta['model']}`: family `{meta['family']}`, impl `{meta['impl']}`, weights "
+            f"`{meta['weights_hash']}`; {meta['prompts']} probe prompts choosing the roles and "
+            f"{meta['intervention_prompts']} others measuring the effects, of {meta['seq_len']} tokens, seed "
+            f"{meta['seed']}" + (f", {meta['texts']} texts" if meta["texts"] else "") + ".")
 
 
 def write_report(report: HeadReport, out: str | Path) -> Path:
-    """Write the report directory (each file atomically)."""
-    title, subtitle = report_title(report)
-    return write_report_files(out, title, subtitle, report.sections, report.meta, {"head_roles.csv": report.table})
+    """Write the report directory (each file atomically); the page opens on the summary, so no subtitle."""
+    return write_report_files(out, f"Head roles: {report.meta['model']}", "", report.sections, report.meta,
+                              {"head_roles.csv": report.table})

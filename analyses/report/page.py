@@ -8,7 +8,9 @@ lower triangle of every head's (q, k) pattern quantised to uint8 (value x 255, r
 The same inputs give the same bytes.
 
 A section is a title, Markdown text, HTML for the page only (e.g. an interactive view), figures
-and a table; adding one to a report is ``report.sections.append(Section(...))``.
+and a table; adding one to a report is ``report.sections.append(Section(...))``. A section with a
+``csv`` file keeps its whole table in that file beside the page, and both pages show its first
+``INLINE_ROWS`` rows with a link to it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from analyses.core.stats import effect_text
 from interp.files import write_atomic
 
 FLOAT_FORMAT = "%.6f"
+INLINE_ROWS = 20  # the rows of a table with a ``csv`` file that the pages show (the file has every row)
 
 ASSETS = resources.files("analyses") / "report" / "assets"
 
@@ -52,9 +55,14 @@ class Section:
 
     text: Markdown (paragraphs, ``- `` lists, ``**bold**``, ``code``) for both report.md and index.html.
     html: for index.html only (an interactive view); where given with a table, it stands for the
-        table on the page (report.md still gets the table).
+        table on the page (report.md still gets the table). A section with html alone is not in report.md.
     table: a Markdown table in report.md, a sortable one in index.html.
-    Each is shown in this order: text, html (or table), figures.
+    csv: the name of a CSV file beside the page holding the whole table (a section with a csv has a
+        table); the pages then show the table's first ``INLINE_ROWS`` rows (order it best first; the
+        html, where given, shows what it shows) and link the file.
+    csv_table: what that file holds (e.g. the table's numbers where ``table`` shows them as text);
+        None where the report writes the file itself (``write_report_files``' tables).
+    Each is shown in this order: text, html (or table), the link to the CSV, figures.
     """
 
     title: str
@@ -62,10 +70,24 @@ class Section:
     html: str = ""
     figures: list[ReportFigure] = field(default_factory=list)
     table: pd.DataFrame | None = None
+    csv: str = ""
+    csv_table: pd.DataFrame | None = None
 
     @property
     def anchor(self) -> str:
         return re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
+
+    @property
+    def shown_table(self) -> pd.DataFrame | None:
+        """The rows of ``table`` the pages show: every row, or with a ``csv`` file the first ``INLINE_ROWS``."""
+        if self.table is None or not self.csv:
+            return self.table
+        return self.table.head(INLINE_ROWS)
+
+    def csv_note(self, shown: int) -> str:
+        """What precedes the link to the section's CSV file, where a page shows ``shown`` rows of the table."""
+        rows = len(self.table)
+        return f"The first {shown} of {rows} rows; full table: " if shown < rows else "Full table: "
 
 
 @dataclass
@@ -249,7 +271,11 @@ def section_html(section: Section) -> str:
     if section.html:
         parts.append(section.html)
     elif section.table is not None:
-        parts.append(plain_table_html(section.table))
+        parts.append(plain_table_html(section.shown_table))
+    if section.csv:
+        shown = len(section.table) if section.html else len(section.shown_table)
+        parts.append(f'<p class="hint">{html.escape(section.csv_note(shown))}<a href="{html.escape(section.csv)}">'
+                     f"{html.escape(section.csv)}</a></p>")
     parts += [figure_html(f) for f in section.figures]
     return "\n".join(parts + ["</section>"])
 
@@ -282,8 +308,8 @@ def json_for_script(data: dict) -> str:
 
 
 def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
-    """The whole self-contained page: header, a link per section, the sections, the inlined
-    style, CircuitsVis bundle and our script."""
+    """The whole self-contained page: header (the subtitle where not ""), a link per section, the
+    sections, the inlined style, CircuitsVis bundle and our script."""
     nav = " ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections)
     body = "\n".join(section_html(s) for s in sections)
     return f"""<!DOCTYPE html>
@@ -297,7 +323,7 @@ def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
-<p class="meta">{_inline(subtitle)}</p>
+{f'<p class="meta">{_inline(subtitle)}</p>' if subtitle else ""}
 <nav>{nav}</nav>
 {body}
 <script>
@@ -311,14 +337,20 @@ def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
 
 
 def render_markdown(title: str, subtitle: str, sections: Sequence[Section]) -> str:
-    """report.md: the same sections, figures linked as figures/{name}.png, tables in Markdown."""
-    lines = [f"# {title}", "", subtitle, ""]
+    """report.md: the same sections but those of page-only HTML, figures linked as figures/{name}.png,
+    tables in Markdown (the first ``INLINE_ROWS`` rows and a link where the section has a CSV file);
+    the subtitle under the title where not ""."""
+    lines = [f"# {title}", "", *([subtitle, ""] if subtitle else [])]
     for section in sections:
+        if not (section.text or section.table is not None or section.figures):
+            continue  # an interactive view of index.html alone
         lines += [f"## {section.title}", ""]
         if section.text:
             lines += [section.text.strip(), ""]
         if section.table is not None:
-            lines += [*markdown_table(section.table), ""]
+            lines += [*markdown_table(section.shown_table), ""]
+        if section.csv:
+            lines += [f"{section.csv_note(len(section.shown_table))}[{section.csv}]({section.csv})", ""]
         lines += [line for f in section.figures for line in (f"![{f.caption}](figures/{f.name}.png)", "")]
     return "\n".join(lines)
 
@@ -346,13 +378,14 @@ def csv_text(frame: pd.DataFrame) -> str:
 
 def write_report_files(out: str | Path, title: str, subtitle: str, sections: Sequence[Section], meta: dict,
                        tables: dict[str, pd.DataFrame]) -> Path:
-    """A report directory: figures/*.png, each of ``tables`` as CSV (name -> frame), report.md,
-    index.html and meta.json, each file written atomically."""
+    """A report directory: figures/*.png, each of ``tables`` as CSV (name -> frame) and each section's
+    ``csv_table`` as its ``csv`` file, report.md, index.html and meta.json, each file written atomically."""
     out = Path(out)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for figure in (f for section in sections for f in section.figures):
         write_atomic(out / "figures" / f"{figure.name}.png", figure.png)
-    for name, frame in tables.items():
+    sections_tables = {s.csv: s.csv_table for s in sections if s.csv and s.csv_table is not None}
+    for name, frame in (sections_tables | tables).items():
         write_atomic(out / name, csv_text(frame))
     write_atomic(out / "report.md", render_markdown(title, subtitle, sections))
     write_atomic(out / "index.html", render_page(title, subtitle, sections))

@@ -64,16 +64,17 @@ def parse_sections(text: str) -> list[str]:
 
 
 def section_data(section: Section) -> dict:
-    """A rendered page section as a step's result: its text, HTML, table (a DataFrame, or None) and
-    figures (name, caption, base64 PNG)."""
+    """A rendered page section as a step's result: its text, HTML, table (a DataFrame, or None),
+    figures (name, caption, base64 PNG), CSV file's name and that file's table (or None)."""
     return {"title": section.title, "text": section.text, "html": section.html, "table": section.table,
-            "figures": [[f.name, f.caption, base64.b64encode(f.png).decode("ascii")] for f in section.figures]}
+            "figures": [[f.name, f.caption, base64.b64encode(f.png).decode("ascii")] for f in section.figures],
+            "csv": section.csv, "csv_table": section.csv_table}
 
 
 def section_of(data: dict) -> Section:
     """The inverse of ``section_data``."""
     figures = [ReportFigure(name, caption, base64.b64decode(png)) for name, caption, png in data["figures"]]
-    return Section(data["title"], data["text"], data["html"], figures, data["table"])
+    return Section(data["title"], data["text"], data["html"], figures, data["table"], data["csv"], data["csv_table"])
 
 
 def run_sections(sections: Sequence[ReportSection], context, store: Callable[[str, Callable[[], object]], object],
