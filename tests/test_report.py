@@ -229,10 +229,12 @@ def test_impl_defaults_to_auto(command):
 
 
 def test_the_page_is_self_contained_and_stores_every_heads_pattern(scratch_report, gpt2_dir):
-    """No external reference of any kind, a CSP that forbids any request, CircuitsVis inlined once,
+    """No external reference (a link only to a long table's CSV beside the page), a CSP that forbids any request, CircuitsVis inlined once,
     and the stored patterns of the report's text are the model's own (to the 1/255 quantisation)."""
     page = (scratch_report / "index.html").read_text()
-    assert not re.search(r'(src|href)\s*=\s*"(?!data:|#)', page)
+    assert not re.search(r'src\s*=\s*"(?!data:)', page)
+    links = re.findall(r'href\s*=\s*"(?!data:|#)([^"]*)"', page)  # only the long tables' CSVs beside the page
+    assert all(re.fullmatch(r"[\w.-]+\.csv", link) and (scratch_report / link).is_file() for link in links), links
     assert "default-src 'none'" in page and page.count("var CircuitsVis=") == 1 and "sourceMappingURL" not in page
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1))
     assert (data["n_layers"], data["n_heads"]) == (2, 4) and len(data["views"]) == 2
