@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import analyses.report.build as build
-import analyses.report.calibration_figures as calibration_figures
+import analyses.roles.calibration as calibration
 from analyses.components.decompose import direct_logit_attribution, next_token_answers
 from analyses.core.metrics import loss_metric
 from analyses.core.probes import probes_for
@@ -105,7 +105,7 @@ def toy_report(tmp_path_factory):
     calls = Calls()
     with pytest.MonkeyPatch.context() as monkeypatch:
         calls.wrap(monkeypatch, build, "edge_attribution", lambda model, clean, *a, **k: clean)
-        calls.wrap(monkeypatch, calibration_figures, "first_order_head_effects", lambda ablation, *a, **k: ablation.tokens)
+        calls.wrap(monkeypatch, calibration, "first_order_head_effects", lambda ablation, *a, **k: ablation.tokens)
         calls.wrap(monkeypatch, build, "predictable_dla", lambda model, probes, cache: probes.tokens)
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
                               intervention_prompts=INTERVENTION_PROMPTS, progress=False)
