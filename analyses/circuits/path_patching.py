@@ -263,7 +263,7 @@ def path_patch(
       (value - corrupted) / (clean - corrupted) as in ``patch_heads``) and ``effect`` (``value``
       minus the unpatched base run's, on the same scale), a mean over prompts with its 95%
       interval ``ci_low, ci_high`` (a percentile bootstrap over prompts of the per-prompt effects,
-      ``analyses.interventions.run.effect_intervals``; NaN for a metric without a per-prompt form)
+      ``analyses.core.stats.effect_intervals``; NaN for a metric without a per-prompt form)
       and ``n_prompts``. Equals TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v)
       to float precision;
     - ``method="eap"`` (``edge_attribution``): ``attribution``, every edge's first-order

@@ -481,7 +481,7 @@ def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", met
 def effect_columns(ablation: Ablation, scores: PromptScores, seed: int = 0) -> dict:
     """The columns beside an ablation frame's ``effect`` (``analyses.core.stats.EFFECT_COLUMNS``):
     ``ci_low``, ``ci_high``, its 95% interval over prompts (a percentile bootstrap seeded by
-    ``seed``, ``analyses.interventions.run.effect_intervals``; NaN for a metric that does not split,
+    ``seed``, ``analyses.core.stats.effect_intervals``; NaN for a metric that does not split,
     such as a plain callable: ``analyses.core.metrics.Metric.splits``), and ``n_prompts``, the prompts the
     metric counts. ``scores``: ``Ablation.scores`` of the frame's rows."""
     low, high, n_prompts = ablation.intervals(scores, seed=seed)

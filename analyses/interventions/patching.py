@@ -211,7 +211,7 @@ def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, compone
     (the patched run's, normalised with ``normalize``: the ``patch_components`` value), ``baseline``
     (the unpatched run's, in the same units: 0 denoising and 1 noising when normalised), ``effect``
     (metric - baseline), ``ci_low``, ``ci_high`` (its 95% interval, a percentile bootstrap over
-    prompts seeded by ``seed``: ``analyses.interventions.run.effect_intervals``) and ``n_prompts``.
+    prompts seeded by ``seed``: ``analyses.core.stats.effect_intervals``) and ``n_prompts``.
     A metric that does not split (a plain callable, ``analyses.core.metrics.Metric.splits``) gets
     NaN intervals. Attribution patching has no intervals (it is a first-order estimate)."""
     check_choice("component", component, COMPONENTS)
