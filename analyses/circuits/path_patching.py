@@ -59,8 +59,8 @@ from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_ou
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.circuits.edge_attribution import eap_scores
 from analyses.circuits.edges import QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
-from analyses.interventions.engine import (check_choice, collect_variants, rows_per_chunk, runs_suffix_only,
-                                          score_variants)
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import collect_variants, rows_per_chunk, runs_suffix_only, score_variants
 from analyses.core.metrics import Metric, PromptScores
 from analyses.core.tokens import accumulator
 from analyses.interventions.attribution import Screen

@@ -35,8 +35,9 @@ from analyses.core.hook_names import has_mlps, mlp_post_name
 from analyses.core.metrics import Metric, PromptMeanMetric, evaluate_metric, prompt_scores
 from analyses.core.stats import effect_intervals
 from analyses.core.tokens import as_tokens, model_tokenizer
-from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, check_choice,
-                                           gradient_parts, score_variants)
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, gradient_parts,
+                                           score_variants)
 from interp.errors import UserError
 
 NEURON_METHODS = ("zero", "mean")

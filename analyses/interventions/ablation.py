@@ -48,13 +48,12 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_names
+from analyses.core.checks import check_choice, check_heads
 from analyses.interventions.engine import (
     Edit,
     Variant,
     activation_gradients,
     cache_run,
-    check_choice,
-    check_heads,
     gradient_parts,
     head_cells,
     linear_effects,

@@ -28,8 +28,9 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import mlp_out_name, pattern_names, resid_pre_names, z_names
 from analyses.core.progress import progress_bar
-from analyses.interventions.engine import (Edit, Variant, activation_gradients, check_choice, gradient_parts,
-                                          head_cells, linear_effects, scored_cache)
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import (Edit, Variant, activation_gradients, gradient_parts, head_cells,
+                                           linear_effects, scored_cache)
 from analyses.core.metrics import Metric
 from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.tokens import as_tokens

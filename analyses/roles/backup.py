@@ -50,8 +50,9 @@ from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORM
                                       frozen_output_norm, norm_weight, output_norm, output_norm_reads, probe_effect,
                                       probe_tokens, require)
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
-from analyses.interventions.engine import (Edit, activation_gradients, check_heads, gradient_parts, partial_logits,
-                                           rows_of, runs_suffix_only, score_chunks, score_variants)
+from analyses.core.checks import check_heads
+from analyses.interventions.engine import (Edit, activation_gradients, gradient_parts, partial_logits, rows_of,
+                                           runs_suffix_only, score_chunks, score_variants)
 from analyses.core.metrics import Metric, PromptScores
 from analyses.core.stats import effect_intervals, excludes_zero
 from analyses.core.tokens import accumulator
