@@ -42,7 +42,8 @@ from analyses.interventions.attribution import unpatched_value
 from analyses.roles.nulls import benjamini_hochberg, calibrate_roles, joint_fdr
 from analyses.roles.backup import backup_report, direct_and_total_effects, pairwise_ablation
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
-from analyses.report.calibration_figures import calibration_frames, calibration_section
+from analyses.roles.calibration import calibration_frames
+from analyses.report.calibration_figures import calibration_section
 from analyses.circuits.composition import composition_figure, composition_scores
 from analyses.circuits.path_patching import (eap_ig, edge_attribution, path_patch, screened_path_patch,
                                              shortlist_path_patch)
@@ -65,7 +66,8 @@ from analyses.tasks.task import Task, load_task, make_task, task_batch, task_met
 from analyses.core.probes import corrupt_first_copy, probes_for
 from analyses.core.heads import as_head, as_heads, head_label
 from analyses.circuits.ioi_classes import IOIClasses, classify_ioi, ioi_classes, ioi_classes_figure, ioi_positions
-from analyses.components.meaning import (attended_token_effect, meaning_nulls, meaning_roles, ov_scores,
+from analyses.roles.copying import meaning_nulls
+from analyses.components.meaning import (attended_token_effect, meaning_roles, ov_scores,
                               qk_positional_scores)
 from analyses.tasks.tracing import FactTrace, Trace, causal_trace, facts_figure, trace_facts, trace_figure, trace_verdict
 from analyses.tasks.facts import Fact, builtin_facts, load_facts, top1_facts

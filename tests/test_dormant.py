@@ -11,7 +11,8 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from analyses.report.calibration_figures import calibration_frames, calibration_section
+from analyses.report.calibration_figures import calibration_section
+from analyses.roles.calibration import calibration_frames
 from analyses.core.hook_check import left_out
 from analyses.roles.backup import direct_effect_needs
 from analyses.roles.causal_check import ablation_effects

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from analyses.core.metrics import PromptScores, logit_diff_metric, loss_metric
+from analyses.core.stats import effect_intervals
 from analyses.interventions.ablation import ablation_sweep, prepare_ablation
 from analyses.interventions.patching import patch_effects, patch_heads
-from analyses.interventions.run import effect_intervals
 from interp import load_model
 from hand_checks import bootstrap_by_hand, zero_head
 

@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from analyses.components.decompose import direct_logit_attribution
-from analyses.components.meaning import (
-    attended_token_effect, copying_from_eigenvalues, meaning_nulls, meaning_roles, ov_eigenvalues,
-    ov_scores, qk_positional_scores,
-)
+from analyses.components.meaning import attended_token_effect, meaning_roles, ov_scores, qk_positional_scores
+from analyses.roles.copying import copying_from_eigenvalues, meaning_nulls, ov_eigenvalues
 from analyses.roles.nulls import joint_fdr
 from interp import GPTConfig, GPTModel, UserError, from_hf
 from interp.bridge import boot_bridge

@@ -53,7 +53,8 @@ MEASURE = textwrap.dedent("""
     from analyses.roles.dormant import dormant_heads
     from analyses.roles.backup import backup_report, direct_and_total_effects
     from analyses.components.decompose import logit_lens
-    from analyses.components.meaning import meaning_nulls, ov_top_k
+    from analyses.components.meaning import ov_top_k
+    from analyses.roles.copying import meaning_nulls
 
     shape = json.loads(sys.argv[1])
     torch.manual_seed(0)

@@ -17,12 +17,13 @@ from matplotlib.patches import Rectangle
 
 import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
+import analyses.roles.calibration as calibration
 from analyses.core.probes import probes_for
 from analyses.core.metrics import loss_metric
 from analyses.circuits.qk_check import qk_intervention_check, role_pairs
 from analyses.components.decompose import component_hooks
 from analyses.report.build import build_report, write_report
-from analyses.report.calibration_figures import FirstProbes, probe_run
+from analyses.roles.calibration import FirstProbes, probe_run
 from analyses.report.qk_section import QK_PAIRS
 from analyses.roles.backup import direct_and_total_effects
 from analyses.roles.causal_check import ablation_effects
@@ -60,8 +61,8 @@ def toy_report():
     seen = Seen()
     with pytest.MonkeyPatch.context() as monkeypatch:
         seen.wrap(monkeypatch, build, "classify_heads", "probes")
-        seen.wrap(monkeypatch, calibration_figures, "calibrate_roles", 1)
-        seen.wrap(monkeypatch, calibration_figures, "direct_and_total_effects", 1)
+        seen.wrap(monkeypatch, calibration, "calibrate_roles", 1)
+        seen.wrap(monkeypatch, calibration, "direct_and_total_effects", 1)
         seen.wrap(monkeypatch, build, "control_effects", 1)
         seen.wrap(monkeypatch, build, "role_heatmaps")
         seen.wrap(monkeypatch, calibration_figures, "self_repair_figure")

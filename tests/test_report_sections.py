@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import analyses.report.build as build
-import analyses.report.calibration_figures as calibration_figures
+import analyses.roles.calibration as calibration
 from analyses.cli import main
 from interp.model import GPTModel
 
@@ -68,7 +68,7 @@ def test_the_page_holds_the_roles_and_the_pending_sections_before_the_ablation_e
         raise Stopped
 
     with monkeypatch.context() as patch:
-        patch.setattr(calibration_figures, "direct_and_total_effects", stop)
+        patch.setattr(calibration, "direct_and_total_effects", stop)
         with pytest.raises(Stopped):
             report(out)
     assert f"report: the page is at {out / 'index.html'}" in capsys.readouterr().err

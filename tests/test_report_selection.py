@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import analyses.report.build as build
-import analyses.report.calibration_figures as calibration_figures
+import analyses.roles.calibration as calibration
 from analyses.circuits.circuit import induction_pair
 from analyses.circuits.path_patching import edge_attribution
 from analyses.components.decompose import direct_logit_attribution, next_token_answers
@@ -109,7 +109,7 @@ def toy_report(tmp_path_factory):
     calls = Calls()
     with pytest.MonkeyPatch.context() as monkeypatch:
         calls.wrap(monkeypatch, build, "edge_attribution", lambda model, clean, *a, **k: clean)
-        calls.wrap(monkeypatch, calibration_figures, "first_order_head_effects", lambda ablation, *a, **k: ablation.tokens)
+        calls.wrap(monkeypatch, calibration, "first_order_head_effects", lambda ablation, *a, **k: ablation.tokens)
         calls.wrap(monkeypatch, build, "predictable_dla", lambda model, probes, cache: probes.tokens)
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
                               intervention_prompts=INTERVENTION_PROMPTS, progress=False)

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from analyses.core.checks import check_choice
 from analyses.core.metrics import Metric, PromptMeanMetric
 from analyses.circuits.edges import KEY_COLUMNS
 from analyses.circuits.path_patching import eap_ig, edge_attribution, path_patch
@@ -186,8 +187,7 @@ def component_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric
     ("mean_ablate") or by zeros ("zero_ablate") -> frame ``kind, layer, head, score``, one row
     per component; for a per-prompt ``metric`` (batch,), the mean |change| per prompt (``_effect``). Patching and mean ablation cannot see a component whose output is the same on
     every prompt (in Tracr, ``length`` on inputs of one length); zero ablation can."""
-    if method not in NODE_METHODS:
-        raise UserError(f"unknown node method {method!r}; allowed: {', '.join(NODE_METHODS)}")
+    check_choice("node method", method, NODE_METHODS)
     clean_acts = _activations(model, clean)
     if method == "patch":
         base, values = corrupted, clean_acts
@@ -273,8 +273,7 @@ def graph_edge_scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metri
     if model.cfg.normalization_type is not None:
         raise UserError("graph_edge_scores edits an MLP's input through the residual, which needs a model without "
                         f"normalisation (a Tracr model); this one has {model.cfg.normalization_type}")
-    if method not in ("patch", "eap", "eap_ig"):
-        raise UserError(f"unknown edge method {method!r}; allowed: patch, eap, eap_ig")
+    check_choice("edge method", method, ("patch", "eap", "eap_ig"))
     edges, writes = graph_edges(model), _writes(model, clean, corrupted)
     saved = model.split_qkv_inputs
     model.set_split_qkv_inputs(QKV)

@@ -50,7 +50,7 @@ import torch
 from matplotlib.figure import Figure
 
 from analyses.core.hook_check import norms_inside_heads
-from analyses.interventions.engine import check_heads
+from analyses.core.checks import check_heads
 from analyses.core.progress import progress_bar
 from analyses.core.plots import new_figure
 from interp.errors import UserError

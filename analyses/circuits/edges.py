@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from analyses.core.hook_check import HEAD_WRITES, check_hooks
-from analyses.interventions.engine import check_heads
+from analyses.core.checks import check_choice, check_heads
 from interp.errors import UserError
 
 VIAS = ("q", "k", "v", "logits")
@@ -73,8 +73,7 @@ def check_vias(via: str | Sequence[str]) -> tuple[str, ...]:
     """One of ``VIAS`` or a sequence of them -> a tuple in ``VIAS`` order, without repeats."""
     chosen = [via] if isinstance(via, str) else list(via)
     for item in chosen:
-        if item not in VIAS:
-            raise UserError(f"unknown via {item!r}; allowed: {', '.join(VIAS)}")
+        check_choice("via", item, VIAS)
     if not chosen:
         raise UserError(f"via is empty; give one or more of {', '.join(VIAS)}")
     return tuple(v for v in VIAS if v in chosen)

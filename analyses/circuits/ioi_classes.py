@@ -62,7 +62,8 @@ from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.core.tokens import as_batch
 from analyses.interventions.ablation import replacements
-from analyses.interventions.engine import cache_run, check_heads, collect_variants, head_cells, score_variants
+from analyses.core.checks import check_heads
+from analyses.interventions.engine import cache_run, collect_variants, head_cells, score_variants
 from analyses.tasks.task import Task, TaskBatch, task_ablation, task_batch, task_metric
 from interp.errors import UserError
 from interp.weights import expand_kv_heads

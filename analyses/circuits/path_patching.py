@@ -59,8 +59,8 @@ from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_ou
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
 from analyses.circuits.edge_attribution import eap_scores
 from analyses.circuits.edges import KEY_COLUMNS, QKV, VIAS, Edge, Edges, Head, edges_of, output_weights
-from analyses.interventions.engine import (check_choice, collect_variants, rows_per_chunk, runs_suffix_only,
-                                          score_variants)
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import collect_variants, rows_per_chunk, runs_suffix_only, score_variants
 from analyses.core.metrics import Metric, PromptScores
 from analyses.core.tokens import accumulator
 from analyses.interventions.attribution import Screen
@@ -263,7 +263,7 @@ def path_patch(
       (value - corrupted) / (clean - corrupted) as in ``patch_heads``) and ``effect`` (``value``
       minus the unpatched base run's, on the same scale), a mean over prompts with its 95%
       interval ``ci_low, ci_high`` (a percentile bootstrap over prompts of the per-prompt effects,
-      ``analyses.interventions.run.effect_intervals``; NaN for a metric without a per-prompt form)
+      ``analyses.core.stats.effect_intervals``; NaN for a metric without a per-prompt form)
       and ``n_prompts``. Equals TransformerLens's ``get_act_patch_direct_path`` (denoising, q/k/v)
       to float precision;
     - ``method="eap"`` (``edge_attribution``): ``attribution``, every edge's first-order

@@ -39,7 +39,8 @@ from analyses.core.hook_names import pattern_name, qkv_input_name
 from analyses.core.probes import RepeatedProbes
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
 from analyses.circuits.edge_attribution import split_qkv_inputs
-from analyses.interventions.engine import Edit, base_run, check_choice, collect_variants
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import Edit, base_run, collect_variants
 from analyses.roles.classify import probe_targets
 from interp.errors import UserError
 

@@ -68,7 +68,8 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import frozen_output_norm, logit_soft_cap, output_norm_reads
 from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
-from analyses.interventions.engine import cache_run, check_choice
+from analyses.core.checks import check_choice, check_layer
+from analyses.interventions.engine import cache_run
 from analyses.interventions.patching import patch_effects
 from analyses.core.plots import covers_zero, effect_error_bars, hatch_cells, new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
@@ -102,8 +103,7 @@ def _target_name(model, layer: int | None) -> str:
     """The residual the parts add up to: the final one (``layer`` None) or the one entering block ``layer``."""
     if layer is None:
         return final_resid_name(model)
-    if not 0 <= layer < model.cfg.n_layers:
-        raise UserError(f"layer={layer} must be in [0, {model.cfg.n_layers})")
+    check_layer(model, layer)
     return resid_pre_name(layer)
 
 

@@ -42,7 +42,8 @@ from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import pattern_name, pattern_names
 from analyses.core.plots import new_figure, token_label
 from analyses.core.tokens import model_tokenizer
-from analyses.interventions.engine import cache_run, check_heads
+from analyses.core.checks import check_heads
+from analyses.interventions.engine import cache_run
 from analyses.components.rollout import attention_rollout, flow_into
 from interp.errors import UserError
 

@@ -12,7 +12,8 @@ A copying head raises the logit of the token it attends to: M_h has mostly posit
 - ``copying``: sum(Re eig) / sum(|eig|) of M_h, in [-1, 1] (1: every eigenvalue positive);
   ``copy_suppression``: its negative (a head that lowers the logit of what it attends to). The
   nonzero eigenvalues of ``(W_E W_V)(W_O W_U)`` are those of ``(W_O W_U)(W_E W_V)``, a (d_head x
-  d_head) matrix, so no vocab x vocab matrix is ever made (``W_U W_E`` is d_model x d_model);
+  d_head) matrix, so no vocab x vocab matrix is ever made (``W_U W_E`` is d_model x d_model;
+  ``analyses.roles.copying.ov_eigenvalues``, with the roles' null: the role calibration reads it);
 - ``copying_topk``: the share of tokens t whose own logit M_h[t, t] is among the k largest of row t;
   ``suppression_topk``: among the k smallest (rows are computed ``n_tokens`` at a time, a seeded
   sample of tokens where the vocabulary is larger than ``n_tokens``).
@@ -25,14 +26,14 @@ Roles: ``copying`` and ``copy_suppression`` against the random-initialisation nu
 roles (``analyses.roles.nulls``: the same architecture at a few random initialisations, a per-layer
 two-level null, Student's t), and a threshold on the score. ``meaning_roles`` alone controls the
 false discovery rate over all heads x these two roles; the report puts them in ONE family with the
-attention roles (``analyses.roles.nulls.joint_fdr`` over ``calibrate_roles`` and ``meaning_nulls``,
-read by ``analyses.roles.classify.assign_roles``), so its head table names them beside induction. From behaviour: ``attended_token_effect`` is a head's direct effect on the
-logit of the token it attends to most, from one clean cache.
+attention roles (``analyses.roles.nulls.joint_fdr`` over ``calibrate_roles`` and
+``analyses.roles.copying.meaning_nulls``, read by ``analyses.roles.classify.assign_roles``), so its
+head table names them beside induction. From behaviour: ``attended_token_effect`` is a head's direct
+effect on the logit of the token it attends to most, from one clean cache.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import einops
@@ -43,12 +44,11 @@ from analyses.roles.classify import DEFAULT_THRESHOLD, MEANING_ROLES, check_fdr
 from analyses.components.decompose import final_norm
 from analyses.roles.dormant import head_outputs
 from analyses.core.hook_names import final_resid_name, pattern_name, z_name
-from analyses.roles.nulls import BAND_Z, DEFAULT_NULL_SEEDS, add_fdr, head_frame, layer_null, t_log_upper_tail, t_upper_tail, z_score
-from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
+from analyses.roles.copying import copying_from_eigenvalues, embed_unembed, meaning_nulls, ov_eigenvalues
+from analyses.roles.nulls import DEFAULT_NULL_SEEDS, add_fdr, head_frame
+from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.progress import progress_bar
-from analyses.core.tokens import accumulator_dtype
 from interp.errors import UserError
-from interp.random_models import random_like
 from interp.weights import expand_kv_heads
 
 DEFAULT_TOP_K = 5
@@ -59,39 +59,6 @@ CACHED_ROWS_MB = 12
 # vocabulary columns compared at a time: the first span settles whether most tokens' own entries are among
 # the top or bottom k (two counts at k), so the rest of the vocabulary is read only for the unsettled tokens
 SPAN_COLUMNS = 1024
-
-
-def ov_eigenvalues(model, *, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
-    """The nonzero eigenvalues of every head's ``W_E W_V W_O W_U`` -> (layer, head, d_head) complex
-    (complex128; complex64 on mps), from the (d_head x d_head) ``W_O W_U W_E W_V``. ``W_U W_E``
-    (d_model, d_model) is summed in the accumulators' dtype (float64; float32 on mps) over slices
-    of the vocabulary that fit ``memory_mb`` (no wide copy of either matrix)."""
-    W_E, W_U = _embed_unembed(model)
-    W_O, W_V = model.W_O.detach(), expand_kv_heads(model.W_V.detach(), model.cfg.n_heads)
-    d_model, n_vocab = W_U.shape
-    wide = accumulator_dtype(W_U.device)
-    step = max(1, int(memory_mb * 2**20 // (2 * 8 * d_model)))
-    unembed_embed = sum(W_U[:, start:start + step].to(wide) @ W_E[start:start + step].to(wide)
-                        for start in range(0, n_vocab, step))  # (d_model, d_model)
-    small = [W_O[layer].to(wide) @ unembed_embed @ W_V[layer].to(wide)  # (head, d_head, d_head): a layer at a time
-             for layer in range(W_O.shape[0])]
-    return torch.linalg.eigvals(torch.stack(small))
-
-
-def _embed_unembed(model) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W_E (vocab, d_model), W_U (d_model, vocab)) as stored (the model's dtype), refused where the
-    unembedding's outputs are not the input vocabulary."""
-    W_E, W_U = model.W_E.detach(), model.W_U.detach()
-    if W_U.shape[1] != W_E.shape[0]:
-        raise UserError(f"copying scores need the unembedding over the input vocabulary; this model maps "
-                        f"{W_E.shape[0]} input tokens to {W_U.shape[1]} outputs")
-    return W_E, W_U
-
-
-def copying_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
-    """(..., n) complex eigenvalues -> (...) sum(Re) / sum(|.|) (0 where all are 0)."""
-    total = eigenvalues.abs().sum(-1)
-    return torch.where(total > 0, eigenvalues.real.sum(-1) / total.clamp(min=1e-300), torch.zeros_like(total))
 
 
 def _token_sample(n_vocab: int, n_tokens: int, seed: int) -> torch.Tensor:
@@ -116,7 +83,7 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     and each block counts the other columns above and below it, ``SPAN_COLUMNS`` at a time, until both
     counts reach ``k`` (``_count_beyond``): exactly the full count's shares, on SmolLM2 in a fifth of
     the time (20 s against 115 s on two threads), most tokens being settled by their first columns."""
-    W_E, W_U = _embed_unembed(model)
+    W_E, W_U = embed_unembed(model)
     d_model, n_vocab = W_U.shape
     if not 1 <= k <= n_vocab:
         raise UserError(f"k={k} must be in [1, {n_vocab}]")
@@ -212,38 +179,6 @@ def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS
         top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, progress=progress, memory_mb=memory_mb)
     return head_frame(copying, {"copying": copying, "copy_suppression": -copying, "copying_topk": top,
                                 "suppression_topk": bottom})
-
-
-def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None, *,
-                  memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
-    """``copying`` and ``copy_suppression`` against the random-initialisation null: one row per
-    (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
-    null_center, null_spread, null_low, null_high, z, p, log10_p``). One null model is alive at a
-    time, counted in ``memory_mb`` (its eigenvalues get what it leaves)."""
-    if len(null_seeds) < 2:
-        raise UserError(f"null_seeds={tuple(null_seeds)}: a null spread needs at least 2 random initialisations")
-    with torch.no_grad():
-        observed = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb))
-        nulls = torch.stack([_null_copying(model, seed, memory_mb)
-                             for seed in progress_bar(null_seeds, progress=progress, desc="random-init nulls",
-                                                      unit="model")])
-    frames = []
-    for role, sign in zip(MEANING_ROLES, (1.0, -1.0)):
-        score = sign * observed
-        center, spread, dof = layer_null(sign * nulls)
-        z = z_score(score - center, spread)
-        frames.append(head_frame(score, {
-            "role": role, "score": score, "null": "random_init", "null_center": center, "null_spread": spread,
-            "null_low": center - BAND_Z * spread, "null_high": center + BAND_Z * spread, "z": z, "p": t_upper_tail(z, dof),
-            "log10_p": t_log_upper_tail(z, dof) / math.log(10),
-        }))
-    return pd.concat(frames, ignore_index=True)
-
-
-def _null_copying(model, seed: int, memory_mb: float) -> torch.Tensor:
-    """(layer, head) copying scores of ``model``'s architecture at random initialisation ``seed``."""
-    null = random_like(model, seed)
-    return copying_from_eigenvalues(ov_eigenvalues(null, memory_mb=left_after(memory_mb, model_mb(null))))
 
 
 def meaning_roles(model, *, k: int = DEFAULT_TOP_K, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,

@@ -33,10 +33,11 @@ from einops import einsum
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import has_mlps, mlp_post_name
 from analyses.core.metrics import Metric, PromptMeanMetric, evaluate_metric, prompt_scores
+from analyses.core.stats import effect_intervals
 from analyses.core.tokens import as_tokens, model_tokenizer
-from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, check_choice,
-                                           gradient_parts, score_variants)
-from analyses.interventions.run import effect_intervals
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, gradient_parts,
+                                           score_variants)
 from interp.errors import UserError
 
 NEURON_METHODS = ("zero", "mean")
@@ -85,7 +86,7 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
     first-order change of the metric when it is ablated, ``neuron_attribution``), ``effect`` (the
     exact change: the metric with that neuron alone ablated at every position, minus ``baseline``;
     NaN where not run), ``ci_low``, ``ci_high`` (its 95% interval over prompts, a percentile bootstrap
-    of the per-prompt effects, ``analyses.interventions.run.effect_intervals``; NaN where not run or
+    of the per-prompt effects, ``analyses.core.stats.effect_intervals``; NaN where not run or
     for a metric without a per-prompt form), ``n_prompts``, ``baseline``.
 
     ``method``: what replaces the activation, ``zero`` or ``mean`` (``neuron_replacement``).

@@ -58,7 +58,8 @@ from analyses.core.hook_check import FrozenNorm, frozen_norm
 from analyses.core.hook_names import qkv_name
 from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
-from analyses.interventions.engine import cache_run, check_choice
+from analyses.core.checks import check_choice, check_layer
+from analyses.interventions.engine import cache_run
 from interp.attention import GroupedQueryAttention, apply_rotary
 from interp.errors import UserError
 from interp.provenance import model_family, model_impl
@@ -138,8 +139,7 @@ def _side_frame(names: Sequence[str], values: torch.Tensor, side: str, n_boot: i
 def qk_attention(model, layer: int) -> GroupedQueryAttention:
     """Block ``layer``'s attention module; refused in one line where it is not interp's own (the
     norms and rotation inside the score are then out of reach: ``qk_refusal``)."""
-    if not 0 <= layer < model.cfg.n_layers:
-        raise UserError(f"layer={layer} must be in [0, {model.cfg.n_layers})")
+    check_layer(model, layer)
     attn = getattr(model.blocks[layer], "attn", None)
     if not isinstance(attn, GroupedQueryAttention):
         raise UserError(_refusal(model))

@@ -1,1 +1,1 @@
-"""What every room uses: hook names, tokens, metrics, the memory budget, progress bars, plots, the probe batches and the hook self-test."""
+"""What every room uses: hook names, tokens, metrics, the memory budget, progress bars, plots, the probe batches, the argument checks every room shares, the bootstrap statistics and the hook self-test."""

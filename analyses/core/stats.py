@@ -8,6 +8,8 @@ what TransformerLens's peers do not print and what Wang et al. 2022 report): pro
 replacement, the pooled mean recomputed, and the 2.5% and 97.5% quantiles of the resamples kept.
 
 ``bootstrap_ratio`` is the one resampler; ``EFFECT_COLUMNS`` names the columns it fills in a frame;
+``effect_intervals`` bootstraps the effects of a sweep's interventions from the per-prompt scores
+(``analyses.core.metrics.PromptScores``) of each and of the unedited run;
 ``control_intervals`` bootstraps a control's mean effect and the ratio of a tested effect to it over
 the same prompts (paired), for "these heads matter N times as much as random heads".
 
@@ -26,6 +28,7 @@ from typing import Hashable, Sequence
 
 import torch
 
+from analyses.core.metrics import PromptScores
 from interp.errors import UserError
 
 N_BOOT = 1000  # bootstrap resamples over prompts, everywhere an interval is printed
@@ -70,6 +73,37 @@ def bootstrap_ratio(sums: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BO
     Returns (estimate, ci_low, ci_high), each of shape sums.shape[1:], float64 on the CPU.
     """
     return _weighted_ratio(sums, counts, resample_weights(sums.shape[0], n_boot, seed), level)
+
+
+def effect_intervals(scores: PromptScores, baseline: PromptScores, n_batch: int, *,
+                     scale: torch.Tensor | None = None, seed: int = 0,
+                     n_boot: int = N_BOOT) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Seeded 95% percentile bootstrap intervals over prompts (``bootstrap_ratio``)
+    of the effects ``scores.values - baseline.values`` of one metric on the same ``n_batch`` prompts
+    -> (ci_low, ci_high), each of ``scores.values``' shape, float64 on the CPU, and n_prompts.
+
+    Each prompt's effect numerator is its numerator under the intervention minus its baseline
+    numerator, over its count (the same in both: one metric, one batch), so a resample's effect is
+    sum(differences) / sum(counts) over the prompts drawn, the pooled mean the effect itself is.
+    For a normalised effect, (value - baseline) / (clean - corrupted), the denominators are ``scale``
+    (batch,) instead: each prompt's clean minus corrupted numerator. Prompts that count nothing are
+    left out; n_prompts counts the rest. A metric that does not split (``analyses.core.metrics.Metric.splits``:
+    a plain callable) gets NaN intervals and n_prompts ``n_batch``. The cells are
+    resampled a few thousand at a time, each time with the same draws (``seed``)."""
+    shape = scores.values.shape
+    if scores.numerators is None or baseline.numerators is None:
+        nan = torch.full(shape, float("nan"), dtype=torch.float64)
+        return nan, nan.clone(), n_batch
+    counted = (baseline.counts > 0).cpu()
+    differences = (scores.numerators - baseline.numerators).reshape(-1, n_batch).T.cpu()[counted]  # (n, cells)
+    denominators = (baseline.counts if scale is None else scale).cpu()[counted]
+    low = torch.empty(differences.shape[1], dtype=torch.float64)
+    high = torch.empty_like(low)
+    step = max(1, 2**22 // n_boot)  # cells per resampling: (n_boot, step) float64, about 32 MB
+    for start in range(0, differences.shape[1], step):
+        cells = slice(start, start + step)
+        _, low[cells], high[cells] = bootstrap_ratio(differences[:, cells], denominators, n_boot=n_boot, seed=seed)
+    return low.reshape(shape), high.reshape(shape), int(counted.sum())
 
 
 def cluster_index(clusters: Sequence[Hashable]) -> torch.Tensor:

@@ -48,13 +48,12 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_names
+from analyses.core.checks import check_choice, check_heads
 from analyses.interventions.engine import (
     Edit,
     Variant,
     activation_gradients,
     cache_run,
-    check_choice,
-    check_heads,
     gradient_parts,
     head_cells,
     linear_effects,
@@ -481,7 +480,7 @@ def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", met
 def effect_columns(ablation: Ablation, scores: PromptScores, seed: int = 0) -> dict:
     """The columns beside an ablation frame's ``effect`` (``analyses.core.stats.EFFECT_COLUMNS``):
     ``ci_low``, ``ci_high``, its 95% interval over prompts (a percentile bootstrap seeded by
-    ``seed``, ``analyses.interventions.run.effect_intervals``; NaN for a metric that does not split,
+    ``seed``, ``analyses.core.stats.effect_intervals``; NaN for a metric that does not split,
     such as a plain callable: ``analyses.core.metrics.Metric.splits``), and ``n_prompts``, the prompts the
     metric counts. ``scores``: ``Ablation.scores`` of the frame's rows."""
     low, high, n_prompts = ablation.intervals(scores, seed=seed)

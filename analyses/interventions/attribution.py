@@ -19,7 +19,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
 from analyses.core.metrics import Metric, PromptScores
-from analyses.interventions.engine import check_choice
+from analyses.core.checks import check_choice
 from analyses.interventions.patching import COMPONENTS, base_and_source, patch_components, prepare
 from analyses.interventions.run import Contrast, Options, Run
 from interp.errors import UserError

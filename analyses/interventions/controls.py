@@ -37,7 +37,7 @@ from analyses.core.metrics import Metric
 from analyses.core.plots import new_figure
 from analyses.core.stats import EFFECT_COLUMNS, N_BOOT, control_intervals, effect_text
 from analyses.interventions.ablation import component_label, prepare_ablation
-from analyses.interventions.engine import check_heads
+from analyses.core.checks import check_heads
 from analyses.interventions.run import Run
 from interp.errors import UserError
 

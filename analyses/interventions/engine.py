@@ -36,7 +36,6 @@ from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name,
 from analyses.core.metrics import Metric, MetricPart, PromptScores, as_metric, evaluate_metric
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator
-from analyses.core.heads import as_heads
 from interp.errors import UserError
 
 
@@ -64,25 +63,6 @@ def runs_suffix_only(model) -> bool:
     """Whether ``model(resid, start_at_layer=l)`` computes only blocks l.. (GPTModel's
     ``suffix_only_start``; a TransformerBridge reruns the earlier blocks, architecture §7)."""
     return getattr(model, "suffix_only_start", False)
-
-
-def check_choice(name: str, value, allowed: Sequence) -> None:
-    if value not in allowed:
-        raise UserError(f"unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}")
-
-
-def check_heads(model, heads) -> list[tuple[int, int]]:
-    """Heads (each ``(1, 4)``, ``"L1H4"`` or ``"1.4"``; or one string of them joined by commas:
-    ``analyses.core.heads.as_heads``) -> [(layer, head), ...] validated against the model's shape."""
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    checked = []
-    for layer, head in as_heads(heads):
-        if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise UserError(
-                f"head ({layer}, {head}) out of range: layer must be in [0, {n_layers}), head in [0, {n_heads})"
-            )
-        checked.append((layer, head))
-    return checked
 
 
 def head_cells(heads: Sequence[tuple[int, int]]) -> list[Edit]:

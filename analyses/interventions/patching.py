@@ -28,8 +28,9 @@ from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import mlp_out_name, pattern_names, resid_pre_names, z_names
 from analyses.core.progress import progress_bar
-from analyses.interventions.engine import (Edit, Variant, activation_gradients, check_choice, gradient_parts,
-                                          head_cells, linear_effects, scored_cache)
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import (Edit, Variant, activation_gradients, gradient_parts, head_cells,
+                                           linear_effects, scored_cache)
 from analyses.core.metrics import Metric
 from analyses.interventions.run import Contrast, Options, Run, normalize_values
 from analyses.core.tokens import as_tokens
@@ -211,7 +212,7 @@ def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, compone
     (the patched run's, normalised with ``normalize``: the ``patch_components`` value), ``baseline``
     (the unpatched run's, in the same units: 0 denoising and 1 noising when normalised), ``effect``
     (metric - baseline), ``ci_low``, ``ci_high`` (its 95% interval, a percentile bootstrap over
-    prompts seeded by ``seed``: ``analyses.interventions.run.effect_intervals``) and ``n_prompts``.
+    prompts seeded by ``seed``: ``analyses.core.stats.effect_intervals``) and ``n_prompts``.
     A metric that does not split (a plain callable, ``analyses.core.metrics.Metric.splits``) gets
     NaN intervals. Attribution patching has no intervals (it is a first-order estimate)."""
     check_choice("component", component, COMPONENTS)

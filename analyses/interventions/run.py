@@ -17,7 +17,7 @@ Interventions run on a ``Run``: the base run is the one that gets patched (its t
 baseline), the sources what gets written in (``analyses.interventions.engine.score_variants``).
 Options shared by the intervention functions are one ``Options`` object. Beside each pooled value a
 run and a sweep keep each prompt's numerator and count (``PromptScores``), from which
-``effect_intervals`` bootstraps every effect's interval over prompts (architecture §4.12).
+``analyses.core.stats.effect_intervals`` bootstraps every effect's interval over prompts (architecture §4.12).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from analyses.interventions.engine import (MetricSums, _Collected, capture_hooks
                                            score_variants, start_names)
 from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.progress import progress_bar
-from analyses.core.stats import N_BOOT, bootstrap_ratio
+from analyses.core.stats import effect_intervals
 from interp.errors import UserError
 
 Consumer = Callable[[torch.Tensor, slice], None]  # (activation of a chunk of prompts, its rows) -> None
@@ -403,33 +403,3 @@ class Contrast:
                 scale = clean.numerators - corrupted.numerators
         return effect_intervals(scores, baseline, len(self.tokens), scale=scale, seed=seed)
 
-
-def effect_intervals(scores: PromptScores, baseline: PromptScores, n_batch: int, *,
-                     scale: torch.Tensor | None = None, seed: int = 0,
-                     n_boot: int = N_BOOT) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Seeded 95% percentile bootstrap intervals over prompts (``analyses.core.stats.bootstrap_ratio``)
-    of the effects ``scores.values - baseline.values`` of one metric on the same ``n_batch`` prompts
-    -> (ci_low, ci_high), each of ``scores.values``' shape, float64 on the CPU, and n_prompts.
-
-    Each prompt's effect numerator is its numerator under the intervention minus its baseline
-    numerator, over its count (the same in both: one metric, one batch), so a resample's effect is
-    sum(differences) / sum(counts) over the prompts drawn, the pooled mean the effect itself is.
-    For a normalised effect, (value - baseline) / (clean - corrupted), the denominators are ``scale``
-    (batch,) instead: each prompt's clean minus corrupted numerator. Prompts that count nothing are
-    left out; n_prompts counts the rest. A metric that does not split (``analyses.core.metrics.Metric.splits``:
-    a plain callable) gets NaN intervals and n_prompts ``n_batch``. The cells are
-    resampled a few thousand at a time, each time with the same draws (``seed``)."""
-    shape = scores.values.shape
-    if scores.numerators is None or baseline.numerators is None:
-        nan = torch.full(shape, float("nan"), dtype=torch.float64)
-        return nan, nan.clone(), n_batch
-    counted = (baseline.counts > 0).cpu()
-    differences = (scores.numerators - baseline.numerators).reshape(-1, n_batch).T.cpu()[counted]  # (n, cells)
-    denominators = (baseline.counts if scale is None else scale).cpu()[counted]
-    low = torch.empty(differences.shape[1], dtype=torch.float64)
-    high = torch.empty_like(low)
-    step = max(1, 2**22 // n_boot)  # cells per resampling: (n_boot, step) float64, about 32 MB
-    for start in range(0, differences.shape[1], step):
-        cells = slice(start, start + step)
-        _, low[cells], high[cells] = bootstrap_ratio(differences[:, cells], denominators, n_boot=n_boot, seed=seed)
-    return low.reshape(shape), high.reshape(shape), int(counted.sum())

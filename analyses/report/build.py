@@ -55,9 +55,9 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.steps import FOLDER, RECORD, Steps, directory_lock
 from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import CAPTIONS as CALIBRATION_CAPTIONS
-from analyses.report.calibration_figures import (DEFAULT_PAIR_HEADS, CalibrationSection, FirstProbes, backup_frames,
-                                                  choosing_probes, dormant_and_similarity, head_effects, probe_run,
-                                                  role_calibration, section_figures)
+from analyses.report.calibration_figures import CalibrationSection, section_figures
+from analyses.roles.calibration import (DEFAULT_PAIR_HEADS, FirstProbes, backup_frames, choosing_probes,
+                                        dormant_and_similarity, head_effects, probe_run, role_calibration)
 from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_figure, circuit_section, edge_lines,
                                        induction_pair, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads

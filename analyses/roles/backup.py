@@ -30,7 +30,7 @@
 Every set of ablations is one ``score_variants`` call (one forward per chunk of variants;
 suffix-only on ``GPTModel``). Each effect is a mean over prompts with its 95% interval (a percentile
 bootstrap over prompts of the per-prompt effects the same forwards give,
-``analyses.interventions.run.effect_intervals``): total, direct and self-repair, a pair's joint
+``analyses.core.stats.effect_intervals``): total, direct and self-repair, a pair's joint
 effect and its excess; a first-order estimate (``screen``) has none (NaN).
 """
 
@@ -50,12 +50,13 @@ from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORM
                                       frozen_output_norm, norm_weight, output_norm, output_norm_reads, probe_effect,
                                       probe_tokens, require)
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
-from analyses.interventions.engine import (Edit, activation_gradients, check_heads, gradient_parts, partial_logits,
-                                           rows_of, runs_suffix_only, score_chunks, score_variants)
+from analyses.core.checks import check_heads
+from analyses.interventions.engine import (Edit, activation_gradients, gradient_parts, partial_logits, rows_of,
+                                           runs_suffix_only, score_chunks, score_variants)
 from analyses.core.metrics import Metric, PromptScores
-from analyses.core.stats import excludes_zero
+from analyses.core.stats import effect_intervals, excludes_zero
 from analyses.core.tokens import accumulator
-from analyses.interventions.run import Run, effect_intervals
+from analyses.interventions.run import Run
 from analyses.roles.readout import FinalReadout
 from interp.errors import UserError
 

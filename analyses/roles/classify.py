@@ -308,7 +308,7 @@ def assign_roles(scores: pd.DataFrame, thresholds: float | Mapping[str, float] |
 
     Two rules (architecture §4.7):
     - with ``calibration`` (``analyses.roles.nulls.calibrate_roles``, or that joined with
-      ``analyses.components.meaning.meaning_nulls`` by ``analyses.roles.nulls.joint_fdr``): the roles
+      ``analyses.roles.copying.meaning_nulls`` by ``analyses.roles.nulls.joint_fdr``): the roles
       whose Benjamini-Hochberg q-value over all heads x roles is at most ``fdr`` (the head beats its
       nulls); the calibration's ``MEANING_ROLES`` rows (copying, copy suppression: scored from the
       weights, so not in ``scores``) take part with their own scores; ``thresholds``, when given,

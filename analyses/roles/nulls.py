@@ -280,7 +280,7 @@ def add_fdr(nulls: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
 
 def joint_fdr(*calibrations: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataFrame:
     """Calibration tables of the same heads (``calibrate_roles``'s attention roles,
-    ``analyses.components.meaning.meaning_nulls``' copying roles) as one, with ``q`` and
+    ``analyses.roles.copying.meaning_nulls``' copying roles) as one, with ``q`` and
     ``significant`` recomputed by one Benjamini-Hochberg over all their rows: every (head, role)
     test in one false-discovery family, as the report decides roles. A role twice is refused."""
     joined = pd.concat([c.drop(columns=["q", "significant"], errors="ignore") for c in calibrations],

@@ -25,6 +25,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.checks import check_choice
 from analyses.roles.classify import pattern_chunks
 from analyses.core.hook_names import pattern_names
 from analyses.core.tokens import model_device
@@ -109,8 +110,7 @@ def detect_heads(
     unknown = [name for name in names if name not in TL_HEAD_NAMES]
     if unknown:
         raise UserError(f"unknown detection pattern(s) {unknown}; allowed: {', '.join(TL_HEAD_NAMES)}")
-    if error_measure not in ERROR_MEASURES:
-        raise UserError(f"unknown error_measure {error_measure!r}; allowed: {', '.join(ERROR_MEASURES)}")
+    check_choice("error_measure", error_measure, ERROR_MEASURES)
     tokens, lengths = detect_head_tokens(model, [prompts] if isinstance(prompts, str) else list(prompts))
     detections = detection_patterns(tokens, lengths)
     per_prompt = {name: [] for name in names}  # name -> chunks of (batch, layer, head)

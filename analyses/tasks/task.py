@@ -52,7 +52,8 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric, PromptMeanMetric, PromptScores, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, check_split, split_prompts
-from analyses.core.stats import bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts, effect_text
+from analyses.core.stats import (bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts, effect_text,
+                                 paired_difference)
 from analyses.core.tokens import chat_texts, encode, model_tokenizer, read_text
 from analyses.interventions.ablation import METHODS as ABLATION_METHODS, PAIRED_METHODS, CorruptedReference
 from analyses.interventions.run import Run
@@ -286,11 +287,29 @@ def interval_frame(scores: dict[str, PromptScores], seed: int = 0, clusters: Seq
     ``clusters``, one label per prompt, where given: ``bootstrap_cluster_ratio``), ``n_prompts``."""
     rows = []
     for name, found in scores.items():
-        value, low, high = (bootstrap_ratio(found.numerators, found.counts, seed=seed) if clusters is None else
-                            bootstrap_cluster_ratio(found.numerators, found.counts, clusters, seed=seed))
-        rows.append({"measure": name, "value": float(value), "ci_low": float(low), "ci_high": float(high),
-                     "n_prompts": len(found.counts)})
+        interval = (bootstrap_ratio(found.numerators, found.counts, seed=seed) if clusters is None else
+                    bootstrap_cluster_ratio(found.numerators, found.counts, clusters, seed=seed))
+        rows.append(_interval_row(name, interval, len(found.counts)))
     return pd.DataFrame(rows)
+
+
+def paired_interval_frame(clean: dict[str, PromptScores], corrupted: dict[str, PromptScores], seed: int = 0,
+                          clusters: Sequence | None = None) -> pd.DataFrame:
+    """measure name -> its ``PromptScores`` on the clean and on the corrupted prompts (prompt i the
+    same task item in both) -> ``interval_frame``'s rows for each measure's clean minus corrupted
+    pooled mean, with the 95% interval of the difference (``analyses.core.stats.paired_difference``:
+    both runs resampled with the same draws, over the ``clusters`` where given)."""
+    return pd.DataFrame([_interval_row(name, paired_difference(clean[name].numerators, clean[name].counts,
+                                                               corrupted[name].numerators, corrupted[name].counts,
+                                                               clusters, seed=seed), len(clean[name].counts))
+                         for name in clean])
+
+
+def _interval_row(measure: str, interval: tuple[torch.Tensor, torch.Tensor, torch.Tensor], n_prompts: int) -> dict:
+    """One row of ``interval_frame``: (value, ci_low, ci_high), each 0-d, as floats."""
+    value, low, high = interval
+    return {"measure": measure, "value": float(value), "ci_low": float(low), "ci_high": float(high),
+            "n_prompts": n_prompts}
 
 
 def measure_intervals(task: Task, last: torch.Tensor, logits: torch.Tensor, seed: int = 0) -> pd.DataFrame:
@@ -305,26 +324,18 @@ def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0
                            memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """Each of ``task_measures`` on the task's clean and on its corrupted prompts (``batch``:
     ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``),
-    and their paired difference (``run`` ``GAP``: each prompt's clean score minus its corrupted
-    score, bootstrapped over the same prompts): ``interval_frame``'s rows (over the task's clusters
-    where it has them), ``run`` ("clean", "corrupted", ``GAP``) first."""
+    and their paired difference (``run`` ``GAP``: ``paired_interval_frame``): ``interval_frame``'s
+    rows (over the task's clusters where it has them), ``run`` ("clean", "corrupted", ``GAP``) first."""
     measures = task_measures(task, batch.last)
     scores = {}
     for name, tokens in (("clean", batch.clean), ("corrupted", batch.corrupted)):
         run = Run.make(model, tokens, measures[task.metric], starts=False, memory_mb=memory_mb)
         scores[name] = {measure: run.scores(metric) for measure, metric in measures.items()}
-    scores[GAP] = {measure: paired_gap(scores["clean"][measure], scores["corrupted"][measure]) for measure in measures}
-    frame = pd.concat([interval_frame(found, seed, task.clusters or None).assign(run=name)
-                       for name, found in scores.items()], ignore_index=True)
+    clusters = task.clusters or None
+    frame = pd.concat([*(interval_frame(found, seed, clusters).assign(run=name) for name, found in scores.items()),
+                       paired_interval_frame(scores["clean"], scores["corrupted"], seed, clusters).assign(run=GAP)],
+                      ignore_index=True)
     return frame[["run", *(column for column in frame.columns if column != "run")]]
-
-
-def paired_gap(clean: PromptScores, corrupted: PromptScores) -> PromptScores:
-    """The clean minus the corrupted scores of one measure on the same prompts, prompt by prompt
-    (each prompt's numerators subtracted; both runs count each prompt alike)."""
-    if not torch.equal(clean.counts, corrupted.counts):
-        raise ValueError("the clean and corrupted runs count their prompts differently; no paired difference")
-    return PromptScores(clean.values - corrupted.values, clean.numerators - corrupted.numerators, clean.counts)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ from analyses.core.plots import new_figure, token_label
 from analyses.core.progress import progress_bar
 from analyses.core.stats import bootstrap_ratio, check_interval_prompts
 from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids, start_ids
-from analyses.interventions.engine import (Edit, base_run, cache_run, check_choice, runs_suffix_only,
-                                           score_variants)
+from analyses.core.checks import check_choice
+from analyses.interventions.engine import Edit, base_run, cache_run, runs_suffix_only, score_variants
 from analyses.tasks.facts import Fact, answer_token, traced_facts
 from interp.attention import LayerKV
 from interp.errors import UserError

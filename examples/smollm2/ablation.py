@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from analyses import loss_metric
-from analyses.components.meaning import meaning_nulls
+from analyses.roles.copying import meaning_nulls
 from analyses.interventions.controls import control_effects
 from analyses.roles.classify import DEFAULT_THRESHOLD, assign_roles, classify_heads
 from analyses.roles.nulls import calibrate_roles, joint_fdr

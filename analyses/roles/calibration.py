@@ -1,0 +1,223 @@
+"""The role calibration (architecture §4.7): every table the report's calibration stands on, from
+probes run once.
+
+``probe_run`` is the probes' one forward (an ``analyses.interventions.run.Run``) that every step
+reads; the roles are chosen on some probes (``choosing_probes``) and every ablation runs on the
+others (``FirstProbes``). From them: the role nulls with Benjamini-Hochberg roles
+(``role_calibration``: ``analyses.roles.nulls`` for the attention roles and
+``analyses.roles.copying`` for the copying roles, in one false-discovery family), each head's and
+MLP's direct and total effect (``head_effects``), backup groups from pairwise ablation of the role
+heads (``backup_frames``, ``analyses.roles.backup``), dormant heads and the clustered similarity of
+head outputs and patterns (``dormant_and_similarity``, ``analyses.roles.dormant``).
+``calibration_frames`` runs them all in order. The figures drawn from these tables are
+``analyses.report.calibration_figures``'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+
+from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
+from analyses.core.hook_names import has_mlps, pattern_names, z_names
+from analyses.core.metrics import Metric, as_metric, loss_metric
+from analyses.core.probes import RepeatedProbes
+from analyses.core.progress import progress_bar
+from analyses.interventions.ablation import prepare_ablation
+from analyses.interventions.run import FirstRows, Run
+from analyses.roles.backup import (backup_report, direct_and_total_effects, direct_effect_reads,
+                                   first_order_head_effects)
+from analyses.roles.classify import DEFAULT_FDR, MEASURES, PromptSums, probe_targets
+from analyses.roles.copying import meaning_nulls
+from analyses.roles.dormant import Similarity, dormant_frame, head_similarities
+from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
+from interp.errors import UserError
+from interp.memory import release_freed_memory
+
+DEFAULT_PAIR_HEADS = 12  # pairwise ablation covers at most this many role heads (the largest effects)
+SIMILARITY_PROMPTS = 16  # prompts the head similarities are measured on
+
+
+def calibration_reads(model, method: str = "mean_aligned") -> list[str]:
+    """The hooks of the probes' ``Run`` that the calibration reads (the ablations' and direct
+    effects' ``hook_z`` and ``hook_mlp_out``; dormant and similarity read ``hook_z`` too)."""
+    return direct_effect_reads(model, method, mlps=has_mlps(model))
+
+
+def calibration_reducers(model, probes: RepeatedProbes) -> dict:
+    """The streaming reducers the probes' ``Run`` feeds for the calibration: every head's per-prompt
+    pattern sums for every measure (``prompt_sums``: the role scores, also classification's) and the
+    patterns of the first ``SIMILARITY_PROMPTS`` probes (``similarity``)."""
+    return {"prompt_sums": PromptSums(model, probe_targets(probes), MEASURES),
+            "similarity": FirstRows(pattern_names(model), SIMILARITY_PROMPTS)}
+
+
+def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names: Sequence[str] = (), *,
+              intervention_prompts: int | None = None, memory_mb: float = DEFAULT_MEMORY_MB,
+              progress: bool | None = None) -> Run:
+    """The one ``Run`` of the probes that the calibration (and the report) reads: one forward keeping
+    ``calibration_reads`` and ``names`` (of the first ``intervention_prompts`` probes only, the ones
+    the interventions run on; None: all), feeding ``calibration_reducers`` every probe; ``metric``
+    default the loss of the probes' predictable tokens."""
+    metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
+    return Run.make(model, probes.tokens, metric, [*calibration_reads(model), *names],
+                    reducers=calibration_reducers(model, probes), keep_rows=intervention_prompts,
+                    memory_mb=memory_mb, progress=progress, desc="probes")
+
+
+@dataclass(frozen=True)
+class FirstProbes:
+    """The probes the interventions run on: the first ``n`` of a batch, the batch's ``Run`` and
+    metric restricted to them (``Run.first``, ``analyses.core.metrics.Metric.rows``)."""
+
+    probes: RepeatedProbes
+    run: Run
+    metric: Metric
+
+    @classmethod
+    def of(cls, probes: RepeatedProbes, run: Run, metric: Metric, n: int | None) -> "FirstProbes":
+        """The first ``n`` (None, or at least the batch: every probe, and ``metric`` as it is)."""
+        if n is None or n >= probes.n_prompts:
+            return cls(probes, run, metric)
+        metric = as_metric(metric)
+        if not metric.restricts:
+            raise UserError(f"intervention_prompts={n}: the metric {metric!r} cannot be restricted to the first "
+                            f"{n} prompts (a metric built by analyses.core.metrics can); pass None for all")
+        return cls(probes.first(n), run.first(n), metric.rows(slice(0, n)))
+
+
+def choosing_probes(probes: RepeatedProbes, run: Run, n: int | None) -> tuple[RepeatedProbes, Run]:
+    """The probes the roles are chosen on where the interventions run on the first ``n``: the others,
+    so every effect is measured on prompts that did not choose the heads (architecture §4.12), and a ``Run``
+    of them holding only their per-prompt pattern sums (``reduced["prompt_sums"]`` of ``run``, all that
+    classification and the role nulls read from it), nothing run again. ``n`` None: every probe, the
+    interventions' too (in-sample). Refused in one line where fewer than 2 probes are left (the role
+    nulls' t-test compares prompts)."""
+    if n is None:
+        return probes, run
+    if probes.n_prompts - n < 2:
+        raise UserError(f"intervention_prompts={n} leaves {max(probes.n_prompts - n, 0)} of the {probes.n_prompts} "
+                        "probes to choose the roles on; at least 2 are needed")
+    sums = {measure: numerators[n:] for measure, numerators in run.reduced["prompt_sums"].items()}
+    return probes.after(n), Run(run.model, run.tokens[n:], reduced={"prompt_sums": sums}, memory_mb=run.memory_mb)
+
+
+def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None = None, method: str = "mean_aligned",
+                       null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
+                       pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
+                       progress: bool | None = None, run: Run | None = None,
+                       intervention_prompts: int | None = None, direct: bool = True,
+                       choose: "FirstProbes | None" = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+    """The calibration's tables on ``probes`` by name (``calibration``: every (head, role) test;
+    ``pairs``, ``groups``: the backup pairs and groups; ``effects``, ``mlp_effects``: the heads' and
+    the MLPs' effects, the latter empty without MLPs; ``dormant``; ``output_clusters``,
+    ``pattern_clusters``) and the head similarities by kind (``output``, ``pattern``).
+
+    metric: default the loss of the probes' predictable tokens (the run's metric where it has
+    one); method: the ablation method of every ablation here; pair_heads: pairwise ablation covers
+    the heads with a role at ``fdr`` that have the largest |total effect|, at most this many (pairs
+    grow as its square); seed: the control probes' shuffle; run: the probes' ``probe_run`` (made
+    here where None), which every step reads instead of running the probes again. The
+    ``calibration`` table holds every (head, role) test, the attention roles (``calibrate_roles``)
+    and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
+    (``joint_fdr``). intervention_prompts: the ablations (effects, backup, dormant, similarities)
+    run on the first this many probes (``FirstProbes``), the roles on the others (``choosing_probes``);
+    None: both on every probe; each
+    step's budget is what the run's store leaves of ``memory_mb``. direct: False where the plan left
+    the heads' direct effects out (``direct_effect_needs``): the totals alone, no self-repair figure.
+    choose: probes apart from the intervention probes with a ``Run`` reading the ablation's hooks (the
+    report's selection rows): the pairwise ablation's heads
+    are ranked by their first-order effect there (``first_order_head_effects``) and its backup groups
+    formed there (``backup_report(choose=...)``); None: both on the intervention probes (in-sample).
+    """
+    run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=intervention_prompts,
+                                                memory_mb=memory_mb)
+    metric = metric if metric is not None else run.metric
+    first = FirstProbes.of(probes, run, metric, intervention_prompts)
+    chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
+    memory_mb = left_after(memory_mb, run.held_mb())  # the run's store stays taken
+    steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
+    calibration = role_calibration(model, chosen_on, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
+                                   progress=progress, run=chosen_run)
+    steps.update()
+    effects, mlp_effects = head_effects(model, first, method, direct=direct, memory_mb=memory_mb, progress=progress)
+    steps.update()
+    pairs, groups = backup_frames(model, first, calibration, effects, method, pair_heads=pair_heads, choose=choose,
+                                  memory_mb=memory_mb, progress=progress)
+    steps.update()
+    dormant, similarities = dormant_and_similarity(model, probes, run, first, effects)
+    steps.update()
+    steps.close()
+    frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "mlp_effects": mlp_effects,
+              "dormant": dormant,
+              "output_clusters": similarities["output"].frame(), "pattern_clusters": similarities["pattern"].frame()}
+    return frames, similarities
+
+
+def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
+                     fdr: float = DEFAULT_FDR, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                     run: Run | None = None) -> pd.DataFrame:
+    """The report's calibration table on ``probes`` (the probes the roles are chosen on:
+    ``choosing_probes``; ``run``: a ``Run`` of them, see ``calibrate_roles``): every (head, attention
+    role) against its nulls (``calibrate_roles``) and every (head, meaning role) against its
+    random-initialisation null (``meaning_nulls``), with one Benjamini-Hochberg at ``fdr`` over all of
+    them (``joint_fdr``). Reads no ablation: the roles are decided by these tests and the scores alone.
+    The null models' memory goes back to the system before it returns."""
+    calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
+                                            memory_mb=memory_mb, progress=progress, run=run),
+                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
+    release_freed_memory()  # the null models' memory, before the ablations
+    return calibration
+
+
+def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *, direct: bool = True,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every head's and every MLP's total (and, with ``direct``, direct) ablation effect on ``first``'s
+    probes and run (``direct_and_total_effects``) -> (the heads' rows, the MLPs' rows, the latter
+    empty without MLPs)."""
+    effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
+                                       memory_mb=memory_mb, progress=progress, run=first.run, direct=direct)
+    return effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
+
+
+def backup_frames(model, first: FirstProbes, calibration: pd.DataFrame, effects: pd.DataFrame,
+                  method: str = "mean_aligned", *, pair_heads: int = DEFAULT_PAIR_HEADS, choose: FirstProbes | None = None,
+                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The backup ``pairs`` and ``groups`` (``backup_report``) of the role heads (``calibration``'s
+    significant ones) with the largest |effect|, at most ``pair_heads``: ranked by their first-order
+    effect on ``choose`` where given (``first_order_head_effects``), else by ``effects`` (the heads'
+    total effects on ``first``, in-sample); two empty frames where fewer than two heads qualify."""
+    chooser = None if choose is None else prepare_ablation(model, choose.probes, method, choose.metric,
+                                                           run=choose.run, memory_mb=memory_mb)
+    role_heads = role_heads_by_effect(calibration, effects if chooser is None else
+                                      first_order_head_effects(chooser, memory_mb), pair_heads)
+    if len(role_heads) < 2:
+        return pd.DataFrame(), pd.DataFrame()
+    return backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
+                         progress=progress, run=first.run, choose=chooser)
+
+
+def dormant_and_similarity(model, probes: RepeatedProbes, run: Run, first: FirstProbes,
+                           effects: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Similarity]]:
+    """The ``dormant`` table (each head's output norm and whether its total ablation, ``effects``, is a
+    no-op) and the head similarities of outputs and patterns on the first ``SIMILARITY_PROMPTS`` probes,
+    all read from ``run`` (the probes' ``probe_run``) and ``first``'s run: no forward."""
+    dormant = dormant_frame(model, first.probes.tokens, *(effects[c].to_numpy() for c in ("total", "total_ci_low",
+                                                                                        "total_ci_high")), run=first.run)
+    sample = min(SIMILARITY_PROMPTS, first.probes.n_prompts)
+    similarities = head_similarities(model, probes.tokens[:sample],
+                                     cache={name: z[:sample] for name, z in first.run.read(z_names(model)).items()}
+                                     | {name: pattern[:sample] for name, pattern in run.reduced["similarity"].items()})
+    return dormant, similarities
+
+
+def role_heads_by_effect(calibration: pd.DataFrame, effects: pd.DataFrame, limit: int) -> list[tuple[int, int]]:
+    """The heads with a significant role, largest |total effect| first, at most ``limit``, in
+    (layer, head) order."""
+    significant = calibration.loc[calibration["significant"], ["layer", "head"]].drop_duplicates()
+    ranked = significant.merge(effects, on=["layer", "head"])
+    ranked = ranked.assign(size=ranked["total"].abs()).sort_values(["size", "layer", "head"], ascending=[False, True, True])
+    return sorted((int(l), int(h)) for l, h in ranked[["layer", "head"]].head(limit).itertuples(index=False))
+

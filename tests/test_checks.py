@@ -1,0 +1,50 @@
+"""The argument checks every room shares (``analyses.core.checks``): one line naming the bad value
+and what is allowed, and the rooms' own checks of a choice or a layer are these, word for word."""
+
+import re
+
+import pytest
+import torch
+
+from analyses.components.decompose import component_hooks
+from analyses.components.qk import qk_attribution
+from analyses.core.checks import check_choice, check_heads, check_layer
+from analyses.circuits.edges import check_vias
+from analyses.roles.tl_compat import detect_heads
+from interp import UserError, load_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = load_model("toy").eval()
+    assert (model.cfg.n_layers, model.cfg.n_heads) == (2, 8)
+    return model
+
+
+def test_a_choice_outside_the_allowed_names_them_in_one_line():
+    check_choice("edge method", "eap", ("patch", "eap"))
+    with pytest.raises(UserError, match=re.escape("unknown edge method 'x'; allowed: patch, eap")) as error:
+        check_choice("edge method", "x", ("patch", "eap"))
+    assert "\n" not in str(error.value)
+
+
+def test_heads_and_layers_are_checked_against_the_models_shape(model):
+    assert check_heads(model, ["L1H7", (0, 0)]) == [(1, 7), (0, 0)]
+    with pytest.raises(UserError, match=re.escape("head (2, 0) out of range: layer must be in [0, 2), head in [0, 8)")):
+        check_heads(model, [(2, 0)])
+    check_layer(model, 1)
+    for layer in (-1, 2):
+        with pytest.raises(UserError, match=re.escape(f"layer={layer} must be in [0, 2)")):
+            check_layer(model, layer)
+
+
+def test_the_rooms_refuse_a_bad_choice_or_layer_with_the_shared_line(model):
+    """Each room's refusal is ``check_choice``'s or ``check_layer``'s line, not a copy of it."""
+    with pytest.raises(UserError, match=re.escape("unknown via 'z'; allowed: q, k, v, logits")):
+        check_vias(["q", "z"])
+    with pytest.raises(UserError, match=re.escape("unknown error_measure 'l1'; allowed: mul, abs")):
+        detect_heads(model, "a b a b", error_measure="l1")
+    with pytest.raises(UserError, match=re.escape("layer=2 must be in [0, 2)")):
+        component_hooks(model, layer=2)
+    with pytest.raises(UserError, match=re.escape("layer=5 must be in [0, 2)")):
+        qk_attribution(model, torch.zeros(1, 4, dtype=torch.long), 5, 0, 3, 1)
