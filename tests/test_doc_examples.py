@@ -4,7 +4,8 @@
   block of the same page defined; a page is self-contained), in a temporary working directory.
 - Commands: every ``interp ...`` line of a ```bash (or unlabelled) block, lines continued with ``\\`` joined, is parsed by
   the real argument parser, so a wrong flag or command name fails; every command not marked is run
-  in-process (``analyses.cli.main``) in a temporary working directory and must exit 0.
+  in-process (``analyses.cli.main``) in a temporary working directory and must exit 0 (run by
+  tests/test_doc_commands.py and, the report guide's, tests/test_doc_commands_report.py).
 - The working directory holds what the examples name: the repository's ``examples/`` and, for the
   placeholders (``path/to/gpt2``, ``path/to/model-dir``, ``DIR``, ``path/to/llama-dir``, ... : ``PLACEHOLDERS``),
   tiny random-init models of that family.
@@ -208,10 +209,11 @@ def test_every_command_parses():
         parse_command(command)
 
 
-@pytest.mark.parametrize("page", COMMAND_PAGES)
-def test_commands_run(page, workdir):
+def run_page_commands(page: str, workdir: Path) -> None:
     """A page's unmarked commands run in order in one working directory; what it quotes of their
-    outputs is what they wrote."""
+    outputs is what they wrote. (The tests that call it, in tests/test_doc_commands.py and
+    tests/test_doc_commands_report.py, are modules of their own so that pytest-xdist, which gives each
+    module to one worker, runs them beside this one's.)"""
     for block in page_blocks(page):
         if block.lang in SHELL:
             for command in commands(block):

@@ -5,6 +5,7 @@ run's), a resume under another option refused in one line, ``--sections`` and ``
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -57,11 +58,38 @@ def reused(out: Path) -> dict[str, bool]:
     return {name: step["reused"] for name, step in json.loads((out / "meta.json").read_text())["cost"]["steps"].items()}
 
 
+def stopped(out: Path, monkeypatch, landed: int, *extra: str) -> None:
+    """``interp report`` into ``out`` stopped right after its ``landed``-th page write (one a section,
+    a reused section included)."""
+    writes = []
+    write = build.write_report
+
+    def stop_after(report_, directory):
+        written = write(report_, directory)
+        writes.append(directory)
+        if len(writes) == landed:
+            raise Stopped
+        return written
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "write_report", stop_after)
+        with pytest.raises(Stopped):
+            report(out, *extra)
+
+
+def copy_of(report_dir: Path, where: Path) -> Path:
+    """A copy of a finished report directory (its pages and its step store) to resume in."""
+    return Path(shutil.copytree(report_dir, where))
+
+
 def test_the_page_holds_the_roles_and_the_pending_sections_before_the_ablation_ends(uninterrupted, tmp_path,
                                                                                      monkeypatch, capsys):
     """Stopped inside the ablation (the longest section), the directory already holds a whole page:
     the head table with its final roles and no effect yet, every later section pending with its
-    estimate; the terminal said where the page is. Resumed, the files equal an uninterrupted run's."""
+    estimate; the terminal said where the page is. Then resumed and stopped again right after the
+    third and the fifth section's page (a resume stopped anywhere, resumed in turn) and resumed to
+    the end: each resume reused exactly the sections that had landed, and the files equal an
+    uninterrupted run's. (One chain of runs, so the sections are computed once, not once a stop.)"""
     out = tmp_path / "stopped"
 
     def stop(*args, **kwargs):
@@ -88,34 +116,14 @@ def test_the_page_holds_the_roles_and_the_pending_sections_before_the_ablation_e
     assert f"- **pending**: {', '.join(LATER)} (the page is rewritten as each lands)" in summary
     for figure in (out / "figures").iterdir():  # every figure the page names, and no other
         assert f"figures/{figure.name}" in markdown
+    sections, landed = ["roles", *LATER], 1
+    for stop_at in (3, 5):
+        stopped(out, monkeypatch, stop_at, "--resume")
+        assert reused(out) == {"probe run": False} | {name: i < landed for i, name in enumerate(sections)}
+        assert json.loads((out / "meta.json").read_text())["sections"]["pending"] == sections[stop_at:]
+        landed = stop_at
     assert report(out, "--resume") == 0
     assert_same_files(out, uninterrupted)
-    assert reused(out)["roles"] and not reused(out)["ablation"]
-
-
-@pytest.mark.parametrize("landed", [3, 5])
-def test_stopped_after_any_section_and_resumed_equals_an_uninterrupted_run(landed, uninterrupted, tmp_path,
-                                                                            monkeypatch):
-    """Stopped right after the ``landed``-th section's page was written, then resumed: the files
-    equal an uninterrupted run's, file for file, and the resumed run reused exactly the sections
-    that had landed."""
-    out, writes = tmp_path / "stopped", []
-    write = build.write_report
-
-    def stop_after(report_, directory):
-        written = write(report_, directory)
-        writes.append(directory)
-        if len(writes) == landed:
-            raise Stopped
-        return written
-
-    with monkeypatch.context() as patch:
-        patch.setattr(build, "write_report", stop_after)
-        with pytest.raises(Stopped):
-            report(out)
-    assert report(out, "--resume") == 0
-    assert_same_files(out, uninterrupted)
-    sections = ["roles", *LATER]
     assert reused(out) == {"probe run": False} | {name: i < landed for i, name in enumerate(sections)}
 
 
@@ -139,23 +147,29 @@ def test_sections_choose_a_subset_and_a_resume_adds_the_rest(uninterrupted, tmp_
                            "control": True, "circuit": False, "qk": False, "components": False}
 
 
-def test_a_section_needs_what_it_reads(tmp_path):
-    out = tmp_path / "components"
-    assert report(out, "--sections", "components", "--quiet") == 0
+def test_a_section_needs_what_it_reads(uninterrupted, tmp_path):
+    """``--sections components`` chooses the ablation it reads too, and computes from those two alone:
+    resumed in a copy of an uninterrupted run whose components step is removed, it reuses the roles
+    and the ablation, computes the components and stores what the uninterrupted run stored."""
+    out = copy_of(uninterrupted, tmp_path / "components")
+    (out / build.STORE / "steps" / "components.json").unlink()
+    assert report(out, "--sections", "components", "--resume", "--quiet") == 0
     assert json.loads((out / "meta.json").read_text())["sections"]["chosen"] == ["roles", "ablation", "components"]
+    assert reused(out) == {"probe run": False, "roles": True, "ablation": True, "components": False}
+    stored = Path(build.STORE, "steps", "components.json")
+    assert (out / stored).read_bytes() == (uninterrupted / stored).read_bytes()
 
 
 @pytest.mark.parametrize("change, named", [(["--fdr", "0.1"], "options.fdr was 0.05, now 0.1"),
                                            (["--seed", "1"], "options.seed was 0, now 1")])
-def test_a_resume_under_another_option_is_refused_in_one_line(change, named, tmp_path, capsys):
-    out = tmp_path / "changed"
-    assert report(out, "--sections", "roles", "--quiet") == 0
-    before = (out / "index.html").read_bytes()
+def test_a_resume_under_another_option_is_refused_in_one_line(change, named, uninterrupted, tmp_path, capsys):
+    out = copy_of(uninterrupted, tmp_path / "changed")
+    before = files(out)
     capsys.readouterr()
     assert report(out, "--resume", *change) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("interp report: error: --resume: ") and named in errors[0]
-    assert (out / "index.html").read_bytes() == before
+    assert files(out) == before  # nothing rewritten, the store included
 
 
 def test_plan_prints_each_section_with_its_cost_and_runs_no_forward(tmp_path, monkeypatch, capsys):
