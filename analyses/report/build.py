@@ -684,7 +684,8 @@ CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPT
                 "direct logit attribution (exact DLA there), the circuit edges printed and drawn (edge attribution, "
                 "EAP, there: a screen, not the exact path-patching sweep), the backup pairs' heads (their first-order "
                 f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
-                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0)")
+                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0, and where one head's direct logit "
+                "attribution rises when the other is ablated, its interval excluding 0)")
 
 
 def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
@@ -846,16 +847,21 @@ def calibration_report_section(calibration: CalibrationSection) -> Section:
 BACKUP_RULE = ("Backup: the role heads with the largest first-order ablation effect on the selection probes (at most "
                f"{DEFAULT_PAIR_HEADS}) are ablated in pairs there and on the intervention probes; a pair backs up when "
                f"its excess (joint effect minus the sum of its single effects, per prompt) is at least "
-               f"{DEFAULT_MIN_EXCESS} nats with a 95% "
-               "interval excluding 0 on the selection probes, and the groups (connected pairs) are measured on the "
-               "intervention probes (the table: every pair, 'excess' measured there, 'chosen excess' where it was "
-               "chosen).")
+               f"{DEFAULT_MIN_EXCESS} nats with a 95% interval excluding 0 on the selection probes, and there one "
+               "head's direct logit attribution on the metric rises when the other is ablated, with a 95% interval "
+               "excluding 0 on the side of the ablated head's own attribution (Wang et al.'s test: the partner "
+               "writes more of what the head wrote; a superadditive loss alone is not compensation); the groups "
+               "(connected pairs) are measured on the intervention probes (the table: every pair, 'excess' and the "
+               "rises measured there, 'chosen excess' where it was chosen; rises only for the pairs superadditive "
+               "there).")
 
 
 def pair_table(pairs: pd.DataFrame) -> pd.DataFrame | None:
     """The pairwise ablation as the calibration section's table: ``a, b``, the single and joint
-    effects and the excess (each 'e [low, high]', ``effect_text``) on the intervention probes, the
-    excess on the probes that chose the groups, and whether the pair backs up; None without pairs."""
+    effects, the excess and each head's attribution rise when the other is ablated (each 'e [low,
+    high]', ``effect_text``; no interval where the pair was not superadditive where it was chosen) on
+    the intervention probes, the excess on the probes that chose the groups, whether the pair
+    compensates (on the intervention probes) and whether it backs up; None without pairs."""
     if pairs.empty:
         return None
 
@@ -865,6 +871,9 @@ def pair_table(pairs: pd.DataFrame) -> pd.DataFrame | None:
     return pd.DataFrame({"a": pairs["a"], "b": pairs["b"], "effect a": pairs["effect_a"], "effect b": pairs["effect_b"],
                          "joint": shown("joint", "joint"), "excess": shown("excess", "excess"),
                          "chosen excess": shown("chosen_excess", "chosen_excess"),
+                         "b's attribution rise, a ablated": shown("rise_ab", "rise_ab"),
+                         "a's attribution rise, b ablated": shown("rise_ba", "rise_ba"),
+                         "compensates": pairs["compensates"].map({True: "yes", False: "no"}),
                          "backs up": pairs["backs"].map({True: "yes", False: "no"})})
 
 
