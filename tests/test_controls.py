@@ -13,7 +13,7 @@ import torch
 from analyses import control_effects, matched_random_sets
 from analyses.core.metrics import loss_metric
 from analyses.core.probes import probes_for
-from analyses.core.stats import percentile_bounds, resample_weights
+from analyses.core.stats import normal_p_value, percentile_bounds, resample_weights
 from analyses.interventions.controls import control_figure
 from interp import GPTConfig, GPTModel, load_model
 from interp.errors import UserError
@@ -192,7 +192,8 @@ def test_z_and_its_interval_equal_a_naive_loop_over_prompts_and_draws():
     """On the toy model: z = (tested effect - the random sets' mean effect) / their standard
     deviation (n - 1), from per-prompt loss changes computed by hand-written hooks, and its interval
     from a naive loop over the same resample weights (prompts: seed, draws: seed + 1), each draw's
-    effect pooled over the resampled prompts; its normal p is the two-sided tail erfc(|z| / sqrt 2)."""
+    effect pooled over the resampled prompts; its normal p is the two-sided tail erfc(|z| / sqrt 2)
+    at the interval's bound nearest 0."""
     toy = load_model("toy")
     probes = probes_for(toy, n_prompts=10, seq_len=24, seed=3)
     metric = loss_metric(probes.tokens, probes.predictable)
@@ -217,10 +218,13 @@ def test_z_and_its_interval_equal_a_naive_loop_over_prompts_and_draws():
     prompts, draws = resample_weights(len(counts), n_boot, seed), resample_weights(n_draws, n_boot, seed + 1)
     low, high = percentile_bounds(torch.stack([z_of(prompts[b], draws[b]) for b in range(n_boot)])[:, None])
     assert (control.z_ci_low, control.z_ci_high) == pytest.approx((float(low), float(high)), rel=1e-4)
-    assert control.z_p_value == pytest.approx(math.erfc(abs(control.z) / math.sqrt(2)), rel=1e-9)
+    nearest = min(abs(control.z_ci_low), abs(control.z_ci_high))  # the bound nearest 0, the interval off 0 here
+    assert control.z_ci_low * control.z_ci_high > 0
+    assert control.z_p_value == pytest.approx(math.erfc(nearest / math.sqrt(2)), rel=1e-9)
     summary = control.summary().iloc[0]
     assert (summary["z"], summary["z_ci_low"], summary["z_p_value"]) == (control.z, control.z_ci_low, control.z_p_value)
     assert f"z {control.z:+.1f} [{control.z_ci_low:+.1f}, {control.z_ci_high:+.1f}]" in control.describe()
+    assert normal_p_value(-0.5, 2.0) == 1.0 and normal_p_value(-3.0, -2.0) == pytest.approx(math.erfc(2 / math.sqrt(2)))
 
 
 def test_z_carries_a_false_discovery_correction_the_permutation_p_cannot():

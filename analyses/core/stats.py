@@ -11,7 +11,8 @@ replacement, the pooled mean recomputed, and the 2.5% and 97.5% quantiles of the
 ``control_intervals`` bootstraps a control's mean effect and the ratio of a tested effect to it over
 the same prompts (paired), for "these heads matter N times as much as random heads"; ``control_z``
 gives the tested effect's distance from the random sets' effects in units of their spread, with its
-interval from the same resamples, and ``normal_p_value`` its p-value under a normal null.
+interval from the same resamples, and ``normal_p_value`` its p-value under a normal null, at the
+interval's bound nearest 0.
 
 Where prompts come in clusters of near-copies (prompts that differ only in what the behaviour does
 not depend on), the prompts of one cluster are not independent draws: ``bootstrap_cluster_ratio``
@@ -195,10 +196,14 @@ def control_z(tested: torch.Tensor, control: torch.Tensor, counts: torch.Tensor,
     return z, float(low), float(high)
 
 
-def normal_p_value(z: float) -> float:
-    """The two-sided tail of the standard normal beyond ``z``: the p-value of a z where the null's
-    values are normal (1 for a NaN z)."""
-    return 1.0 if math.isnan(z) else math.erfc(abs(z) / math.sqrt(2))
+def normal_p_value(low: float, high: float) -> float:
+    """The two-sided standard normal tail beyond a z's 95% interval [low, high] at its bound nearest 0:
+    the p-value of a z whose null is normal, read where the z is least far from 0, so that neither
+    the prompts' noise nor a spread known from few random sets makes it small (1 where the interval
+    holds 0 or is unknown)."""
+    if math.isnan(low) or math.isnan(high) or low <= 0 <= high:
+        return 1.0
+    return math.erfc(min(abs(low), abs(high)) / math.sqrt(2))
 
 
 def effect_text(value: float, low: float, high: float, digits: int = 3) -> str:

@@ -158,10 +158,10 @@ class ControlEffects:
     z / z_ci_low / z_ci_high: (effect - random_effect) / the random sets' standard deviation, with
     its interval from the same resamples of prompts and draws (``analyses.core.stats.control_z``):
     how unusual the tested set is among sets drawn at random where it sits, on a scale that, unlike
-    p_value, does not stop at the number of draws; z_p_value: its two-sided normal p-value
-    (``normal_p_value``; it assumes the random sets' effects spread about normally), which can be
-    small enough to pass a false-discovery correction over many tests; NaN z (and p 1) with one
-    draw. p_value: (1 + the random sets whose |effect| is at least the tested |effect|) / (1 + the
+    p_value, does not stop at the number of draws; z_p_value: the two-sided normal p-value at the
+    z interval's bound nearest 0 (``normal_p_value``; 1 where the interval holds 0; it assumes the
+    random sets' effects spread about normally), which can be small enough to pass a false-discovery
+    correction over many tests; NaN z (and p 1) with one draw. p_value: (1 + the random sets whose |effect| is at least the tested |effect|) / (1 + the
     random sets), each different set counted once: the Monte Carlo p-value of the tested set among
     the random ones, never below 1 / (1 + n_distinct) (the ratio's interval says how well the random
     mean is known, not how unusual the tested set is). n_distinct: how many different sets the
@@ -214,7 +214,8 @@ class ControlEffects:
 
 def describe_control(row) -> str:
     """A ``ControlEffects.summary`` row in one sentence: the tested effect, the random sets' mean
-    effect, the ratio and z, each with its 95% interval, z's normal p and the Monte Carlo p, and how
+    effect, the ratio and z, each with its 95% interval, z's normal p (at its interval's bound nearest
+    0) and the Monte Carlo p, and how
     many draws and prompts."""
     repeats = ("" if row["n_distinct"] >= row["n_draws"] else ", the only possible set" if row["n_distinct"] == 1
                else f", every one of the {int(row['n_distinct'])} possible sets")
@@ -292,7 +293,7 @@ def control_from_scores(model, heads: Sequence[Head], sets: Sequence[Sequence[He
         if len(sets) > 1:
             _, *z_ci = control_z(differences[:, 0], differences[:, 1:], counts, n_boot=n_boot, seed=seed)
     return ControlEffects(heads, sets, frame, float(effects[0]), float(low[0]), float(high[0]), random_effect,
-                          *random_ci, ratio, *ratio_ci, z, *z_ci, normal_p_value(z), p_value, len(sets),
+                          *random_ci, ratio, *ratio_ci, z, *z_ci, normal_p_value(*z_ci), p_value, len(sets),
                           distinct_sets(strata), n_prompts, matching_text(strata), method, edit)
 
 

@@ -66,7 +66,7 @@ from analyses.components.decompose import (attention_vs_mlp_figure, component_ho
 from analyses.components.meaning import ov_scores
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
                                      classify_heads, head_table)
-from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, direct_effect_needs
+from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, backup_refusal, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate,
@@ -112,6 +112,7 @@ FIGURE_CAPTIONS = {
                "effect on the intervention probes (path patching, noising)",
 }
 CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
+BACKUP = "backup pairs and groups"  # the report's part whose rises need interp's own final readout (``backup_refusal``)
 CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
 CIRCUIT_FIGURE_EDGES = 12  # and those it draws
 TOP_DLA = 5  # the components the page lists by direct logit attribution (chosen on the selection probes)
@@ -359,8 +360,9 @@ def calibration_result(context: ReportContext, results: dict) -> dict:
     rows), self-repair, dormant heads and similarity (``dormant_and_similarity``)."""
     c = context
     calibration, effects = results["roles"]["calibration"], results["ablation"]["effects"]
-    pairs, groups = backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
-                                  choose=c.selection, memory_mb=c.calibration_mb, progress=c.progress)
+    pairs, groups = ((pd.DataFrame(), pd.DataFrame()) if BACKUP in c.left else
+                     backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
+                                   choose=c.selection, memory_mb=c.calibration_mb, progress=c.progress))
     dormant, similarities = dormant_and_similarity(c.model, c.probes, c.run, c.first, effects)
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects,
               "mlp_effects": results["ablation"]["mlp_effects"], "dormant": dormant,
@@ -591,12 +593,14 @@ def report_plan(model) -> dict[str, str]:
     """The report's plan, from the hook self-test, before any sweep: each part this model cannot
     run (``CIRCUIT``: the composition scores and path patching; ``DLA``; ``DIRECT_EFFECTS``: the
     heads' direct effects and self-repair; ``QK``: the role heads' QK attribution, which needs interp's
-    own attention, ``qk_refusal``) -> why, in one line. Refuses in one line a model whose
+    own attention, ``qk_refusal``; ``BACKUP``: the backup pairs and groups, whose rise of attribution
+    needs interp's own final readout, ``backup_refusal``) -> why, in one line. Refuses in one line a model whose
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
     left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model),
                             QK: DLA_NEEDS})  # the split reads the residual's decomposition, as DLA does
-    refusal = qk_refusal(model)
+    refusal, backup = qk_refusal(model), backup_refusal(model)
+    left = left if backup is None else left | {BACKUP: backup}
     return left if refusal is None or QK in left else left | {QK: refusal}
 
 

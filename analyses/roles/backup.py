@@ -316,16 +316,29 @@ class MetricReadout:
         return (self.u * self.readout.normed(write[:, self.at])).sum((1, 2)).double()
 
 
+def backup_refusal(model) -> str | None:
+    """Why ``direct_effect_rises`` cannot run on ``model``, in one line (None where it can): it reads
+    the final norm and unembedding of a ``GPTModel`` (``FinalReadout``), and a head's write as z @ W_O,
+    which a block that norms its attention output (Gemma 2 and 3) rescales per run."""
+    if not runs_suffix_only(model):
+        return f"{BACKUP_RISE} reads the final norm and unembedding of interp's GPTModel; got {type(model).__name__}"
+    normed = [layer for layer in range(model.cfg.n_layers) if output_norm(model, layer) is not None]
+    if normed:
+        return (f"{BACKUP_RISE}: layer {normed[0]} norms its attention output, so a head's write is not z @ W_O "
+                "alone; the rise is measured on models without that norm")
+    return None
+
+
 def metric_readout(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> MetricReadout:
     """``MetricReadout`` of ``ablation``'s unedited run and metric, from its final residual: per chunk of
     prompts within ``memory_mb``, the logits at the metric's read positions as ``FinalReadout`` makes
     them (``scale * linear + offset``, capped where the model caps), the gradient of the sum of the
     prompts' numerators with respect to the uncapped logits, times the scale, through the unembedding.
-    Refused in one line for a model that cannot start at its final norm (not a ``GPTModel``) or a
-    metric without a per-prompt form."""
+    Refused in one line where ``backup_refusal`` says so or for a metric without a per-prompt form."""
     model, tokens, metric = ablation.model, ablation.tokens, ablation.metric
-    if not runs_suffix_only(model):
-        raise UserError(f"{BACKUP_RISE} reads the final norm and unembedding of a GPTModel; got {type(model).__name__}")
+    refusal = backup_refusal(model)
+    if refusal is not None:
+        raise UserError(refusal)
     if not metric.splits:
         raise UserError(f"{BACKUP_RISE} needs a metric with a per-prompt form (loss_metric, logit_diff_metric, a "
                         "task metric); a plain callable has none")
@@ -387,12 +400,10 @@ def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int
     ``partner_dla_ablated``, ``rise`` (ablated - unedited), each with ``*_ci_low``, ``*_ci_high``
     (95% percentile bootstrap over prompts, or over ``clusters`` (one label per prompt) where given,
     ``seed``; the rise's paired, ``paired_difference``), ``n_prompts`` (those the metric counts),
-    ``compensates``. A model whose blocks norm their attention output is refused in one line."""
-    model = ablation.model
-    for _, partner in pairs:
-        if output_norm(model, partner[0]) is not None:
-            raise UserError(f"{BACKUP_RISE}: layer {partner[0]} norms its attention output, so a head's write is not "
-                            "z @ W_O; use a model without that norm")
+    ``compensates``. Refused in one line where ``backup_refusal`` says why."""
+    refusal = backup_refusal(ablation.model)
+    if refusal is not None:
+        raise UserError(refusal)
     readout = metric_readout(ablation, memory_mb)
     counted = readout.counts > 0
     labels = None if clusters is None else [label for label, kept in zip(clusters, counted.tolist()) if kept]

@@ -239,7 +239,7 @@ class TextEffect:
                  else "no ratio (the random mean's interval reaches 0)")
         return (f"loss {self.base:.3f}, effect {self.effect:+.3f} [{self.ci[0]:+.3f}, {self.ci[1]:+.3f}]; random "
                 f"{self.random:+.3f} [{self.random_ci[0]:+.3f}, {self.random_ci[1]:+.3f}]; {ratio}, z {self.z[0]:+.1f} "
-                f"[{self.z[1]:+.1f}, {self.z[2]:+.1f}] (normal p {normal_p_value(self.z[0]):.2g}), p {self.p_value:.3f} "
+                f"[{self.z[1]:+.1f}, {self.z[2]:+.1f}] (normal p {normal_p_value(*self.z[1:]):.2g}), p {self.p_value:.3f} "
                 f"({self.n_lines} lines, {self.n_positions} positions)")
 
 
