@@ -167,18 +167,22 @@ def test_the_circuit_lists_the_edges_chosen_by_attribution_on_the_selection_rows
 
 def test_backup_lines_and_table_print_the_excess_with_its_interval(toy_report):
     """The calibration section prints each group's excess and interval and a table of every pair (the
-    excess measured on the intervention probes and where it was chosen); groups form only from pairs
-    whose chosen excess interval excludes 0."""
+    excess measured on the intervention probes and where it was chosen, each head's attribution rise
+    when the other is ablated, whether the pair compensates); groups form only from pairs whose chosen
+    excess interval excludes 0."""
     _, report, _, written = toy_report
     section = next(s for s in report.sections if s.title == "Calibration")
     markdown = written.joinpath("report.md").read_text()
     for line in (l for l in section.text.splitlines() if l.startswith("- backup group ")):
         assert re.search(r"excess [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\]\)$", line)
-    assert section.table is not None and list(section.table.columns)[-3:] == ["excess", "chosen excess", "backs up"]
-    assert "| a | b | effect a | effect b | joint | excess | chosen excess | backs up |" in markdown
+    rises = ["b's attribution rise, a ablated", "a's attribution rise, b ablated", "compensates"]
+    assert section.table is not None and list(section.table.columns)[-6:] == ["excess", "chosen excess", *rises,
+                                                                               "backs up"]
+    assert ("| a | b | effect a | effect b | joint | excess | chosen excess | b's attribution rise, a ablated | "
+            "a's attribution rise, b ablated | compensates | backs up |") in markdown
     for row in section.table.itertuples():
         low, high = map(float, re.findall(r"[+-]\d\.\d+", row[7].split(" ", 1)[1]))
-        if row[8] == "yes":
+        if row[11] == "yes":
             assert low > 0 or high < 0
     assert json.loads(written.joinpath("meta.json").read_text())["probe_split"]["rule"] == report.meta["probe_split"]["rule"]
 

@@ -200,7 +200,8 @@ def backing(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> pd.S
 RISE_COLUMNS = [f"rise_{way}{end}" for way in ("ab", "ba") for end in ("", "_ci_low", "_ci_high")]
 
 
-def with_rises(ablation: Ablation, pairs: pd.DataFrame, which, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+def with_rises(ablation: Ablation, pairs: pd.DataFrame, which: Sequence[bool],
+               memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """``pairs`` (a ``pairwise_ablation`` table) with, for the rows ``which`` (bool per row), each head's
     direct logit attribution rise when the other is ablated on ``ablation``'s prompts
     (``direct_effect_rises``): ``rise_ab`` (b's, a ablated) and ``rise_ba`` (a's, b ablated), each with
