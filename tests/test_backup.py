@@ -474,6 +474,19 @@ def test_a_partners_attribution_rise_equals_a_hand_computation(kind):
     weights = resample_weights(len(tokens), 200, 3)
     low, high = percentile_bounds((weights @ (ablated - clean)) / (weights @ counts))
     assert (found["rise_ci_low"], found["rise_ci_high"]) == pytest.approx((float(low), float(high)), abs=1e-5)
+    # mean ablation: each head's attribution is that of its write beyond its leave-one-out mean z
+    mean = backup_direct_effect_rise(model, tokens, metric, (0, 1), (2, 3), "mean", n_boot=50)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    z = cache["blocks.0.attn.hook_z"][:, :, 1]
+    others = (z.sum(0, keepdim=True) - z) / (len(tokens) - 1)
+    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    scale = (final.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
+    with torch.no_grad():
+        write = (z - others) @ model.blocks[0].attn.W_O[1]
+        normed = (write - write.mean(-1, keepdim=True)) * model.ln_final.weight / scale
+        own_mean = (grad * (normed @ model.embed.weight.T)).sum((1, 2)).double()
+    assert mean["head_dla"] == pytest.approx(float(own_mean.sum() / counts.sum()), abs=1e-5)
     same_layer = backup_direct_effect_rise(model, tokens, metric, (2, 0), (2, 3), "zero", n_boot=50)
     assert same_layer["rise"] == 0 and not same_layer["compensates"]  # a head of the same layer reads nothing it wrote
 

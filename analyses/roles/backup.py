@@ -365,19 +365,28 @@ def metric_readout(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> 
     return MetricReadout(readout, at, torch.cat(parts), torch.cat(counts))
 
 
-def partner_writes(ablation: Ablation, head: tuple[int, int], partner: tuple[int, int],
-                   memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
-    """``partner``'s write to the residual stream, ``z[partner] @ W_O[partner]`` (batch, pos, d_model)
-    float32, in the unedited run and in the run with ``head`` ablated (``ablation``'s method; one
-    forward up to the partner's layer, from the head's own where the model can start there). A
-    partner in the head's layer or before it reads nothing the head wrote: its write is the same."""
-    name, w_o = z_name(partner[0]), head_W_O(ablation, partner)
-    clean = ablation.base.read([name])[name][:, :, partner[1]].float() @ w_o
+def contribution(ablation: Ablation, head: tuple[int, int], z: torch.Tensor) -> torch.Tensor:
+    """What ``head`` adds to the residual stream beyond its ablated value when its z is ``z`` (batch,
+    pos, d_head): ``(z - z_source) @ W_O[head]`` (batch, pos, d_model) float32, the source being
+    ``ablation``'s replacement (one row broadcasts to every prompt), so that a constant part of the
+    head's output, which the ablation keeps, is no part of its attribution."""
+    source = rows_of(ablation.sources[z_name(head[0])], slice(None), len(ablation.tokens))[:, :, head[1]]
+    return (z.float() - source.float()) @ head_W_O(ablation, head)
+
+
+def partner_contributions(ablation: Ablation, head: tuple[int, int], partner: tuple[int, int],
+                          memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
+    """``partner``'s ``contribution`` (batch, pos, d_model) in the unedited run and in the run with
+    ``head`` ablated (``ablation``'s method; one forward up to the partner's layer, from the head's own
+    where the model can start there). A partner in the head's layer or before it reads nothing the
+    head wrote: its contribution is the same."""
+    name = z_name(partner[0])
+    clean = contribution(ablation, partner, ablation.base.read([name])[name][:, :, partner[1]])
     if partner[0] <= head[0]:
         return clean, clean
     ablated = collect_variants(ablation.model, ablation.tokens, [component_cells([head])], ablation.sources, [name],
                                starts=ablation.starts, memory_mb=memory_mb)[name][0]
-    return clean, ablated[:, :, partner[1]].float() @ w_o
+    return clean, contribution(ablation, partner, ablated[:, :, partner[1]])
 
 
 def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]], *,
@@ -388,14 +397,15 @@ def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int
     test of backup: the partner compensates where what it writes moves the metric more when the
     head is gone.
 
-    A write's attribution is read through the unedited run's readout (``metric_readout``: the
-    metric's gradient with respect to the logits, the final norm's scale held at the clean run's),
-    the same in both runs, so a rise is a change of what the partner writes, never the metric's
-    curvature or the norm's scale responding to the head's absence (for a logit difference it is
-    the exact DLA with the final norm frozen; for a loss, its linearisation at the clean run). The
-    head's own attribution is read alike, and the partner ``compensates`` where the rise's 95%
-    interval excludes 0 on the side of the head's attribution, whose own interval excludes 0: it
-    writes more of what the head wrote.
+    A head's attribution is that of its ``contribution``, its write beyond its ablated value
+    ((z - z_source) @ W_O: a zero ablation's is the whole write), read through the unedited run's
+    readout (``metric_readout``: the metric's gradient with respect to the logits, the final norm's
+    scale held at the clean run's), the same in both runs, so a rise is a change of what the partner
+    writes, never the metric's curvature or the norm's scale responding to the head's absence (for a
+    logit difference and zero ablation it is the exact DLA with the final norm frozen; for a loss,
+    its linearisation at the clean run). The head's own attribution is read alike, and the partner
+    ``compensates`` where the rise's 95% interval excludes 0 on the side of the head's attribution,
+    whose own interval excludes 0: it writes more of what the head wrote.
 
     Returns one row per pair: ``head``, ``partner`` (labels), ``head_dla``, ``partner_dla`` (unedited),
     ``partner_dla_ablated``, ``rise`` (ablated - unedited), each with ``*_ci_low``, ``*_ci_high``
@@ -417,12 +427,12 @@ def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int
 
     rows = []
     for head, partner in pairs:
-        head_write = ablation.base.read([z_name(head[0])])[z_name(head[0])][:, :, head[1]].float() @ head_W_O(ablation, head)
-        clean, ablated = (readout.attribution(write) for write in partner_writes(ablation, head, partner, memory_mb))
+        own = contribution(ablation, head, ablation.base.read([z_name(head[0])])[z_name(head[0])][:, :, head[1]])
+        clean, ablated = map(readout.attribution, partner_contributions(ablation, head, partner, memory_mb))
         rise = paired_difference(ablated[counted], counts, clean[counted], counts, clusters=labels, n_boot=n_boot,
                                  seed=seed)
         row = {"head": head_label(head), "partner": head_label(partner)}
-        for stem, values in (("head_dla", interval(readout.attribution(head_write))), ("partner_dla", interval(clean)),
+        for stem, values in (("head_dla", interval(readout.attribution(own))), ("partner_dla", interval(clean)),
                              ("partner_dla_ablated", interval(ablated)), ("rise", tuple(map(float, rise)))):
             row |= dict(zip((stem, f"{stem}_ci_low", f"{stem}_ci_high"), values))
         rows.append(row | {"n_prompts": int(counted.sum())})
