@@ -72,6 +72,16 @@ def test_sets_repeat_evenly_only_when_fewer_are_possible(gqa):
     assert matched_random_sets(gqa, [(0, 0), (0, 1)], n_draws=4) == [[(0, 2), (0, 3)]] * 4
 
 
+def test_one_possible_set_gives_no_z(gqa):
+    """(0, 0) and (0, 1): the only possible random set is (0, 2) and (0, 3), drawn 4 times; its effects
+    do not spread, so there is nothing to measure the tested set's distance in: z is NaN, with no
+    interval, and its p is 1 (not an infinite z from a zero standard deviation)."""
+    tokens = torch.randint(300, (4, 16), generator=torch.Generator().manual_seed(0))
+    control = control_effects(gqa, tokens, [(0, 0), (0, 1)], "zero", n_draws=4, n_boot=20)
+    assert control.n_distinct == 1 and control.effect != control.random_effect
+    assert math.isnan(control.z) and math.isnan(control.z_ci_low) and control.z_p_value == 1.0
+
+
 def test_a_multi_head_model_is_matched_by_layer():
     """Without grouped-query attention every untested head of the layer is drawn."""
     torch.manual_seed(0)

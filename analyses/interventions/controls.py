@@ -161,8 +161,9 @@ class ControlEffects:
     p_value, does not stop at the number of draws; z_p_value: the two-sided normal p-value at the
     z interval's bound nearest 0 (``normal_p_value``; 1 where the interval holds 0; it assumes the
     random sets' effects spread about normally), which can be small enough to pass a false-discovery
-    correction over many tests; NaN z (and p 1) with one draw. p_value: (1 + the random sets whose |effect| is at least the tested |effect|) / (1 + the
-    random sets), each different set counted once: the Monte Carlo p-value of the tested set among
+    correction over many tests; NaN z (and p 1) where only one random set is possible, whose effect
+    has no spread. p_value: (1 + the random sets whose |effect| is at least the tested |effect|) / (1
+    + the random sets), each different set counted once: the Monte Carlo p-value of the tested set among
     the random ones, never below 1 / (1 + n_distinct) (the ratio's interval says how well the random
     mean is known, not how unusual the tested set is). n_distinct: how many different sets the
     matching allows (fewer than n_draws: the sets repeat); matching: how the sets were matched
@@ -283,14 +284,15 @@ def control_from_scores(model, heads: Sequence[Head], sets: Sequence[Sequence[He
     ratio = float(effects[0] / effects[1:].mean())  # infinite or NaN where the random mean is 0
     nan = (float("nan"), float("nan"))
     random_ci = ratio_ci = nan
-    z = float((effects[0] - effects[1:].mean()) / effects[1:].std()) if len(sets) > 1 else float("nan")
+    spread = len(distinct) > 1  # one possible set (however often drawn) has no spread to measure against
+    z = float((effects[0] - effects[1:].mean()) / effects[1:].std()) if spread else float("nan")
     z_ci = nan
     if scores.numerators is not None and baseline.numerators is not None:
         counted = (baseline.counts > 0).cpu()
         differences = (scores.numerators - baseline.numerators).cpu().double().T[counted]  # (prompts, 1 + draws)
         counts = baseline.counts.cpu().double()[counted]
         random_ci, ratio_ci = control_intervals(differences[:, 0], differences[:, 1:], counts, n_boot=n_boot, seed=seed)
-        if len(sets) > 1:
+        if spread:
             _, *z_ci = control_z(differences[:, 0], differences[:, 1:], counts, n_boot=n_boot, seed=seed)
     return ControlEffects(heads, sets, frame, float(effects[0]), float(low[0]), float(high[0]), random_effect,
                           *random_ci, ratio, *ratio_ci, z, *z_ci, normal_p_value(*z_ci), p_value, len(sets),
