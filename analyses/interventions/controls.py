@@ -271,12 +271,12 @@ def control_from_scores(model, heads: Sequence[Head], sets: Sequence[Sequence[He
     heads, sets = check_heads(model, heads), [list(s) for s in sets]
     low, high, n_prompts = effect_intervals(scores, baseline, n_batch, seed=seed)
     baseline_value = float(baseline.values)
-    effects = (scores.values.double().cpu() - baseline_value)
+    effects = scores.values.cpu().double() - baseline_value
     frame = pd.DataFrame({"set": ["tested"] + ["random"] * len(sets),
                           "draw": pd.array([None, *range(len(sets))], dtype="Int64"),
                           "heads": ["+".join(map(component_label, group)) for group in [heads, *sets]],
                           "metric": scores.values.cpu().numpy(), "baseline": baseline_value,
-                          "effect": effects.numpy()})
+                          "effect": effects.cpu().numpy()})
     frame = frame.assign(**dict(zip(EFFECT_COLUMNS, (low.cpu().numpy(), high.cpu().numpy(), n_prompts))))
     random_effect = float(effects[1:].mean())
     distinct = torch.tensor(frame.drop_duplicates("heads").index[1:].to_numpy())  # each different random set once

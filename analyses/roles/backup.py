@@ -313,8 +313,8 @@ class MetricReadout:
 
     def attribution(self, write: torch.Tensor) -> torch.Tensor:
         """A write to the residual stream (batch, pos, d_model) -> its direct logit attribution on the
-        metric, each prompt's numerator (batch,) float64."""
-        return (self.u * self.readout.normed(write[:, self.at])).sum((1, 2)).double()
+        metric, each prompt's numerator (batch,) float64 on the CPU."""
+        return (self.u * self.readout.normed(write[:, self.at])).sum((1, 2)).cpu().double()
 
 
 def backup_refusal(model) -> str | None:
@@ -416,7 +416,7 @@ def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int
     if refusal is not None:
         raise UserError(refusal)
     readout = metric_readout(ablation, memory_mb)
-    counted = readout.counts > 0
+    counted = (readout.counts > 0).cpu()
     labels = None if clusters is None else [label for label, kept in zip(clusters, counted.tolist()) if kept]
     counts = readout.counts[counted].cpu().double()
 
