@@ -11,7 +11,7 @@ one is taken (``as_head``, ``as_heads``); outputs print it as ``"L1H4"`` (``head
   ``calibrate_roles``, ``meaning_nulls``, ``joint_fdr``, ``assign_roles``, ``head_table``,
   ``detect_heads``.
 - Ablation: ``ablate_heads``, ``ablation_sweep``, ``pruning_curve``, ``head_importance``,
-  ``control_effects``, ``direct_and_total_effects``, ``backup_report``.
+  ``control_effects``, ``direct_and_total_effects``, ``backup_report``, ``backup_direct_effect_rise``.
 - Patching: ``patch_heads``, ``patch_mlps``, ``patch_residual``, ``patch_patterns``,
   ``patch_effects``, ``attribution_patch_heads``, ``patching_frame``.
 - Circuits: ``path_patch``, ``edge_attribution``, ``eap_ig``, ``composition_scores``,
@@ -40,7 +40,7 @@ from analyses.report.intervention_figures import ablation_figure, patching_figur
 from analyses.studies.runner import run_study
 from analyses.interventions.attribution import unpatched_value
 from analyses.roles.nulls import benjamini_hochberg, calibrate_roles, joint_fdr
-from analyses.roles.backup import backup_report, direct_and_total_effects, pairwise_ablation
+from analyses.roles.backup import backup_direct_effect_rise, backup_report, direct_and_total_effects, pairwise_ablation
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
 from analyses.roles.calibration import calibration_frames
 from analyses.report.calibration_figures import calibration_section

@@ -8,11 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.roles.backup import backup_groups, backup_report, direct_and_total_effects, pairwise_ablation
-from analyses.core.metrics import loss_metric
+from analyses.roles.backup import (backup_direct_effect_rise, backup_groups, backup_report, direct_and_total_effects,
+                                   pairwise_ablation)
+from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.core.probes import probes_for
-from interp import load_model
+from analyses.core.stats import percentile_bounds, resample_weights
+from interp import GPTConfig, GPTModel, load_model
 from interp.errors import UserError
+from hand_checks import compensating_model
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +55,17 @@ def test_pairwise_ablation_matches_hand_hooks(scratch_gpt2, bridge_gpt2, prompts
         pairwise_ablation(scratch_gpt2, prompts, [(0, 1)])
 
 
-def test_backup_groups_are_connected_components():
+def test_backup_groups_are_connected_components_of_superadditive_pairs_that_compensate():
     pairs = pd.DataFrame({"a": ["L1H0", "L1H1", "L0H2", "L1H0"], "b": ["L1H1", "L1H3", "L0H3", "L0H2"],
-                          "excess": [0.2, 0.06, 0.5, 0.01]})
+                          "excess": [0.2, 0.06, 0.5, 0.01], "compensates": True})
     pairs = pairs.assign(excess_ci_low=pairs["excess"] - 0.01, excess_ci_high=pairs["excess"] + 0.01)
     assert backup_groups(pairs, 0.05) == [["L0H2", "L0H3"], ["L1H0", "L1H1", "L1H3"]]
     assert backup_groups(pairs, 0.1) == [["L0H2", "L0H3"], ["L1H0", "L1H1"]]
     assert backup_groups(pairs, 1.0) == []
     unsure = pairs.assign(excess_ci_low=[0.1, -0.01, 0.4, 0.0])  # L1H1-L1H3's interval holds 0: it joins nothing
     assert backup_groups(unsure, 0.05) == [["L0H2", "L0H3"], ["L1H0", "L1H1"]]
+    # superadditive but neither head's attribution rises when the other is ablated: not backup
+    assert backup_groups(pairs.assign(compensates=[True, True, False, True]), 0.05) == [["L1H0", "L1H1", "L1H3"]]
 
 
 def test_direct_effect_is_the_head_output_through_the_unembedding(scratch_gpt2, bridge_gpt2, prompts):
@@ -89,18 +94,37 @@ def toy_probes():
     return model, probes_for(model, 64, seed=0)
 
 
-def test_embedded_induction_heads_back_each_other_up(toy_probes):
+def test_embedded_induction_heads_are_superadditive_but_do_not_back_each_other_up(toy_probes):
     """Measured: each layer-1 induction head alone costs 0.03-0.27 nats (position-aligned mean
-    ablation), the eight together ~6.5 nats; every pair is super-additive or nearly so, and the
-    eight form one backup group."""
+    ablation), the eight together ~6.5 nats: 18 of the 28 pairs are superadditive. But in one
+    layer neither head of a pair reads what the other writes, so neither's direct logit attribution
+    can rise when the other is ablated (the rise is exactly 0): the loss saturates, nothing
+    compensates, and there is no backup group."""
     model, probes = toy_probes
     metric = loss_metric(probes.tokens, probes.predictable)
     heads = [(1, h) for h in range(8)]
     pairs, groups = backup_report(model, probes, heads, "mean_aligned", metric, progress=False)
     singles = pd.concat([pairs["effect_a"], pairs["effect_b"]])
     assert singles.between(0, 1).all()
-    assert len(groups) == 1 and groups["heads"].iloc[0] == ";".join(f"L1H{h}" for h in range(8))
-    assert groups["joint"].iloc[0] > 4 and groups["sum_single"].iloc[0] < 1.5
+    superadditive = pairs["excess"] >= 0.05
+    assert superadditive.sum() >= 15  # 18 of the 28 pairs
+    assert (pairs.loc[superadditive, ["rise_ab", "rise_ba"]] == 0).all().all()
+    assert not pairs["compensates"].any() and not pairs["backs"].any() and groups.empty
+
+
+def test_backup_report_groups_a_head_and_the_partner_that_covers_for_it():
+    """``compensating_model`` (L1H0 writes +1 along the answer's logit exactly when L0H0 does not),
+    metric logit(0) - logit(1) so that losing the answer raises it as a loss does: each head alone
+    costs nothing (the other covers), both together +1, and L1H0's attribution rises by -1 (the
+    side of L0H0's own, -1) when L0H0 is zeroed: one backup group of the two; L1H1 joins nothing."""
+    model = compensating_model()
+    tokens = torch.randint(300, (6, 8), generator=torch.Generator().manual_seed(0))
+    pairs, groups = backup_report(model, tokens, [(0, 0), (1, 0), (1, 1)], "zero", logit_diff_metric(0, 1),
+                                  progress=False)
+    row = pairs.set_index(["a", "b"]).loc[("L0H0", "L1H0")]
+    assert (row.effect_a, row.effect_b, row.joint) == pytest.approx((0.0, 0.0, 1.0), abs=1e-6)
+    assert row.rise_ab == pytest.approx(-1.0) and row.rise_ba == 0 and row.compensates and row.backs
+    assert list(groups["heads"]) == ["L0H0;L1H0"]
 
 
 def test_embedded_previous_token_head_acts_through_later_heads(toy_probes):
@@ -382,3 +406,99 @@ def test_screened_total_effects_are_exact_where_they_matter(knobs=dict(normaliza
     assert (exact["total"] - full.loc[chosen, "total"]).abs().max() < 1e-6
     assert (rest["total"].to_numpy() - estimate.numpy()[~chosen]).__abs__().max() < 1e-6
     assert (screened["direct"] - full["direct"]).abs().max() < 1e-7
+
+
+# ------------------------------------------------------------------ backup as Wang et al. test it
+def _by_hand_attributions(model, tokens, head, partner, readout_grad):
+    """The partner's direct logit attribution per prompt, unedited and with ``head``'s z zeroed, and
+    the head's own, by hand: hook_z from run_with_cache (the ablated run by a hand-written hook),
+    the write z @ W_O, the final LayerNorm with its scale held at the clean run's (centre, times
+    its weight, over sqrt(var + eps)) and the unembedding, dotted with ``readout_grad`` (batch, pos,
+    vocab): the gradient of each prompt's metric with respect to its clean logits."""
+    def zero(z, hook):
+        z = z.clone()
+        z[:, :, head[1]] = 0
+        return z
+
+    with torch.no_grad():
+        _, clean = model.run_with_cache(tokens)
+        with model.hooks(fwd_hooks=[(f"blocks.{head[0]}.attn.hook_z", zero)]):
+            _, ablated = model.run_with_cache(tokens)
+    final = clean[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    scale = (final.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
+
+    @torch.no_grad()
+    def attribution(cache, layer, index):
+        write = cache[f"blocks.{layer}.attn.hook_z"][:, :, index] @ model.blocks[layer].attn.W_O[index]
+        normed = (write - write.mean(-1, keepdim=True)) * model.ln_final.weight / scale
+        return (readout_grad * (normed @ model.embed.weight.T)).sum((1, 2)).double()
+
+    return attribution(clean, *partner), attribution(ablated, *partner), attribution(clean, *head)
+
+
+@pytest.mark.parametrize("kind", ["logit_diff", "loss"])
+def test_a_partners_attribution_rise_equals_a_hand_computation(kind):
+    """On a random-init GPT-2-shaped model, head (0, 1) zero-ablated and partner (2, 3): the
+    partner's attribution unedited and ablated, the head's, and the rise with its paired interval
+    (the same prompt resamples for both runs), against hand-written hooks and the unembedding; for
+    a logit difference the gradient is +1 / -1 on the two ids at the last position, for the loss it
+    is autograd's on the clean logits (the readout is held at the clean run in both runs)."""
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(d_vocab=300, n_ctx=12, d_model=16, n_heads=4, n_layers=3)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.out_proj.weight.mul_(5.0)  # heads that move the later ones
+    tokens = torch.randint(300, (12, 10), generator=torch.Generator().manual_seed(1))
+    correct, incorrect = tokens[:, 0], tokens[:, 1]
+    with torch.no_grad():
+        logits = model(tokens)
+    grad = torch.zeros_like(logits)
+    if kind == "logit_diff":
+        metric = logit_diff_metric(correct, incorrect)
+        rows = torch.arange(len(tokens))
+        grad[rows, -1, correct] += 1
+        grad[rows, -1, incorrect] -= 1
+    else:
+        metric = loss_metric(tokens)
+        leaf = logits.clone().requires_grad_(True)
+        losses = torch.nn.functional.cross_entropy(leaf[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="sum")
+        grad, = torch.autograd.grad(losses, leaf)
+    found = backup_direct_effect_rise(model, tokens, metric, (0, 1), (2, 3), "zero", n_boot=200, seed=3)
+    clean, ablated, own = _by_hand_attributions(model, tokens, (0, 1), (2, 3), grad)
+    counts = torch.full((len(tokens),), 1.0 if kind == "logit_diff" else tokens.shape[1] - 1, dtype=torch.float64)
+    assert found["partner_dla"] == pytest.approx(float(clean.sum() / counts.sum()), abs=1e-5)
+    assert found["partner_dla_ablated"] == pytest.approx(float(ablated.sum() / counts.sum()), abs=1e-5)
+    assert found["head_dla"] == pytest.approx(float(own.sum() / counts.sum()), abs=1e-5)
+    assert found["rise"] == pytest.approx(float((ablated - clean).sum() / counts.sum()), abs=1e-5)
+    assert abs(found["rise"]) > 1e-3  # the ablation reached the partner
+    weights = resample_weights(len(tokens), 200, 3)
+    low, high = percentile_bounds((weights @ (ablated - clean)) / (weights @ counts))
+    assert (found["rise_ci_low"], found["rise_ci_high"]) == pytest.approx((float(low), float(high)), abs=1e-5)
+    # mean ablation: each head's attribution is that of its write beyond its leave-one-out mean z
+    mean = backup_direct_effect_rise(model, tokens, metric, (0, 1), (2, 3), "mean", n_boot=50)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    z = cache["blocks.0.attn.hook_z"][:, :, 1]
+    others = (z.sum(0, keepdim=True) - z) / (len(tokens) - 1)
+    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    scale = (final.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
+    with torch.no_grad():
+        write = (z - others) @ model.blocks[0].attn.W_O[1]
+        normed = (write - write.mean(-1, keepdim=True)) * model.ln_final.weight / scale
+        own_mean = (grad * (normed @ model.embed.weight.T)).sum((1, 2)).double()
+    assert mean["head_dla"] == pytest.approx(float(own_mean.sum() / counts.sum()), abs=1e-5)
+    same_layer = backup_direct_effect_rise(model, tokens, metric, (2, 0), (2, 3), "zero", n_boot=50)
+    assert same_layer["rise"] == 0 and not same_layer["compensates"]  # a head of the same layer reads nothing it wrote
+
+
+def test_a_partner_that_covers_for_the_head_compensates_and_one_that_writes_nothing_does_not():
+    """On ``compensating_model``, with logit(1) - logit(0) at the last position: L1H0's attribution
+    rises by exactly +1 when L0H0 is zeroed (L0H0's own is +1: it writes what L0H0 wrote), so it
+    compensates; L1H1, which writes nothing, does not."""
+    model = compensating_model()
+    tokens = torch.randint(300, (6, 8), generator=torch.Generator().manual_seed(0))
+    metric = logit_diff_metric(1, 0)
+    found = backup_direct_effect_rise(model, tokens, metric, (0, 0), (1, 0), "zero", n_boot=100)
+    assert found["head_dla"] == pytest.approx(1.0) and found["partner_dla"] == pytest.approx(0.0, abs=1e-6)
+    assert found["rise"] == pytest.approx(1.0) and found["compensates"]
+    assert not backup_direct_effect_rise(model, tokens, metric, (0, 0), (1, 1), "zero", n_boot=100)["compensates"]

@@ -3,6 +3,7 @@ hand-written hook_z hooks, the ratio's interval against a naive loop, and on the
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from itertools import combinations
 
@@ -12,7 +13,7 @@ import torch
 from analyses import control_effects, matched_random_sets
 from analyses.core.metrics import loss_metric
 from analyses.core.probes import probes_for
-from analyses.core.stats import percentile_bounds, resample_weights
+from analyses.core.stats import normal_p_value, percentile_bounds, resample_weights
 from analyses.interventions.controls import control_figure
 from interp import GPTConfig, GPTModel, load_model
 from interp.errors import UserError
@@ -69,6 +70,16 @@ def test_sets_repeat_evenly_only_when_fewer_are_possible(gqa):
     assert sorted(Counter(tuple(s) for s in sets).values()) == [2, 2, 3]
     assert {tuple(s) for s in sets} == {((0, 1),), ((0, 2),), ((0, 3),)}
     assert matched_random_sets(gqa, [(0, 0), (0, 1)], n_draws=4) == [[(0, 2), (0, 3)]] * 4
+
+
+def test_one_possible_set_gives_no_z(gqa):
+    """(0, 0) and (0, 1): the only possible random set is (0, 2) and (0, 3), drawn 4 times; its effects
+    do not spread, so there is nothing to measure the tested set's distance in: z is NaN, with no
+    interval, and its p is 1 (not an infinite z from a zero standard deviation)."""
+    tokens = torch.randint(300, (4, 16), generator=torch.Generator().manual_seed(0))
+    control = control_effects(gqa, tokens, [(0, 0), (0, 1)], "zero", n_draws=4, n_boot=20)
+    assert control.n_distinct == 1 and control.effect != control.random_effect
+    assert math.isnan(control.z) and math.isnan(control.z_ci_low) and control.z_p_value == 1.0
 
 
 def test_a_multi_head_model_is_matched_by_layer():
@@ -185,6 +196,59 @@ def test_intervals_equal_a_naive_bootstrap_over_prompts_and_draws():
     assert control.ci_low < control.effect < control.ci_high
     assert control.random_ci_low < control.random_effect < control.random_ci_high
     assert control.ratio_ci_low < control.ratio < control.ratio_ci_high
+
+
+def test_z_and_its_interval_equal_a_naive_loop_over_prompts_and_draws():
+    """On the toy model: z = (tested effect - the random sets' mean effect) / their standard
+    deviation (n - 1), from per-prompt loss changes computed by hand-written hooks, and its interval
+    from a naive loop over the same resample weights (prompts: seed, draws: seed + 1), each draw's
+    effect pooled over the resampled prompts; its normal p is the two-sided tail erfc(|z| / sqrt 2)
+    at the interval's bound nearest 0."""
+    toy = load_model("toy")
+    probes = probes_for(toy, n_prompts=10, seq_len=24, seed=3)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    n_boot, seed, n_draws = 100, 7, 6
+    control = control_effects(toy, probes.tokens, [(1, 5)], "zero", metric, n_draws=n_draws, seed=seed,
+                              n_boot=n_boot)
+    mask = probes.predictable[:, 1:].double()
+    clean = _zeroed(toy, probes.tokens, [])
+    changes = torch.stack([((_zeroed(toy, probes.tokens, heads) - clean) * mask).sum(1)
+                           for heads in [[(1, 5)], *control.sets]]).T  # (prompts, 1 + draws)
+    counts = mask.sum(1)
+
+    def z_of(prompt_weights, draw_weights):
+        pooled = (prompt_weights @ changes) / (prompt_weights @ counts)  # (1 + draws,)
+        drawn = pooled[1:]
+        mean = sum(draw_weights[d] * drawn[d] for d in range(n_draws)) / n_draws
+        variance = sum(draw_weights[d] * (drawn[d] - mean) ** 2 for d in range(n_draws)) / (n_draws - 1)
+        return (pooled[0] - mean) / variance.sqrt()
+
+    want = float(z_of(torch.ones(len(counts), dtype=torch.float64), torch.ones(n_draws, dtype=torch.float64)))
+    assert control.z == pytest.approx(want, rel=1e-4)
+    prompts, draws = resample_weights(len(counts), n_boot, seed), resample_weights(n_draws, n_boot, seed + 1)
+    low, high = percentile_bounds(torch.stack([z_of(prompts[b], draws[b]) for b in range(n_boot)])[:, None])
+    assert (control.z_ci_low, control.z_ci_high) == pytest.approx((float(low), float(high)), rel=1e-4)
+    nearest = min(abs(control.z_ci_low), abs(control.z_ci_high))  # the bound nearest 0, the interval off 0 here
+    assert control.z_ci_low * control.z_ci_high > 0
+    assert control.z_p_value == pytest.approx(math.erfc(nearest / math.sqrt(2)), rel=1e-9)
+    summary = control.summary().iloc[0]
+    assert (summary["z"], summary["z_ci_low"], summary["z_p_value"]) == (control.z, control.z_ci_low, control.z_p_value)
+    assert f"z {control.z:+.1f} [{control.z_ci_low:+.1f}, {control.z_ci_high:+.1f}]" in control.describe()
+    assert normal_p_value(-0.5, 2.0) == 1.0 and normal_p_value(-3.0, -2.0) == pytest.approx(math.erfc(2 / math.sqrt(2)))
+
+
+def test_z_carries_a_false_discovery_correction_the_permutation_p_cannot():
+    """The toy model's previous-token head L0H3 (which the induction heads read: ablating it costs
+    about 5 nats) against the other layer-0 heads: only 7 random sets exist, so the permutation p
+    cannot fall below 1/8 however many draws are made, too large to pass Benjamini-Hochberg at 0.05
+    over 50 tests (the smallest p must be at most 0.001); the z, many spreads away from the random
+    sets, gives a normal p far below that, and its interval stays far from 0."""
+    toy = load_model("toy")
+    probes = probes_for(toy, n_prompts=32, seed=5)
+    control = control_effects(toy, probes, [(0, 3)], "zero", loss_metric(probes.tokens, probes.predictable),
+                              n_draws=50, seed=0, n_boot=200)
+    assert control.n_distinct == 7 and control.p_value == 1 / 8
+    assert control.z_p_value < 0.05 / 50 and control.z_ci_low > 5, control.describe()
 
 
 def _induction_scores(model, probes) -> torch.Tensor:

@@ -16,6 +16,7 @@ from analyses.circuits.full_graph_scores import (EdgeRanking, NodeRanking, compa
                                                  full_graph_edge_scores, method_comparison_figure, node_patching)
 from analyses.circuits.path_patching import edge_attribution
 from analyses.core.metrics import logit_diff_metric
+from analyses.core.stats import paired_difference
 from interp import UserError
 from test_full_graph import CONFIGS, prompts, tiny
 
@@ -217,6 +218,32 @@ def test_comparison_against_the_evaluation_and_by_hand():
     np.testing.assert_allclose(frame[frame.target == 1.0].faithfulness, 1.0, atol=1e-6)  # the whole graph
     figure = method_comparison_figure(frame, title="t")
     assert len(figure.axes[0].get_legend().get_texts()) == 3 and figure.axes[0].get_xscale() == "log"
+
+
+def test_two_rankings_are_compared_by_the_interval_of_their_paired_difference():
+    """``attrs["paired"]``: at each curve point, EAP's faithfulness minus a random ranking's and the
+    interval of that difference, against ``paired_difference`` of the per-prompt numerators
+    (circuit - empty over full - empty, both circuits on the same resamples of the same prompts) from
+    an evaluation of its own."""
+    model = tiny()
+    clean, corrupted = prompts(n=8)
+    metric = last_token_metric(len(clean))
+    graph = full_graph(model)
+    eap = full_graph_edge_scores(model, clean, corrupted, metric, progress=False).score.to_numpy()
+    rankings = {"EAP": EdgeRanking(eap), "random": EdgeRanking(np.random.default_rng(0).normal(size=graph.n_edges))}
+    fractions = (0.05, 0.2, 0.5)
+    frame = compare_circuit_methods(model, clean, corrupted, metric, rankings, fractions, progress=False)
+    paired = frame.attrs["paired"]
+    assert list(zip(paired.a, paired.b, paired.target)) == [("EAP", "random", f) for f in fractions]
+    ends = [np.ones(graph.n_edges, dtype=bool), np.zeros(graph.n_edges, dtype=bool)]
+    for row in paired.itertuples():
+        masks = [rankings[name].circuits(graph, [row.target])[0] for name in (row.a, row.b)]
+        scores = circuit_scores(model, clean, corrupted, metric, [*ends, *masks], progress=False)
+        full, empty, a, b = scores.numerators.double()
+        want = paired_difference(a - empty, full - empty, b - empty, full - empty)
+        assert (row.difference, row.ci_low, row.ci_high) == pytest.approx(tuple(map(float, want)), abs=1e-6)
+        curve = frame[(frame.target == row.target) & frame.on_curve].set_index("method")
+        assert row.difference == pytest.approx(curve.faithfulness["EAP"] - curve.faithfulness["random"], abs=1e-9)
 
 
 def test_refusals():

@@ -62,7 +62,8 @@ def test_every_command_words_an_interval_alike(toy, tmp_path, capsys):
 
     row = pd.Series({"heads": "L1H0", "method": "zero", "effect": 0.1, "ci_low": 0.05, "ci_high": 0.15,
                      "matching": "layer-matched", "n_heads": 1, "random_effect": -0.02, "random_ci_low": -0.04,
-                     "random_ci_high": 0.0, "ratio": 5.0, "ratio_ci_low": 2.0, "ratio_ci_high": 9.0, "p_value": 0.01,
+                     "random_ci_high": 0.0, "ratio": 5.0, "ratio_ci_low": 2.0, "ratio_ci_high": 9.0, "z": 4.0, "z_ci_low": 2.5, "z_ci_high": 6.0,
+                     "z_p_value": 6.3e-5, "p_value": 0.01, "edit": "ablation",
                      "n_draws": 50, "n_distinct": 50, "n_prompts": 8})
     assert "effect +0.100 [+0.050, +0.150]; layer-matched random sets of 1: mean -0.020 [-0.040, +0.000]" in \
         describe_control(row)

@@ -16,7 +16,7 @@ import analyses.core.probes
 from analyses.roles.classify import MEASURES
 from analyses.cli import build_parser, main
 from analyses.core.plots import png_bytes
-from analyses.report.build import DISPLAY_TEXT, DISPLAY_TOKENS, ReportSteps, build_report, write_report
+from analyses.report.build import BACKUP, DISPLAY_TEXT, DISPLAY_TOKENS, ReportSteps, build_report, write_report
 from analyses.report.qk_section import QK, QK_COLUMNS
 from analyses.report.page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
 from analyses.core.tokens import leading_tokens
@@ -76,7 +76,10 @@ def test_same_seed_same_bytes_and_other_impl_same_scores(scratch_report, gpt2_di
     bridge = report(tmp_path / "bridge", gpt2_dir, "--impl", "transformer_lens")
     ours, theirs = (pd.read_csv(d / "head_roles.csv", keep_default_na=False) for d in (scratch_report, bridge))
     # QK attribution needs interp's own attention: the bridge's report leaves it out and says why
-    assert json.loads((bridge / "meta.json").read_text())["left_out"][QK].startswith("QK attribution needs interp's")
+    left = json.loads((bridge / "meta.json").read_text())["left_out"]
+    assert left[QK].startswith("QK attribution needs interp's")
+    # so does the backup test (a partner's attribution read through interp's own final readout)
+    assert left[BACKUP].startswith("the rise of a partner's direct logit attribution reads the final norm")
     assert not set(QK_COLUMNS) & set(theirs.columns) and set(QK_COLUMNS) <= set(ours.columns)
     ours = ours.drop(columns=QK_COLUMNS)
     numeric = [c for c in ours.columns if ours[c].dtype.kind in "fi"]

@@ -22,14 +22,14 @@ from analyses.circuits.circuit import induction_pair
 from analyses.circuits.path_patching import edge_attribution
 from analyses.components.decompose import direct_logit_attribution, next_token_answers
 from analyses.interventions.attribution import Screen
-from analyses.core.metrics import loss_metric
+from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.core.probes import probes_for
 from analyses.interventions.ablation import prepare_ablation
 from analyses.report.build import build_report, components_report_section, selection_probes, write_report
 from analyses.roles.backup import backup_report, joint_effects, pairwise_ablation
 from interp import from_hf, load_model
 from interp.random_models import make_random_gpt2, random_like
-from hand_checks import bootstrap_by_hand, zero_head
+from hand_checks import bootstrap_by_hand, compensating_model, zero_head
 
 N_PROMPTS, INTERVENTION_PROMPTS, SEQ_LEN = 8, 6, 32
 
@@ -69,18 +69,18 @@ def test_the_excess_and_its_interval_match_hand_hooks_per_prompt(scratch_gpt2, s
 
 
 def test_backup_groups_are_chosen_on_the_prompts_choose_gives():
-    """The embedded model's layer-1 induction heads back each other up on its probes (one group,
-    in-sample); chosen on its random-init twin (same shapes, no induction) no pair backs up, so there
-    is no group, while the pairs are still those measured on the probes."""
-    model = load_model("toy").eval()
-    probes = probes_for(model, 16, seed=0)
-    metric = loss_metric(probes.tokens, probes.predictable)
-    heads = [(1, 1), (1, 3), (1, 4), (1, 5)]
-    in_sample, groups = backup_report(model, probes, heads, "mean_aligned", metric, progress=False)
+    """``compensating_model``'s L1H0 covers for L0H0 (superadditive, and its attribution rises when
+    L0H0 is zeroed): one group in-sample; chosen on its twin whose L1H0 covers for nothing, no pair
+    backs up, so there is no group, while the pairs are still those measured on the prompts."""
+    model = compensating_model()
+    tokens = torch.randint(300, (6, 8), generator=torch.Generator().manual_seed(0))
+    metric = logit_diff_metric(0, 1)
+    heads = [(0, 0), (1, 0), (1, 1)]
+    in_sample, groups = backup_report(model, tokens, heads, "zero", metric, progress=False)
     assert len(groups) == 1 and in_sample["backs"].any()
-    null = prepare_ablation(random_like(model, 0).eval(), probes, "mean_aligned", metric)
-    apart, none = backup_report(model, probes, heads, "mean_aligned", metric, progress=False, choose=null)
-    assert none.empty and not apart["backs"].any()
+    twin = prepare_ablation(compensating_model(covers=False), tokens, "zero", metric)
+    apart, none = backup_report(model, tokens, heads, "zero", metric, progress=False, choose=twin)
+    assert none.empty and not apart["backs"].any() and not apart["chosen_compensates"].any()
     columns = ["joint", "excess", "excess_ci_low", "excess_ci_high"]
     assert apart[columns].to_numpy() == pytest.approx(in_sample[columns].to_numpy(), abs=1e-12)
     assert apart["chosen_excess_ci_low"].notna().all()
@@ -171,18 +171,22 @@ def test_the_circuit_lists_the_edges_chosen_by_attribution_on_the_selection_rows
 
 def test_backup_lines_and_table_print_the_excess_with_its_interval(toy_report):
     """The calibration section prints each group's excess and interval and a table of every pair (the
-    excess measured on the intervention probes and where it was chosen); groups form only from pairs
-    whose chosen excess interval excludes 0."""
+    excess measured on the intervention probes and where it was chosen, each head's attribution rise
+    when the other is ablated, whether the pair compensates); groups form only from pairs whose chosen
+    excess interval excludes 0."""
     _, report, _, written = toy_report
     section = next(s for s in report.sections if s.title == "Calibration")
     markdown = written.joinpath("report.md").read_text()
     for line in (l for l in section.text.splitlines() if l.startswith("- backup group ")):
         assert re.search(r"excess [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\]\)$", line)
-    assert section.table is not None and list(section.table.columns)[-3:] == ["excess", "chosen excess", "backs up"]
-    assert "| a | b | effect a | effect b | joint | excess | chosen excess | backs up |" in markdown
+    rises = ["b's attribution rise, a ablated", "a's attribution rise, b ablated", "compensates"]
+    assert section.table is not None and list(section.table.columns)[-6:] == ["excess", "chosen excess", *rises,
+                                                                               "backs up"]
+    assert ("| a | b | effect a | effect b | joint | excess | chosen excess | b's attribution rise, a ablated | "
+            "a's attribution rise, b ablated | compensates | backs up |") in markdown
     for row in section.table.itertuples():
         low, high = map(float, re.findall(r"[+-]\d\.\d+", row[7].split(" ", 1)[1]))
-        if row[8] == "yes":
+        if row[11] == "yes":
             assert low > 0 or high < 0
     assert json.loads(written.joinpath("meta.json").read_text())["probe_split"]["rule"] == report.meta["probe_split"]["rule"]
 

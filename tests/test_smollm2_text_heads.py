@@ -84,6 +84,8 @@ def test_text_effect_bootstraps_lines_as_a_hand_written_bootstrap_does():
     random = (losses[2:] - losses[0]).numpy()[:, at].mean(axis=1)
     assert got.random == pytest.approx(random.mean())
     assert got.ratio == pytest.approx(tested.mean() / random.mean())
+    assert got.z[0] == pytest.approx((tested.mean() - random.mean()) / random.std(ddof=1))
+    assert got.z[1] < got.z[0] < got.z[2]
     assert (got.n_lines, got.n_positions, got.base) == (len(sums), len(positions), pytest.approx(losses[0, at].mean()))
 
 

@@ -41,6 +41,7 @@ curve point below it and the first above).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -284,7 +285,8 @@ def compare_circuit_methods(model, clean, corrupted, metric: Metric, rankings: M
     smallest evaluated circuit with ``ci_low >= threshold``: ``smallest_edges``, ``smallest_share`` (of
     the graph's edges), ``smallest_faithfulness``, ``smallest_ci_low``, ``smallest_ci_high`` (NaN where
     none reaches it); ``attrs``: ``full``, ``empty`` (the clean and corrupted metric), ``graph_edges``,
-    ``threshold``."""
+    ``threshold``, ``paired`` (``paired_differences``: each two methods' faithfulness at each curve
+    point, a's minus b's, with the interval of that difference)."""
     if not rankings:
         raise UserError("compare_circuit_methods needs at least one ranking (EdgeRanking or NodeRanking)")
     for name, ranking in rankings.items():
@@ -330,8 +332,30 @@ def compare_circuit_methods(model, clean, corrupted, metric: Metric, rankings: M
                    smallest_ci_high=np.nan if best is None else float(best.ci_high),
                    n_prompts=found.n_prompts)
     frame.attrs.update(summary=pd.DataFrame(summary), full=found.full, empty=found.empty, graph_edges=graph.n_edges,
-                       threshold=threshold)
+                       threshold=threshold, paired=paired_differences(found, index, names, fractions))
     return frame
+
+
+def paired_differences(found, index: np.ndarray, names: list[str], fractions: Sequence[float]) -> pd.DataFrame:
+    """Each two rankings' faithfulness at each curve point compared on the same prompts: one row per
+    (``a``, ``b``, ``target``) with ``difference`` (a's minus b's) and the 95% interval of that
+    difference (``ci_low``, ``ci_high``) from the one set of prompt resamples both were measured on
+    (``Faithfulness.interval`` of +1 / -1), not from the two marginal intervals; NaN without a
+    per-prompt metric. ``index``: each (method, fraction) circuit's column in ``found``, method-major."""
+    columns = index.reshape(len(names), len(fractions))
+    rows, combination = [], []
+    for (i, a), (j, b) in combinations(enumerate(names), 2):
+        for k, target in enumerate(fractions):
+            weights = np.zeros(len(found.estimates))
+            weights[columns[i, k]] += 1.0
+            weights[columns[j, k]] -= 1.0
+            rows.append({"a": a, "b": b, "target": float(target)})
+            combination.append(weights)
+    frame = pd.DataFrame(rows, columns=["a", "b", "target"])
+    if not rows:
+        return frame.assign(difference=[], ci_low=[], ci_high=[])
+    difference, low, high = found.interval(np.array(combination))
+    return frame.assign(difference=difference, ci_low=low, ci_high=high)
 
 
 def method_comparison_figure(frame: pd.DataFrame, title: str = ""):

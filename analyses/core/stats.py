@@ -11,7 +11,10 @@ replacement, the pooled mean recomputed, and the 2.5% and 97.5% quantiles of the
 ``effect_intervals`` bootstraps the effects of a sweep's interventions from the per-prompt scores
 (``analyses.core.metrics.PromptScores``) of each and of the unedited run;
 ``control_intervals`` bootstraps a control's mean effect and the ratio of a tested effect to it over
-the same prompts (paired), for "these heads matter N times as much as random heads".
+the same prompts (paired), for "these heads matter N times as much as random heads"; ``control_z``
+gives the tested effect's distance from the random sets' effects in units of their spread, with its
+interval from the same resamples, and ``normal_p_value`` its p-value under a normal null, at the
+interval's bound nearest 0.
 
 Where prompts come in clusters of near-copies (prompts that differ only in what the behaviour does
 not depend on), the prompts of one cluster are not independent draws: ``bootstrap_cluster_ratio``
@@ -197,6 +200,44 @@ def control_intervals(tested: torch.Tensor, control: torch.Tensor, counts: torch
     control_low, control_high = percentile_bounds(control_means, level)
     ratio_low, ratio_high = percentile_bounds(tested_means / control_means, level)
     return (float(control_low), float(control_high)), (float(ratio_low), float(ratio_high))
+
+
+def control_z(tested: torch.Tensor, control: torch.Tensor, counts: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0,
+              level: float = LEVEL) -> tuple[float, float, float]:
+    """How far a tested set's effect lies from matched random sets' effects, in units of their spread,
+    with its 95% interval: z = (tested - mean) / sd, mean and sd (n - 1 in the denominator) over the
+    draws' effects, each effect a pooled mean over prompts.
+
+    tested: (batch,) the tested set's per-prompt effect numerators; control: (batch, draws) each
+    draw's on the same prompts; counts: (batch,) each prompt's denominator. The interval resamples
+    the prompts (seed ``seed``, every set on the same draw of prompts) and the draws (seed ``seed +
+    1``, as weights on the draws' effects) as ``control_intervals`` does. Returns (z, z_low, z_high);
+    infinite or NaN where the draws' effects do not vary (one possible set, or a resample that draws
+    one set only). Needs at least 2 draws."""
+    tested, control, counts = tested.cpu().double(), control.cpu().double(), counts.cpu().double()
+    batch, draws = control.shape
+    if draws < 2:
+        raise UserError(f"{draws} random set: a z against the random sets needs at least 2, for their spread")
+    effects = control.sum(0) / counts.sum()
+    z = float((tested.sum() / counts.sum() - effects.mean()) / effects.std())
+    prompts = resample_weights(batch, n_boot, seed)  # (n_boot, batch)
+    of_draws = resample_weights(draws, n_boot, seed + 1)  # (n_boot, draws)
+    counted = prompts @ counts  # (n_boot,)
+    resampled = (prompts @ control) / counted[:, None]  # (n_boot, draws): each draw's effect in each resample
+    mean = (of_draws * resampled).sum(1) / draws
+    sd = ((of_draws * (resampled - mean[:, None]) ** 2).sum(1) / (draws - 1)).sqrt()
+    low, high = percentile_bounds((prompts @ tested / counted - mean) / sd, level)
+    return z, float(low), float(high)
+
+
+def normal_p_value(low: float, high: float) -> float:
+    """The two-sided standard normal tail beyond a z's 95% interval [low, high] at its bound nearest 0:
+    the p-value of a z whose null is normal, read where the z is least far from 0, so that neither
+    the prompts' noise nor a spread known from few random sets makes it small (1 where the interval
+    holds 0 or is unknown)."""
+    if math.isnan(low) or math.isnan(high) or low <= 0 <= high:
+        return 1.0
+    return math.erfc(min(abs(low), abs(high)) / math.sqrt(2))
 
 
 def effect_text(value: float, low: float, high: float, digits: int = 3) -> str:

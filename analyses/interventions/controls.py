@@ -33,9 +33,10 @@ import torch
 from matplotlib.figure import Figure
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.metrics import Metric
+from analyses.core.metrics import Metric, PromptScores
 from analyses.core.plots import new_figure
-from analyses.core.stats import EFFECT_COLUMNS, N_BOOT, control_intervals, effect_text
+from analyses.core.stats import (EFFECT_COLUMNS, N_BOOT, control_intervals, control_z, effect_intervals, effect_text,
+                                 normal_p_value)
 from analyses.interventions.ablation import component_label, prepare_ablation
 from analyses.core.checks import check_heads
 from analyses.interventions.run import Run
@@ -144,22 +145,31 @@ def matching_text(strata: Sequence[Stratum]) -> str:
 
 @dataclass
 class ControlEffects:
-    """A tested head set against matched random sets (``control_effects``).
+    """A tested head set against matched random sets (``control_effects``, ``control_from_scores``).
 
-    heads: the tested set; sets: the random sets, n_draws of them; frame: one row per ablated set,
+    heads: the tested set; sets: the random sets, n_draws of them; frame: one row per edited set,
     the tested one first: ``set`` ("tested" | "random"), ``draw`` (the random set's index, NA for the
     tested), ``heads`` (labels joined by '+'), ``metric``, ``baseline``, ``effect`` (metric -
     baseline) and its interval over prompts (``ci_low``, ``ci_high``, ``n_prompts``). effect /
     ci_low / ci_high: the tested set's; random_effect / random_ci_low / random_ci_high: the mean
     effect of the random sets, its interval resampling prompts and draws; ratio / ratio_ci_low /
     ratio_ci_high: effect / random_effect with its paired interval (``control_intervals``); NaN
-    intervals for a metric without a per-prompt form. p_value: (1 + the random sets whose |effect|
-    is at least the tested |effect|) / (1 + the random sets), each different set counted once: the
-    Monte Carlo p-value of the tested set among the random ones (the ratio's interval says how well
-    the random mean is known, not how unusual the tested set is: a set drawn at random has a ratio
-    away from 1 as often as the random sets' effects spread). n_distinct: how many different sets the
+    intervals for a metric without a per-prompt form.
+
+    z / z_ci_low / z_ci_high: (effect - random_effect) / the random sets' standard deviation, with
+    its interval from the same resamples of prompts and draws (``analyses.core.stats.control_z``):
+    how unusual the tested set is among sets drawn at random where it sits, on a scale that, unlike
+    p_value, does not stop at the number of draws; z_p_value: the two-sided normal p-value at the
+    z interval's bound nearest 0 (``normal_p_value``; 1 where the interval holds 0; it assumes the
+    random sets' effects spread about normally), which can be small enough to pass a false-discovery
+    correction over many tests; NaN z (and p 1) where only one random set is possible, whose effect
+    has no spread. p_value: (1 + the random sets whose |effect| is at least the tested |effect|) / (1
+    + the random sets), each different set counted once: the Monte Carlo p-value of the tested set among
+    the random ones, never below 1 / (1 + n_distinct) (the ratio's interval says how well the random
+    mean is known, not how unusual the tested set is). n_distinct: how many different sets the
     matching allows (fewer than n_draws: the sets repeat); matching: how the sets were matched
-    (``matching_text``); method: the ablation method."""
+    (``matching_text``); method: the edit's method ("zero", "mean_corrupted", ...); edit: what was
+    edited ("ablation": the heads' outputs; a caller's own edit names itself)."""
 
     heads: list[Head]
     sets: list[list[Head]]
@@ -173,25 +183,31 @@ class ControlEffects:
     ratio: float
     ratio_ci_low: float
     ratio_ci_high: float
+    z: float
+    z_ci_low: float
+    z_ci_high: float
+    z_p_value: float
     p_value: float
     n_draws: int
     n_distinct: int
     n_prompts: int
     matching: str
     method: str
+    edit: str = "ablation"
 
     def summary(self) -> pd.DataFrame:
-        """One row: ``heads``, ``n_heads``, the tested effect, the random mean effect and the ratio,
-        each with its interval, ``p_value``, ``n_draws``, ``n_distinct``, ``n_prompts``, ``matching``,
-        ``method``."""
+        """One row: ``heads``, ``n_heads``, the tested effect, the random mean effect, the ratio and
+        z, each with its interval, ``z_p_value``, ``p_value``, ``n_draws``, ``n_distinct``,
+        ``n_prompts``, ``matching``, ``method``, ``edit``."""
         return pd.DataFrame([{
             "heads": "+".join(map(component_label, self.heads)), "n_heads": len(self.heads),
             "effect": self.effect, "ci_low": self.ci_low, "ci_high": self.ci_high,
             "random_effect": self.random_effect, "random_ci_low": self.random_ci_low,
             "random_ci_high": self.random_ci_high, "ratio": self.ratio, "ratio_ci_low": self.ratio_ci_low,
-            "ratio_ci_high": self.ratio_ci_high, "p_value": self.p_value, "n_draws": self.n_draws,
+            "ratio_ci_high": self.ratio_ci_high, "z": self.z, "z_ci_low": self.z_ci_low, "z_ci_high": self.z_ci_high,
+            "z_p_value": self.z_p_value, "p_value": self.p_value, "n_draws": self.n_draws,
             "n_distinct": self.n_distinct, "n_prompts": self.n_prompts, "matching": self.matching,
-            "method": self.method}])
+            "method": self.method, "edit": self.edit}])
 
     def describe(self) -> str:
         """One sentence with the numbers (``describe_control`` of ``summary``)."""
@@ -200,15 +216,18 @@ class ControlEffects:
 
 def describe_control(row) -> str:
     """A ``ControlEffects.summary`` row in one sentence: the tested effect, the random sets' mean
-    effect, the ratio, each with its 95% interval, the p-value, and how many draws and prompts."""
+    effect, the ratio and z, each with its 95% interval, z's normal p (at its interval's bound nearest
+    0) and the Monte Carlo p, and how
+    many draws and prompts."""
     repeats = ("" if row["n_distinct"] >= row["n_draws"] else ", the only possible set" if row["n_distinct"] == 1
                else f", every one of the {int(row['n_distinct'])} possible sets")
     effect = effect_text(row["effect"], row["ci_low"], row["ci_high"])
-    return (f"{row['heads']} ({row['method']} ablation): effect {effect}; {row['matching']} random sets of "
+    return (f"{row['heads']} ({row['method']} {row['edit']}): effect {effect}; {row['matching']} random sets of "
             f"{int(row['n_heads'])}: "
             f"mean {effect_text(row['random_effect'], row['random_ci_low'], row['random_ci_high'])}; "
             f"ratio {row['ratio']:.2f}x [{row['ratio_ci_low']:.2f}, {row['ratio_ci_high']:.2f}], "
-            f"p {row['p_value']:.3f} (95% intervals; {int(row['n_draws'])} draws{repeats}, "
+            f"z {effect_text(row['z'], row['z_ci_low'], row['z_ci_high'], digits=1)} (normal p "
+            f"{row['z_p_value']:.2g}), p {row['p_value']:.3f} (95% intervals; {int(row['n_draws'])} draws{repeats}, "
             f"{int(row['n_prompts'])} prompts)")
 
 
@@ -219,45 +238,66 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
     """Ablate ``heads`` [(layer, head), ...] and ``n_draws`` matched random sets
     (``matched_random_sets``; never a head of ``exclude``: pass every head of the role or class under
     test, tested or not), all as the variants of one batched sweep, on ``tokens`` (ids, texts
-    or ``RepeatedProbes``) -> ``ControlEffects``.
+    or ``RepeatedProbes``) -> ``ControlEffects`` (``control_from_scores``).
 
     ``method``, ``metric`` (default: the mean next-token loss), ``reference``, ``preserve_patterns``,
     ``run`` (a ``Run`` of the prompts that serves instead of a forward) and ``memory_mb``: as
     ``prepare_ablation`` takes them. ``seed`` seeds the draws, a resample ablation and the
     bootstraps. Each effect's numerator per prompt is the prompt's metric numerator ablated minus
-    unablated (``Ablation.scores``); the tested and each random set's interval is
-    ``effect_intervals``' (prompts resampled); the random mean effect's resamples the prompts
-    (weights w, seed ``seed``) and the draws (weights v, seed ``seed + 1``) at once, sum over prompts
-    and draws of w * differences * v over (n_draws * sum of w * counts), and the ratio's from the same
-    resamples (``analyses.core.stats.control_intervals``). Prompts that count nothing are left out."""
+    unablated (``Ablation.scores``)."""
     sets = matched_random_sets(model, heads, n_draws, seed, exclude)
-    strata = matched_strata(model, heads, exclude)
-    heads = check_heads(model, heads)
     ablation = prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
                                 seed=seed, run=run, memory_mb=memory_mb)
-    scores = ablation.scores([heads, *sets], memory_mb=memory_mb, progress=progress, desc="control")
-    low, high, n_prompts = ablation.intervals(scores, seed=seed)
-    effects = (scores.values - ablation.baseline).cpu().double()
+    scores = ablation.scores([check_heads(model, heads), *sets], memory_mb=memory_mb, progress=progress,
+                             desc="control")
+    return control_from_scores(model, heads, sets, scores, ablation.baseline_scores(), len(ablation.tokens), method,
+                               exclude=exclude, n_boot=n_boot, seed=seed)
+
+
+def control_from_scores(model, heads: Sequence[Head], sets: Sequence[Sequence[Head]], scores: PromptScores,
+                        baseline: PromptScores, n_batch: int, method: str, *, edit: str = "ablation",
+                        exclude: Sequence[Head] = (), n_boot: int = N_BOOT, seed: int = 0) -> ControlEffects:
+    """A control's statistics from an edit of ``heads`` and of each of ``sets`` (``matched_random_sets``
+    of ``heads`` and ``exclude``, drawn with ``seed``) scored on the same prompts, whatever the edit:
+    ``scores`` the tested set's then each set's (values (1 + len(sets),), numerators (1 + len(sets),
+    batch) where the metric has a per-prompt form), ``baseline`` the unedited run's (values 0-d,
+    numerators (batch,), counts), on ``n_batch`` prompts -> ``ControlEffects``.
+
+    The tested and each random set's interval is ``effect_intervals``' (prompts resampled); the
+    random mean effect's resamples the prompts (weights w, seed ``seed``) and the draws (weights v,
+    seed ``seed + 1``) at once, sum over prompts and draws of w * differences * v over (n_draws *
+    sum of w * counts), and the ratio's and z's from the same resamples
+    (``analyses.core.stats.control_intervals``, ``control_z``). Prompts that count nothing are left out."""
+    strata = matched_strata(model, heads, exclude)
+    heads, sets = check_heads(model, heads), [list(s) for s in sets]
+    low, high, n_prompts = effect_intervals(scores, baseline, n_batch, seed=seed)
+    baseline_value = float(baseline.values)
+    effects = scores.values.cpu().double() - baseline_value
     frame = pd.DataFrame({"set": ["tested"] + ["random"] * len(sets),
                           "draw": pd.array([None, *range(len(sets))], dtype="Int64"),
                           "heads": ["+".join(map(component_label, group)) for group in [heads, *sets]],
-                          "metric": scores.values.cpu().numpy(), "baseline": ablation.baseline,
+                          "metric": scores.values.cpu().numpy(), "baseline": baseline_value,
                           "effect": effects.cpu().numpy()})
     frame = frame.assign(**dict(zip(EFFECT_COLUMNS, (low.cpu().numpy(), high.cpu().numpy(), n_prompts))))
     random_effect = float(effects[1:].mean())
     distinct = torch.tensor(frame.drop_duplicates("heads").index[1:].to_numpy())  # each different random set once
     p_value = (1 + int((effects[distinct].abs() >= effects[0].abs()).sum())) / (1 + len(distinct))
     ratio = float(effects[0] / effects[1:].mean())  # infinite or NaN where the random mean is 0
-    random_ci = ratio_ci = (float("nan"), float("nan"))
-    baseline = ablation.baseline_scores()
+    nan = (float("nan"), float("nan"))
+    random_ci = ratio_ci = nan
+    spread = len(distinct) > 1  # one possible set (however often drawn) has no spread to measure against
+    z = float((effects[0] - effects[1:].mean()) / effects[1:].std()) if spread else float("nan")
+    z_ci = nan
     if scores.numerators is not None and baseline.numerators is not None:
         counted = (baseline.counts > 0).cpu()
         differences = (scores.numerators - baseline.numerators).cpu().double().T[counted]  # (prompts, 1 + draws)
         counts = baseline.counts.cpu().double()[counted]
         random_ci, ratio_ci = control_intervals(differences[:, 0], differences[:, 1:], counts, n_boot=n_boot, seed=seed)
+        if spread:
+            _, *z_ci = control_z(differences[:, 0], differences[:, 1:], counts, n_boot=n_boot, seed=seed)
     return ControlEffects(heads, sets, frame, float(effects[0]), float(low[0]), float(high[0]), random_effect,
-                          *random_ci, ratio, *ratio_ci, p_value, len(sets), distinct_sets(strata), n_prompts,
-                          matching_text(strata), method)
+                          *random_ci, ratio, *ratio_ci, z, *z_ci, normal_p_value(*z_ci), p_value, len(sets),
+                          distinct_sets(strata), n_prompts, matching_text(strata), method, edit)
 
 
 def control_figure(control: ControlEffects, title: str | None = None) -> Figure:
@@ -272,7 +312,7 @@ def control_figure(control: ControlEffects, title: str | None = None) -> Figure:
     ax.axvline(control.random_effect, color="grey", linestyle="--", label="random mean (95% interval)")
     ax.axvspan(control.ci_low, control.ci_high, color="tab:red", alpha=0.2)
     ax.axvline(control.effect, color="tab:red", label="tested (95% interval)")
-    ax.set_xlabel(f"effect of {control.method} ablation (metric - baseline)")
+    ax.set_xlabel(f"effect of {control.method} {control.edit} (metric - baseline)")
     ax.legend(fontsize="small")
     ax.set_title(title or f"{len(control.heads)} heads vs {control.matching} random sets: "
                           f"{control.ratio:.2f}x [{control.ratio_ci_low:.2f}, {control.ratio_ci_high:.2f}]",

@@ -69,7 +69,7 @@ from analyses.components.decompose import (attention_vs_mlp_figure, component_ho
 from analyses.components.meaning import ov_scores
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
                                      classify_heads, head_table)
-from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, direct_effect_needs
+from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, backup_refusal, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate,
@@ -116,6 +116,7 @@ FIGURE_CAPTIONS = {
                "effect on the intervention probes (path patching, noising)",
 }
 CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
+BACKUP = "backup pairs and groups"  # the report's part whose rises need interp's own final readout (``backup_refusal``)
 CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
 CIRCUIT_FIGURE_EDGES = 12  # and those it draws
 TOP_DLA = 5  # the components the page lists by direct logit attribution (chosen on the selection probes)
@@ -365,8 +366,9 @@ def calibration_result(context: ReportContext, results: dict) -> dict:
     rows), self-repair, dormant heads and similarity (``dormant_and_similarity``)."""
     c = context
     calibration, effects = results["roles"]["calibration"], results["ablation"]["effects"]
-    pairs, groups = backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
-                                  choose=c.selection, memory_mb=c.calibration_mb, progress=c.progress)
+    pairs, groups = ((pd.DataFrame(), pd.DataFrame()) if BACKUP in c.left else
+                     backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
+                                   choose=c.selection, memory_mb=c.calibration_mb, progress=c.progress))
     dormant, similarities = dormant_and_similarity(c.model, c.probes, c.run, c.first, effects)
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects,
               "mlp_effects": results["ablation"]["mlp_effects"], "dormant": dormant,
@@ -692,12 +694,14 @@ def report_plan(model) -> dict[str, str]:
     """The report's plan, from the hook self-test, before any sweep: each part this model cannot
     run (``CIRCUIT``: the composition scores and path patching; ``DLA``; ``DIRECT_EFFECTS``: the
     heads' direct effects and self-repair; ``QK``: the role heads' QK attribution, which needs interp's
-    own attention, ``qk_refusal``) -> why, in one line. Refuses in one line a model whose
+    own attention, ``qk_refusal``; ``BACKUP``: the backup pairs and groups, whose rise of attribution
+    needs interp's own final readout, ``backup_refusal``) -> why, in one line. Refuses in one line a model whose
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
     require(model, "hook_z", "the report's head ablations")
     left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model),
                             QK: DLA_NEEDS})  # the split reads the residual's decomposition, as DLA does
-    refusal = qk_refusal(model)
+    refusal, backup = qk_refusal(model), backup_refusal(model)
+    left = left if backup is None else left | {BACKUP: backup}
     return left if refusal is None or QK in left else left | {QK: refusal}
 
 
@@ -802,7 +806,8 @@ CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPT
                 "those path-patched exactly (edge attribution, EAP, there: a screen, not the exact path-patching "
                 "sweep), the backup pairs' heads (their first-order "
                 f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
-                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0)")
+                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0, and where one head's direct logit "
+                "attribution rises when the other is ablated, its interval excluding 0)")
 
 
 def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
@@ -977,22 +982,30 @@ def ranked_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
 BACKUP_RULE = ("Backup: the role heads with the largest first-order ablation effect on the selection probes (at most "
                f"{DEFAULT_PAIR_HEADS}) are ablated in pairs there and on the intervention probes; a pair backs up when "
                f"its excess (joint effect minus the sum of its single effects, per prompt) is at least "
-               f"{DEFAULT_MIN_EXCESS} nats with a 95% "
-               "interval excluding 0 on the selection probes, and the groups (connected pairs) are measured on the "
-               "intervention probes (the table: every pair, 'excess' measured there, 'chosen excess' where it was "
-               "chosen).")
+               f"{DEFAULT_MIN_EXCESS} nats with a 95% interval excluding 0 on the selection probes, and there one "
+               "head's direct logit attribution on the metric rises when the other is ablated, with a 95% interval "
+               "excluding 0 on the side of the ablated head's own attribution (Wang et al.'s test: the partner "
+               "writes more of what the head wrote; a superadditive loss alone is not compensation); the groups "
+               "(connected pairs) are measured on the intervention probes (the table: every pair, 'excess' and the "
+               "rises measured there, 'chosen excess' where it was chosen; rises only for the pairs superadditive "
+               "there).")
 
 
 def pair_table(pairs: pd.DataFrame) -> pd.DataFrame:
     """The pairwise ablation as the calibration section's table: ``a, b``, the single and joint
-    effects and the excess (each 'e [low, high]', ``effect_text``) on the intervention probes, the
-    excess on the probes that chose the groups, and whether the pair backs up."""
+    effects, the excess and each head's attribution rise when the other is ablated (each 'e [low,
+    high]', ``effect_text``; no interval where the pair was not superadditive where it was chosen) on
+    the intervention probes, the excess on the probes that chose the groups, whether the pair
+    compensates (on the intervention probes) and whether it backs up."""
     def shown(value: str, stem: str) -> list[str]:
         return [effect_text(*cells, 3) for cells in zip(pairs[value], pairs[f"{stem}_ci_low"], pairs[f"{stem}_ci_high"])]
 
     return pd.DataFrame({"a": pairs["a"], "b": pairs["b"], "effect a": pairs["effect_a"], "effect b": pairs["effect_b"],
                          "joint": shown("joint", "joint"), "excess": shown("excess", "excess"),
                          "chosen excess": shown("chosen_excess", "chosen_excess"),
+                         "b's attribution rise, a ablated": shown("rise_ab", "rise_ab"),
+                         "a's attribution rise, b ablated": shown("rise_ba", "rise_ba"),
+                         "compensates": pairs["compensates"].map({True: "yes", False: "no"}),
                          "backs up": pairs["backs"].map({True: "yes", False: "no"})})
 
 

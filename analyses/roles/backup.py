@@ -2,13 +2,20 @@
 
 - **Pairwise ablation**: for heads A and B, the effect of ablating both together against the sum
   of their single effects. ``excess = joint - (effect_A + effect_B)``: with a loss metric
-  (effects are rises in loss), a positive excess means that each head covers for the other (the
-  pair matters more than its parts: backup, redundancy); negative, that their effects overlap.
-  Each prompt's excess is its joint effect minus its two single effects, all from the same forwards
-  of the same prompts, so the excess has its own interval. Heads joined by an excess of at least
-  ``min_excess`` *whose 95% interval excludes 0* are one **backup group** (connected components),
-  and each group is ablated as a whole; ``backup_report(choose=...)`` forms the groups on other
-  prompts than those it measures them on (the report's selection rows: architecture §4.12).
+  (effects are rises in loss), a positive excess means the pair matters more than its parts; negative,
+  that their effects overlap. Each prompt's excess is its joint effect minus its two single effects,
+  all from the same forwards of the same prompts, so the excess has its own interval. A
+  superadditive pair is not yet backup: a loss that saturates makes any two heads that add to the
+  same logits superadditive.
+- **Backup as Wang et al. (2022) test it** (``direct_effect_rises``): B backs A up where B's direct
+  logit attribution on the metric rises when A is ablated, on the side of A's own attribution (B
+  writes more of what A wrote), with the rise's paired 95% interval over prompts. Both attributions
+  are read through the unablated run's readout (the metric's gradient with respect to the logits,
+  the final norm's scale held), so a rise is a change of what B writes, never the metric's curvature.
+  Heads joined by a pair that is superadditive (an excess of at least ``min_excess`` whose 95%
+  interval excludes 0) *and* compensates one way or the other are one **backup group** (connected
+  components), and each group is ablated as a whole; ``backup_report(choose=...)`` forms the groups
+  on other prompts than those it measures them on (the report's selection rows: architecture §4.12).
 - **Direct vs total effect** (McGrath et al. 2023, "the Hydra effect"): a head's *total* effect
   is the ordinary ablation effect, where every later component reacts; its *direct* effect is
   the same ablation with everything downstream frozen at its unablated value (every later
@@ -36,6 +43,7 @@ effect and its excess; a first-order estimate (``screen``) has none (NaN).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
 from typing import Sequence
@@ -51,10 +59,11 @@ from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORM
                                       probe_tokens, require)
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
 from analyses.core.checks import check_heads
-from analyses.interventions.engine import (Edit, activation_gradients, gradient_parts, partial_logits, rows_of,
-                                           runs_suffix_only, score_chunks, score_variants)
+from analyses.interventions.engine import (Edit, activation_gradients, collect_variants, gradient_parts, partial_logits,
+                                           rows_of, runs_suffix_only, score_chunks, score_variants)
 from analyses.core.metrics import Metric, PromptScores
-from analyses.core.stats import effect_intervals, excludes_zero
+from analyses.core.stats import (N_BOOT, bootstrap_cluster_ratio, bootstrap_ratio, effect_intervals, excludes_zero,
+                                 paired_difference)
 from analyses.core.tokens import accumulator
 from analyses.interventions.run import Run
 from analyses.roles.readout import FinalReadout
@@ -157,11 +166,9 @@ def excess_intervals(ablation: Ablation, scores: PromptScores, alone: list, sets
 
 
 def backup_groups(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> list[list[str]]:
-    """Connected components of the heads joined by a backing pair in a ``pairwise_ablation`` table:
-    ``excess >= min_excess`` and its 95% interval ``[excess_ci_low, excess_ci_high]`` excluding 0 (a
-    pair whose excess could be 0 over these prompts joins nothing; a NaN interval excludes nothing)
-    -> groups of head labels (each sorted, groups by first member); heads with no such partner are
-    left out."""
+    """Connected components of the heads joined by a backing pair (``backing``) in a
+    ``pairwise_ablation`` table with its ``compensates`` column (``with_rises``) -> groups of head
+    labels (each sorted, groups by first member); heads with no such partner are left out."""
     parent: dict[str, str] = {}
 
     def root(label: str) -> str:
@@ -177,9 +184,45 @@ def backup_groups(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -
     return sorted((sorted(g, key=_label_key) for g in groups.values()), key=lambda g: _label_key(g[0]))
 
 
-def backing(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> pd.Series:
-    """Which pairs of a ``pairwise_ablation`` table back each other up (``backup_groups``' rule): bool per row."""
+def superadditive(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> pd.Series:
+    """Which pairs of a ``pairwise_ablation`` table cost more together than apart: ``excess >=
+    min_excess`` and its 95% interval ``[excess_ci_low, excess_ci_high]`` excluding 0 (a NaN interval
+    excludes nothing): bool per row. Not by itself backup: a loss that saturates makes any two heads
+    that add to the same logits superadditive."""
     return (pairs["excess"] >= min_excess) & excludes_zero(pairs["excess_ci_low"], pairs["excess_ci_high"])
+
+
+def backing(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> pd.Series:
+    """Which pairs of a ``pairwise_ablation`` table back each other up (``backup_groups``' rule): bool per
+    row, superadditive (``superadditive``) and compensating (``compensates``, from ``with_rises``: one
+    head's direct logit attribution rises when the other is ablated, as Wang et al. test backup)."""
+    return superadditive(pairs, min_excess) & pairs["compensates"].astype(bool)
+
+
+RISE_COLUMNS = [f"rise_{way}{end}" for way in ("ab", "ba") for end in ("", "_ci_low", "_ci_high")]
+
+
+def with_rises(ablation: Ablation, pairs: pd.DataFrame, which: Sequence[bool],
+               memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+    """``pairs`` (a ``pairwise_ablation`` table) with, for the rows ``which`` (bool per row), each head's
+    direct logit attribution rise when the other is ablated on ``ablation``'s prompts
+    (``direct_effect_rises``): ``rise_ab`` (b's, a ablated) and ``rise_ba`` (a's, b ablated), each with
+    ``_ci_low``, ``_ci_high`` (NaN on the other rows), and ``compensates``: either way compensates
+    (False on the other rows, which were not measured)."""
+    which = pd.Series(which, index=pairs.index).astype(bool)
+    chosen = pairs[which]
+    a = list(zip(chosen["layer_a"].astype(int), chosen["head_a"].astype(int)))
+    b = list(zip(chosen["layer_b"].astype(int), chosen["head_b"].astype(int)))
+    frame = pairs.assign(**{column: float("nan") for column in RISE_COLUMNS}, compensates=False)
+    if not len(chosen):
+        return frame
+    rises = direct_effect_rises(ablation, [*zip(a, b), *zip(b, a)], memory_mb=memory_mb)
+    for way, part in (("ab", rises.iloc[:len(chosen)]), ("ba", rises.iloc[len(chosen):])):
+        for end in ("", "_ci_low", "_ci_high"):
+            frame.loc[which, f"rise_{way}{end}"] = part[f"rise{end}"].to_numpy()
+    frame.loc[which, "compensates"] = (rises["compensates"].to_numpy()[:len(chosen)]
+                                       | rises["compensates"].to_numpy()[len(chosen):])
+    return frame
 
 
 def _label_key(label: str) -> tuple[int, int]:
@@ -192,21 +235,24 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
                   run: Run | None = None, choose: Ablation | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pairwise ablation of ``heads`` and their backup groups (``backup_groups``: pairs whose excess is
-    at least ``min_excess`` and whose 95% interval excludes 0), each ablated as a whole (``run``: a
-    ``Run`` of the prompts, made here where None, that both steps read).
+    at least ``min_excess`` with a 95% interval excluding 0, and where one head's direct logit
+    attribution rises when the other is ablated, ``with_rises``), each ablated as a whole (``run``: a
+    ``Run`` of the prompts, made here where None, that both steps read). The rises are measured for
+    the superadditive pairs only.
 
     choose: None forms the groups from the pairs measured on ``prompts`` (in-sample); an ``Ablation``
-    of other prompts (``prepare_ablation``, same method and metric) forms them from the pairs measured
-    there, so the groups' effects printed from ``prompts`` are measured on prompts that did not choose
-    them (architecture §4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
+    of other prompts (``prepare_ablation``, same method and metric) forms them from the pairs and
+    rises measured there, so the groups' effects printed from ``prompts`` are measured on prompts that
+    did not choose them (architecture §4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
 
-    Returns (pairs: see ``pairwise_ablation``, on ``prompts``, with ``backs`` (the pair joins a group,
-    as decided on the choosing prompts) and, with ``choose``, ``chosen_excess, chosen_excess_ci_low,
-    chosen_excess_ci_high`` (its excess there); groups: one row per group ``group`` (0..), ``heads``
-    (labels joined by ';'), ``n_heads``, ``sum_single`` (the sum of its heads' single effects),
-    ``joint`` (all of them ablated together), ``excess`` (joint - sum_single), ``joint_ci_low``,
-    ``joint_ci_high``, ``excess_ci_low``, ``excess_ci_high``, ``n_prompts`` (95% intervals over
-    ``prompts``: ``joint_effects``))."""
+    Returns (pairs: see ``pairwise_ablation``, on ``prompts``, with the rises and ``compensates``
+    (``with_rises``, on ``prompts``, for the pairs superadditive on the choosing prompts), ``backs``
+    (the pair joins a group, as decided on the choosing prompts) and, with ``choose``,
+    ``chosen_excess, chosen_excess_ci_low, chosen_excess_ci_high`` and ``chosen_compensates`` (there);
+    groups: one row per group ``group`` (0..), ``heads`` (labels joined by ';'), ``n_heads``,
+    ``sum_single`` (the sum of its heads' single effects), ``joint`` (all of them ablated together),
+    ``excess`` (joint - sum_single), ``joint_ci_low``, ``joint_ci_high``, ``excess_ci_low``,
+    ``excess_ci_high``, ``n_prompts`` (95% intervals over ``prompts``: ``joint_effects``))."""
     run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
                                                   memory_mb=memory_mb)
     heads = check_heads(model, heads)
@@ -214,14 +260,18 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
     ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
     pairs = list(combinations(heads, 2))
-    screen = (None if choose is None else
-              pair_frame(joint_effects(choose, pairs, memory_mb=memory_mb, progress=progress,
-                                       desc="pairwise ablation (choosing)")))
+    screen = None
+    if choose is not None:
+        screen = pair_frame(joint_effects(choose, pairs, memory_mb=memory_mb, progress=progress,
+                                          desc="pairwise ablation (choosing)"))
+        screen = with_rises(choose, screen, superadditive(screen, min_excess), memory_mb)
     groups = [] if screen is None else backup_groups(screen, min_excess)
     members = [[_label_key(label) for label in group] for group in groups]
     measured = joint_effects(ablation, [*pairs, *members], memory_mb=memory_mb, progress=progress,
                              desc="pairwise ablation")
     frame = pair_frame(measured.iloc[:len(pairs)].reset_index(drop=True))
+    frame = with_rises(ablation, frame, superadditive(frame if screen is None else screen, min_excess).to_numpy(),
+                       memory_mb)
     if screen is None:
         groups = backup_groups(frame, min_excess)
         members = [[_label_key(label) for label in group] for group in groups]
@@ -233,6 +283,7 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
         frame["backs"] = backing(screen, min_excess).to_numpy()
         frame["chosen_excess"], frame["chosen_excess_ci_low"], frame["chosen_excess_ci_high"] = (
             screen["excess"].to_numpy(), screen["excess_ci_low"].to_numpy(), screen["excess_ci_high"].to_numpy())
+        frame["chosen_compensates"] = screen["compensates"].to_numpy()
     return frame, group_frame(groups, measured.iloc[len(pairs):])
 
 
@@ -243,6 +294,179 @@ def group_frame(groups: list[list[str]], measured: pd.DataFrame) -> pd.DataFrame
     frame = pd.DataFrame({"group": range(len(groups)), "heads": [";".join(g) for g in groups],
                           "n_heads": [len(g) for g in groups]})
     return frame.assign(**{column: measured[column].to_numpy() if len(groups) else [] for column in columns})
+
+
+BACKUP_RISE = "the rise of a partner's direct logit attribution"
+
+
+@dataclass(frozen=True)
+class MetricReadout:
+    """The metric's readout of the final residual at the clean run, linearised with the final norm's
+    scale held: ``u`` (batch, n, d_model) float32, per prompt and read position, the gradient of the
+    prompt's metric numerator with respect to the logits times the final norm's clean scale, taken
+    back through the unembedding, so that a write ``c`` (batch, n, d_model) at the read positions
+    ``at`` has the direct logit attribution ``(u * normed(c)).sum((1, 2))`` per prompt numerator
+    (``FinalReadout.normed``: the norm without its scale); counts (batch,) the metric's denominators."""
+
+    readout: FinalReadout
+    at: torch.Tensor | slice
+    u: torch.Tensor
+    counts: torch.Tensor
+
+    def attribution(self, write: torch.Tensor) -> torch.Tensor:
+        """A write to the residual stream (batch, pos, d_model) -> its direct logit attribution on the
+        metric, each prompt's numerator (batch,) float64 on the CPU."""
+        return (self.u * self.readout.normed(write[:, self.at])).sum((1, 2)).cpu().double()
+
+
+def backup_refusal(model) -> str | None:
+    """Why ``direct_effect_rises`` cannot run on ``model``, in one line (None where it can): it reads
+    the final norm and unembedding of a ``GPTModel`` (``FinalReadout``), and a head's write as z @ W_O,
+    which a block that norms its attention output (Gemma 2 and 3) rescales per run."""
+    if not runs_suffix_only(model):
+        return f"{BACKUP_RISE} reads the final norm and unembedding of interp's GPTModel; got {type(model).__name__}"
+    normed = [layer for layer in range(model.cfg.n_layers) if output_norm(model, layer) is not None]
+    if normed:
+        return (f"{BACKUP_RISE}: layer {normed[0]} norms its attention output, so a head's write is not z @ W_O "
+                "alone; the rise is measured on models without that norm")
+    return None
+
+
+def metric_readout(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> MetricReadout:
+    """``MetricReadout`` of ``ablation``'s unedited run and metric, from its final residual: per chunk of
+    prompts within ``memory_mb``, the logits at the metric's read positions as ``FinalReadout`` makes
+    them (``scale * linear + offset``, capped where the model caps), the gradient of the sum of the
+    prompts' numerators with respect to the uncapped logits, times the scale, through the unembedding.
+    Refused in one line where ``backup_refusal`` says so or for a metric without a per-prompt form."""
+    model, tokens, metric = ablation.model, ablation.tokens, ablation.metric
+    refusal = backup_refusal(model)
+    if refusal is not None:
+        raise UserError(refusal)
+    if not metric.splits:
+        raise UserError(f"{BACKUP_RISE} needs a metric with a per-prompt form (loss_metric, logit_diff_metric, a "
+                        "task metric); a plain callable has none")
+    batch, n_pos = tokens.shape
+    readout, positions = FinalReadout(model), metric.positions(n_pos)
+    at = slice(None) if positions is None else positions
+    final = ablation.base.read([final_resid_name(model)])[final_resid_name(model)]  # (batch, pos, d_model)
+    n_read = n_pos if positions is None else len(positions)
+    rows_fit = max(1, int(memory_mb * 2 ** 20 // (4 * 4 * n_read * model.cfg.d_vocab)))  # logits, grads, caps
+    parts, counts = [], []
+    for start in range(0, batch, rows_fit):
+        rows = slice(start, min(start + rows_fit, batch))
+        part, _ = metric.part(rows, positions)
+        resid = final[rows][:, at].float()
+        scale = readout.scale(resid)  # (rows, n, 1)
+        raw = torch.addcmul(readout.offset, readout.linear(resid), scale).requires_grad_(True)
+        with torch.enable_grad():
+            logits = raw if readout.cap is None else readout.cap * torch.tanh(raw / readout.cap)
+            _, numerators = part.per_prompt(logits if part.entries is None else logits[part.entries])
+            grad, = torch.autograd.grad(numerators.sum(), raw)
+        parts.append((grad * scale) @ readout.readout.T)  # (rows, n, d_model)
+        counts.append(part.counts.to(grad.device))
+    return MetricReadout(readout, at, torch.cat(parts), torch.cat(counts))
+
+
+def contribution(ablation: Ablation, head: tuple[int, int], z: torch.Tensor) -> torch.Tensor:
+    """What ``head`` adds to the residual stream beyond its ablated value when its z is ``z`` (batch,
+    pos, d_head): ``(z - z_source) @ W_O[head]`` (batch, pos, d_model) float32, the source being
+    ``ablation``'s replacement (one row broadcasts to every prompt), so that a constant part of the
+    head's output, which the ablation keeps, is no part of its attribution."""
+    source = rows_of(ablation.sources[z_name(head[0])], slice(None), len(ablation.tokens))[:, :, head[1]]
+    return (z.float() - source.float()) @ head_W_O(ablation, head)
+
+
+def partner_contributions(ablation: Ablation, head: tuple[int, int], partner: tuple[int, int],
+                          memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
+    """``partner``'s ``contribution`` (batch, pos, d_model) in the unedited run and in the run with
+    ``head`` ablated (``ablation``'s method; one forward up to the partner's layer, from the head's own
+    where the model can start there). A partner in the head's layer or before it reads nothing the
+    head wrote: its contribution is the same."""
+    name = z_name(partner[0])
+    clean = contribution(ablation, partner, ablation.base.read([name])[name][:, :, partner[1]])
+    if partner[0] <= head[0]:
+        return clean, clean
+    ablated = collect_variants(ablation.model, ablation.tokens, [component_cells([head])], ablation.sources, [name],
+                               starts=ablation.starts, memory_mb=memory_mb)[name][0]
+    return clean, contribution(ablation, partner, ablated[:, :, partner[1]])
+
+
+def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]], *,
+                        memory_mb: float = DEFAULT_MEMORY_MB, n_boot: int = N_BOOT, seed: int = 0,
+                        clusters: Sequence | None = None) -> pd.DataFrame:
+    """For each (head, partner) of ``pairs``: the partner's direct logit attribution on ``ablation``'s
+    metric in the unedited run and with ``head`` ablated (``ablation``'s method), Wang et al.'s (2022)
+    test of backup: the partner compensates where what it writes moves the metric more when the
+    head is gone.
+
+    A head's attribution is that of its ``contribution``, its write beyond its ablated value
+    ((z - z_source) @ W_O: a zero ablation's is the whole write), read through the unedited run's
+    readout (``metric_readout``: the metric's gradient with respect to the logits, the final norm's
+    scale held at the clean run's), the same in both runs, so a rise is a change of what the partner
+    writes, never the metric's curvature or the norm's scale responding to the head's absence (for a
+    logit difference and zero ablation it is the exact DLA with the final norm frozen; for a loss,
+    its linearisation at the clean run). The head's own attribution is read alike, and the partner
+    ``compensates`` where the rise's 95% interval excludes 0 on the side of the head's attribution,
+    whose own interval excludes 0: it writes more of what the head wrote.
+
+    Returns one row per pair: ``head``, ``partner`` (labels), ``head_dla``, ``partner_dla`` (unedited),
+    ``partner_dla_ablated``, ``rise`` (ablated - unedited), each with ``*_ci_low``, ``*_ci_high``
+    (95% percentile bootstrap over prompts, or over ``clusters`` (one label per prompt) where given,
+    ``seed``; the rise's paired, ``paired_difference``), ``n_prompts`` (those the metric counts),
+    ``compensates``. Refused in one line where ``backup_refusal`` says why."""
+    refusal = backup_refusal(ablation.model)
+    if refusal is not None:
+        raise UserError(refusal)
+    readout = metric_readout(ablation, memory_mb)
+    counted = (readout.counts > 0).cpu()
+    labels = None if clusters is None else [label for label, kept in zip(clusters, counted.tolist()) if kept]
+    counts = readout.counts[counted].cpu().double()
+
+    def interval(per_prompt: torch.Tensor) -> tuple[float, float, float]:
+        return tuple(map(float, bootstrap_ratio(per_prompt[counted], counts, n_boot=n_boot, seed=seed)
+                         if labels is None else
+                         bootstrap_cluster_ratio(per_prompt[counted], counts, labels, n_boot=n_boot, seed=seed)))
+
+    rows = []
+    for head, partner in pairs:
+        own = contribution(ablation, head, ablation.base.read([z_name(head[0])])[z_name(head[0])][:, :, head[1]])
+        clean, ablated = map(readout.attribution, partner_contributions(ablation, head, partner, memory_mb))
+        rise = paired_difference(ablated[counted], counts, clean[counted], counts, clusters=labels, n_boot=n_boot,
+                                 seed=seed)
+        row = {"head": head_label(head), "partner": head_label(partner)}
+        for stem, values in (("head_dla", interval(readout.attribution(own))), ("partner_dla", interval(clean)),
+                             ("partner_dla_ablated", interval(ablated)), ("rise", tuple(map(float, rise)))):
+            row |= dict(zip((stem, f"{stem}_ci_low", f"{stem}_ci_high"), values))
+        rows.append(row | {"n_prompts": int(counted.sum())})
+    frame = pd.DataFrame(rows, columns=["head", "partner", *(f"{stem}{end}" for stem in
+                                        ("head_dla", "partner_dla", "partner_dla_ablated", "rise")
+                                        for end in ("", "_ci_low", "_ci_high")), "n_prompts"])
+    return frame.assign(compensates=compensating(frame))
+
+
+def compensating(rises: pd.DataFrame) -> pd.Series:
+    """Which rows of a ``direct_effect_rises`` frame compensate: the head's attribution's interval
+    excludes 0, and the rise's excludes 0 on the same side (bool per row)."""
+    above = (rises["head_dla_ci_low"] > 0) & (rises["rise_ci_low"] > 0)
+    below = (rises["head_dla_ci_high"] < 0) & (rises["rise_ci_high"] < 0)
+    return above | below
+
+
+def backup_direct_effect_rise(model, tokens, metric: Metric | None, head, partner, method: str = "mean", *,
+                              reference=None, memory_mb: float = DEFAULT_MEMORY_MB, n_boot: int = N_BOOT,
+                              seed: int = 0, clusters: Sequence | None = None) -> pd.Series:
+    """Whether ``partner`` backs ``head`` up as Wang et al. (2022) test it: the partner's direct logit
+    attribution on ``metric`` (default the mean next-token loss) over ``tokens`` (ids, texts or
+    ``RepeatedProbes``), unedited and with ``head`` ablated by ``method`` (``reference``: as
+    ``prepare_ablation`` takes it), and its rise with a 95% interval over prompts -> one
+    ``direct_effect_rises`` row (a Series: ``rise``, ``rise_ci_low``, ``rise_ci_high``,
+    ``compensates``, ...)."""
+    (head,), (partner,) = check_heads(model, [head]), check_heads(model, [partner])
+    if head == partner:
+        raise UserError(f"head and partner are both {head_label(head)}; a head cannot back itself up")
+    ablation = prepare_ablation(model, tokens, method, metric, reference=reference, memory_mb=memory_mb)
+    return direct_effect_rises(ablation, [(head, partner)], memory_mb=memory_mb, n_boot=n_boot, seed=seed,
+                               clusters=clusters).iloc[0]
 
 
 def direct_effect_reads(model, method: str, mlps: bool = False) -> list[str]:

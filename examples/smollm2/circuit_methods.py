@@ -9,7 +9,9 @@ from the full circuit in turn (``node_patching``: the node's output from the cor
 On the measurement half: each ranking's circuits at the chosen fractions of the graph's edges (EAP,
 EAP-IG: the top-k edges by |score|; exact: every edge among the top-n nodes, n the most that fit) with
 every other edge corrupted (``compare_circuit_methods``), faithfulness with its 95% interval over
-prompts, MIB's CPR and CMD, and the smallest circuit whose interval's lower bound reaches 0.7.
+prompts, MIB's CPR and CMD, the smallest circuit whose interval's lower bound reaches 0.7, and each two
+methods' faithfulness at each fraction compared by the interval of their paired difference
+(``attrs["paired"]``).
 
 Metrics (``task_metric``): IOI logit(IO) - logit(S) at the last token, the corruption three other
 names in the same template; greater-than the probability difference sum p(digit > D) - sum p(digit
@@ -79,6 +81,9 @@ def run_task(model, name: str, args) -> pd.DataFrame:
     print(frame.drop(columns=["value"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     summary = frame.attrs["summary"]
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print("each two methods at each fraction: a's faithfulness minus b's, with the 95% interval of that paired "
+          "difference (the same resamples of the measurement prompts)")
+    print(frame.attrs["paired"].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     path = args.figure_dir / f"smollm2_circuit_methods_{name}.png"
     method_comparison_figure(frame, title=f"SmolLM2-135M {name}: full-graph faithfulness\n"
                                           f"({n_measure} held-out prompts)").savefig(path, dpi=110)

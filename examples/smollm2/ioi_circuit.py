@@ -15,7 +15,10 @@ ABBA against BABA within a template (at the default 30: 8 ABBA and 7 BABA choose
    corrupted run) from every earlier head, EAP shortlisting the edges and exact path patching
    confirming the top ``SHORTLIST`` (``shortlist_path_patch``); what the top senders attend to from
    the last token; then the intervention: the clean run with only the top senders' writes into the
-   writers' queries corrupted (``circuit_values``), and the same for as many random earlier heads.
+   writers' queries corrupted (``circuit_scores``), against the same cut of ``N_DRAWS`` random sets
+   matched to the senders by layer (and key/value group), none of the heads whose summed path effect
+   on the choosing prompts is below -``PATH_MIN``: ``control_from_scores``' effect, random mean,
+   ratio and z, each with its interval over the test prompts.
 2. Candidate edges: every q/k/v edge among the top ``--nodes`` heads by |head patching| (noising)
    and each of them to the logits; each ranked by |exact path patching by noising| (the change when
    that edge alone carries its corrupted write), by |EAP| and by |EAP-IG| (both by noising, as
@@ -24,7 +27,9 @@ ABBA against BABA within a template (at the default 30: 8 ABBA and 7 BABA choose
    (every other candidate edge carries its corrupted write) and its complement, each with its 95%
    interval over the test prompts; ``faithfulness_figure`` draws both (complements against the k
    edges removed).
-3. Rank agreement of EAP and EAP-IG with exact (Spearman, top-k overlap) and faithfulness at equal k.
+3. Rank agreement of EAP and EAP-IG with exact (Spearman, top-k overlap) and faithfulness at equal k,
+   each difference of two rankings' faithfulness at one k with its paired interval (the same prompt
+   resamples for both: ``paired_difference``).
 
     python examples/smollm2/ioi_circuit.py            # 30 prompts (15 choose, 15 test), 20 nodes
     python examples/smollm2/ioi_circuit.py --nodes 8  # 89 candidate edges: about two thirds of the time
@@ -33,15 +38,18 @@ ABBA against BABA within a template (at the default 30: 8 ABBA and 7 BABA choose
 from __future__ import annotations
 
 import argparse
-import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from analyses import edge_agreement, patch_heads, path_patch, shortlist_path_patch
-from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve, faithfulness_figure
+from analyses.circuits.edge_circuit import circuit_scores, faithfulness_curve, faithfulness_figure
 from analyses.circuits.edges import edges_of
+from analyses.circuits.ioi_classes import PATH_MIN
+from analyses.core.metrics import PromptScores
+from analyses.core.stats import paired_difference
+from analyses.interventions.controls import ControlEffects, control_from_scores, matched_random_sets
 from analyses.tasks.task import ioi_task, task_batch, task_metric, task_split
 from ioi import writers as head_writers
 from setup_smollm2 import head_name, load
@@ -51,6 +59,7 @@ N_WRITERS = 3
 N_SENDERS = 3
 SHORTLIST = 20
 IG_STEPS = 5
+N_DRAWS = 50  # random sets of the query-path control
 METHODS = ("exact", "EAP", "EAP-IG")
 
 
@@ -107,19 +116,55 @@ def writer_queries(model, choose, test, writers) -> None:
         print(f"  {name(head)} attends from the last token (test prompts): "
               + ", ".join(f"{k} {v:.2f}" for k, v in attention[head].items()))
 
-    def cut(heads) -> float:  # the clean run with only these heads' writes into the writers' queries corrupted
-        edges = edges_of(model, heads, writers, "q")
-        return circuit_values(model, test.clean, test.corrupted, test.metric, edges,
-                              [np.zeros(len(edges), dtype=bool)])[0].item()
+    senders_class = [(int(l), int(h)) for (l, h), total in per_sender.items() if total <= -PATH_MIN]
+    control = query_path_control(model, test, writers, senders, exclude=senders_class)
+    print(f"  intervention on the test prompts (clean {test.clean_value:.2f}): only the senders' writes into the "
+          f"{len(writers)} writers' queries corrupted, against {N_DRAWS} layer-matched random sets (none of the "
+          f"{len(senders_class)} heads whose summed path effect is below -{PATH_MIN}): {control.describe()}")
 
-    others = [(l, h) for l in range(min(w[0] for w in writers)) for h in range(model.cfg.n_heads)
-              if (l, h) not in senders]
-    controls = [cut(random.Random(seed).sample(others, N_SENDERS)) for seed in range(5)]
-    value = cut(senders)
-    print(f"  intervention on the test prompts (clean {test.clean_value:.2f}): only the {N_SENDERS} senders' writes "
-          f"into the {len(writers)} writers' queries corrupted -> {value:.2f} ({value - test.clean_value:+.2f}); "
-          f"{N_SENDERS} random earlier heads' instead -> mean {np.mean(controls):.2f} "
-          f"(min {min(controls):.2f}, max {max(controls):.2f}, 5 draws)")
+
+def query_path_control(model, test, writers, senders, exclude=()) -> ControlEffects:
+    """The clean run with only ``senders``' writes into the ``writers``' queries taken from the corrupted
+    run, against the same cut of ``N_DRAWS`` layer-matched random sets (``matched_random_sets``, none
+    of ``exclude``), every circuit scored on the test prompts in one ``circuit_scores`` call (the first
+    circuit keeps every edge: the clean run) -> ``ControlEffects`` with every interval over the test
+    prompts (``control_from_scores``)."""
+    sets = matched_random_sets(model, senders, N_DRAWS, seed=0, exclude=exclude)
+    heads = sorted({*senders, *(head for drawn in sets for head in drawn)})
+    candidates = edges_of(model, heads, writers, "q")
+    frame = candidates.frame()
+    sender = list(zip(frame["sender_layer"], frame["sender_head"]))
+    kept = [np.array([edge not in set(cut) for edge in sender]) for cut in [[], senders, *sets]]
+    scores = circuit_scores(model, test.clean, test.corrupted, test.metric, candidates, kept)
+    counts = scores.counts
+    clean = PromptScores(scores.values[0], None if scores.numerators is None else scores.numerators[0], counts)
+    cut = PromptScores(scores.values[1:], None if scores.numerators is None else scores.numerators[1:], counts)
+    return control_from_scores(model, senders, sets, cut, clean, len(test.clean), "corrupted",
+                               edit="writes into the writers' queries", exclude=exclude)
+
+
+def paired_faithfulness(model, test, candidates, orders: dict, sizes, pairs) -> None:
+    """Print, for each (a, b) of ``pairs`` (names of ``orders``: rankings of the candidate edges, strongest
+    first) and each k of ``sizes``, the faithfulness of a's top-k circuit minus b's on the test prompts
+    with the 95% interval of that difference (``paired_difference``: the same prompt resamples for
+    both, each faithfulness the pooled (circuit - empty) / (full - empty) numerators)."""
+    masks = {}
+    for method, order in orders.items():
+        for k in sizes:
+            mask = np.zeros(len(candidates), dtype=bool)
+            mask[order[:k]] = True
+            masks[method, k] = mask
+    every = [np.ones(len(candidates), dtype=bool), np.zeros(len(candidates), dtype=bool), *masks.values()]
+    scores = circuit_scores(model, test.clean, test.corrupted, test.metric, candidates, every)
+    full, empty = scores.numerators[0].double(), scores.numerators[1].double()
+    kept = dict(zip(masks, scores.numerators[2:].double()))
+    print("  faithfulness differences at equal k (95% interval of the paired difference over the test prompts):")
+    for a, b in pairs:
+        cells = []
+        for k in sizes:
+            difference = paired_difference(kept[a, k] - empty, full - empty, kept[b, k] - empty, full - empty)
+            cells.append(f"k={k} {difference[0]:+.2f} [{difference[1]:+.2f}, {difference[2]:+.2f}]")
+        print(f"    {a} - {b}: " + "; ".join(cells))
 
 
 def rankings(model, choose, candidates_frame) -> dict[str, np.ndarray]:
@@ -212,6 +257,9 @@ def main() -> None:
               f"{at_five.complement_ci_high:.2f}]; 0.8 first reached at k = "
               f"{int(reached['size'].iloc[0]) if len(reached) else 'never'} (95% intervals over the "
               f"{int(at_five.n_prompts)} test prompts)")
+    paired_faithfulness(model, test, candidates, {method: np.argsort(-np.abs(score), kind="stable")
+                                                  for method, score in scores.items()},
+                        [k for k in sizes if 0 < k < len(candidates)], [("EAP-IG", "EAP"), ("exact", "EAP-IG")])
     print(f"\n3. agreement with exact path patching on the {len(candidates)} candidate edges (choosing prompts):")
     for method in ("EAP", "EAP-IG"):
         pair = frame.assign(attribution=scores[method])

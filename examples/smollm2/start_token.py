@@ -9,7 +9,9 @@ format (no start token) and with the start token prepended, as interp did before
 prints the Spearman rank correlation of the 270 heads' scores between the two, and the top 5 heads
 each way. Then, both ways: the five strongest induction heads' (by the scores without the start
 token) mean-aligned ablation effect on the copy loss, and IOI's logit difference on 100 prompts,
-each with its 95% interval over prompts.
+each with its 95% interval over prompts, and each's difference with minus without the start token
+on the same prompts, with the interval of that paired difference (``paired_difference``: both
+settings resampled with the same draws of prompts).
 
     OMP_NUM_THREADS=1 python examples/smollm2/start_token.py
 """
@@ -20,7 +22,7 @@ import pandas as pd
 import torch
 
 from analyses import classify_heads, loss_metric
-from analyses.core.stats import bootstrap_ratio
+from analyses.core.stats import bootstrap_ratio, paired_difference
 from analyses.interventions.ablation import prepare_ablation
 from analyses.tasks.task import ioi_task, task_batch
 from analyses.roles.classify import ROLES
@@ -49,24 +51,40 @@ def main() -> None:
                 for frame in (without, with_bos)]
         print(f"{role:16} {rho:8.3f}  {tops[0]} | {tops[1]}")
     induction = [(int(l), int(h)) for l, h in without["induction"].nlargest(TOP).index]
+    effects, logit_diffs = {}, {}
     for prepend in (False, True):
         set_start_token(model, prepend, "command line")
-        print(f"prepend_bos={prepend}: {induction_effect(model, induction)}; {ioi_difference(model)}")
+        effects[prepend], logit_diffs[prepend] = induction_effect(model, induction), ioi_difference(model)
+        print(f"prepend_bos={prepend}: {effects[prepend][0]}; {logit_diffs[prepend][0]}")
+    (_, with_sums, with_counts), (_, without_sums, without_counts) = effects[True], effects[False]
+    effect = paired_difference(with_sums, with_counts, without_sums, without_counts)
+    ones = torch.ones(len(logit_diffs[True][1]), dtype=torch.float64)
+    logit_diff = paired_difference(logit_diffs[True][1], ones, logit_diffs[False][1], ones)
+    print("with minus without the start token, on the same prompts (the 95% interval of the paired difference): "
+          f"ablation effect {interval_text(*effect)} nats, IOI logit difference {interval_text(*logit_diff)}")
 
 
-def induction_effect(model, heads) -> str:
-    """The heads' mean-aligned ablation effect on the copy loss of the probes, with its interval."""
+def interval_text(value, low, high) -> str:
+    return f"{float(value):+.2f} [{float(low):+.2f}, {float(high):+.2f}]"
+
+
+def induction_effect(model, heads) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """The heads' mean-aligned ablation effect on the copy loss of the probes, with its interval ->
+    (that in words, each probe's effect numerator (batch,) float64, its count of copied tokens (batch,))."""
     test = probes(model)
     ablation = prepare_ablation(model, test, "mean_aligned", loss_metric(test.tokens, positions=test.predictable))
     scores = ablation.scores([heads], progress=False)
     low, high, n = ablation.intervals(scores)
     effect = float(scores.values[0]) - ablation.baseline
+    baseline = ablation.baseline_scores()
     return (f"ablating {'+'.join(head_name(*h) for h in heads)} (mean_aligned) raises the copy loss "
-            f"{ablation.baseline:.2f} by {effect:+.2f} [{float(low[0]):+.2f}, {float(high[0]):+.2f}] nats ({n} probes)")
+            f"{ablation.baseline:.2f} by {effect:+.2f} [{float(low[0]):+.2f}, {float(high[0]):+.2f}] nats ({n} probes)",
+            (scores.numerators[0] - baseline.numerators).double().cpu(), baseline.counts.double().cpu())
 
 
-def ioi_difference(model, n: int = 100) -> str:
-    """IOI's logit difference on ``n`` prompts, with its interval over prompts."""
+def ioi_difference(model, n: int = 100) -> tuple[str, torch.Tensor]:
+    """IOI's logit difference on ``n`` prompts, with its interval over prompts -> (that in words, each
+    prompt's logit difference (n,) float64)."""
     task = ioi_task(model, n=n, seed=0)
     batch = task_batch(model, task)
     with torch.no_grad():
@@ -74,7 +92,7 @@ def ioi_difference(model, n: int = 100) -> str:
     final = logits[torch.arange(n), batch.last]
     diffs = final[torch.arange(n), [a[0] for a in task.answers]] - final[torch.arange(n), [d[0] for d in task.distractors]]
     mean, low, high = (float(v) for v in bootstrap_ratio(diffs.double(), torch.ones(n)))
-    return f"IOI logit difference {mean:.2f} [{low:.2f}, {high:.2f}] ({n} prompts)"
+    return f"IOI logit difference {mean:.2f} [{low:.2f}, {high:.2f}] ({n} prompts)", diffs.double().cpu()
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from analyses import classify_heads, patch_effects
-from analyses.core.stats import bootstrap_ratio, control_intervals
+from analyses.core.stats import bootstrap_ratio, control_intervals, control_z, normal_p_value
 from analyses.core.tokens import encode
 from analyses.components.rollout import all_patterns
 from analyses.interventions.controls import control_effects, matched_random_sets, matched_strata, matching_text
@@ -216,7 +216,9 @@ def losses_under(model, tokens: torch.Tensor, edits: list[list], layer: int) -> 
 class TextEffect:
     """An edit of ``heads`` against the same edit of matched random sets, at counted positions of one
     text: the loss unedited (``base``), the effect (edited - unedited, nats), the random sets' mean
-    effect and the ratio, each with its 95% interval over lines; p; how many lines and positions."""
+    effect and the ratio, each with its 95% interval over lines; z, the effect's distance from the
+    random sets' mean in their standard deviations, with its interval (``control_z``) and normal p;
+    the permutation p; how many lines and positions."""
 
     base: float
     effect: float
@@ -225,6 +227,7 @@ class TextEffect:
     random_ci: tuple[float, float]
     ratio: float
     ratio_ci: tuple[float, float]
+    z: tuple[float, float, float]
     p_value: float
     n_lines: int
     n_positions: int
@@ -235,7 +238,8 @@ class TextEffect:
         ratio = (f"ratio {self.ratio:.1f}x [{self.ratio_ci[0]:.1f}, {self.ratio_ci[1]:.1f}]" if self.random_ci[0] > 0
                  else "no ratio (the random mean's interval reaches 0)")
         return (f"loss {self.base:.3f}, effect {self.effect:+.3f} [{self.ci[0]:+.3f}, {self.ci[1]:+.3f}]; random "
-                f"{self.random:+.3f} [{self.random_ci[0]:+.3f}, {self.random_ci[1]:+.3f}]; {ratio}, p {self.p_value:.3f} "
+                f"{self.random:+.3f} [{self.random_ci[0]:+.3f}, {self.random_ci[1]:+.3f}]; {ratio}, z {self.z[0]:+.1f} "
+                f"[{self.z[1]:+.1f}, {self.z[2]:+.1f}] (normal p {normal_p_value(*self.z[1:]):.2g}), p {self.p_value:.3f} "
                 f"({self.n_lines} lines, {self.n_positions} positions)")
 
 
@@ -258,7 +262,8 @@ def text_effect(losses: torch.Tensor, positions: list[int], lines: torch.Tensor)
     random_ci, ratio_ci = control_intervals(sums[:, 0], sums[:, 1:], counts)
     p_value = (1 + int((per_draw.abs() >= effect.abs()).sum())) / (1 + len(per_draw))
     return TextEffect(losses[0, positions].mean().item(), float(effect), (float(low), float(high)),
-                      float(per_draw.mean()), random_ci, float(effect / per_draw.mean()), ratio_ci, p_value,
+                      float(per_draw.mean()), random_ci, float(effect / per_draw.mean()), ratio_ci,
+                      control_z(sums[:, 0], sums[:, 1:], counts), p_value,
                       len(counts), len(positions))
 
 
