@@ -391,9 +391,15 @@ class FactTrace:
 
     def total_effect(self, seed: int = 0) -> tuple[float, float, float]:
         """Mean over facts of clean - noised probability, with its 95% bootstrap interval."""
-        each = torch.tensor((self.facts["clean_prob"] - self.facts["corrupted_prob"]).to_numpy())[:, None]
-        estimate, low, high = bootstrap_ratio(each, torch.ones(len(each)), seed=seed)
-        return float(estimate[0]), float(low[0]), float(high[0])
+        return total_effect(self.facts, seed)
+
+
+def total_effect(facts: pd.DataFrame, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over the rows of ``facts`` (``FactTrace.facts``) of clean - noised probability, with its
+    95% bootstrap interval over them (NaN under ``MIN_INTERVAL_PROMPTS`` rows)."""
+    each = torch.tensor((facts["clean_prob"] - facts["corrupted_prob"]).to_numpy())[:, None]
+    estimate, low, high = (float(value[0]) for value in bootstrap_ratio(each, torch.ones(len(each)), seed=seed))
+    return (estimate, low, high) if len(facts) >= MIN_INTERVAL_PROMPTS else (estimate, float("nan"), float("nan"))
 
 
 def fact_seed(seed: int, index: int) -> int:
@@ -574,11 +580,8 @@ def relation_lines(trace: FactTrace, seed: int = 0) -> list[str]:
     lines = []
     by_relation = relation_aie(trace, seed)
     for relation, facts in trace.facts.groupby("relation", sort=False):
-        each = torch.tensor((facts["clean_prob"] - facts["corrupted_prob"]).to_numpy())[:, None]
-        total = [float(value[0]) for value in bootstrap_ratio(each, torch.ones(len(each)), seed=seed)]
-        if len(facts) < MIN_INTERVAL_PROMPTS:
-            total[1:] = [float("nan")] * 2
-        line = f"{relation or '(no relation)'} ({len(facts)} fact{'s' * (len(facts) != 1)}): total effect {effect_text(*total, 4)}"
+        line = (f"{relation or '(no relation)'} ({len(facts)} fact{'s' * (len(facts) != 1)}): total effect "
+                f"{effect_text(*total_effect(facts, seed), 4)}")
         curve = mlp_curve(by_relation[by_relation["relation"] == relation], "last subject token", trace.window)
         if len(curve):
             best = curve.loc[curve["aie"].idxmax()]
