@@ -149,6 +149,7 @@ def test_a_multi_token_subject_gives_one_curve_per_token_and_the_classes_are_the
     aie = traced.aie[(traced.aie["kind"] == "resid") & (traced.aie["position"] == ALL_SUBJECT)].sort_values("layer")
     assert aie["aie"].to_numpy() == pytest.approx(pooled, abs=1e-12)
     assert (aie["n_tokens"] == len(subject_rows) // 4).all() and (aie["n_prompts"] == len(PROMPTS)).all()
+    assert set(traced.aie["position"]) == set(GROUPS)
 
 
 def test_the_effects_are_broken_down_by_relation_each_with_its_interval(traced):
@@ -181,7 +182,7 @@ def test_the_one_layer_sentence_reads_layer_0_of_the_mlp_curve(traced):
     assert "extended embedding" in text
 
 
-def test_refusals_are_one_line(traced, tmp_path):
+def test_refusals_are_one_line():
     toy = load_model("toy")  # attention only
     only_attention = trace_facts(toy, [Fact("Fr is in", "Fr", " x"), Fact("Bo is in", "Bo", " y")], samples=1,
                                  progress=False)
@@ -189,7 +190,6 @@ def test_refusals_are_one_line(traced, tmp_path):
         single_layer_text(only_attention)
     with pytest.raises(UserError, match=r"^window=0 must be at least 1$"):
         trace_facts(toy, [Fact("Fr is in", "Fr", " x"), Fact("Bo is in", "Bo", " y")], window=0, progress=False)
-    assert {"every subject token", *CLASSES[1:3]} <= set(traced.aie["position"])
 
 
 def test_the_command_writes_the_relations_and_the_token_curves(tmp_path, family_dir, capsys):
