@@ -12,7 +12,7 @@ import torch
 from analyses.core.tokens import encode, model_tokenizer
 from analyses.tasks.facts import Fact, builtin_facts, read_facts, top1_facts
 from analyses.tasks.tracing import (
-    CLASSES, draw_noise, fact_seed, position_classes, state_name, subject_embedding_std, subject_positions,
+    draw_noise, fact_seed, position_classes, state_name, subject_embedding_std, subject_positions,
     trace_facts, trace_verdict, window_layers,
 )
 from interp import UserError, from_hf, load_model
@@ -28,10 +28,12 @@ def llama12():
     return from_hf(*random_hf_model("llama", num_hidden_layers=12, n_ctx=64, seed=4))
 
 
-def naive_effects(model, fact, index, samples, std, seed, window=10):
-    """Every (class, kind, layer) by hand: for each noise draw one full forward with the noise added to
-    the subject's embeddings and the clean MLP / attention outputs of the layers l-5 .. l+4 (clipped),
-    or the clean hidden state of layer l, put back at the class's tokens; restored - noised probability."""
+def naive_effects(model, fact, index, samples, std, seed, layers, window=10):
+    """(token, kind, width, layer) by hand, at the subject's first, second and last tokens and the
+    prompt's last, at ``layers``: for each noise draw one full forward with the noise added to the
+    subject's embeddings and the clean MLP / attention outputs of the layers l-5 .. l+4 (clipped) or
+    of layer l alone, or the clean hidden state of layer l, put back at that one token; restored -
+    noised probability."""
     ids = encode(model, fact.prompt).tokens
     subject = subject_positions(model, fact.prompt, fact.subject)
     answer = model_tokenizer(model).encode(fact.answer)[0]  # one byte: its own token after the prompt
@@ -49,23 +51,22 @@ def naive_effects(model, fact, index, samples, std, seed, window=10):
     corrupted = noised_prob([])
     found = {}
     n_layers = model.cfg.n_layers
-    for name, positions in position_classes(ids.shape[1], subject).items():
-        for kind in ("resid", "mlp", "attn"):
-            for layer in range(n_layers):
-                lows = [layer] if kind == "resid" else list(range(max(0, layer - window // 2),
-                                                                  min(n_layers, layer + window // 2)))
+    for pos in sorted({*subject[:2], subject[-1], ids.shape[1] - 1}):
+        for kind, width in (("resid", 1), ("mlp", window), ("attn", window), ("mlp", 1), ("attn", 1)):
+            for layer in layers:
+                lows = range(max(0, layer - width // 2), min(n_layers, layer + (width + 1) // 2))
                 hooks = []
                 for at in lows:
                     hook_name = {"resid": f"blocks.{at}.hook_resid_post", "mlp": f"blocks.{at}.hook_mlp_out",
                                  "attn": f"blocks.{at}.hook_attn_out"}[kind]
 
-                    def restore(act, hook, hook_name=hook_name, positions=positions):
+                    def restore(act, hook, hook_name=hook_name, pos=pos):
                         act = act.clone()
-                        act[0, positions] = clean[hook_name][0, positions]
+                        act[0, pos] = clean[hook_name][0, pos]
                         return act
 
                     hooks.append((hook_name, restore))
-                found[name, kind, layer] = noised_prob(hooks) - corrupted
+                found[pos, kind, width, layer] = noised_prob(hooks) - corrupted
     return found
 
 
@@ -76,15 +77,15 @@ def test_window_restores_equal_hand_written_hooks(request, which):
         with pytest.raises(UserError, match="memory_mb=0.05 holds fewer than the 3 rows \\(noise draws\\)"):
             trace_facts(model, FACTS, samples=3, memory_mb=0.05, progress=False)
     trace = trace_facts(model, FACTS, samples=3, seed=7, memory_mb=0.5, progress=False)  # a variant or two a chunk
-    assert trace.kinds == ("resid", "mlp", "attn")
-    differences, largest = [], np.abs(trace.effects[~np.isnan(trace.effects)]).max()
+    assert trace.curves == (("resid", 1), ("mlp", 10), ("attn", 10), ("mlp", 1), ("attn", 1))
+    effects = trace.tokens.set_index(["fact", "pos", "kind", "window", "layer"])["effect"]
+    differences, largest = [], effects.abs().max()
+    layers = sorted({0, 1, model.cfg.n_layers // 2, model.cfg.n_layers - 1})  # windows clipped at each end, and not
     for index, fact in enumerate(FACTS):
-        naive = naive_effects(model, fact, index, 3, trace.noise_std, 7)
-        assert {name for name, _, _ in naive} == {CLASSES[c] for c in range(len(CLASSES))
-                                                  if not np.isnan(trace.effects[index, 0, 0, c])}
-        for (name, kind, layer), value in naive.items():
-            got = trace.effects[index, trace.kinds.index(kind), layer, CLASSES.index(name)]
-            assert got == pytest.approx(value, abs=1e-5), (fact.prompt, name, kind, layer)
+        naive = naive_effects(model, fact, index, 3, trace.noise_std, 7, layers)
+        for (pos, kind, width, layer), value in naive.items():
+            got = effects.loc[index, pos, kind, width, layer]
+            assert got == pytest.approx(value, abs=1e-5), (fact.prompt, pos, kind, width, layer)
             differences.append(abs(got - value))
     assert largest > 1e-5 and max(differences) < 1e-3 * largest  # the restores do something, and match closely
 
@@ -174,7 +175,7 @@ def test_trace_facts_command_writes_the_table_the_panels_and_the_verdict(tmp_pat
     direct = trace_facts(model, read_facts(path)[:3], samples=2, noise_facts=read_facts(path), progress=False)
     assert list(aie.columns) == list(direct.aie.columns)
     assert aie["aie"].to_numpy() == pytest.approx(direct.aie["aie"].to_numpy(), abs=1e-7)
-    assert set(aie["kind"]) == {"resid", "mlp", "attn"} and len(aie) == 3 * 2 * aie["position"].nunique()
+    assert set(aie["kind"]) == {"resid", "mlp", "attn"} and len(aie) == 5 * 2 * aie["position"].nunique()
     facts = pd.read_csv(out / "facts.csv")
     assert facts["kept"].tolist() == [True, True, True, False] and facts["traced"].tolist() == [True, True, True, False]
     meta = json.loads((out / "meta.json").read_text())

@@ -1,9 +1,11 @@
 """``interp trace``: causal tracing (``analyses.tasks.tracing``) of one prompt, written as ``trace.csv``,
 ``trace.png`` (the three heatmaps) and ``meta.json``; or with ``--facts FILE|builtin`` of a fact set
 (``analyses.tasks.facts``) kept to the facts the model answers top-1, written as ``aie.csv`` (the
-average indirect effect per kind, layer and position class with its interval), ``facts.csv`` (every
-fact: whether it was kept, its clean and noised probabilities), ``tracing.png`` (Meng et al.'s panels)
-and ``meta.json`` (with the verdict, ``analyses.tasks.tracing.trace_verdict``).
+average indirect effect per kind, window, layer and position class with its interval),
+``relations.csv`` (the same per relation), ``tokens.csv`` (each fact's per-token curves),
+``facts.csv`` (every fact: whether it was kept, its clean and noised probabilities), ``tracing.png``
+(Meng et al.'s panels) and ``meta.json`` (with the verdict, ``analyses.tasks.tracing.trace_verdict``,
+the one-layer MLP restores and the per-relation lines).
 
 ``interp explain NAME|FILE``: attention as explanation on a task's prompts
 (``analyses.components.explanation``): token attributions beside the attention of the heads that
@@ -48,8 +50,8 @@ from analyses.interventions.attribution import DEFAULT_SCREEN, Screen
 from analyses.report.task_page import analyse_task, page_writer, task_inputs
 from analyses.core.tokens import model_tokenizer
 from analyses.tasks.facts import BUILTIN, answer_tokens, load_facts, token_list, top1_facts
-from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, facts_figure, trace_facts,
-                                    trace_figure, trace_verdict)
+from analyses.tasks.tracing import (NOISE_FROM, STATES, WINDOW, causal_trace, facts_figure, relation_aie,
+                                    relation_lines, single_layer_text, trace_facts, trace_figure, trace_verdict)
 
 
 def _arguments(args) -> dict:
@@ -74,7 +76,8 @@ def register(subparsers) -> None:
     trace.add_argument("--noise-from", choices=NOISE_FROM, default="subjects",
                        help="the embedding std: of the subjects' tokens (default, as ROME) or of the vocabulary")
     trace.add_argument("--window", type=whole(1), default=WINDOW,
-                       help=f"with --facts: MLP and attention layers restored together (default {WINDOW})")
+                       help=f"with --facts: MLP and attention layers restored together (default {WINDOW}); single "
+                            "layers are restored beside them")
     trace.add_argument("--limit", type=whole(1), help="with --facts: trace only the first N facts kept (at least 2: "
                                                       "the intervals are over facts)")
     trace.add_argument("--state", default="resid_post", choices=STATES,
@@ -130,20 +133,26 @@ def answer_split(model, prompt: str, answer: str) -> str:
 
 
 def _trace_fact_set(model, facts, args) -> int:
-    """``interp trace --facts``: filter, trace, write aie.csv, facts.csv, tracing.png, meta.json; print the verdict."""
+    """``interp trace --facts``: filter, trace, write aie.csv, relations.csv, tokens.csv, facts.csv,
+    tracing.png, meta.json; print the total effect, the verdict, the one-layer MLP restores and the relations."""
     kept, filtered = top1_facts(model, facts, memory_mb=args.memory_mb, progress=args.progress)
     check_interval_prompts(len(kept), f"{len(kept)} of {len(facts)} facts answered top-1 by this model", unit="facts")
     traced = kept[: args.limit] if args.limit else kept
     found = trace_facts(model, traced, samples=args.samples, noise=args.noise, noise_from=args.noise_from,
                         noise_facts=facts, window=args.window, seed=args.seed, state=args.state,
                         memory_mb=args.memory_mb, progress=args.progress)
-    verdict = trace_verdict(found) if "mlp" in found.kinds else None
+    has_mlp = "mlp" in found.kinds
+    verdict = trace_verdict(found) if has_mlp else None
+    single = single_layer_text(found) if has_mlp else None
+    relations = relation_lines(found, args.seed)
     written = filtered.assign(traced=False, clean_prob=float("nan"), corrupted_prob=float("nan"))
     rows = written.index[written["kept"]][: len(traced)]  # the traced facts: the first kept ones, in order
     written.loc[rows, ["clean_prob", "corrupted_prob"]] = found.facts[["clean_prob", "corrupted_prob"]].to_numpy()
     written.loc[rows, "traced"] = True
     args.out.mkdir(parents=True, exist_ok=True)
     save_csv(found.aie, args.out / "aie.csv")
+    save_csv(relation_aie(found, args.seed), args.out / "relations.csv")
+    save_csv(found.tokens, args.out / "tokens.csv")
     save_csv(written, args.out / "facts.csv")
     save_figure(facts_figure(found, verdict), args.out / "tracing.png")
     effect, low, high = found.total_effect(args.seed)
@@ -152,12 +161,16 @@ def _trace_fact_set(model, facts, args) -> int:
         "traced": len(traced), "noise_std": found.noise_std, "noise_std_over": found.noise_over,
         "window": found.window,
         "total_effect": {"mean": effect, "ci_low": low, "ci_high": high},
-        "verdict": None if verdict is None else verdict.text})
+        "verdict": None if verdict is None else verdict.text, "single_layer_mlp": single, "relations": relations})
     print(f"{len(kept)} of {len(facts)} facts answered top-1 ({len(facts) - len(kept)} dropped: their answer token is "
           f"not the model's top next token); traced {len(traced)}; total effect (clean - noised p(answer)) "
           f"{effect_text(effect, low, high, 4)}")
     print(verdict.text if verdict is not None else "no verdict: the model has no MLPs to trace")
-    print(f"wrote {args.out / 'aie.csv'}, {args.out / 'facts.csv'} and {args.out / 'tracing.png'}")
+    if single is not None:
+        print(single)
+    print("\n".join(relations))
+    print(f"wrote {args.out / 'aie.csv'}, {args.out / 'relations.csv'}, {args.out / 'tokens.csv'}, "
+          f"{args.out / 'facts.csv'} and {args.out / 'tracing.png'}")
     return 0
 
 

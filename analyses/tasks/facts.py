@@ -7,7 +7,8 @@ the table ``data/facts.csv`` (relation, subject, object: capitals, official lang
 continents, the countries of cities and companies, landmarks' cities, founders, authors) through one
 prompt template per relation (``TEMPLATES``); the answer is the object after a space. A user's file
 (``read_facts``) is a CSV with ``prompt, subject, answer`` columns, the answer the exact text that
-continues the prompt (" Paris", with its space).
+continues the prompt (" Paris", with its space), and optionally ``relation`` (what a trace's
+per-relation breakdown groups by).
 
 The answer traced is one token, taken by one rule for a fact set and a single trace (``answer_token``):
 the first token the answer adds to the prompt, where a leading space that is a token of its own (a
@@ -51,8 +52,8 @@ TEMPLATES = {  # short after the subject: a restore costs the positions from its
 @dataclass(frozen=True)
 class Fact:
     """A prompt, the subject text in it whose tokens are noised, and the text that continues it
-    (its first token is the one traced, ``answer_token``); ``relation``: which of ``TEMPLATES`` made it ("" for a
-    user's fact)."""
+    (its first token is the one traced, ``answer_token``); ``relation``: which of ``TEMPLATES`` made it, or a
+    user's file's ``relation`` column ("" where it has none)."""
 
     prompt: str
     subject: str
@@ -68,9 +69,9 @@ def builtin_facts() -> list[Fact]:
 
 
 def read_facts(path) -> list[Fact]:
-    """The facts of a CSV file with ``COLUMNS`` (more columns are ignored); a missing column, an
-    empty cell or a subject that is not in its prompt is refused in one line (rows count from 1, the
-    first after the header)."""
+    """The facts of a CSV file with ``COLUMNS`` and optionally ``relation`` (more columns are
+    ignored); a missing column, an empty cell of ``COLUMNS`` or a subject that is not in its prompt is
+    refused in one line (rows count from 1, the first after the header)."""
     path = Path(path)
     reader = csv.DictReader(io.StringIO(read_text(path, "facts file"), newline=""))
     check_header(f"facts file {path.name}", reader.fieldnames, COLUMNS)
@@ -82,7 +83,7 @@ def read_facts(path) -> list[Fact]:
         if row["subject"] not in row["prompt"]:
             raise UserError(f"facts file {path.name}, row {number}: subject {row['subject']!r} does not occur in "
                             f"the prompt {row['prompt']!r}")
-        facts.append(Fact(row["prompt"], row["subject"], row["answer"]))
+        facts.append(Fact(row["prompt"], row["subject"], row["answer"], row.get("relation") or ""))
     if not facts:
         raise UserError(f"facts file {path.name} has no rows")
     return facts

@@ -27,21 +27,29 @@ Over a fact set (``trace_facts``, Meng et al.'s Figure 2): each fact is traced a
 (10) seeded draws, the noise's standard deviation ``noise`` (3) times that of the subject tokens'
 embeddings over the whole set (``noise_from="subjects"``, as ROME's ``collect_embedding_std``;
 ``"vocabulary"`` is the older whole-table rule; ``noise_facts``: the whole set where only some of it
-is traced), restores of one hidden state (``resid``) and of ``window`` (10) consecutive layers' MLP
-or attention outputs centred on the layer and clipped at the ends (``window_layers``, ROME's rule),
-each restored at every token of one *position class* at once (``position_classes``: first, middle
-and last subject token, first subsequent token, further tokens, last token). The average indirect
-effect (AIE) of a cell is the mean over facts of (restored - noised) answer probability, with a 95%
-bootstrap interval over facts (so at least ``MIN_INTERVAL_PROMPTS`` of them); ``trace_verdict`` says
-whether the last subject token's MLP window peaks in the middle layers, apart from the other subject
-tokens.
+is traced). The restores (``fact_curves``) are of one hidden state (``resid``), of ``window`` (10)
+consecutive layers' MLP or attention outputs centred on the layer and clipped at the ends
+(``window_layers``, ROME's rule), and of one layer's MLP or attention output alone (window 1: the
+first MLP acts as an extension of the embedding, so restoring it alone at a subject token already
+undoes part of the noise, and every window that contains layer 0 shares that). Each is restored at
+one token at a time, every token from the subject's first on (tokens before it are the same clean
+and noised), as ROME's ``trace_important_states``. The per-token curves are grouped into Meng et
+al.'s *position classes* (``position_classes``: first, middle and last subject token, first
+subsequent token, further tokens, last token), plus every subject token together
+(``ALL_SUBJECT``): a class's effect pools its tokens' (ROME's ``add_all``: a fact with three middle
+subject tokens adds three). The average indirect effect (AIE) of a cell is that pooled mean of
+(restored - noised) answer probability, with a 95% bootstrap interval over facts (at least
+``MIN_INTERVAL_PROMPTS`` of them; a cell fewer facts have gets no interval); ``relation_aie`` gives
+the same per relation; ``trace_verdict`` says whether the last subject token's MLP window peaks in
+the middle layers, apart from the other subject tokens.
 
-Cost: a restore at positions P changes nothing before min(P), so on a model that keeps keys and
-values (``GPTModel``: ``past_kv``) those earlier positions are not run again: each draw's noised
-keys and values there are cached once (``PrefixCached``) and only the positions from min(P) on run,
-from the first restored layer on (``suffix_only_start``). A fact of n tokens whose classes start at
-s_1.., with L layers, costs about samples x 3L x sum_i (n - s_i) token-blocks x 0.6 (the mean share
-of layers run), instead of samples x 3L x 6 x n full rows.
+Cost: a restore at position p changes nothing before p, so on a model that keeps keys and values
+(``GPTModel``: ``past_kv``) those earlier positions are not run again: each draw's noised keys and
+values there are cached once (``PrefixCached``) and only the positions from p on run, from the first
+restored layer on (``suffix_only_start``). A fact of n tokens whose subject starts at s, with L
+layers and C curves (5: the hidden state, two windows, two single layers), costs about
+samples x C x L x sum_{p >= s} (n - p) token-blocks x 0.6 (the mean share of layers run), instead of
+samples x C x L x (n - s) forwards of all n tokens.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.metrics import Metric, PromptMeanMetric
 from analyses.core.plots import new_figure, token_label
 from analyses.core.progress import progress_bar
-from analyses.core.stats import bootstrap_ratio, check_interval_prompts
+from analyses.core.stats import MIN_INTERVAL_PROMPTS, bootstrap_ratio, check_interval_prompts, effect_text
 from analyses.core.tokens import encode, model_tokenizer, ordinary_token_ids, start_ids
 from analyses.core.checks import check_choice
 from analyses.interventions.engine import Edit, base_run, cache_run, runs_suffix_only, score_variants
@@ -73,6 +81,8 @@ WINDOW = 10  # Meng et al.'s window of MLP / attention layers restored together
 CLASSES = ("first subject token", "middle subject tokens", "last subject token", "first subsequent token",
            "further tokens", "last token")
 SUBJECT_CLASSES = CLASSES[:3]
+ALL_SUBJECT = "every subject token"  # the subject's tokens pooled, beside the classes
+GROUPS = CLASSES + (ALL_SUBJECT,)
 TITLES = {"resid": "hidden state", "mlp": "MLP output", "attn": "attention output"}
 
 
@@ -343,20 +353,35 @@ def prepare_facts(model, facts: list[Fact]) -> list[TracedFact]:
     return prepared
 
 
+def fact_curves(kinds: tuple[str, ...], window: int) -> tuple[tuple[str, int], ...]:
+    """The (kind, width) restores of a fact trace: the hidden state (width 1), the MLP and attention
+    windows of ``window`` layers, then (where ``window`` > 1) the MLP and attention outputs of one layer."""
+    windowed = tuple((kind, 1 if kind == "resid" else window) for kind in kinds)
+    return windowed + tuple((kind, 1) for kind in kinds if kind != "resid" and window > 1)
+
+
 @dataclass
 class FactTrace:
-    """Causal tracing over a fact set. aie: one row per (kind, layer, position class): ``kind,
-    layer, position, restored_prob`` (mean over facts), ``aie`` (mean over facts of restored - noised
-    probability), ``ci_low, ci_high`` (95%, bootstrap over facts), ``n_prompts`` (the facts that have
-    that class); facts: one row per fact: ``relation, prompt, subject, answer, answer_token,
-    n_tokens, n_subject_tokens, clean_prob, corrupted_prob``; effects: (fact, kind, layer, class)
-    restored - noised probability, NaN where a fact lacks the class; kinds, n_layers, window,
-    samples, noise_std: the settings; noise_over: what the noise's unit, the embedding standard
-    deviation, was taken over ("the subject tokens of 595 facts", "the vocabulary")."""
+    """Causal tracing over a fact set. aie: one row per (kind, window, layer, position group):
+    ``kind, window, layer, position, restored_prob, aie, ci_low, ci_high, n_prompts, n_tokens``
+    (``aie_frame``: the pooled mean over the group's tokens of every fact that has it, n_prompts
+    facts and n_tokens tokens, the interval NaN under ``MIN_INTERVAL_PROMPTS`` facts); tokens: the
+    per-token curves, one row per (fact, kind, window, layer, position from the subject's first on):
+    ``fact, relation, kind, window, layer, pos, token, position, subject_token, restored_prob, effect``
+    (``subject_token``: 0, 1, .. along the subject, -1 after it); facts: one row per fact:
+    ``relation, prompt, subject, answer, answer_token, n_tokens, n_subject_tokens, clean_prob,
+    corrupted_prob``; effects: (fact, curve, layer, group) each fact's mean over its tokens of the group
+    of restored - noised probability, NaN where it has none; counts: (fact, group) how many tokens;
+    curves: the (kind, width) restores (``fact_curves``); kinds, n_layers, window, samples, noise_std:
+    the settings; noise_over: what the noise's unit, the embedding standard deviation, was taken over
+    ("the subject tokens of 595 facts", "the vocabulary")."""
 
     aie: pd.DataFrame
+    tokens: pd.DataFrame
     facts: pd.DataFrame
     effects: np.ndarray
+    counts: np.ndarray
+    curves: tuple[tuple[str, int], ...]
     kinds: tuple[str, ...]
     n_layers: int
     window: int
@@ -366,9 +391,15 @@ class FactTrace:
 
     def total_effect(self, seed: int = 0) -> tuple[float, float, float]:
         """Mean over facts of clean - noised probability, with its 95% bootstrap interval."""
-        each = torch.tensor((self.facts["clean_prob"] - self.facts["corrupted_prob"]).to_numpy())[:, None]
-        estimate, low, high = bootstrap_ratio(each, torch.ones(len(each)), seed=seed)
-        return float(estimate[0]), float(low[0]), float(high[0])
+        return total_effect(self.facts, seed)
+
+
+def total_effect(facts: pd.DataFrame, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over the rows of ``facts`` (``FactTrace.facts``) of clean - noised probability, with its
+    95% bootstrap interval over them (NaN under ``MIN_INTERVAL_PROMPTS`` rows)."""
+    each = torch.tensor((facts["clean_prob"] - facts["corrupted_prob"]).to_numpy())[:, None]
+    estimate, low, high = (float(value[0]) for value in bootstrap_ratio(each, torch.ones(len(each)), seed=seed))
+    return (estimate, low, high) if len(facts) >= MIN_INTERVAL_PROMPTS else (estimate, float("nan"), float("nan"))
 
 
 def fact_seed(seed: int, index: int) -> int:
@@ -384,10 +415,11 @@ def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3
     Each fact gets ``samples`` noise draws (seed ``seed`` and its index) of standard deviation
     ``noise`` x ``noise_scale`` (``noise_from``) over the subjects of ``noise_facts`` (default:
     ``facts``; give the whole set the traced facts were drawn from, so that a fact's numbers do not
-    depend on which others are traced); ``window``: the MLP and attention windows' width; ``state``:
-    the hidden state ``resid`` restores. The answer token is ``analyses.tasks.facts.answer_token``'s
-    (filter the set with ``analyses.tasks.facts.top1_facts`` first, as Meng et al. trace only facts
-    the model knows). Fewer than ``analyses.core.stats.MIN_INTERVAL_PROMPTS`` facts are refused: the AIE's interval is
+    depend on which others are traced); ``window``: the MLP and attention windows' width (single
+    layers are traced beside them, ``fact_curves``); ``state``: the hidden state ``resid`` restores.
+    The answer token is ``analyses.tasks.facts.answer_token``'s (filter the set with
+    ``analyses.tasks.facts.top1_facts`` first, as Meng et al. trace only facts the model knows).
+    Fewer than ``analyses.core.stats.MIN_INTERVAL_PROMPTS`` facts are refused: the AIE's interval is
     over facts. ``progress``: one bar over the facts."""
     _check_options(samples, state, kinds)
     if window < 1:
@@ -400,34 +432,66 @@ def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3
         raise UserError(f"memory_mb={memory_mb:g} holds fewer than the {samples} rows (noise draws) of {longest} "
                         "tokens that a restore runs together (their cached keys go with them); give a larger budget")
     kinds = traced_kinds(model, kinds, state)
+    curves = fact_curves(kinds, window)
     std = noise * noise_scale(model, [f.prompt for f in noise_facts], [f.subject for f in noise_facts], noise_from)
     noise_over = f"the subject tokens of {len(noise_facts)} facts" if noise_from == "subjects" else "the vocabulary"
-    effects = np.full((len(facts), len(kinds), model.cfg.n_layers, len(CLASSES)), np.nan)
-    totals = []
+    n_layers = model.cfg.n_layers
+    effects = np.full((len(facts), len(curves), n_layers, len(GROUPS)), np.nan)
+    counts = np.zeros((len(facts), len(GROUPS)), dtype=int)
+    totals, token_rows = [], []
+    tokenizer = model_tokenizer(model)
     with progress_bar(total=len(facts), progress=progress, desc="causal tracing", unit="fact") as bar:
         for index, one in enumerate(prepared):
             draws = draw_noise(model, samples, len(one.subject), std, fact_seed(seed, index))
-            clean, corrupted, restored = trace_fact(model, one, draws, kinds, window, state, memory_mb)
-            for name, values in restored.items():
-                effects[index, :, :, CLASSES.index(name)] = values - corrupted
+            clean, corrupted, restored = trace_fact(model, one, draws, curves, state, memory_mb)
+            per_token = restored - corrupted  # (curve, layer, pos), NaN before the subject
+            for name, positions in position_groups(one.tokens.shape[1], one.subject).items():
+                effects[index, :, :, GROUPS.index(name)] = per_token[:, :, positions].mean(-1)
+                counts[index, GROUPS.index(name)] = len(positions)
+            token_rows.append(token_frame(index, one, tokenizer, curves, restored, per_token))
             totals.append((clean, corrupted))
             bar.update(1)
     frame = pd.DataFrame([{"relation": one.fact.relation, "prompt": one.fact.prompt, "subject": one.fact.subject,
                            "answer": one.fact.answer, "answer_token": one.answer, "n_tokens": one.tokens.shape[1],
                            "n_subject_tokens": len(one.subject), "clean_prob": clean, "corrupted_prob": corrupted}
                           for one, (clean, corrupted) in zip(prepared, totals)])
-    aie = aie_frame(effects, frame["corrupted_prob"].to_numpy(), kinds, seed)
-    return FactTrace(aie, frame, effects, kinds, model.cfg.n_layers, window, samples, std, noise_over)
+    aie = aie_frame(effects, counts, frame["corrupted_prob"].to_numpy(), curves, seed)
+    return FactTrace(aie, pd.concat(token_rows, ignore_index=True), frame, effects, counts, curves, kinds, n_layers,
+                     window, samples, std, noise_over)
 
 
-def trace_fact(model, one: TracedFact, draws: torch.Tensor, kinds: tuple[str, ...], window: int, state: str,
-               memory_mb: float) -> tuple[float, float, dict[str, np.ndarray]]:
+def position_groups(n_pos: int, subject: list[int]) -> dict[str, list[int]]:
+    """``position_classes`` and ``ALL_SUBJECT`` (the subject's positions) -> {group: its positions}."""
+    return position_classes(n_pos, subject) | {ALL_SUBJECT: list(subject)}
+
+
+def token_frame(index: int, one: TracedFact, tokenizer, curves, restored: np.ndarray,
+                per_token: np.ndarray) -> pd.DataFrame:
+    """Fact ``index``'s per-token curves as ``FactTrace.tokens`` rows. restored, per_token:
+    (curve, layer, pos) restored probability and restored - noised, NaN before the subject."""
+    n_curves, n_layers, n_pos = restored.shape
+    classes = {pos: name for name, positions in position_classes(n_pos, one.subject).items() for pos in positions}
+    traced = range(one.subject[0], n_pos)
+    grid = pd.DataFrame(list(product(range(n_curves), range(n_layers), traced)), columns=["curve", "layer", "pos"])
+    ids = one.tokens[0].tolist()
+    return pd.DataFrame({
+        "fact": index, "relation": one.fact.relation,
+        "kind": [curves[c][0] for c in grid["curve"]], "window": [curves[c][1] for c in grid["curve"]],
+        "layer": grid["layer"], "pos": grid["pos"], "token": [tokenizer.decode([ids[p]]) for p in grid["pos"]],
+        "position": [classes[p] for p in grid["pos"]],
+        "subject_token": [one.subject.index(p) if p in one.subject else -1 for p in grid["pos"]],
+        "restored_prob": restored[grid["curve"], grid["layer"], grid["pos"]],
+        "effect": per_token[grid["curve"], grid["layer"], grid["pos"]]})
+
+
+def trace_fact(model, one: TracedFact, draws: torch.Tensor, curves, state: str,
+               memory_mb: float) -> tuple[float, float, np.ndarray]:
     """One fact under the noise ``draws`` (samples, n_subject, d_model) -> (clean probability, noised
-    probability (mean over draws), {class: restored probability (len(kinds), n_layers), mean over draws}).
-    A class's restore puts back its every token at once; the classes' position sets run one engine
-    sweep each (from the set's first position where the model caches keys, ``PrefixCached``)."""
-    n_layers, samples = model.cfg.n_layers, draws.shape[0]
-    names = [state_name(kind, at, state) for kind in kinds for at in range(n_layers)]
+    probability (mean over draws), restored probability (len(curves), n_layers, pos), mean over draws,
+    NaN before the subject). Each (curve, layer) restore puts back one token; each token's restores
+    run one engine sweep (from that token on where the model caches keys, ``PrefixCached``)."""
+    n_layers, samples, n_pos = model.cfg.n_layers, draws.shape[0], one.tokens.shape[1]
+    names = sorted({state_name(kind, at, state) for kind, _ in curves for at in range(n_layers)})
     clean_logits, clean_cache = cache_run(model, one.tokens, names)
     metric = answer_probability(one.answer, parts=runs_suffix_only(model))
     rows = one.tokens.expand(samples, -1)
@@ -436,29 +500,27 @@ def trace_fact(model, one: TracedFact, draws: torch.Tensor, kinds: tuple[str, ..
     with torch.no_grad(), model.hooks(fwd_hooks=[("hook_embed", noise_hook(draws, one.subject))]):
         noised_logits = model(rows, past_kv=past) if cached else model(rows)
     keys = [(layer.keys, layer.values) for layer in past] if cached else None
-    restored = {}
-    for name, positions in position_classes(one.tokens.shape[1], one.subject).items():
-        start = positions[0] if cached else 0
-        sweep = restore_sweep(model, rows, one.subject, draws, positions, start, keys, clean_cache, metric,
-                              kinds, window, state, memory_mb)
-        restored[name] = sweep.reshape(len(kinds), n_layers).cpu().double().numpy()
+    restored = np.full((len(curves), n_layers, n_pos), np.nan)
+    for pos in range(one.subject[0], n_pos):
+        sweep = restore_sweep(model, rows, one.subject, draws, pos, pos if cached else 0, keys, clean_cache, metric,
+                              curves, state, memory_mb)
+        restored[:, :, pos] = sweep.reshape(len(curves), n_layers).cpu().double().numpy()
     return metric(clean_logits).item(), metric(noised_logits).item(), restored
 
 
-def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Tensor, positions: list[int],
-                  start: int, keys, clean_cache: dict, metric, kinds: tuple[str, ...], window: int, state: str,
-                  memory_mb: float) -> torch.Tensor:
-    """The answer probability (len(kinds) * n_layers,) with the clean states of ``kinds`` restored at
-    ``positions`` at each layer (``restored_layers``), the subject noised by ``draws``: one
-    ``score_variants`` sweep over the positions from ``start`` on (``keys``: the noised run's keys
-    and values per layer, of which the first ``start`` positions are read; None with ``start`` 0)."""
+def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Tensor, pos: int, start: int, keys,
+                  clean_cache: dict, metric, curves, state: str, memory_mb: float) -> torch.Tensor:
+    """The answer probability (len(curves) * n_layers,) with the clean states of each (kind, width) of
+    ``curves`` restored at ``pos`` at each layer (``restored_layers``), the subject noised by
+    ``draws``: one ``score_variants`` sweep over the positions from ``start`` on (``keys``: the noised
+    run's keys and values per layer, of which the first ``start`` positions are read; None with ``start`` 0)."""
     n_layers, samples = model.cfg.n_layers, draws.shape[0]
     runner = model if start == 0 else PrefixCached(model, [(k[:, :, :start], v[:, :, :start]) for k, v in keys])
-    later = [i for i, pos in enumerate(subject) if pos >= start]  # noise still to add at the embedding
+    later = [i for i, at in enumerate(subject) if at >= start]  # noise still to add at the embedding
     hooks = [("hook_embed", noise_hook(draws[:, later], [subject[i] - start for i in later]))] if later else []
-    shifted = [pos - start for pos in positions]
-    variants = [[Edit(state_name(kind, at, state), (shifted,)) for at in restored_layers(kind, layer, n_layers, window)]
-                for kind in kinds for layer in range(n_layers)]
+    variants = [[Edit(state_name(kind, at, state), ([pos - start],))
+                 for at in restored_layers(kind, layer, n_layers, width)]
+                for kind, width in curves for layer in range(n_layers)]
     sources = {name: value[:, start:].expand(samples, -1, -1) for name, value in clean_cache.items()}
     suffix = rows[:, start:]
     with model.hooks(fwd_hooks=hooks):
@@ -467,24 +529,86 @@ def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Te
                               progress=False).values
 
 
-def aie_frame(effects: np.ndarray, corrupted: np.ndarray, kinds: tuple[str, ...], seed: int = 0) -> pd.DataFrame:
-    """The average indirect effect per (kind, layer, position class) with its 95% bootstrap interval
-    over the facts that have the class (``analyses.core.stats.bootstrap_ratio``, seeded) -> the
-    ``FactTrace.aie`` frame. effects: (fact, kind, layer, class); corrupted: (fact,) noised probabilities."""
+def aie_frame(effects: np.ndarray, counts: np.ndarray, corrupted: np.ndarray, curves, seed: int = 0) -> pd.DataFrame:
+    """The average indirect effect per (curve, layer, position group): the pooled mean over the
+    group's tokens of every fact that has it, with its 95% bootstrap interval over those facts
+    (``analyses.core.stats.bootstrap_ratio``, seeded; NaN under ``MIN_INTERVAL_PROMPTS`` facts) ->
+    the ``FactTrace.aie`` frame. effects: (fact, curve, layer, group) per-fact means; counts: (fact,
+    group) their tokens; corrupted: (fact,) noised probabilities."""
     parts = []
     _, _, n_layers, _ = effects.shape
-    for c, name in enumerate(CLASSES):
-        have = ~np.isnan(effects[:, 0, 0, c])
+    grid = pd.DataFrame([(kind, width, layer) for kind, width in curves for layer in range(n_layers)],
+                        columns=["kind", "window", "layer"])
+    for g, name in enumerate(GROUPS):
+        have = counts[:, g] > 0
         if not have.any():
             continue
-        each = torch.tensor(effects[have, :, :, c])
-        estimate, low, high = bootstrap_ratio(each, torch.ones(int(have.sum())), seed=seed)
-        restored = each.mean(0) + float(corrupted[have].mean())
-        grid = pd.MultiIndex.from_product([kinds, range(n_layers)], names=["kind", "layer"]).to_frame(index=False)
-        parts.append(grid.assign(position=name, restored_prob=restored.flatten().cpu().numpy(),
-                                 aie=estimate.flatten().cpu().numpy(), ci_low=low.flatten().cpu().numpy(),
-                                 ci_high=high.flatten().cpu().numpy(), n_prompts=int(have.sum())))
+        weights = torch.tensor(counts[have, g], dtype=torch.float64)
+        sums = torch.tensor(effects[have, :, :, g]) * weights[:, None, None]
+        estimate, low, high = bootstrap_ratio(sums, weights, seed=seed)
+        if have.sum() < MIN_INTERVAL_PROMPTS:
+            low, high = torch.full_like(low, float("nan")), torch.full_like(high, float("nan"))
+        noised = float((corrupted[have] * counts[have, g]).sum() / counts[have, g].sum())
+        parts.append(grid.assign(position=name, restored_prob=estimate.flatten().numpy() + noised,
+                                 aie=estimate.flatten().numpy(), ci_low=low.flatten().numpy(),
+                                 ci_high=high.flatten().numpy(), n_prompts=int(have.sum()),
+                                 n_tokens=int(counts[have, g].sum())))
     return pd.concat(parts, ignore_index=True)
+
+
+def relation_aie(trace: FactTrace, seed: int = 0) -> pd.DataFrame:
+    """``trace.aie`` per relation: ``aie_frame`` over each relation's facts alone (in order of first
+    appearance; a user's facts without one are the relation ""), a ``relation`` column first."""
+    parts = []
+    corrupted = trace.facts["corrupted_prob"].to_numpy()
+    for relation in trace.facts["relation"].unique():
+        rows = (trace.facts["relation"] == relation).to_numpy()
+        frame = aie_frame(trace.effects[rows], trace.counts[rows], corrupted[rows], trace.curves, seed)
+        parts.append(frame.assign(relation=relation))
+    joined = pd.concat(parts, ignore_index=True)
+    return joined[["relation", *trace.aie.columns]]
+
+
+def mlp_curve(aie: pd.DataFrame, position: str, window: int) -> pd.DataFrame:
+    """The MLP restores of width ``window`` at ``position`` of an AIE frame, by layer."""
+    return aie[(aie["kind"] == "mlp") & (aie["window"] == window) & (aie["position"] == position)].sort_values("layer")
+
+
+def relation_lines(trace: FactTrace, seed: int = 0) -> list[str]:
+    """One line per relation: its facts' total effect (clean - noised probability) and, on a model with
+    MLPs, the peak of the last subject token's MLP-window AIE, each with its 95% interval over facts."""
+    lines = []
+    by_relation = relation_aie(trace, seed)
+    for relation, facts in trace.facts.groupby("relation", sort=False):
+        line = (f"{relation or '(no relation)'} ({len(facts)} fact{'s' * (len(facts) != 1)}): total effect "
+                f"{effect_text(*total_effect(facts, seed), 4)}")
+        curve = mlp_curve(by_relation[by_relation["relation"] == relation], "last subject token", trace.window)
+        if len(curve):
+            best = curve.loc[curve["aie"].idxmax()]
+            line += (f"; the last subject token's {trace.window}-layer MLP window peaks at layer {int(best['layer'])}, "
+                     f"AIE {effect_text(best['aie'], best['ci_low'], best['ci_high'], 4)}")
+        lines.append(line)
+    return lines
+
+
+def single_layer_text(trace: FactTrace) -> str:
+    """The last subject token's one-layer MLP restores in a sentence: layer 0's AIE beside the best of
+    the later layers', each with its interval, whether layer 0's interval lies above, and why it can."""
+    curve = mlp_curve(trace.aie, "last subject token", 1).set_index("layer")
+    if curve.empty:
+        raise UserError("the one-layer restores read the MLPs' AIE; this model has no MLPs (or they were not traced)")
+    first = curve.loc[0]
+    text = (f"one MLP layer restored at the last subject token: layer 0 "
+            f"{effect_text(first['aie'], first['ci_low'], first['ci_high'], 4)}")
+    later = curve.drop(index=0)
+    if len(later):
+        layer = int(later["aie"].idxmax())
+        best = later.loc[layer]
+        above = bool(first["ci_low"] > best["ci_high"])
+        text += (f", the best later layer {layer} {effect_text(best['aie'], best['ci_low'], best['ci_high'], 4)}: "
+                 f"layer 0 {'stands' if above else 'does not stand'} above the rest")
+    return text + (" (the first MLP acts as an extended embedding of the subject token, so restoring it alone can "
+                   "undo part of the noise, and every MLP window that contains layer 0 includes it)")
 
 
 # ------------------------------------------------------------------------------ the verdict
@@ -512,7 +636,7 @@ def trace_verdict(trace: FactTrace) -> Verdict:
     """"formed" only if the last subject token's MLP-window AIE peaks in the ``middle_layers`` and its
     95% interval there lies above the intervals of the other subject positions (first, middle) at that
     layer (at least one of them present); else "did not form", with the numbers."""
-    aie = trace.aie[trace.aie["kind"] == "mlp"]
+    aie = trace.aie[(trace.aie["kind"] == "mlp") & (trace.aie["window"] == trace.window)]
     if aie.empty:
         raise UserError("the verdict reads the MLP window's AIE; this model has no MLPs (or they were not traced)")
     curve = aie[aie["position"] == "last subject token"].sort_values("layer")
@@ -534,26 +658,28 @@ def trace_verdict(trace: FactTrace) -> Verdict:
 
 def facts_figure(trace: FactTrace, verdict: Verdict | None = None):
     """Meng et al.'s panels: one heatmap (position class x layer) of the AIE per kind (hidden state,
-    MLP window, attention window), and the last subject token's MLP-window AIE over layers beside the
-    other subject positions', with 95% bands and the middle layers shaded."""
+    MLP window, attention window), and the subject tokens' MLP-window AIE over layers, with the last
+    subject token's one-layer MLP restores dashed beside it, with 95% bands and the middle layers shaded."""
     fig = new_figure(figsize=(5.2 * (len(trace.kinds) + 1), 4.2), layout="constrained")
     axes = fig.subplots(1, len(trace.kinds) + 1)
     present = [name for name in CLASSES if name in set(trace.aie["position"])]
     for ax, kind in zip(axes, trace.kinds):
-        grid = trace.aie[trace.aie["kind"] == kind].pivot(index="position", columns="layer", values="aie").loc[present]
+        width = 1 if kind == "resid" else trace.window
+        cells = trace.aie[(trace.aie["kind"] == kind) & (trace.aie["window"] == width)]
+        grid = cells.pivot(index="position", columns="layer", values="aie").loc[present]
         image = ax.imshow(grid.to_numpy(), aspect="auto",
                           cmap={"resid": "Purples", "mlp": "Greens", "attn": "Reds"}[kind])
         ax.set_yticks(range(len(present)), present)
         ax.set_xlabel("layer")
-        width = "" if kind == "resid" else f" ({trace.window}-layer window)"
-        ax.set_title(f"restored {TITLES[kind]}{width}")
+        ax.set_title(f"restored {TITLES[kind]}" + ("" if kind == "resid" else f" ({width}-layer window)"))
         fig.colorbar(image, ax=ax, label="AIE")
     ax = axes[-1]
     if "mlp" in trace.kinds:
-        mlp = trace.aie[trace.aie["kind"] == "mlp"]
-        for name in (n for n in SUBJECT_CLASSES if n in present):
-            line = mlp[mlp["position"] == name].sort_values("layer")
-            ax.plot(line["layer"], line["aie"], marker="o", markersize=3, label=name)
+        lines = [(name, trace.window, "-") for name in SUBJECT_CLASSES if name in present]
+        lines += [("last subject token", 1, "--")] if trace.window > 1 else []
+        for name, width, style in lines:
+            line = mlp_curve(trace.aie, name, width)
+            ax.plot(line["layer"], line["aie"], style, marker="o", markersize=3, label=f"{name}, {width}-layer")
             ax.fill_between(line["layer"], line["ci_low"], line["ci_high"], alpha=0.25)
         middle = middle_layers(trace.n_layers)
         ax.axvspan(middle.start - 0.5, middle.stop - 0.5, color="0.9", zorder=0, label="middle layers")
@@ -561,7 +687,7 @@ def facts_figure(trace: FactTrace, verdict: Verdict | None = None):
         ax.legend(fontsize=7)
     ax.set_xlabel("layer")
     ax.set_ylabel("AIE (95% interval)")
-    ax.set_title("MLP window at the subject")
+    ax.set_title("MLP restores at the subject")
     n = len(trace.facts)
     fig.suptitle(f"causal tracing over {n} facts ({trace.samples} draws each)"
                  + (f": {verdict.text.split(':')[0]}" if verdict is not None else ""))

@@ -3,10 +3,11 @@
 The shipped fact set (``analyses.tasks.facts``: capitals, languages, currencies, continents, the
 countries of cities and companies, landmarks, founders, authors; 595 facts) is kept to the facts
 SmolLM2 answers top-1; each is traced with 10 noise draws of 3 x the standard deviation of the subject
-tokens' embeddings, restoring one hidden state, or a 10-layer window of MLP or attention outputs, at
-each position class (first / middle / last subject token, first subsequent token, further tokens,
-last token). Prints the average indirect effects of the last subject token's MLP window with their
-95% intervals and the verdict; writes docs/smollm2_trace.png (Meng et al.'s panels). The same as
+tokens' embeddings, restoring one hidden state, a 10-layer window of MLP or attention outputs, or one
+layer's, at one token at a time, grouped into the position classes (first / middle / last subject
+token, first subsequent token, further tokens, last token). Prints the average indirect effects of
+the subject tokens' MLP windows with their 95% intervals, the verdict, the one-layer MLP restores and
+the per-relation lines; writes docs/smollm2_trace.png (Meng et al.'s panels). The same as
 
     interp trace --model smollm2 --facts builtin --out smollm2-trace
 
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 
 from analyses.tasks.facts import builtin_facts, top1_facts
-from analyses.tasks.tracing import facts_figure, trace_facts, trace_verdict
+from analyses.tasks.tracing import (facts_figure, mlp_curve, relation_lines, single_layer_text, trace_facts,
+                                    trace_verdict)
 from setup_smollm2 import load
 
 FIGURE = Path(__file__).resolve().parents[2] / "docs" / "smollm2_trace.png"
@@ -40,15 +42,16 @@ def main() -> None:
     print(f"traced in {time.monotonic() - began:.0f} s; noise std {trace.noise_std:.4f}")
     effect, low, high = trace.total_effect()
     print(f"total effect (clean - noised p(answer)): {effect:.4f} [{low:.4f}, {high:.4f}]")
-    aie = trace.aie
     for name in ("first subject token", "middle subject tokens", "last subject token", "last token"):
-        line = aie[(aie["kind"] == "mlp") & (aie["position"] == name)].set_index("layer")
+        line = mlp_curve(trace.aie, name, trace.window).set_index("layer")
         if len(line):
             best = line["aie"].idxmax()
             print(f"  MLP window at the {name}: peak layer {best}, AIE {line.loc[best, 'aie']:.4f} "
                   f"[{line.loc[best, 'ci_low']:.4f}, {line.loc[best, 'ci_high']:.4f}] (n = {line.loc[best, 'n_prompts']})")
     verdict = trace_verdict(trace)
     print(verdict.text)
+    print(single_layer_text(trace))
+    print("\n".join(relation_lines(trace)))
     facts_figure(trace, verdict).savefig(FIGURE, dpi=80, bbox_inches="tight")
     print(f"wrote {FIGURE.relative_to(FIGURE.parents[1])}")
 
