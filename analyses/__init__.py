@@ -42,7 +42,7 @@ from analyses.interventions.attribution import unpatched_value
 from analyses.roles.nulls import benjamini_hochberg, calibrate_roles, joint_fdr
 from analyses.roles.backup import backup_direct_effect_rise, backup_report, direct_and_total_effects, pairwise_ablation
 from analyses.roles.dormant import dormant_heads, head_similarities, output_norms
-from analyses.roles.calibration import calibration_frames
+from analyses.roles.calibration import CalibrationOptions, calibration_frames
 from analyses.report.calibration_figures import calibration_section
 from analyses.circuits.composition import composition_figure, composition_scores
 from analyses.circuits.path_patching import (eap_ig, edge_attribution, path_patch, screened_path_patch,

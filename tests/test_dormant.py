@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import copy
 
+import pandas as pd
 import pytest
 import torch
 from matplotlib.figure import Figure
 
 from analyses.report.calibration_figures import calibration_section
-from analyses.roles.calibration import calibration_frames
+from analyses.roles.calibration import CalibrationOptions, calibration_frames
 from analyses.core.hook_check import left_out
 from analyses.roles.backup import direct_effect_needs
 from analyses.roles.causal_check import ablation_effects
@@ -163,3 +164,16 @@ def test_calibration_frames_on_every_family(family, impl, family_dir):
         assert numbers[unmeasured].isna().all().all()
     assert not frames["calibration"]["significant"].any()  # a random model: no role
     assert all(len(s.labels) == n_heads for s in similarities.values())
+
+
+def test_calibration_options_as_an_object_or_as_keywords_give_the_same_tables(toy):
+    probes = probes_for(toy, 8, seed=0)
+    options = CalibrationOptions(null_seeds=(1, 2), pair_heads=2, intervention_prompts=4, progress=False)
+    by_object, _ = calibration_frames(toy, probes, options)
+    by_keywords, _ = calibration_frames(toy, probes, null_seeds=(1, 2), pair_heads=2, intervention_prompts=4,
+                                        progress=False)
+    assert by_object.keys() == by_keywords.keys()
+    for name, frame in by_object.items():
+        pd.testing.assert_frame_equal(frame, by_keywords[name])
+    with pytest.raises(TypeError, match="pair_head"):
+        calibration_frames(toy, probes, options, pair_head=3)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.circuits.edge_circuit import circuit_values, faithfulness_curve, faithfulness_figure
+from analyses.circuits.edge_circuit import circuit_scores, circuit_values, faithfulness_curve, faithfulness_figure
 from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import path_patch
 from analyses.core.metrics import loss_metric
@@ -156,3 +156,22 @@ def test_the_figure_draws_edge_counts_from_0_and_each_complement_against_the_edg
     assert [list(line.get_ydata()) for line in drawn] == [list(curve["faithfulness"]), [0.0, 0.5, 0.7, 1.0]]
     drawn = [line for line in removed_ax.get_lines() if len(line.get_xdata()) == len(sizes)]
     assert [list(line.get_ydata()) for line in drawn] == [list(curve["complement"]), [1.0, 0.6, 0.2, 0.0]]
+
+
+def test_circuits_are_scored_in_chunks_of_prompts_within_the_budget(llama, pair):
+    clean, corrupted, metric = pair
+    candidates = edges_of(llama, via=("q", "k", "v", "logits"))
+    rng = np.random.default_rng(1)
+    masks = [np.zeros(len(candidates), dtype=bool), rng.random(len(candidates)) < 0.5]
+    whole = circuit_scores(llama, clean, corrupted, metric, candidates, masks)
+    rows = []
+    with llama.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda resid, hook: rows.append(len(resid)))]):
+        chunked = circuit_scores(llama, clean, corrupted, metric, candidates, masks, memory_mb=1e-3)
+    assert rows and max(rows) == 1 < len(clean)  # one prompt per forward, corrupted and clean alike
+    assert torch.allclose(chunked.values, whole.values, atol=1e-5)
+    assert torch.allclose(chunked.numerators, whole.numerators, atol=1e-5)
+    # a hand-written loop of forwards: the fixed point of hooks per circuit, over every prompt at once
+    keys = [(e.sender, e.receiver, e.via) for e in candidates]
+    for mask, value in zip(masks, chunked.values.tolist()):
+        removed = [key for key, kept in zip(keys, mask) if not kept]
+        assert value == pytest.approx(naive_value(llama, clean, corrupted, metric, removed), abs=1e-4)

@@ -32,7 +32,7 @@ differences (``analyses.core.stats.bootstrap_ratio``), for a metric with a per-p
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -43,11 +43,12 @@ from analyses.circuits.edge_attribution import split_kinds, split_qkv_inputs
 from analyses.circuits.edges import VIAS, Edges, output_weights
 from analyses.circuits.path_patching import require_path_edits
 from analyses.core.hook_names import final_resid_name, qkv_input_name, z_name, z_names
-from analyses.core.metrics import Metric, PromptScores, prompt_scores
+from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.plots import new_figure
 from analyses.core.stats import bootstrap_ratio
 from analyses.core.tokens import as_tokens
-from analyses.interventions.engine import cache_run, runs_suffix_only
+from analyses.interventions.engine import Chunk, MetricSums, cache_run, runs_suffix_only, unembed_read
 from analyses.interventions.patching import base_and_source
 from interp.errors import UserError
 
@@ -91,21 +92,27 @@ def removal_hooks(model, removed: Edges, corrupted_z: dict[int, torch.Tensor]) -
             *((name, add_corrupted(edges)) for name, edges in by_input.items())]
 
 
-def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges,
-                   kept: Sequence[np.ndarray]) -> torch.Tensor:
+def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges, kept: Sequence[np.ndarray], *,
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False) -> torch.Tensor:
     """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges -> (len(kept),):
     the values of ``circuit_scores`` (which see)."""
-    return circuit_scores(model, clean, corrupted, metric, candidates, kept).values
+    return circuit_scores(model, clean, corrupted, metric, candidates, kept, memory_mb=memory_mb,
+                          progress=progress).values
 
 
-def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges,
-                   kept: Sequence[np.ndarray]) -> PromptScores:
+@torch.no_grad()
+def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges, kept: Sequence[np.ndarray], *,
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False) -> PromptScores:
     """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges (see the
-    module docstring) -> ``PromptScores``: values (len(kept),) and, for a metric with a per-prompt
-    form, each prompt's numerator (len(kept), batch) and count (batch,) from the same logits. ``kept``: boolean masks over ``candidates`` (len(candidates),).
-    ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; one forward
-    of the clean batch per circuit, after one corrupted forward. A ``GPTModel`` only (it edits the
-    per-head q/k/v inputs that ``GPTModel.set_split_qkv_inputs`` gives)."""
+    module docstring) -> ``PromptScores``: values (len(kept),) and, for a metric that splits
+    (``Metric.splits``), each prompt's numerator (len(kept), batch) and count (batch,) from the same
+    logits. ``kept``: boolean masks over ``candidates`` (len(candidates),). ``clean`` / ``corrupted``:
+    token ids (batch, pos) or texts of equal token lengths. Per chunk of prompts (within
+    ``memory_mb``; every prompt at once for a metric that does not split): one corrupted forward to
+    the last sender's z, then one clean forward per circuit, unembedding only the positions the
+    metric reads, pooled by ``MetricSums``; ``progress`` (default: none shown): see
+    ``analyses.core.progress``. A ``GPTModel`` only (it edits the per-head q/k/v inputs that
+    ``GPTModel.set_split_qkv_inputs`` gives)."""
     if not runs_suffix_only(model):
         raise UserError(f"circuit_values edits per-head q/k/v inputs of a GPTModel; got {type(model).__name__}")
     masks = [np.asarray(mask) for mask in kept]
@@ -115,27 +122,47 @@ def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges,
                             f"edge; got dtype {mask.dtype}, shape {mask.shape}")
     require_path_edits(model, candidates, "circuit_values")
     clean, corrupted = base_and_source(model, clean, corrupted, "noise")
+    batch, n_pos = clean.shape
+    metric = as_metric(metric)
+    positions = metric.positions(n_pos)
+    fit = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
+                      per_position=_floats_per_position(model, candidates)) if metric.splits else batch
+    removed = [candidates.take(np.flatnonzero(~mask)) for mask in masks]
+    chunks = [Chunk([i], slice(start, min(start + fit, batch))) for start in range(0, batch, fit)
+              for i in range(len(masks))]
     senders = z_names(model)[:int(candidates.table[:, 0].max()) + 1]
-    _, cache = cache_run(model, corrupted, senders, logits=False)
-    corrupted_z = {layer: cache[name] for layer, name in enumerate(senders)}
-    values, numerators, counts = torch.empty(len(masks)), [], None
-    for i, mask in enumerate(masks):
-        removed = candidates.take(np.flatnonzero(~mask))
-        hooks = removal_hooks(model, removed, corrupted_z) if len(removed) else []
-        split = split_kinds([name for name, _ in hooks])
-        with torch.no_grad(), split_qkv_inputs(model, split):
-            logits = model.run_with_hooks(clean, fwd_hooks=hooks)
-            values[i] = metric(logits).item()
-            scores = prompt_scores(metric, logits)
-        numerators.append(scores.numerators)
-        counts = scores.counts
-    per_prompt = counts is not None
-    return PromptScores(values, torch.stack(numerators) if per_prompt and numerators else None,
-                        counts if per_prompt else None)
+    held = {}  # the prompts of the latest chunk -> the corrupted run's z of every sender layer
+
+    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
+                     entries: torch.Tensor | None) -> torch.Tensor:
+        if held.get("rows") != rows:  # one corrupted forward per chunk of prompts, before its first circuit
+            _, cache = cache_run(model, corrupted[rows], senders, logits=False)
+            held.update(rows=rows, z={layer: cache[name] for layer, name in enumerate(senders)})
+        edges = removed[members[0]]
+        hooks = removal_hooks(model, edges, held["z"]) if len(edges) else []
+        with split_qkv_inputs(model, split_kinds([name for name, _ in hooks])), model.hooks(fwd_hooks=hooks):
+            final = model(clean[rows], stop_at_layer=model.cfg.n_layers)
+        return unembed_read(model, final, positions if compact else None, entries)[None]
+
+    scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits, progress=progress,
+                                                                           desc="candidate circuits")
+    return PromptScores(scores.values.float(), scores.numerators, scores.counts)
+
+
+def _floats_per_position(model, candidates: Edges) -> int:
+    """What one position of one prompt holds beyond a plain forward in ``circuit_scores``: the
+    corrupted and the current z of every sender layer, the per-head q/k/v inputs, and the
+    per-edge changes stacked for the input that the most candidate edges enter."""
+    cfg = model.cfg
+    sender_layers = int(candidates.table[:, 0].max()) + 1
+    into_one = max(Counter(_input_name(model, r_layer, rank) for _, _, r_layer, _, rank
+                           in candidates.table.tolist()).values())
+    return 2 * sender_layers * cfg.n_heads * cfg.d_head + 3 * cfg.n_heads * cfg.d_model + into_one * cfg.d_model
 
 
 def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edges, order: Sequence[int],
-                       sizes: Sequence[int]) -> pd.DataFrame:
+                       sizes: Sequence[int], *, memory_mb: float = DEFAULT_MEMORY_MB,
+                       progress: bool | None = False) -> pd.DataFrame:
     """The candidate-set evaluation (the module docstring; ``full_graph.faithfulness_curve`` is the
     papers'): the circuits of the top ``k`` edges of ``order`` (indices into ``candidates``, strongest
     first), for each ``k`` in ``sizes`` -> frame ``size, value, faithfulness, complement_value,
@@ -144,7 +171,7 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edge
     module docstring), with the 95% intervals over prompts of both faithfulnesses
     (``faithfulness_ci_low, faithfulness_ci_high, complement_ci_low, complement_ci_high``; NaN for a
     metric without a per-prompt form) and ``n_prompts``. The frame's ``attrs`` hold ``full`` and
-    ``empty``, the two ends."""
+    ``empty``, the two ends. ``memory_mb``, ``progress``: ``circuit_scores``'."""
     order = np.asarray(order, dtype=np.int64)
     if sorted(order.tolist()) != list(range(len(candidates))):
         raise UserError(f"order must rank every one of the {len(candidates)} candidate edges once; "
@@ -158,7 +185,8 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edge
         mask[order[:k]] = True
         circuits += [mask, ~mask]
     full_empty = [np.ones(len(candidates), dtype=bool), np.zeros(len(candidates), dtype=bool)]
-    scores = circuit_scores(model, clean, corrupted, metric, candidates, [*full_empty, *circuits])
+    scores = circuit_scores(model, clean, corrupted, metric, candidates, [*full_empty, *circuits], memory_mb=memory_mb,
+                            progress=progress)
     values = scores.values
     full, empty, kept, complement = values[0].item(), values[1].item(), values[2::2], values[3::2]
     span = full - empty

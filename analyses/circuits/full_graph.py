@@ -72,7 +72,7 @@ from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, re
 from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
-from analyses.interventions.engine import Chunk, MetricSums, cache_run, runs_suffix_only
+from analyses.interventions.engine import Chunk, MetricSums, cache_run, runs_suffix_only, unembed_read
 from analyses.interventions.patching import base_and_source
 from interp.errors import UserError
 
@@ -388,20 +388,11 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
             held.update(rows=rows, source=source, diff=torch.empty((len(graph.senders), *source.input.shape),
                                                                      dtype=torch.float32, device=source.input.device))
         final = _final_residual(model, graph, clean[rows], corrupt[members[0]], held["source"], held["diff"])
-        return _logits(model, final, positions if compact else None, entries)[None]
+        return unembed_read(model, final, positions if compact else None, entries)[None]
 
     scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits, progress=progress,
                                                                            desc="full-graph circuits")
     return PromptScores(scores.values.float(), scores.numerators, scores.counts)
-
-
-def _logits(model, final: torch.Tensor, positions: torch.Tensor | None, entries: torch.Tensor | None) -> torch.Tensor:
-    """The final residual (batch, pos, d_model) unembedded at ``positions`` alone (batch, n, d_vocab),
-    or at the ``entries`` (batch, n) bool of those alone (m, d_vocab); every position where None."""
-    if positions is None:
-        return model.unembed(final)
-    read = final[:, positions.to(final.device)]
-    return model.unembed(read if entries is None else read[entries.to(final.device)])
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ def rows_within(model, n_pos: int, memory_mb: float, *, logits: bool, **sizes) -
     return max(1, int(memory_mb * 2**20 // row_bytes(model, n_pos, logits=logits, **sizes)))
 
 
+def tensors_within(memory_mb: float, nbytes: int) -> int:
+    """How many stored tensors of ``nbytes`` bytes each fit in ``memory_mb`` (0 where not one does)."""
+    return int(memory_mb * 2**20 // nbytes)
+
+
 def held_mb(tensors) -> float:
     """MB held by ``tensors`` (an iterable of tensors; each distinct storage counted once): what a
     model's parameters or a stored run keep alive while later steps run."""

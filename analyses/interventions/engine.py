@@ -231,6 +231,18 @@ def partial_logits(model, final: torch.Tensor, positions: torch.Tensor) -> torch
     return logits
 
 
+def unembed_read(model, final: torch.Tensor, positions: torch.Tensor | None,
+                 entries: torch.Tensor | None = None) -> torch.Tensor:
+    """The residual leaving the last block (batch, pos, d_model) unembedded at ``positions`` (n,)
+    alone -> (batch, n, d_vocab), or at the ``entries`` (batch, n) bool of those alone -> (m,
+    d_vocab); at every position where ``positions`` is None (batch, pos, d_vocab). What a
+    ``MetricSums.score`` chunk returns where the forward stops before the unembedding."""
+    if positions is None:
+        return model.unembed(final)
+    read = final[:, positions.to(final.device)]
+    return model.unembed(read if entries is None else read[entries.to(final.device)])
+
+
 def run_variants(
     model, tokens, variants: Sequence[Variant], sources: Mapping[str, torch.Tensor], starts: Mapping | None = None,
     positions: torch.Tensor | None = None, *, compact: bool = False, entries: torch.Tensor | None = None,

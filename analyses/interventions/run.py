@@ -22,12 +22,12 @@ run and a sweep keep each prompt's numerator and count (``PromptScores``), from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within
+from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within, tensors_within
 from analyses.core.hook_names import layer_of, resid_pre_name
 from analyses.interventions.engine import (MetricSums, _Collected, capture_hooks, nearest_start, runs_suffix_only,
                                            score_variants, start_names)
@@ -37,6 +37,10 @@ from analyses.core.stats import effect_intervals
 from interp.errors import UserError
 
 Consumer = Callable[[torch.Tensor, slice], None]  # (activation of a chunk of prompts, its rows) -> None
+STARTS_SHARE = 1 / 4
+"""The share of its ``memory_mb`` a ``Run``'s starts may take (``kept_starts``): they stay held while
+the run lives, and every step that reads the run gets what they leave (``Run.held_mb``,
+``analyses.core.budget.left_after``), so three quarters stay for those steps."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class Options:
 
 @dataclass
 class Run:
-    """One model on one batch, run once (see the module docstring).
+    """One model on one batch, run once (see the module docstring); every field after ``tokens`` is
+    keyword-only.
 
     tokens: (batch, pos); metric: logits -> scalar, or None; baseline: the metric on this run (None
     without one); cache: hook name -> activation (batch, ...); starts: ``start_names`` hook ->
@@ -77,6 +82,7 @@ class Run:
 
     model: object
     tokens: torch.Tensor
+    _: KW_ONLY
     metric: Metric | None = None
     baseline: float | None = None
     cache: dict = field(default_factory=dict)
@@ -99,55 +105,27 @@ class Run:
         (consumers) and ``result()``, left in ``reduced[key]``. Without a metric the forward stops
         once the last wanted hook has fired (no unembedding). ``keep_rows``: keep ``names`` and the
         starts for the first ``keep_rows`` prompts only (the consumers and the metric still see every
-        prompt), so what the run holds does not grow with the batch; read them through ``first``."""
-        if keep_rows is not None and not 1 <= keep_rows:
-            raise UserError(f"keep_rows={keep_rows}: keep at least the first prompt, or None for all")
-        keep_rows = None if keep_rows is None or keep_rows >= len(tokens) else keep_rows
+        prompt), so what the run holds does not grow with the batch; read them through ``first``.
+        In order: the prompts stored (``_stored_rows``), the hooks kept and fed (``kept_starts``,
+        ``_consumers_by_name``), the prompts per forward (``chunk_rows``), the one pass
+        (``_forward_chunks``) and what the run holds (``_cache_and_starts``)."""
+        keep_rows = _stored_rows(keep_rows, len(tokens))
         reducers = dict(reducers or {})
-        consumers = [*consumers, *(hook for reducer in reducers.values() for hook in reducer.hooks())]
+        by_name = _consumers_by_name([*consumers, *(hook for reducer in reducers.values() for hook in reducer.hooks())])
         resid_names = kept_starts(model, tokens[:keep_rows], memory_mb) if starts else []
         kept_names = list(dict.fromkeys([*names, *resid_names]))
-        by_name: dict[str, list[Consumer]] = {}
-        for name, consumer in consumers:
-            by_name.setdefault(name, []).append(consumer)
-        wanted = set(kept_names) | set(by_name)
-        n_patterns = sum(1 for name in by_name if name.endswith("hook_pattern"))
-        scored = MetricParts(model, metric, tokens, wanted)
-        size = rows_within(model, tokens.shape[1], memory_mb, logits=metric is not None, kept_patterns=n_patterns,
-                           read=scored.read)
-        kept: dict[str, list[torch.Tensor]] = {name: [] for name in kept_names}
-        for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
-            rows = slice(start, min(start + size, len(tokens)))
-            fired = set()
-
-            def hook_for(name):
-                def hook(activation, hook):  # the name is bound here: hook.name may be a backend alias
-                    fired.add(name)
-                    if name in kept and (keep_rows is None or rows.start < keep_rows):
-                        kept[name].append(_first_rows(activation.detach(), rows, keep_rows))
-                    for consumer in by_name.get(name, ()):
-                        consumer(activation.detach(), rows)
-                    if metric is None and len(fired) == len(wanted):
-                        raise _Collected
-
-                return hook
-
-            try:
-                with torch.no_grad(), model.hooks(fwd_hooks=[(name, hook_for(name)) for name in wanted]):
-                    scored.add(rows)
-            except _Collected:
-                pass
+        scored = MetricParts(model, metric, tokens, set(kept_names) | set(by_name))
+        size = chunk_rows(model, tokens.shape[1], memory_mb, scored, by_name)
+        kept = _forward_chunks(model, tokens, scored, kept_names, by_name, keep_rows, size, progress=progress, desc=desc)
         # a hook the model never fires (a bridge's hook_pos_embed on a rotary model) is left out, as
         # run_with_cache's names_filter leaves it out, and remembered as silent
         silent = frozenset(name for name, parts in kept.items() if not parts)
-        cache = {name: _joined(parts) for name, parts in kept.items() if parts}
+        cache, run_starts = _cache_and_starts({name: _joined(parts) for name, parts in kept.items() if parts},
+                                              names, resid_names)
         scores = [(metric, scored.scores())] if metric is not None else []
-        baseline = float(scores[0][1].values) if scores else None
-        run_starts = {name: cache.pop(name) for name in resid_names if name not in names} if resid_names else None
-        if run_starts is not None:
-            run_starts |= {name: cache[name] for name in resid_names if name in names}
-        return cls(model, tokens, metric, baseline, cache, run_starts,
-                   {key: reducer.result() for key, reducer in reducers.items()}, silent, memory_mb, keep_rows, scores)
+        return cls(model, tokens, metric=metric, baseline=float(scores[0][1].values) if scores else None, cache=cache,
+                   starts=run_starts, reduced={key: reducer.result() for key, reducer in reducers.items()},
+                   silent=silent, memory_mb=memory_mb, stored=keep_rows, scored=scores)
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """{name: activation (batch, ...)} for ``names``: from the cache, and what is missing from one
@@ -231,6 +209,82 @@ class Run:
         return self.scored[-1][1]
 
 
+def _stored_rows(keep_rows: int | None, batch: int) -> int | None:
+    """``Run.make``'s ``keep_rows`` checked (at least 1, or None) -> None where it keeps every one of
+    the ``batch`` prompts anyway."""
+    if keep_rows is not None and not 1 <= keep_rows:
+        raise UserError(f"keep_rows={keep_rows}: keep at least the first prompt, or None for all")
+    return None if keep_rows is None or keep_rows >= batch else keep_rows
+
+
+def _consumers_by_name(consumers: Sequence[tuple[str, Consumer]]) -> dict[str, list[Consumer]]:
+    """(hook name, consumer) pairs -> hook name -> its consumers, in the order given."""
+    by_name: dict[str, list[Consumer]] = {}
+    for name, consumer in consumers:
+        by_name.setdefault(name, []).append(consumer)
+    return by_name
+
+
+def chunk_rows(model, n_pos: int, memory_mb: float, scored: "MetricParts", consumed: Sequence[str]) -> int:
+    """How many prompts of ``n_pos`` tokens one forward of ``Run.make`` runs at once within
+    ``memory_mb`` (``analyses.core.budget.rows_within``; at least one). What a row costs there
+    (``row_bytes``): a block's activations in flight; the logits only where a metric is scored
+    (without one the forward stops before the unembedding), at the ``scored.read`` positions alone
+    where only those are unembedded; and one attention pattern (head, pos, pos) for each
+    ``hook_pattern`` among the ``consumed`` hooks, since a consumer may hold its layer's pattern of
+    the chunk until the forward ends (``FirstRows`` keeps it). What the run stores (the kept names,
+    the starts) is not in this bound: it grows by chunk and is bounded by ``keep_rows`` and
+    ``kept_starts``, and later steps subtract it (``Run.held_mb``)."""
+    n_patterns = sum(1 for name in consumed if name.endswith("hook_pattern"))
+    return rows_within(model, n_pos, memory_mb, logits=scored.metric is not None, kept_patterns=n_patterns,
+                       read=scored.read)
+
+
+def _forward_chunks(model, tokens: torch.Tensor, scored: "MetricParts", names: Sequence[str],
+                    consumers: Mapping[str, list[Consumer]], keep_rows: int | None, size: int, *,
+                    progress: bool | None, desc: str) -> dict[str, list[torch.Tensor]]:
+    """``Run.make``'s one pass over ``tokens`` (batch, pos) in chunks of ``size`` prompts: each chunk
+    scored by ``scored`` (``MetricParts.add``), each hook of ``consumers`` fed its activation (chunk,
+    ...) and rows as the forward passes it, and ``names`` kept for the first ``keep_rows`` prompts
+    (None: all) -> name -> its chunks' activations in row order (empty for a hook that never fired).
+    Without a metric a chunk's forward stops once every wanted hook has fired."""
+    wanted = set(names) | set(consumers)
+    kept: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
+        rows = slice(start, min(start + size, len(tokens)))
+        fired = set()
+
+        def hook_for(name):
+            def hook(activation, hook):  # the name is bound here: hook.name may be a backend alias
+                fired.add(name)
+                if name in kept and (keep_rows is None or rows.start < keep_rows):
+                    kept[name].append(_first_rows(activation.detach(), rows, keep_rows))
+                for consumer in consumers.get(name, ()):
+                    consumer(activation.detach(), rows)
+                if scored.metric is None and len(fired) == len(wanted):
+                    raise _Collected
+
+            return hook
+
+        try:
+            with torch.no_grad(), model.hooks(fwd_hooks=[(name, hook_for(name)) for name in wanted]):
+                scored.add(rows)
+        except _Collected:
+            pass
+    return kept
+
+
+def _cache_and_starts(stored: dict[str, torch.Tensor], names: Sequence[str],
+                      resid_names: Sequence[str]) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """What a ``Run`` stored (name -> (rows, ...)) split into its cache (``names``) and its starts
+    (``resid_names``; None where it keeps none): a start that is also asked for is in both, one
+    tensor; one that is not leaves the cache."""
+    if not resid_names:
+        return stored, None
+    starts = {name: stored.pop(name) for name in resid_names if name not in names}
+    return stored, starts | {name: stored[name] for name in resid_names if name in names}
+
+
 def _first_rows(activation: torch.Tensor, rows: slice, keep_rows: int | None) -> torch.Tensor:
     """The rows of a chunk's ``activation`` (chunk, ...) below ``keep_rows`` (None: all), copied when
     fewer than the chunk, so the chunk itself is not held through a view."""
@@ -240,12 +294,12 @@ def _first_rows(activation: torch.Tensor, rows: slice, keep_rows: int | None) ->
 
 
 def kept_starts(model, tokens: torch.Tensor, memory_mb: float) -> list[str]:
-    """The ``start_names`` a ``Run`` of ``tokens`` (batch, pos) keeps: all where they fit a quarter of
-    ``memory_mb`` (float32 (batch, pos, d_model) each), else every k-th layer's ``hook_resid_pre``
+    """The ``start_names`` a ``Run`` of ``tokens`` (batch, pos) keeps: all where they fit
+    ``STARTS_SHARE`` of ``memory_mb`` (float32 (batch, pos, d_model) each), else every k-th layer's ``hook_resid_pre``
     from layer 0 (as many as fit, at least layer 0's), a run from a dropped one starting at the
     nearest before it (``analyses.interventions.engine.nearest_start``)."""
     names = start_names(model)
-    fit = int(memory_mb * 2**20 / 4 // (4 * tokens.numel() * model.cfg.d_model))
+    fit = tensors_within(memory_mb * STARTS_SHARE, 4 * tokens.numel() * model.cfg.d_model)
     if fit >= len(names):
         return names
     stride = -(-model.cfg.n_layers // max(1, fit))

@@ -15,7 +15,7 @@ head outputs and patterns (``dormant_and_similarity``, ``analyses.roles.dormant`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import pandas as pd
@@ -104,48 +104,70 @@ def choosing_probes(probes: RepeatedProbes, run: Run, n: int | None) -> tuple[Re
     return probes.after(n), Run(run.model, run.tokens[n:], reduced={"prompt_sums": sums}, memory_mb=run.memory_mb)
 
 
-def calibration_frames(model, probes: RepeatedProbes, *, metric: Metric | None = None, method: str = "mean_aligned",
-                       null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
-                       pair_heads: int = DEFAULT_PAIR_HEADS, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
-                       progress: bool | None = None, run: Run | None = None,
-                       intervention_prompts: int | None = None, direct: bool = True,
-                       choose: "FirstProbes | None" = None) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What ``calibration_frames`` is asked for beyond its probes.
+
+    method: the ablation method of every ablation; null_seeds: the random-initialisation nulls'
+    seeds; fdr: the Benjamini-Hochberg rate over every (head, role) test; pair_heads: pairwise
+    ablation covers the heads with a role at ``fdr`` that have the largest |total effect|, at most
+    this many (pairs grow as its square); seed: the control probes' shuffle;
+    intervention_prompts: the ablations (effects, backup, dormant, similarities) run on the first
+    this many probes (``FirstProbes``), the roles on the others (``choosing_probes``), None: both
+    on every probe; direct: False where the plan left the heads' direct effects out
+    (``direct_effect_needs``): the totals alone, no self-repair figure; memory_mb: the budget, of
+    which each step gets what the probe run's store leaves; progress: see ``analyses.core.progress``."""
+
+    method: str = "mean_aligned"
+    null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS
+    fdr: float = DEFAULT_FDR
+    pair_heads: int = DEFAULT_PAIR_HEADS
+    seed: int = 0
+    intervention_prompts: int | None = None
+    direct: bool = True
+    memory_mb: float = DEFAULT_MEMORY_MB
+    progress: bool | None = None
+
+    def but(self, **changes) -> "CalibrationOptions":
+        """A copy with ``changes`` (a name that is not an option: a TypeError naming it)."""
+        return replace(self, **changes)
+
+
+def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOptions | None = None, *,
+                       metric: Metric | None = None, run: Run | None = None, choose: "FirstProbes | None" = None,
+                       **changes) -> tuple[dict[str, pd.DataFrame], dict[str, Similarity]]:
     """The calibration's tables on ``probes`` by name (``calibration``: every (head, role) test;
     ``pairs``, ``groups``: the backup pairs and groups; ``effects``, ``mlp_effects``: the heads' and
     the MLPs' effects, the latter empty without MLPs; ``dormant``; ``output_clusters``,
     ``pattern_clusters``) and the head similarities by kind (``output``, ``pattern``).
 
-    metric: default the loss of the probes' predictable tokens (the run's metric where it has
-    one); method: the ablation method of every ablation here; pair_heads: pairwise ablation covers
-    the heads with a role at ``fdr`` that have the largest |total effect|, at most this many (pairs
-    grow as its square); seed: the control probes' shuffle; run: the probes' ``probe_run`` (made
-    here where None), which every step reads instead of running the probes again. The
+    options: ``CalibrationOptions`` (default its defaults), with the keyword arguments ``changes``
+    (``fdr=``, ``pair_heads=``, ... any of its fields) on top. metric: default the loss of the
+    probes' predictable tokens (the run's metric where it has one); run: the probes' ``probe_run``
+    (made here where None), which every step reads instead of running the probes again. The
     ``calibration`` table holds every (head, role) test, the attention roles (``calibrate_roles``)
     and the copying roles (``meaning_nulls``), with one Benjamini-Hochberg over all of them
-    (``joint_fdr``). intervention_prompts: the ablations (effects, backup, dormant, similarities)
-    run on the first this many probes (``FirstProbes``), the roles on the others (``choosing_probes``);
-    None: both on every probe; each
-    step's budget is what the run's store leaves of ``memory_mb``. direct: False where the plan left
-    the heads' direct effects out (``direct_effect_needs``): the totals alone, no self-repair figure.
-    choose: probes apart from the intervention probes with a ``Run`` reading the ablation's hooks (the
-    report's selection rows): the pairwise ablation's heads
-    are ranked by their first-order effect there (``first_order_head_effects``) and its backup groups
-    formed there (``backup_report(choose=...)``); None: both on the intervention probes (in-sample).
+    (``joint_fdr``). choose: probes apart from the intervention probes with a ``Run`` reading the
+    ablation's hooks (the report's selection rows): the pairwise ablation's heads are ranked by
+    their first-order effect there (``first_order_head_effects``) and its backup groups formed
+    there (``backup_report(choose=...)``); None: both on the intervention probes (in-sample).
     """
-    run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=intervention_prompts,
-                                                memory_mb=memory_mb)
+    o = (options or CalibrationOptions()).but(**changes)
+    run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=o.intervention_prompts,
+                                                memory_mb=o.memory_mb)
     metric = metric if metric is not None else run.metric
-    first = FirstProbes.of(probes, run, metric, intervention_prompts)
-    chosen_on, chosen_run = choosing_probes(probes, run, intervention_prompts)
-    memory_mb = left_after(memory_mb, run.held_mb())  # the run's store stays taken
-    steps = progress_bar(total=4, progress=progress, desc="calibration", unit="step")
-    calibration = role_calibration(model, chosen_on, seed=seed, null_seeds=null_seeds, fdr=fdr, memory_mb=memory_mb,
-                                   progress=progress, run=chosen_run)
+    first = FirstProbes.of(probes, run, metric, o.intervention_prompts)
+    chosen_on, chosen_run = choosing_probes(probes, run, o.intervention_prompts)
+    memory_mb = left_after(o.memory_mb, run.held_mb())  # the run's store stays taken
+    steps = progress_bar(total=4, progress=o.progress, desc="calibration", unit="step")
+    calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
+                                   memory_mb=memory_mb, progress=o.progress, run=chosen_run)
     steps.update()
-    effects, mlp_effects = head_effects(model, first, method, direct=direct, memory_mb=memory_mb, progress=progress)
+    effects, mlp_effects = head_effects(model, first, o.method, direct=o.direct, memory_mb=memory_mb,
+                                        progress=o.progress)
     steps.update()
-    pairs, groups = backup_frames(model, first, calibration, effects, method, pair_heads=pair_heads, choose=choose,
-                                  memory_mb=memory_mb, progress=progress)
+    pairs, groups = backup_frames(model, first, calibration, effects, o.method, pair_heads=o.pair_heads,
+                                  choose=choose, memory_mb=memory_mb, progress=o.progress)
     steps.update()
     dormant, similarities = dormant_and_similarity(model, probes, run, first, effects)
     steps.update()
