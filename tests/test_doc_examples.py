@@ -286,3 +286,26 @@ def test_the_runner_catches_a_wrong_example(workdir):
         run_python(found)
     with pytest.raises(AssertionError, match="without a reason"):
         blocks("<!-- not run:  -->\n```python\nx = 1\n```\n")
+
+
+def test_the_tasks_guide_quotes_what_interp_task_says_of_the_toy():
+    """tasks.md quotes ``interp task ioi --model toy``'s WARNING line and the induction-text gap: the
+    verdict ``interp task`` prints, computed as it does (the default prompts and seed, measured on the
+    measurement split)."""
+    from analyses.core.stats import effect_text
+    from analyses.tasks.task import make_task, task_batch, task_measure_intervals, task_performance, task_split
+    from interp import load_model
+
+    page = (ROOT / "docs" / "guides" / "tasks.md").read_text(encoding="utf-8")
+    model = load_model("toy")
+    verdicts = {}
+    for name in ("ioi", "induction-text"):
+        task = make_task(model, name, None, 0)
+        measured = task.subset(task_split(task, 0).measurement.tolist())
+        verdicts[name] = task_performance(task_measure_intervals(model, measured, task_batch(model, measured)),
+                                          measured.metric)
+    quoted = next(b for b in page_blocks("docs/guides/tasks.md") if b.body.startswith("WARNING:")).body.strip()
+    assert quoted == f"WARNING: {verdicts['ioi'].text}"
+    gap = verdicts["induction-text"]
+    quoted = f"`clean - corrupted logit_diff {effect_text(*gap.gap)}` over {gap.n_prompts} prompts"
+    assert quoted in " ".join(page.split())

@@ -245,9 +245,10 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     rises measured there, so the groups' effects printed from ``prompts`` are measured on prompts that
     did not choose them (architecture §4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
 
-    Returns (pairs: see ``pairwise_ablation``, on ``prompts``, with the rises and ``compensates``
-    (``with_rises``, on ``prompts``, for the pairs superadditive on the choosing prompts), ``backs``
-    (the pair joins a group, as decided on the choosing prompts) and, with ``choose``,
+    Returns a tuple of two tidy frames (pairs: see ``pairwise_ablation``, on ``prompts``, with the
+    rises and ``compensates`` (``with_rises``, on ``prompts``, for the pairs superadditive on the
+    choosing prompts), ``backs`` (the pair joins a group, as decided on the choosing prompts) and,
+    with ``choose``,
     ``chosen_excess, chosen_excess_ci_low, chosen_excess_ci_high`` and ``chosen_compensates`` (there);
     groups: one row per group ``group`` (0..), ``heads`` (labels joined by ';'), ``n_heads``,
     ``sum_single`` (the sum of its heads' single effects), ``joint`` (all of them ablated together),
@@ -515,7 +516,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     ``screen`` in size, and is that estimate for the others (column ``total_exact`` says which).
 
     heads: default every head; mlps: also each MLP's (its ``hook_mlp_out`` ablated at every position
-    by the same method; the run must then read every ``hook_mlp_out`` too). Returns one row per
+    by the same method; the run must then read every ``hook_mlp_out`` too). Returns a tidy frame, one row per
     component, the heads first: ``component`` (``L{l}H{h}``, ``L{l} MLP``), ``kind`` ("head" |
     "mlp"), ``layer``, ``head`` (Int64, <NA> for an MLP), ``total, direct, self_repair`` (direct -
     total), ``baseline``, ``total_exact``, and each effect's 95% interval over prompts
