@@ -257,7 +257,22 @@ def interventions_quotes_what_describe_says(page: list[Block], namespace: dict, 
     assert quoted == repr(namespace["found"].describe())
 
 
-COMMAND_CHECKS: dict = {}  # page -> check(workdir) of the files its commands wrote
+def report_guide_quotes_the_summary_its_commands_write(workdir: Path) -> None:
+    """The summary report.md quotes is, line by line in order, the summary of the report its commands
+    wrote to r/s (``...`` stands for what the quote leaves out; blank lines aside; the closing line naming the
+    page is tests/test_report_summary.py's)."""
+    quoted = next(b for b in page_blocks("docs/guides/report.md") if b.body.startswith("Found\n")).body
+    markdown = (workdir / "r" / "s" / "report.md").read_text(encoding="utf-8")
+    summary = markdown.split("## Summary\n", 1)[1].split("\n## ", 1)[0].replace("**", "").splitlines()
+    lines = iter(summary)
+    for line in quoted.splitlines():
+        if not line or line.startswith("The report: "):
+            continue
+        pattern = re.compile(".*?".join(re.escape(part) for part in line.split("...")))
+        assert any(pattern.fullmatch(written) for written in lines), (line, summary)
+
+
+COMMAND_CHECKS = {"docs/guides/report.md": report_guide_quotes_the_summary_its_commands_write}  # page -> check(workdir)
 OUTPUT_CHECKS = {"README.md": readme_prints_the_effect_it_quotes,
                  "docs/guides/interventions.md": interventions_quotes_what_describe_says}
 
