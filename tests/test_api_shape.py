@@ -106,3 +106,20 @@ def test_each_entry_point_says_in_its_docstring_what_the_api_page_says_it_return
                     silent.append(name)
 
     assert silent == []
+
+
+def test_the_examples_import_the_entry_points_from_analyses():
+    """README.md's and the guides' examples take what ``analyses`` exports from ``analyses`` itself
+    (``from analyses import probes_for``), not from the module that defines it, so a reader meets
+    one place to import from."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    deep = []
+    for page in [root / "README.md", *sorted((root / "docs" / "guides").glob("*.md"))]:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            found = re.fullmatch(r"\s*from (analyses\.[\w.]+) import ([\w, ]+)", line)
+            if found and all(hasattr(analyses, name.strip()) for name in found[2].split(",")):
+                deep.append(f"{page.name}: {line.strip()}")
+    assert deep == []
