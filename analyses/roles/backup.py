@@ -59,6 +59,7 @@ from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORM
                                       probe_tokens, require)
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
 from analyses.core.checks import check_heads
+from analyses.core.heads import head_label
 from analyses.interventions.engine import (Edit, activation_gradients, collect_variants, gradient_parts, partial_logits,
                                            rows_of, runs_suffix_only, score_chunks, score_variants)
 from analyses.core.metrics import Metric, PromptScores
@@ -70,10 +71,6 @@ from analyses.roles.readout import FinalReadout
 from interp.errors import UserError
 
 DEFAULT_MIN_EXCESS = 0.05  # nats: a pair whose joint effect exceeds the sum of its single effects by this much backs itself up
-
-
-def head_label(head: tuple[int, int]) -> str:
-    return f"L{head[0]}H{head[1]}"
 
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
