@@ -386,8 +386,8 @@ def test_off_a_terminal_progress_is_plain_lines_by_default_and_none_when_off(scr
     "call, message",
     [
         (lambda m, t: ablate_heads(m, t, [(0, 0)], "shuffle"), "unknown ablation method 'shuffle'; allowed: zero, mean, mean_aligned, resample"),
-        (lambda m, t: ablate_heads(m, t, [(2, 0)]), r"head \(2, 0\) out of range: layer must be in \[0, 2\), head in \[0, 4\)"),
-        (lambda m, t: ablate_heads(m, t, [(0, 4)]), r"head \(0, 4\) out of range"),
+        (lambda m, t: ablate_heads(m, t, [(2, 0)]), r"head L2H0 out of range: layer must be in \[0, 2\), head in \[0, 4\)"),
+        (lambda m, t: ablate_heads(m, t, [(0, 4)]), r"head L0H4 out of range"),
         (lambda m, t: ablation_sweep(m, t, "each_neuron"), "unknown targets 'each_neuron'"),
         (lambda m, t: ablate_heads(m, t, [(0, 0)], "mean", reference=t[:, :5]), "reference prompts are 5 tokens long"),
     ],

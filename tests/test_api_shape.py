@@ -74,3 +74,52 @@ def test_the_api_page_says_what_every_listed_entry_point_returns():
     listed = set(re.findall(r"``(\w+)``", analyses.__doc__.split("- Prompts:", 1)[1]))
     missing = sorted(name for name in listed if f"`{name}`" not in table)
     assert missing == []
+
+
+def returned_name(function) -> str:
+    """The name of what ``function``'s annotation says it returns ("RepeatedProbes", "Figure")."""
+    import typing
+
+    annotation = typing.get_type_hints(function).get("return", object)
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def test_each_entry_point_says_in_its_docstring_what_the_api_page_says_it_returns():
+    """The API page's table puts each entry point in a column (tidy frame, tensor, value or object);
+    its docstring says the same: "frame", "tensor", or the name of what it returns (or "value")."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "analyses.md").read_text(encoding="utf-8")
+    table = page.split("## What each entry point returns", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2:5] for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    silent = []
+    for frames, tensors, values in rows:
+        for cell, kind in ((frames, "frame"), (tensors, "tensor"), (values, "value")):
+            for name in re.findall(r"`(\w+)`", cell):
+                function = getattr(analyses, name, None)
+                if not inspect.isfunction(function):
+                    continue  # a class the cell names as what is returned
+                doc = inspect.getdoc(function)
+                if kind not in doc.lower() and (kind != "value" or returned_name(function) not in doc):
+                    silent.append(name)
+
+    assert silent == []
+
+
+def test_the_examples_import_the_entry_points_from_analyses():
+    """README.md's and the guides' examples take what ``analyses`` exports from ``analyses`` itself
+    (``from analyses import probes_for``), not from the module that defines it, so a reader meets
+    one place to import from."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    deep = []
+    for page in [root / "README.md", *sorted((root / "docs" / "guides").glob("*.md"))]:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            found = re.fullmatch(r"\s*from (analyses\.[\w.]+) import ([\w, ]+)", line)
+            if found and all(hasattr(analyses, name.strip()) for name in found[2].split(",")):
+                deep.append(f"{page.name}: {line.strip()}")
+    assert deep == []

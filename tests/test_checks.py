@@ -30,8 +30,9 @@ def test_a_choice_outside_the_allowed_names_them_in_one_line():
 
 def test_heads_and_layers_are_checked_against_the_models_shape(model):
     assert check_heads(model, ["L1H7", (0, 0)]) == [(1, 7), (0, 0)]
-    with pytest.raises(UserError, match=re.escape("head (2, 0) out of range: layer must be in [0, 2), head in [0, 8)")):
-        check_heads(model, [(2, 0)])
+    for written in ((2, 0), "L2H0", "2.0"):  # printed in the one form, whatever form it was given in
+        with pytest.raises(UserError, match=re.escape("head L2H0 out of range: layer must be in [0, 2), head in [0, 8)")):
+            check_heads(model, [written])
     check_layer(model, 1)
     for layer in (-1, 2):
         with pytest.raises(UserError, match=re.escape(f"layer={layer} must be in [0, 2)")):

@@ -87,7 +87,7 @@ def test_chosen_heads_are_the_full_frames_rows(bridge_gpt2):
     expected = full[pairs(full, "sender").isin(senders) & pairs(full, "receiver").isin(receivers)]
     assert len(chosen) == 2 * 2 * 2  # (0, 2) is no later than any sender
     pd.testing.assert_frame_equal(chosen, expected.reset_index(drop=True))
-    with pytest.raises(UserError, match=r"head \(2, 0\) out of range"):
+    with pytest.raises(UserError, match=r"head L2H0 out of range"):
         composition_scores(bridge_gpt2, "k", senders=[(2, 0)])
 
 

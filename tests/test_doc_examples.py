@@ -257,7 +257,22 @@ def interventions_quotes_what_describe_says(page: list[Block], namespace: dict, 
     assert quoted == repr(namespace["found"].describe())
 
 
-COMMAND_CHECKS: dict = {}  # page -> check(workdir) of the files its commands wrote
+def report_guide_quotes_the_summary_its_commands_write(workdir: Path) -> None:
+    """The summary report.md quotes is, line by line in order, the summary of the report its commands
+    wrote to r/s (``...`` stands for what the quote leaves out; blank lines aside; the closing line naming the
+    page is tests/test_report_summary.py's)."""
+    quoted = next(b for b in page_blocks("docs/guides/report.md") if b.body.startswith("Found\n")).body
+    markdown = (workdir / "r" / "s" / "report.md").read_text(encoding="utf-8")
+    summary = markdown.split("## Summary\n", 1)[1].split("\n## ", 1)[0].replace("**", "").splitlines()
+    lines = iter(summary)
+    for line in quoted.splitlines():
+        if not line or line.startswith("The report: "):
+            continue
+        pattern = re.compile(".*?".join(re.escape(part) for part in line.split("...")))
+        assert any(pattern.fullmatch(written) for written in lines), (line, summary)
+
+
+COMMAND_CHECKS = {"docs/guides/report.md": report_guide_quotes_the_summary_its_commands_write}  # page -> check(workdir)
 OUTPUT_CHECKS = {"README.md": readme_prints_the_effect_it_quotes,
                  "docs/guides/interventions.md": interventions_quotes_what_describe_says}
 
@@ -286,3 +301,26 @@ def test_the_runner_catches_a_wrong_example(workdir):
         run_python(found)
     with pytest.raises(AssertionError, match="without a reason"):
         blocks("<!-- not run:  -->\n```python\nx = 1\n```\n")
+
+
+def test_the_tasks_guide_quotes_what_interp_task_says_of_the_toy():
+    """tasks.md quotes ``interp task ioi --model toy``'s WARNING line and the induction-text gap: the
+    verdict ``interp task`` prints, computed as it does (the default prompts and seed, measured on the
+    measurement split)."""
+    from analyses.core.stats import effect_text
+    from analyses.tasks.task import make_task, task_batch, task_measure_intervals, task_performance, task_split
+    from interp import load_model
+
+    page = (ROOT / "docs" / "guides" / "tasks.md").read_text(encoding="utf-8")
+    model = load_model("toy")
+    verdicts = {}
+    for name in ("ioi", "induction-text"):
+        task = make_task(model, name, None, 0)
+        measured = task.subset(task_split(task, 0).measurement.tolist())
+        verdicts[name] = task_performance(task_measure_intervals(model, measured, task_batch(model, measured)),
+                                          measured.metric)
+    quoted = next(b for b in page_blocks("docs/guides/tasks.md") if b.body.startswith("WARNING:")).body.strip()
+    assert quoted == f"WARNING: {verdicts['ioi'].text}"
+    gap = verdicts["induction-text"]
+    quoted = f"`clean - corrupted logit_diff {effect_text(*gap.gap)}` over {gap.n_prompts} prompts"
+    assert quoted in " ".join(page.split())

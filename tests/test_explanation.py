@@ -128,7 +128,7 @@ def test_explain_reads_the_heads_attention_and_rollout_of_each_prompt(model, tok
     assert explanation_figure(found, prompt=1).axes
     with pytest.raises(UserError, match="prompt 5"):
         explanation_figure(found, prompt=5)
-    with pytest.raises(UserError, match=r"head \(1, 4\) out of range"):
+    with pytest.raises(UserError, match=r"head L1H4 out of range"):
         explain(model, tokens, score, [(1, 4)], LAST)
 
 

@@ -180,7 +180,7 @@ def test_study_run_command(tmp_path, gpt2_dir, model):
     [
         (["patch", "--clean", "The cat sat", "--corrupted", "A dog"], "texts tokenise to different lengths|corrupted prompts are"),
         (["patch", "--clean", "The cat sat"], "pass both --clean and --corrupted"),
-        (["ablate", "--heads", "1.9"], r"head \(1, 9\) out of range"),
+        (["ablate", "--heads", "1.9"], r"head L1H9 out of range"),
         (["ablate", "--heads", "one"], "--heads 'one'"),
         (["ablate", "--text", "ab", "--text", "abc", "--method", "resample"], "resample ablation needs prompts of equal"),
     ],

@@ -73,3 +73,21 @@ def test_every_command_words_an_interval_alike(toy, tmp_path, capsys):
     assert main(["trace", "--facts", str(facts), "--samples", "1", "--out", str(tmp_path / "t"), "--quiet"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if "total effect" in line)
     assert re.search(r"total effect \(clean - noised p\(answer\)\) [+-]\d\.\d{4} \[[+-]\d\.\d{4}, [+-]\d\.\d{4}\]$", line)
+
+
+def test_the_qk_sections_table_words_its_intervals_as_every_table_does():
+    """The report's "Why the role heads attend" table: an effect with its interval as
+    ``effect_text`` words it, and one measured without an interval (a screened edge's estimate) says
+    ``[no interval]``, not ``[+nan, +nan]``."""
+    import pandas as pd
+
+    from analyses.report.qk_section import edge_table
+
+    nan = float("nan")
+    edges = pd.DataFrame({"sender_layer": [0, 0], "sender_head": [3, 2], "receiver_layer": [1, 1],
+                          "receiver_head": [5, 4], "via": ["k", "k"], "qk_share": [0.6, 0.3],
+                          "qk_ci_low": [0.5, 0.2], "qk_ci_high": [0.7, 0.4], "composition_minus_baseline": [0.2, nan],
+                          "effect": [2.1, 0.5], "ci_low": [1.8, nan], "ci_high": [2.4, nan]})
+    table = edge_table(edges)
+    assert table["path patching effect (nats)"].tolist() == ["+2.100 [+1.800, +2.400]", "+0.500 [no interval]"]
+    assert table["QK share"].tolist() == ["+0.60 [+0.50, +0.70]", "+0.30 [+0.20, +0.40]"]

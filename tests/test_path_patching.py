@@ -227,9 +227,9 @@ def test_bad_input(gpt2_pair):
     clean, corrupted, metric = induction_pair(scratch)
     with pytest.raises(UserError, match="unknown via 'z'"):
         path_patch(scratch, clean, corrupted, metric, via="z")
-    with pytest.raises(UserError, match=r"head \(0, 9\) out of range"):
+    with pytest.raises(UserError, match=r"head L0H9 out of range"):
         path_patch(scratch, clean, corrupted, metric, senders=[(0, 9)])
-    with pytest.raises(UserError, match=r"head \(5, 0\) out of range"):
+    with pytest.raises(UserError, match=r"head L5H0 out of range"):
         path_patch(scratch, clean, corrupted, metric, receivers=[(5, 0)])
     with pytest.raises(UserError, match="direction"):
         path_patch(scratch, clean, corrupted, metric, senders=[(0, 0)], direction="sideways")

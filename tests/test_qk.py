@@ -303,3 +303,24 @@ def test_the_qk_command_reads_pairs_from_a_file_and_refuses_unequal_ones(tmp_pat
                  "--quiet"]) == 2
     error = capsys.readouterr().err.strip()
     assert "as many pairs" in error and "\n" not in error and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("txt,q,k\nabc,1,0\n", "the header lacks text, query_pos, key_pos; it needs text, query_pos, key_pos, and has "
+                           "'txt', 'q', 'k'"),
+    ("", "the header lacks text, query_pos, key_pos; it needs text, query_pos, key_pos, and has no header "
+         "(the file is empty)"),
+    ("text,query_pos,key_pos\n", "no rows; it needs rows of text, query_pos, key_pos"),
+])
+def test_a_pairs_file_with_a_wrong_header_says_what_it_needs_and_what_it_found(tmp_path, capsys, text, message):
+    """As a task or facts file's header is refused: what it lacks, what it needs, what it has; an
+    empty file is one line, not pandas' EmptyDataError."""
+    from analyses.cli import main
+
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text(text)
+    assert main(["qk", "--model", "toy", "--head", "1.0", "--pairs", str(pairs), "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith(f"pairs file {str(pairs)!r}: {message}"), error
+    assert "\n" not in error

@@ -183,7 +183,7 @@ def test_malformed_spec_names_the_key(tmp_path, body, message):
 
 def test_a_failed_run_leaves_nothing_in_the_way_of_the_corrected_one(tmp_path, gpt2_dir):
     out = tmp_path / "out"
-    with pytest.raises(UserError, match=r"\[ablation\].targets: head \(5, 0\) out of range") as error:
+    with pytest.raises(UserError, match=r"\[ablation\].targets: head L5H0 out of range") as error:
         run_study(write_spec(tmp_path, gpt2_dir, "[[5, 0]]"), out, progress=False)
     assert "\n" not in str(error.value)
     assert not (out / "spec.json").exists() and not (out / "results.csv").exists()

@@ -126,7 +126,7 @@ def test_a_killed_driver_resumes_and_a_killed_worker_costs_a_retry(tmp_path, clu
 
 def test_a_user_error_on_a_worker_reaches_the_caller_as_one_line(tmp_path, cluster):
     spec = write_spec(tmp_path / "spec.toml", targets="[[5, 0]]")  # the toy model has 2 layers
-    with pytest.raises(UserError, match=r"\[ablation\].targets: head \(5, 0\) out of range") as error:
+    with pytest.raises(UserError, match=r"\[ablation\].targets: head L5H0 out of range") as error:
         run_study(spec, tmp_path / "out", progress=False, executor="ray", workers=1)
     assert type(error.value) is UserError and "\n" not in str(error.value)
     assert not (tmp_path / "out" / "results.csv").exists()

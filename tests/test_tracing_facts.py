@@ -209,3 +209,17 @@ def test_a_trace_needs_facts_or_a_prompt_and_a_subject_the_model_can_trace(tmp_p
     with pytest.raises(UserError, match=r"^fact 2 \('Rome is Rome'\): the subject must end before"):
         trace_facts(toy, [Fact("Oslo is in", "Oslo", " x"), Fact("Rome is Rome", "is Rome", "x")], samples=1,
                     progress=False)
+
+
+def test_the_verdict_words_its_intervals_as_every_command_does():
+    """The verdict's numbers read as every other effect with its interval (signed, the interval in
+    brackets): ``+0.2570 [+0.2240, +0.2900]``."""
+    from types import SimpleNamespace
+
+    rows = [("last subject token", 5, 0.257, 0.224, 0.290), ("last subject token", 6, 0.08, 0.06, 0.10),
+            ("first subject token", 5, 0.015, -0.005, 0.027)]
+    aie = pd.DataFrame([dict(kind="mlp", window=10, position=position, layer=layer, aie=value, ci_low=low,
+                             ci_high=high, n_prompts=104) for position, layer, value, low, high in rows])
+    verdict = trace_verdict(SimpleNamespace(aie=aie, window=10, n_layers=30))
+    assert "with AIE +0.2570 [+0.2240, +0.2900]; at that layer first subject token +0.0150 [-0.0050, +0.0270]: " \
+           "separated" in verdict.text

@@ -201,7 +201,7 @@ def composition_scores(model, kind: str | Sequence[str] = "k", *, senders=None, 
         baseline_samples, seed: the Gaussian baseline's draws (``random_baseline``).
         progress: see ``analyses.core.progress``.
 
-    Returns one row per (sender, receiver, kind) with sender_layer < receiver_layer, columns
+    Returns a tidy frame, one row per (sender, receiver, kind) with sender_layer < receiver_layer, columns
     ``sender_layer, sender_head, receiver_layer, receiver_head, kind, score, baseline,
     score_minus_baseline``, sorted by kind (in the order given), sender, receiver.
     """

@@ -175,7 +175,7 @@ class Graph:
 
 
 def full_graph(model) -> Graph:
-    """The full graph of ``model`` (see the module docstring), refused in one line where the
+    """The full graph of ``model`` (see the module docstring), a ``Graph`` value, refused in one line where the
     evaluation cannot be carried out on it: not a ``GPTModel``, parallel attention and MLP blocks,
     or edits the hook self-test finds do not work (``path_needs``: z, q, k and v edits, each head's
     write its z @ W_O)."""

@@ -386,7 +386,8 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
                 s_inhibition: Sequence[Head] | None = None, n_boot: int = N_BOOT, seed: int = 0,
                 memory_mb: float = DEFAULT_MEMORY_MB) -> IOIClasses:
     """Every head's IOI criteria and classes on ``task`` (an IOI task: one answer, the indirect
-    object, and one distractor, the subject, per prompt; see the module docstring).
+    object, and one distractor, the subject, per prompt; see the module docstring), an ``IOIClasses``
+    value.
 
     ``movers``: the heads whose attention S-inhibition moves and whose ablation backup heads answer
     (default: the name movers that formed, else the ``N_WRITERS`` heads of largest DLA that holds);

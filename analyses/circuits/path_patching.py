@@ -255,7 +255,7 @@ def path_patch(
     source_run: Run | None = None,
     **keywords,
 ) -> pd.DataFrame:
-    """Path patching of every edge (see the module docstring) -> one row per edge, sorted by
+    """Path patching of every edge (see the module docstring) -> a tidy frame, one row per edge, sorted by
     sender, receiver, via: ``sender_layer, sender_head, receiver_layer, receiver_head, via`` (a
     "logits" edge: ``receiver_layer = n_layers``, ``receiver_head = -1``), then
 
@@ -304,7 +304,7 @@ def path_patch(
 
 def edge_attribution(model, clean, corrupted, metric: Metric, *, steps: int | None = None,
                      **keywords) -> pd.DataFrame:
-    """EAP: ``path_patch(..., method="eap")``, the ``attribution`` of every edge (the predicted
+    """EAP: ``path_patch(..., method="eap")``, a tidy frame of the ``attribution`` of every edge (the predicted
     ``effect`` of exact path patching with the same arguments); with ``steps``, EAP-IG
     (``method="eap_ig"``)."""
     method = "eap" if steps is None else "eap_ig"
@@ -312,7 +312,7 @@ def edge_attribution(model, clean, corrupted, metric: Metric, *, steps: int | No
 
 
 def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **keywords) -> pd.DataFrame:
-    """EAP-IG: ``path_patch(..., method="eap_ig", steps=steps)`` (default 5 points on the path)."""
+    """EAP-IG: ``path_patch(..., method="eap_ig", steps=steps)``, a tidy frame (default 5 points on the path)."""
     return path_patch(model, clean, corrupted, metric, method="eap_ig", steps=steps, **keywords)
 
 

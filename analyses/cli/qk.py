@@ -24,6 +24,7 @@ from analyses.core.probes import probes_for
 from analyses.core.tokens import read_text
 from analyses.core.heads import as_head
 from analyses.report.meta import model_meta
+from analyses.tasks.task import check_header
 from interp.errors import UserError
 from interp.files import write_atomic
 
@@ -44,11 +45,13 @@ def file_pairs(model, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     counted where the model's texts begin with one) -> (tokens, query_pos, key_pos), the texts in
     file order; every text must have as many pairs and as many tokens as the others."""
     read_text(path, "pairs file")  # a missing or non-UTF-8 file: one line
-    frame = pd.read_csv(path)
-    missing = [column for column in PAIR_COLUMNS if column not in frame.columns]
-    if missing or frame.empty:
-        raise UserError(f"pairs file {path!r} needs rows with the columns {', '.join(PAIR_COLUMNS)}; "
-                        f"{'it lacks ' + ', '.join(missing) if missing else 'it has no rows'}")
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:  # not even a header
+        frame = pd.DataFrame()
+    check_header(f"pairs file {path!r}", list(frame.columns) or None, PAIR_COLUMNS)
+    if frame.empty:
+        raise UserError(f"pairs file {path!r}: no rows; it needs rows of {', '.join(PAIR_COLUMNS)}")
     groups = list(frame.groupby("text", sort=False))
     counts = {len(group) for _, group in groups}
     if len(counts) != 1:

@@ -227,10 +227,10 @@ def _components_frame(labels: list[dict]) -> pd.DataFrame:
 @torch.no_grad()
 def decompose_residual(model, source, *, positions: Sequence[int] | None = None,
                        layer: int | None = None) -> Decomposition:
-    """The final residual stream as the sum of its parts (module docstring), at ``positions`` (None:
-    all); with ``layer``, the residual entering block ``layer`` (``blocks.{layer}.hook_resid_pre``), the
-    parts the blocks before it write. ``source``: a cache (``component_hooks(model, layer=layer)``) or
-    token ids (batch, pos)."""
+    """The final residual stream as the sum of its parts, a ``Decomposition`` value (module
+    docstring), at ``positions`` (None: all); with ``layer``, the residual entering block ``layer``
+    (``blocks.{layer}.hook_resid_pre``), the parts the blocks before it write. ``source``: a cache
+    (``component_hooks(model, layer=layer)``) or token ids (batch, pos)."""
     cache = _cache(model, source, layer=layer)
     index = _positions(cache, model, positions)
     labels, stacks = [], []
@@ -369,7 +369,7 @@ def direct_logit_attribution(model, source, answers, distractors=None, *,
 
     ``source``: a cache or token ids (batch, pos). ``answers``/``distractors``: token ids (batch, n)
     read at ``positions`` (n of them; None: every position, n = pos) or (batch,) read at one position
-    (``positions``, default the last). Returns one row per component, prompt and position:
+    (``positions``, default the last). Returns a tidy frame, one row per component, prompt and position:
     ``component, kind, layer, head, prompt, position, dla, logits``; per prompt and position the rows
     add up to the logit (difference), the ``unembed bias`` row included: before the final soft cap
     where the model has one (``logits``: ``logits_read``).
@@ -548,8 +548,8 @@ def accumulated_residual(model, source, *, positions: Sequence[int] | None = Non
 def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None, where: torch.Tensor | None = None,
                memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
     """The logit lens: each stage of ``accumulated_residual`` through the final norm (recomputed on
-    it) and the unembedding, read at ``answers`` (as in ``direct_logit_attribution``). One row per
-    stage, prompt and position: ``stage, layer, prompt, position, answer, logit, log_prob, rank``
+    it) and the unembedding, read at ``answers`` (as in ``direct_logit_attribution``). A tidy frame,
+    one row per stage, prompt and position: ``stage, layer, prompt, position, answer, logit, log_prob, rank``
     (rank 0: the answer is the top token). ``where``: (batch, n) bool over the positions read, the
     (prompt, position) entries to read (None: all); only those are unembedded, which is most of the
     work (a vocabulary-sized product per row). Full logits are made for ``memory_mb`` worth of rows

@@ -173,7 +173,8 @@ def qk_positional_scores(model) -> pd.DataFrame:
 
 def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
               progress: bool | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
-    """One row per head: ``layer, head, copying, copy_suppression, copying_topk, suppression_topk``."""
+    """A tidy frame, one row per head: ``layer, head, copying, copy_suppression, copying_topk,
+    suppression_topk``."""
     with torch.no_grad():
         copying = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb)).float()
         top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, progress=progress, memory_mb=memory_mb)

@@ -81,7 +81,7 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
                    exact: int | str = DEFAULT_EXACT, memory_mb: float = DEFAULT_MEMORY_MB,
                    progress: bool | None = None) -> pd.DataFrame:
     """Which neurons of ``layer``'s MLP matter for ``metric`` on ``tokens`` (texts of equal token
-    length or ids (batch, pos)) -> one row per neuron, the strongest attribution first:
+    length or ids (batch, pos)) -> a tidy frame, one row per neuron, the strongest attribution first:
     ``layer, neuron, activation`` (its mean over prompts and positions), ``attribution`` (the
     first-order change of the metric when it is ablated, ``neuron_attribution``), ``effect`` (the
     exact change: the metric with that neuron alone ablated at every position, minus ``baseline``;

@@ -188,8 +188,8 @@ def linear_probe(model, tokens: torch.Tensor, labels: torch.Tensor, hooks: Seque
     (-1: not probed) on ``tokens`` (batch, pos), with the control task.
 
     ``per_head``: the hooks are (batch, pos, head, d) (e.g. ``hook_z``) and each head gets its own
-    probe. ``cache``: a clean cache holding the hooks (None: one forward caching only them). Returns
-    one row per hook (and head): ``hook, head, accuracy_train, accuracy, control_accuracy,
+    probe. ``cache``: a clean cache holding the hooks (None: one forward caching only them). Returns a
+    tidy frame, one row per hook (and head): ``hook, head, accuracy_train, accuracy, control_accuracy,
     selectivity, majority`` (the held-out share of the commonest training label), ``n_train, n_test``.
     """
     if labels.shape != tokens.shape:

@@ -187,8 +187,8 @@ def chunk_prompts(model, layer: int, n_pos: int, n_pairs: int, memory_mb: float)
 def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos, key_pos,
                    baseline: str | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
                    cache: Mapping[str, torch.Tensor] | None = None) -> QKAttribution:
-    """Head ``head`` of block ``layer``: its pre-softmax score at each (query, key) pair split over the
-    components of its input residual (module docstring).
+    """Head ``head`` of block ``layer``, a ``QKAttribution`` value: its pre-softmax score at each
+    (query, key) pair split over the components of its input residual (module docstring).
 
     tokens: (prompts, positions) token ids; query_pos, key_pos: (prompts, pairs) the pairs, each key
     one the model lets its query see. ``baseline``: None (the score) or ``"mean_other_keys"`` (the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from analyses.core.heads import as_heads
+from analyses.core.heads import as_heads, head_label
 from interp.errors import UserError
 
 
@@ -24,7 +24,7 @@ def check_heads(model, heads) -> list[tuple[int, int]]:
     for layer, head in as_heads(heads):
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise UserError(
-                f"head ({layer}, {head}) out of range: layer must be in [0, {n_layers}), head in [0, {n_heads})"
+                f"head {head_label((layer, head))} out of range: layer must be in [0, {n_layers}), head in [0, {n_heads})"
             )
         checked.append((layer, head))
     return checked

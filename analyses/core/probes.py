@@ -156,9 +156,9 @@ def repeated_probes(
 
 
 def probes_for(model, n_prompts: int, seq_len: int | None = None, seed: int = 0, **ranges) -> RepeatedProbes:
-    """``repeated_probes`` sized for a hooked model: its ordinary tokens and its start token (none
-    where its input format has none), on its device. ``seq_len`` defaults to min(n_ctx, 128); an
-    ``n_prompts`` that is not a whole number is refused in one line."""
+    """A ``RepeatedProbes`` value (``repeated_probes``) sized for a hooked model: its ordinary
+    tokens and its start token (none where its input format has none), on its device. ``seq_len``
+    defaults to min(n_ctx, 128); an ``n_prompts`` that is not a whole number is refused in one line."""
     check_whole(n_prompts, "n_prompts")
     seq_len = seq_len or min(model.cfg.n_ctx, 128)
     if seq_len > model.cfg.n_ctx:
@@ -195,7 +195,7 @@ def check_prompt_count(n_prompts: int, what: str, why: str | None = None) -> Non
 def corrupt_first_copy(probes: RepeatedProbes, seed: int = 0) -> torch.Tensor:
     """The induction patching pair's corrupted side: the same prompts with the first copy of the
     segment replaced by other tokens of the probes' vocabulary (none already in the prompt), so the
-    second copy is no longer predictable. Returns tokens (batch, pos) of the same length as
+    second copy is no longer predictable. Returns a tensor of tokens (batch, pos), as long as
     ``probes.tokens``."""
     generator = torch.Generator().manual_seed(seed)
     corrupted = probes.tokens.clone().cpu()

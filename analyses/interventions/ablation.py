@@ -462,8 +462,8 @@ def sweep_targets(model, targets, n_pos: int | None = None) -> list[tuple[str, l
 def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", metric: Metric | None = None, *,
                    reference=None, preserve_patterns: bool = False, seed: int = 0,
                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
-    """Ablate each target (see ``sweep_targets``: heads, layers, MLPs, groups) separately -> one
-    row per target: ``target`` (name), ``layer`` (where every component is of one layer), ``head``
+    """Ablate each target (see ``sweep_targets``: heads, layers, MLPs, groups) separately -> a tidy
+    frame, one row per target: ``target`` (name), ``layer`` (where every component is of one layer), ``head``
     (for a single head), ``position`` (for a single MLP at one position), ``n_heads`` and
     ``n_mlps`` (how many of each it ablates), ``metric`` (ablated), ``baseline`` (unablated),
     ``effect`` (metric - baseline) and its interval over prompts (``effect_columns``: ``ci_low``,
@@ -508,7 +508,7 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
 def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                     preserve_patterns: bool = False, seed: int = 0,
                     memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
-    """Michel et al. (2019) head importance -> [n_layers, n_heads] (see ``Ablation.importance``); with
+    """Michel et al. (2019) head importance -> a tensor [n_layers, n_heads] (see ``Ablation.importance``); with
     ``preserve_patterns`` that of the pattern-preserving ablation, the order ``pruning_curve`` then
     prunes by. ``memory_mb``: the budget of the unablated run and of the forward and backward."""
     return prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
@@ -525,7 +525,7 @@ def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = N
                   reference=None, preserve_patterns: bool = False, seed: int = 0,
                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
     """Cumulative ablation: step i ablates the first i heads of ``order`` (default: increasing
-    ``head_importance``, the least important pruned first) -> rows ``step`` (0 = nothing
+    ``head_importance``, the least important pruned first) -> a tidy frame, rows ``step`` (0 = nothing
     ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
     ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect`` and its interval
     (``effect_columns``)."""

@@ -26,7 +26,8 @@ from interp.errors import UserError
 
 
 def attribution_patch_heads(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
-    """The estimated ``patch_heads``: ``patch_components(..., "heads", method="attribution")``."""
+    """The estimated ``patch_heads``, a tensor [n_layers, n_heads]: ``patch_components(..., "heads",
+    method="attribution")``."""
     return patch_components(model, clean_tokens, corrupted_tokens, metric, "heads", method="attribution", **keywords)
 
 

@@ -279,24 +279,24 @@ def linearised_patches(model, clean_tokens, corrupted_tokens, metric: Metric, ki
 
 
 def patch_heads(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
-    """``patch_components(..., "heads")``: [n_layers, n_heads], or with ``by_position=True``
+    """``patch_components(..., "heads")``: a tensor [n_layers, n_heads], or with ``by_position=True``
     [n_layers, pos, n_heads]."""
     return patch_components(model, clean_tokens, corrupted_tokens, metric, "heads", **keywords)
 
 
 def patch_mlps(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
-    """``patch_components(..., "mlps")``: [n_layers], or with ``by_position=True`` [n_layers, pos]."""
+    """``patch_components(..., "mlps")``: a tensor [n_layers], or with ``by_position=True`` [n_layers, pos]."""
     return patch_components(model, clean_tokens, corrupted_tokens, metric, "mlps", **keywords)
 
 
 def patch_residual(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
     """``patch_components(..., "residual", by_position=True)``: the residual stream entering each
-    block, at each position -> [n_layers, pos] (TransformerLens's ``get_act_patch_resid_pre``)."""
+    block, at each position -> a tensor [n_layers, pos] (TransformerLens's ``get_act_patch_resid_pre``)."""
     return patch_components(model, clean_tokens, corrupted_tokens, metric, "residual", by_position=True, **keywords)
 
 
 def patch_patterns(model, clean_tokens, corrupted_tokens, metric: Metric, **keywords) -> torch.Tensor:
-    """``patch_components(..., "patterns")``: each head's whole attention pattern -> [n_layers, n_heads]
+    """``patch_components(..., "patterns")``: each head's whole attention pattern -> a tensor [n_layers, n_heads]
     (TransformerLens's ``get_act_patch_attn_head_pattern_all_pos``)."""
     return patch_components(model, clean_tokens, corrupted_tokens, metric, "patterns", **keywords)
 

@@ -33,7 +33,7 @@ def check_text(text: str) -> str:
 
 
 def attention_map(model, text: str, layer: int = 0) -> Figure:
-    """The figure of every head of ``layer`` attending over ``text``: its first tokens only where
+    """The ``Figure`` of every head of ``layer`` attending over ``text``: its first tokens only where
     the text is longer than a readable map that fits the image size limit (the title says so)."""
     check_layer(model, layer)
     tokens = encode(model, check_text(text)).tokens[0]

@@ -149,7 +149,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
                  resume: bool = False) -> HeadReport:
     """Classify every head (on probes, or on ``texts``), calibrate the scores and run the causal
     checks on the probes, find the edges among the role heads, store every head's pattern on a
-    probe and on a text, draw the figures. The probes are drawn once and serve all of it.
+    probe and on a text, draw the figures -> a ``HeadReport`` value. The probes are drawn once and serve all of it.
 
     The report is the sections of ``REPORT_SECTIONS`` (``sections``: the names of those to run, None
     every one; roles always, and every section a chosen one needs), each a step run in order after
@@ -1308,6 +1308,7 @@ def provenance(meta: dict) -> str:
 
 
 def write_report(report: HeadReport, out: str | Path) -> Path:
-    """Write the report directory (each file atomically); the page opens on the summary, so no subtitle."""
+    """Write the report directory (each file atomically) and return its ``Path``; the page opens on the
+    summary, so no subtitle."""
     return write_report_files(out, f"Head roles: {report.meta['model']}", "", report.sections, report.meta,
                               {"head_roles.csv": report.table})

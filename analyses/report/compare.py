@@ -108,7 +108,8 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
                    seq_len: int | None = None, seed: int = 0,
                    thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD,
                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Comparison:
-    """Classify both models on the same probes (drawn once, from A's vocabulary) and compare them.
+    """Classify both models on the same probes (drawn once, from A's vocabulary) and compare them: a
+    ``Comparison`` value.
 
     The table has, per head (``layer, head``): for each measure m ``m_a``, ``m_b``, ``m_delta``
     (B - A) with ``m_delta_ci_low``/``m_delta_ci_high``; ``role_a``, ``role_b``, ``gained``,

@@ -31,6 +31,7 @@ from analyses.interventions.engine import cache_run
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.plots import png_bytes
 from analyses.core.probes import RepeatedProbes
+from analyses.core.stats import effect_text
 from analyses.report.page import ReportFigure, Section
 
 QK = "QK attribution"  # the report's part name where a model cannot run it (meta.json: left_out)
@@ -141,7 +142,7 @@ def edge_table(edges: pd.DataFrame) -> pd.DataFrame:
     shown = edges.reindex(edges["qk_share"].abs().sort_values(ascending=False, kind="stable").index).head(QK_EDGES)
 
     def interval(value, low, high, digits):
-        return "-" if pd.isna(value) else f"{value:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+        return "-" if pd.isna(value) else effect_text(value, low, high, digits)
 
     return pd.DataFrame({
         "edge": [f"{head_label(r.sender_layer, r.sender_head)} -> {head_label(r.receiver_layer, r.receiver_head)}"

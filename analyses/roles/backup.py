@@ -59,6 +59,7 @@ from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORM
                                       probe_tokens, require)
 from analyses.core.hook_names import final_resid_name, layer_of, mlp_out_name, z_name, z_names
 from analyses.core.checks import check_heads
+from analyses.core.heads import head_label
 from analyses.interventions.engine import (Edit, activation_gradients, collect_variants, gradient_parts, partial_logits,
                                            rows_of, runs_suffix_only, score_chunks, score_variants)
 from analyses.core.metrics import Metric, PromptScores
@@ -70,10 +71,6 @@ from analyses.roles.readout import FinalReadout
 from interp.errors import UserError
 
 DEFAULT_MIN_EXCESS = 0.05  # nats: a pair whose joint effect exceeds the sum of its single effects by this much backs itself up
-
-
-def head_label(head: tuple[int, int]) -> str:
-    return f"L{head[0]}H{head[1]}"
 
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
@@ -245,9 +242,10 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     rises measured there, so the groups' effects printed from ``prompts`` are measured on prompts that
     did not choose them (architecture §4.12): the pairs are ablated on both, the groups on ``prompts`` alone.
 
-    Returns (pairs: see ``pairwise_ablation``, on ``prompts``, with the rises and ``compensates``
-    (``with_rises``, on ``prompts``, for the pairs superadditive on the choosing prompts), ``backs``
-    (the pair joins a group, as decided on the choosing prompts) and, with ``choose``,
+    Returns a tuple of two tidy frames (pairs: see ``pairwise_ablation``, on ``prompts``, with the
+    rises and ``compensates`` (``with_rises``, on ``prompts``, for the pairs superadditive on the
+    choosing prompts), ``backs`` (the pair joins a group, as decided on the choosing prompts) and,
+    with ``choose``,
     ``chosen_excess, chosen_excess_ci_low, chosen_excess_ci_high`` and ``chosen_compensates`` (there);
     groups: one row per group ``group`` (0..), ``heads`` (labels joined by ';'), ``n_heads``,
     ``sum_single`` (the sum of its heads' single effects), ``joint`` (all of them ablated together),
@@ -515,7 +513,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     ``screen`` in size, and is that estimate for the others (column ``total_exact`` says which).
 
     heads: default every head; mlps: also each MLP's (its ``hook_mlp_out`` ablated at every position
-    by the same method; the run must then read every ``hook_mlp_out`` too). Returns one row per
+    by the same method; the run must then read every ``hook_mlp_out`` too). Returns a tidy frame, one row per
     component, the heads first: ``component`` (``L{l}H{h}``, ``L{l} MLP``), ``kind`` ("head" |
     "mlp"), ``layer``, ``head`` (Int64, <NA> for an MLP), ``total, direct, self_repair`` (direct -
     total), ``baseline``, ``total_exact``, and each effect's 95% interval over prompts

@@ -64,8 +64,8 @@ def copying_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
 
 def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None, *,
                   memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
-    """``copying`` and ``copy_suppression`` against the random-initialisation null: one row per
-    (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
+    """``copying`` and ``copy_suppression`` against the random-initialisation null: a tidy frame,
+    one row per (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
     null_center, null_spread, null_low, null_high, z, p, log10_p``). One null model is alive at a
     time, counted in ``memory_mb`` (its eigenvalues get what it leaves)."""
     if len(null_seeds) < 2:

@@ -282,7 +282,8 @@ def joint_fdr(*calibrations: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataF
     """Calibration tables of the same heads (``calibrate_roles``'s attention roles,
     ``analyses.roles.copying.meaning_nulls``' copying roles) as one, with ``q`` and
     ``significant`` recomputed by one Benjamini-Hochberg over all their rows: every (head, role)
-    test in one false-discovery family, as the report decides roles. A role twice is refused."""
+    test in one false-discovery family, as the report decides roles: a tidy frame. A role twice is
+    refused."""
     joined = pd.concat([c.drop(columns=["q", "significant"], errors="ignore") for c in calibrations],
                        ignore_index=True)
     twice = joined.duplicated(["layer", "head", "role"])
@@ -305,7 +306,7 @@ def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: i
     control probes are drawn from them with ``seed``. null_seeds: the random initialisations.
     Costs one pattern-only pass of the model over the probes and the controls, and one per seed.
 
-    Returns the ``role_nulls`` table with ``q`` and ``significant`` (see ``add_fdr``), one row
+    Returns a tidy frame, the ``role_nulls`` table with ``q`` and ``significant`` (see ``add_fdr``), one row
     per (layer, head, role in ``ROLES``).
     """
     check_fdr(fdr)

@@ -242,7 +242,7 @@ def append_row(handle, cell: str | None, row: int, plan: CellPlan, value: float)
 def run_study(spec_path, out, resume: bool = False, *, progress: bool | None = None,
               on_row: Callable[[int], None] | None = None, executor: str | None = None,
               address: str | None = None, workers: int | None = None) -> Path:
-    """Run (or finish, with ``resume``) the study of ``spec_path`` into ``out``; returns results.csv.
+    """Run (or finish, with ``resume``) the study of ``spec_path`` into ``out``; returns results.csv's ``Path``.
 
     ``on_row(i)`` is called after the file's i-th row (from 0, across a grid's cells) is on disk.
     ``executor``: "local" or "ray" (default: the spec's ``[run].executor``, else local); with Ray,

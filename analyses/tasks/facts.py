@@ -152,7 +152,7 @@ def traced_facts(model, facts: list[Fact]) -> list[tuple[Fact, int]]:
 def top1_facts(model, facts: list[Fact], *, memory_mb: float = DEFAULT_MEMORY_MB,
                progress: bool | None = None) -> tuple[list[Fact], pd.DataFrame]:
     """The facts whose answer token (``answer_token``) is the model's top next token after the
-    prompt it is traced on -> (those facts, in order, as given; a frame of every fact as it is traced
+    prompt it is traced on -> a tuple (those facts, in order, as given; a frame of every fact as it is traced
     (``traced_facts``): ``relation, prompt, subject, answer, answer_token, answer_text, top_token,
     answer_prob, kept``). The prompts run in right-padded batches within ``memory_mb``, each read at
     its own last token."""

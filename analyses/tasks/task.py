@@ -198,7 +198,7 @@ class TaskBatch:
 
 
 def task_batch(model, task: Task) -> TaskBatch:
-    """The task's prompts as tokens for ``model``; a pair whose clean and corrupted prompts
+    """The task's prompts as tokens for ``model``, a ``TaskBatch`` value; a pair whose clean and corrupted prompts
     tokenise to different lengths is refused in one line naming it."""
     clean, corrupted = encode(model, list(task.clean)), encode(model, list(task.corrupted))
     for i, (a, b) in enumerate(zip(clean.lengths.tolist(), corrupted.lengths.tolist())):
@@ -876,7 +876,7 @@ GENERATORS = {"ioi": ioi_task, "greater-than": greater_than_task, "induction-tex
 
 
 def make_task(model, name: str, n: int | None = None, seed: int = 0) -> Task:
-    """A built-in task (``BUILT_IN``) by name, or a JSONL/CSV file of rows (``load_task``)."""
+    """A ``Task`` value: a built-in task (``BUILT_IN``) by name, or a JSONL/CSV file of rows (``load_task``)."""
     if name in GENERATORS:
         return GENERATORS[name](model, seed=seed, **({} if n is None else {"n": n}))
     path = Path(name)
@@ -901,7 +901,7 @@ def check_header(what: str, found: Sequence[str] | None, needed: Sequence[str]) 
 
 
 def load_task(model, path: str | Path, metric: str = "logit_diff") -> Task:
-    """A task from a JSONL file (one object per line with ``FIELDS``; ``answer`` / ``distractor`` a
+    """A ``Task`` value from a JSONL file (one object per line with ``FIELDS``; ``answer`` / ``distractor`` a
     string or a list of strings) or a CSV file (a header with ``FIELDS``; several answers joined by
     ``|``). Each answer and distractor is the exact text that continues the clean prompt and must
     be one token there (" Mary", with its space, on GPT-2). A malformed row is refused in one line naming its row number (1 = the first

@@ -647,10 +647,10 @@ def trace_verdict(trace: FactTrace) -> Verdict:
     others = {row.position: (row.aie, row.ci_low, row.ci_high) for row in at_peak.itertuples()}
     in_middle = layer in middle
     apart = bool(others) and all(peak[1] > high for _, _, high in others.values())
-    described = "; ".join(f"{name} {a:.4f} [{low:.4f}, {high:.4f}]" for name, (a, low, high) in others.items())
+    described = "; ".join(f"{name} {effect_text(*interval, 4)}" for name, interval in others.items())
     text = (f"{'formed' if in_middle and apart else 'did not form'}: the last subject token's {trace.window}-layer "
             f"MLP window peaks at layer {layer} (middle layers {middle.start}-{middle.stop - 1}: "
-            f"{'in' if in_middle else 'outside'}) with AIE {peak[0]:.4f} [{peak[1]:.4f}, {peak[2]:.4f}]; "
+            f"{'in' if in_middle else 'outside'}) with AIE {effect_text(*peak, 4)}; "
             f"at that layer {described or 'no other subject position (one-token subjects only)'}: "
             f"{'separated' if apart else 'not separated'} (n = {int(best['n_prompts'])} facts)")
     return Verdict(in_middle and apart, layer, middle, peak, others, text)
