@@ -18,6 +18,7 @@ from matplotlib.patches import Rectangle
 import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
 import analyses.roles.calibration as calibration
+import analyses.roles.control as control_module
 from analyses.core.probes import probes_for
 from analyses.core.metrics import loss_metric
 from analyses.circuits.qk_check import qk_intervention_check, role_pairs
@@ -63,7 +64,7 @@ def toy_report():
         seen.wrap(monkeypatch, build, "classify_heads", "probes")
         seen.wrap(monkeypatch, calibration, "calibrate_roles", 1)
         seen.wrap(monkeypatch, calibration, "direct_and_total_effects", 1)
-        seen.wrap(monkeypatch, build, "control_effects", 1)
+        seen.wrap(monkeypatch, control_module, "control_effects", 1)
         seen.wrap(monkeypatch, build, "role_heatmaps")
         seen.wrap(monkeypatch, calibration_figures, "self_repair_figure")
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
@@ -141,7 +142,7 @@ def test_the_control_draws_no_head_of_the_role(toy_report):
     run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=INTERVENTION_PROMPTS,
                     progress=False)
     first = FirstProbes.of(probes, run, run.metric, INTERVENTION_PROMPTS)
-    control = build.role_control(model, table, first, n_draws=3, progress=False)
+    control = control_module.role_control(model, table, first, n_draws=3, progress=False)
     assert control.heads == [(0, 0), (0, 1)] and control.left == [(0, h) for h in range(2, 6)]
     assert control.unmatched == [1] and len(control.excluded) == 14
     assert control.found.sets == [[(0, 6), (0, 7)]] * 3

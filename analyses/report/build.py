@@ -15,7 +15,7 @@
 Beside the roles, the page has a calibration section (each score against its nulls, backup
 groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``),
 the role heads against layer-matched random heads without the role (``role_control``:
-``analyses.interventions.controls``),
+``analyses.roles.control``),
 a circuit section (the edges among the role heads: ``analyses.circuits.circuit``) and why the role
 heads attend (each induction, previous-token and duplicate-token head's QK attribution on the
 intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``).
@@ -42,7 +42,6 @@ import hashlib
 import json
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -68,7 +67,8 @@ from analyses.components.decompose import (attention_vs_mlp_figure, component_ho
                                            next_token_answers)
 from analyses.components.meaning import ov_scores
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
-                                     classify_heads, head_table)
+                                     classify_heads, has_role, head_table)
+from analyses.roles.control import CONTROL_DRAWS, RoleControl, lead_role, role_control, unmatched_text
 from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, backup_refusal, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
@@ -85,7 +85,7 @@ from analyses.report.page import (PatternView, ReportFigure, Section, display_to
                                   explorer_html, head_table_html, interval_columns, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.interventions.attribution import Screen
-from analyses.interventions.controls import ControlEffects, control_effects, control_figure
+from analyses.interventions.controls import control_figure
 from analyses.interventions.run import Run
 from analyses.core.metrics import loss_metric
 from analyses.core.tokens import encode, leading_tokens
@@ -102,7 +102,6 @@ PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom,
 # path patching): each sweeps every head, so its cost grows with prompts x heads, while the roles
 # are read from every probe in the one forward
 DEFAULT_INTERVENTION_PROMPTS = 16
-CONTROL_DRAWS = 50  # random head sets the role heads are compared with (one sweep of this many + 1 ablations)
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
@@ -864,65 +863,6 @@ def role_rule(thresholds, fdr: float | None) -> str:
             "interval lies above chance (a uniform head's score).")
 
 
-@dataclass
-class RoleControl:
-    """The report's control: ``role``'s heads (``heads``) ablated against layer-matched random sets
-    drawn from the heads without the role (``found``), or why there is none (``why``).
-    ``excluded``: every head with the role, tested or not, none of which a random set holds;
-    ``unmatched``: the layers whose every head has the role, where no matched control is possible
-    (none of their heads is tested); ``left``: the role heads of the other layers left untested, so
-    that each layer keeps as many heads without the role as it has tested heads."""
-
-    role: str
-    heads: list[tuple[int, int]]
-    left: list[tuple[int, int]]
-    excluded: list[tuple[int, int]]
-    unmatched: list[int]
-    found: ControlEffects | None = None
-    why: str = ""
-
-
-def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int = CONTROL_DRAWS, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> RoleControl:
-    """The heads of the role the page opens on (``start_measure``: induction, else previous-token)
-    ablated as the head table's ablation effect is (position-aligned mean, the loss of the
-    predictable tokens, on ``first``'s probes and run) against ``n_draws`` layer-matched random sets,
-    in one batched sweep of ``n_draws + 1`` variants (``control_effects``). The random sets never
-    hold a head with the role (every one is passed as ``exclude``), so a layer with k role heads of n
-    tests its highest-scoring min(k, n - k); a layer whose every head has the role is unmatched."""
-    role = start_measure(table)
-    ranked = table[has_role(table["role"], role)].sort_values(
-        [role, "layer", "head"], ascending=[False, True, True])
-    role_heads = [(int(layer), int(head)) for layer, head in ranked[["layer", "head"]].itertuples(index=False)]
-    per_layer = Counter(layer for layer, _ in role_heads)
-    unmatched = sorted(layer for layer, count in per_layer.items() if count == model.cfg.n_heads)
-    heads, left, taken = [], [], Counter()
-    for layer, head in role_heads:
-        if layer in unmatched:
-            continue
-        kept = taken[layer] < model.cfg.n_heads - per_layer[layer]
-        (heads if kept else left).append((layer, head))
-        taken[layer] += kept
-    control = RoleControl(role, sorted(heads), sorted(left), sorted(role_heads), unmatched)
-    if not role_heads:
-        control.why = f"no head has the role {role}, so there is no set to test"
-    elif not heads:
-        control.why = unmatched_text(control)
-    else:
-        control.found = control_effects(model, first.probes, control.heads, "mean_aligned", first.metric,
-                                        n_draws=n_draws, seed=seed, run=first.run, memory_mb=memory_mb,
-                                        progress=progress, exclude=control.excluded)
-    return control
-
-
-def unmatched_text(control: RoleControl) -> str:
-    """Where ``control`` has no matched control and why, in words."""
-    plural = "s" if len(control.unmatched) > 1 else ""
-    return (f"no matched control is possible in layer{plural} {', '.join(map(str, control.unmatched))}: every head "
-            f"there has the role {control.role}, so no head without it is left to draw a layer-matched random "
-            "set from")
-
-
 def control_report_section(control: RoleControl, chosen: str) -> Section:
     """The role heads against layer-matched random heads without the role: the effects, the ratio
     and its interval, or why no matched control is possible; ``chosen``: where the heads were chosen
@@ -1150,7 +1090,7 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
     drawn = {} if drawn is None else drawn
     measures = [m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
-    explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), start_measure(table))
+    explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), lead_role(table))
     probe_view, text_view = views
     intervals = {"ablation_effect": interval_columns("ablation_effect")}
     figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"],
@@ -1188,14 +1128,9 @@ def once(drawn: dict[str, bytes], name: str, draw) -> bytes:
     return drawn[name]
 
 
-def start_measure(table: pd.DataFrame) -> str:
-    """The measure the page opens on: induction, else (texts score no induction) previous-token."""
-    return "induction" if "induction" in table.columns else "previous_token"
-
-
 def start_head(table: pd.DataFrame) -> tuple[int, int]:
-    """The head the page shows first: the best head of ``start_measure``."""
-    row = table.loc[table[start_measure(table)].idxmax()]
+    """The head the page shows first: the best head of ``lead_role``."""
+    row = table.loc[table[lead_role(table)].idxmax()]
     return int(row["layer"]), int(row["head"])
 
 
@@ -1262,11 +1197,6 @@ def role_heads(table: pd.DataFrame, column: str, role: str, top: int | None = No
                       + ")" for r in heads.head(top).itertuples())
     more = len(heads) - (len(heads) if top is None else min(top, len(heads)))
     return shown + (f", and {more} more" if more else "")
-
-
-def has_role(roles: pd.Series, role: str) -> pd.Series:
-    """Whether each of ``roles`` (';'-joined role names) holds ``role``."""
-    return roles.str.split(";").apply(lambda names: role in names)
 
 
 def ablation_text(row) -> str:
