@@ -62,10 +62,8 @@ from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_fi
 from analyses.circuits.circuit import role_heads as circuit_role_heads
 from analyses.circuits.edges import KEY_COLUMNS, VIAS
 from analyses.circuits.path_patching import edge_attribution, path_needs
-from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
-                                           direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
-                                           next_token_answers)
-from analyses.components.meaning import ov_scores
+from analyses.components.decompose import attention_vs_mlp_figure, component_hooks, dla_heatmap, logit_lens_figure
+from analyses.components.overview import ComponentsOverview, component_effects, components_overview
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
                                      classify_heads, has_role, head_table)
 from analyses.roles.control import CONTROL_DRAWS, RoleControl, lead_role, role_control, unmatched_text
@@ -80,7 +78,6 @@ from analyses.report.sections import ReportSection, chosen_sections, run_section
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
-from analyses.core.stats import bootstrap_ratio
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, effect_text, explorer_data,
                                   explorer_html, head_table_html, interval_columns, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
@@ -118,7 +115,6 @@ CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
 BACKUP = "backup pairs and groups"  # the report's part whose rises need interp's own final readout (``backup_refusal``)
 CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
 CIRCUIT_FIGURE_EDGES = 12  # and those it draws
-TOP_DLA = 5  # the components the page lists by direct logit attribution (chosen on the selection probes)
 LIST_PROMPTS = 8  # the selection rows that choose the page's lists (``selection_probes``): half the default 16 measuring
 
 
@@ -421,12 +417,11 @@ def qk_result(context: ReportContext, results: dict) -> dict:
 
 
 def components_result(context: ReportContext, results: dict) -> dict:
-    """The components section (``components_report_section``), its attention-vs-MLP read from the ablation."""
+    """The components section (``components_overview``), its attention-vs-MLP read from the ablation."""
     c = context
-    effects = component_effects(results["ablation"])
-    return {"section": section_data(components_report_section(
-        c.model, c.first.probes, effects, run=c.first.run, memory_mb=c.step_mb, progress=c.progress,
-        dla=DLA not in c.left, selection=c.selection))}
+    found = components_overview(c.model, c.first.probes, component_effects(results["ablation"]), run=c.first.run,
+                                memory_mb=c.step_mb, progress=c.progress, dla=DLA not in c.left, selection=c.selection)
+    return {"section": section_data(components_report_section(found))}
 
 
 # The report's sections in the order they run; the page shows them (but the head table, which
@@ -949,100 +944,42 @@ def pair_table(pairs: pd.DataFrame) -> pd.DataFrame:
                          "backs up": pairs["backs"].map({True: "yes", False: "no"})})
 
 
-def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
-                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                              dla: bool = True, selection: FirstProbes | None = None) -> Section:
-    """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
-    attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
-    effect (attention vs MLP: ``effects``, the calibration's ablations of every head and MLP,
-    ``component_effects``), and the copying / copy-suppression roles of the OV circuits, on
-    ``probes`` (the report's first ``intervention_prompts``). ``run``: a ``Run`` of the probes whose
-    ``component_hooks`` (with the lens) serve instead of a forward. ``dla=False`` leaves direct logit
-    attribution out (a model whose heads' writes are not z @ W_O: ``analyses.report.plan``). ``selection``:
-    the probes (with a ``Run`` holding ``component_hooks``) the top ``TOP_DLA`` components are chosen on
-    (``top_dla``; None: on ``probes``, in-sample), their values printed from ``probes``."""
-    tokens = probes.tokens
-    answers, positions = next_token_answers(tokens)
-    cache = (components_cache(model, tokens, lens=True) if run is None else
-             run.read(component_hooks(model, lens=True)))
+def components_report_section(found: ComponentsOverview) -> Section:
+    """The components section, from its numbers (``components_overview``): direct logit attribution
+    to the predictable tokens and its top components, the logit lens, each head's and MLP's direct
+    against total effect (attention vs MLP) and the copying / copy-suppression roles of the OV circuits."""
     figures, attribution = [], "Which components write the answer."
-    if dla:
-        means = predictable_dla(model, probes, cache)
-        top = top_dla(means if selection is None else
-                      predictable_dla(model, selection.probes, selection.run.read(component_hooks(model, lens=True))),
-                      means)
+    if found.dla is not None:
         figures.append(ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; "
                                     "MLPs right; hatched: its 95% interval over the probes contains 0)",
-                                    png_bytes(dla_heatmap(means))))
+                                    png_bytes(dla_heatmap(found.dla))))
         attribution += (
             " **Direct logit attribution**: each head's, MLP's and embedding's "
             "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
             "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
-            f"logit{', before the final soft cap' if means.attrs['logits'] != 'as output' else ''}). The largest, "
+            f"logit{', before the final soft cap' if found.dla.attrs['logits'] != 'as output' else ''}). The largest, "
             "chosen on the first probes of the selection rows and measured on the intervention probes:\n\n"
-            + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in top.itertuples()))
-    lens = logit_lens(model, cache, answers, positions=positions, where=probes.predictable[:, 1:], memory_mb=memory_mb)
-    del cache
-    roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
+            + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in found.top.itertuples()))
+    effects = found.effects
     per_kind = effects.groupby("kind")[["direct", "total"]].sum(min_count=1)
-    direct = effects["direct"].notna().any()  # the direct effects, where the plan kept them
     text = (attribution
             + ("\n\n**Attention vs MLP**: each head and MLP ablated alone as in the calibration (position-aligned "
                "mean), its direct effect (everything downstream frozen) against its total effect, as the rise in the "
                "loss on the predictable tokens; summed over the heads the direct effects are "
                + f"{per_kind.loc['head', 'direct']:+.2f} nats (total {per_kind.loc['head', 'total']:+.2f}), over the MLPs "
                + (f"{per_kind.loc['mlp', 'direct']:+.2f} (total {per_kind.loc['mlp', 'total']:+.2f})"
-                  if "mlp" in per_kind.index else "nothing (the model has none)") + "." if direct else "")
+                  if "mlp" in per_kind.index else "nothing (the model has none)") + "." if found.direct else "")
             + " **Logit lens**: the residual entering each block decoded as if it were the last. **What heads "
             "move** (table, largest copying first): copying read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V "
             "W_O W_U; copy suppression is its negative) and the share of tokens whose own logit tops (bottoms) "
             "their row. The roles copying and copy_suppression are in the head table, decided against their "
             "random-initialisation nulls in the same false-discovery family as the attention roles.")
     figures += [ReportFigure("logit_lens", "The logit lens on the predictable tokens",
-                             png_bytes(logit_lens_figure(lens))),
+                             png_bytes(logit_lens_figure(found.lens))),
                 *([ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
-                                png_bytes(attention_vs_mlp_figure(effects)))] if direct else [])]
-    copying = roles[["layer", "head", "copying", "copying_topk", "suppression_topk"]].sort_values(
-        ["copying", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
-    return Section("Components", text, figures=figures, table=copying.round(3), csv="copying.csv", csv_table=copying)
-
-
-def predictable_dla(model, probes: RepeatedProbes, cache: dict) -> pd.DataFrame:
-    """``dla_intervals`` of the components' direct logit attribution to the next token on the probes'
-    predictable tokens, from ``cache`` (``component_hooks`` with the lens, of ``probes``); ``attrs["logits"]``:
-    the frame's ``logits`` note (``direct_logit_attribution``)."""
-    answers, positions = next_token_answers(probes.tokens)
-    found = direct_logit_attribution(model, cache, answers, positions=positions)
-    found = found[probes.predictable[:, 1:].reshape(-1).repeat(found["component"].nunique()).cpu().numpy()]
-    means = dla_intervals(found)
-    means.attrs["logits"] = found["logits"].iloc[0]
-    return means
-
-
-def top_dla(chosen_on: pd.DataFrame, measured: pd.DataFrame, k: int = TOP_DLA) -> pd.DataFrame:
-    """The ``k`` components of largest DLA in ``chosen_on`` (``dla_intervals`` of the probes that choose;
-    ties by name), best first, with their rows of ``measured`` (``dla_intervals`` of other probes):
-    the values the page prints, measured on prompts that did not choose them."""
-    order = chosen_on.sort_values(["dla", "component"], ascending=[False, True])["component"].head(k)
-    return measured.set_index("component").loc[order].reset_index()
-
-
-def dla_intervals(found: pd.DataFrame) -> pd.DataFrame:
-    """Each component's mean DLA over the (prompt, position) rows of a ``direct_logit_attribution``
-    frame, pooled over prompts, with its 95% percentile bootstrap interval over prompts
-    (``bootstrap_ratio``): one row per component, ``component, kind, layer, head, dla, ci_low, ci_high``,
-    as ``dla_heatmap`` reads them (it hatches the cells whose interval contains 0)."""
-    sums = found.groupby(["prompt", "component"])["dla"].sum().unstack("component")  # (prompts, components)
-    counts = found.groupby("prompt").size() / found["component"].nunique()  # each prompt's rows per component
-    mean, low, high = bootstrap_ratio(torch.tensor(sums.to_numpy()), torch.tensor(counts.loc[sums.index].to_numpy()))
-    parts = found.drop_duplicates("component").set_index("component").loc[sums.columns, ["kind", "layer", "head"]]
-    return parts.reset_index().assign(dla=mean.cpu().numpy(), ci_low=low.cpu().numpy(), ci_high=high.cpu().numpy())
-
-
-def component_effects(ablation: dict) -> pd.DataFrame:
-    """Every head's and MLP's direct and total ablation effect, as the ablation section measured them
-    (its ``effects`` and ``mlp_effects``): ``component, kind, layer, head, total, direct, self_repair, baseline``."""
-    return pd.concat([ablation["effects"], ablation["mlp_effects"]], ignore_index=True)
+                                png_bytes(attention_vs_mlp_figure(effects)))] if found.direct else [])]
+    return Section("Components", text, figures=figures, table=found.copying.round(3), csv="copying.csv",
+                   csv_table=found.copying)
 
 
 def circuit_report_section(circuit: CircuitSection) -> Section:
