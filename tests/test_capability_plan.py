@@ -57,8 +57,7 @@ def forbid(monkeypatch, module, *names: str) -> None:
 
 def test_a_report_leaves_out_the_circuit_and_dla_and_says_why(tmp_path, monkeypatch):
     loading_doubled(monkeypatch, analyses.cli.report)
-    forbid(monkeypatch, circuit, "path_patch", "screened_path_patch", "composition_scores")
-    forbid(monkeypatch, build, "circuit_section")
+    forbid(monkeypatch, circuit, "path_patch", "screened_path_patch", "composition_scores", "circuit_section")
     forbid(monkeypatch, overview, "direct_logit_attribution")
     out = tmp_path / "report"
     assert main(["report", "--model", "toy", "--prompts", "4", "--out", str(out), "--quiet"]) == 0

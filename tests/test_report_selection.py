@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import analyses.report.build as build
+import analyses.circuits.circuit as circuit
 import analyses.components.overview as overview
 import analyses.roles.calibration as calibration
 from analyses.circuits.circuit import induction_pair
@@ -110,7 +111,7 @@ def toy_report(tmp_path_factory):
     model = load_model("toy").eval()
     calls = Calls()
     with pytest.MonkeyPatch.context() as monkeypatch:
-        calls.wrap(monkeypatch, build, "edge_attribution", lambda model, clean, *a, **k: clean)
+        calls.wrap(monkeypatch, circuit, "edge_attribution", lambda model, clean, *a, **k: clean)
         calls.wrap(monkeypatch, calibration, "first_order_head_effects", lambda ablation, *a, **k: ablation.tokens)
         calls.wrap(monkeypatch, overview, "predictable_dla", lambda model, probes, cache: probes.tokens)
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
@@ -168,7 +169,7 @@ def test_the_circuit_lists_the_edges_chosen_by_attribution_on_the_selection_rows
     _, report, _, _ = toy_report
     text = next(s for s in report.sections if s.title == "Circuit").text
     assert "chosen by their edge attribution (EAP, noising) on the first probes of the selection rows" in text
-    assert len(re.findall(r"^- .* -> .* via ", text, flags=re.M)) == build.CHOSEN_EDGES
+    assert len(re.findall(r"^- .* -> .* via ", text, flags=re.M)) == circuit.CHOSEN_EDGES
 
 
 def test_backup_lines_and_table_print_the_excess_with_its_interval(toy_report):
@@ -223,8 +224,8 @@ def test_the_circuit_screen_chooses_its_exact_edges_on_the_selection_rows_and_me
     model = load_model("toy").eval()
     sections = []
     with pytest.MonkeyPatch.context() as monkeypatch:
-        original = build.chosen_edges
-        monkeypatch.setattr(build, "chosen_edges", lambda *a, **k: sections.append(original(*a, **k)) or sections[-1])
+        original = circuit.chosen_edges
+        monkeypatch.setattr(circuit, "chosen_edges", lambda *a, **k: sections.append(original(*a, **k)) or sections[-1])
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
                               intervention_prompts=INTERVENTION_PROMPTS, progress=False,
                               circuit_screen=Screen(top_k=3, share=0.05), sections=["circuit"])

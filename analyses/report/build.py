@@ -42,7 +42,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -57,11 +57,11 @@ from analyses.report.calibration_figures import CAPTIONS as CALIBRATION_CAPTIONS
 from analyses.report.calibration_figures import CalibrationSection, section_figures
 from analyses.roles.calibration import (DEFAULT_PAIR_HEADS, FirstProbes, backup_frames, choosing_probes,
                                         dormant_and_similarity, head_effects, probe_run, role_calibration)
-from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_figure, circuit_section, edge_lines,
-                                       induction_pair, strongest)
+from analyses.circuits.circuit import (CHOSEN_EDGES, CIRCUIT_FIGURE_EDGES, CIRCUIT_ROLES, REPORT_SKIPPED_ROLES,
+                                       CircuitSection, edge_lines, report_circuit, screen_meta, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
-from analyses.circuits.edges import KEY_COLUMNS, VIAS
-from analyses.circuits.path_patching import edge_attribution, path_needs
+from analyses.circuits.edges import VIAS
+from analyses.circuits.path_patching import path_needs
 from analyses.components.decompose import attention_vs_mlp_figure, component_hooks, dla_heatmap, logit_lens_figure
 from analyses.components.overview import ComponentsOverview, component_effects, components_overview
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
@@ -113,8 +113,6 @@ FIGURE_CAPTIONS = {
 }
 CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
 BACKUP = "backup pairs and groups"  # the report's part whose rises need interp's own final readout (``backup_refusal``)
-CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
-CIRCUIT_FIGURE_EDGES = 12  # and those it draws
 LIST_PROMPTS = 8  # the selection rows that choose the page's lists (``selection_probes``): half the default 16 measuring
 
 
@@ -383,20 +381,17 @@ def control_result(context: ReportContext, results: dict) -> dict:
 
 
 def circuit_result(context: ReportContext, results: dict) -> dict:
-    """The edges among the role heads (``circuit_section``, ``chosen_edges``), the edges path-patched
+    """The edges among the role heads (``report_circuit``), the edges path-patched
     exactly screened on the selection rows that choose the lists, and meta.json's record of its screen;
     no section where the plan left the circuit out."""
     c = context
     if CIRCUIT in c.left:
         return {"section": None, "screen": None}
     table = roles_table(c, results)
-    skipped = [role for role in ALL_ROLES if role not in CIRCUIT_ROLES]
-    c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=skipped), c.circuit_screen),
-                        c.progress)
-    circuit = chosen_edges(c.model, circuit_section(
-        c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb, progress=c.progress, run=c.first.run,
-        skip_roles=skipped, screen=c.circuit_screen, screen_probes=c.selection.probes), c.selection, seed=c.seed,
-        memory_mb=c.step_mb, progress=c.progress)
+    c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=REPORT_SKIPPED_ROLES),
+                                                c.circuit_screen), c.progress)
+    circuit = report_circuit(c.model, table, c.first, c.selection, seed=c.seed, memory_mb=c.step_mb,
+                             progress=c.progress, screen=c.circuit_screen)
     screened_on = probe_split(c.n_prompts, c.intervention_prompts, c.seed)["lists"]
     return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit, screened_on),
             "edges": circuit.edges}
@@ -738,29 +733,6 @@ def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, m
     return FirstProbes(chosen, run, metric)
 
 
-def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> CircuitSection:
-    """The circuit with each edge's edge-attribution estimate (EAP, noising, on the induction pair of
-    ``selection``'s probes: two forwards and a backward, the cheaper screen of the exact sweep) as
-    ``chosen_by``, by which the report chooses the edges it prints and draws (``CHOSEN_EDGES``, the
-    figure's ``top``), their effects those path-patched on the intervention probes; the figure redrawn
-    from them."""
-    if circuit.edges.empty:
-        return circuit
-    clean, corrupted, metric = induction_pair(selection.probes, seed)
-    screen = edge_attribution(model, clean, corrupted, metric, senders=circuit.senders, receivers=circuit.receivers,
-                              via=VIAS, direction="noise", memory_mb=memory_mb, progress=progress)
-    edges = circuit.edges.merge(screen[[*KEY_COLUMNS, "attribution"]].rename(columns={"attribution": "chosen_by"}),
-                                on=KEY_COLUMNS, how="left")
-    patched = edges[edges["exact"].astype(bool)]
-    shown = strongest(patched, CIRCUIT_FIGURE_EDGES, "chosen_by")
-    title = ("edges chosen by edge attribution on the selection probes; width = |effect| by path patching (noise) on "
-             "the intervention probes" + (f"\nnot drawn: the {len(edges) - len(patched)} edges left at their EAP "
-                                         "estimate" if len(patched) < len(edges) else ""))
-    figure = circuit_figure(shown, top=CIRCUIT_FIGURE_EDGES, title=title) if len(shown) else None
-    return replace(circuit, edges=edges, figure=figure)
-
-
 def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
     """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
     intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
@@ -811,16 +783,6 @@ def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = 
             f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
             "attributions, the circuit edges listed and the backup groups on the first "
             f"{list_prompts(intervention_prompts, n_prompts)} probes of the selection rows (meta.json: probe_split).")
-
-
-def screen_meta(circuit: CircuitSection | None, screened_on: list[int]) -> dict | None:
-    """meta.json's record of the circuit's screen: its rule, how many edges it measured exactly and
-    ``screened_on``, the probe rows (half-open, of ``probe_split``'s draw) whose edge attribution chose
-    them (None without a screen, or where the circuit was left out)."""
-    if circuit is None or circuit.screen is None:
-        return None
-    return {"top_k": circuit.screen.top_k, "share": circuit.screen.share, "edges": len(circuit.edges),
-            "exact": int(circuit.edges["exact"].sum()), "screened_on": list(screened_on)}
 
 
 def total_effects(effects: pd.DataFrame) -> pd.DataFrame:
