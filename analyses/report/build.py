@@ -56,7 +56,8 @@ from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import CAPTIONS as CALIBRATION_CAPTIONS
 from analyses.report.calibration_figures import CalibrationSection, section_figures
 from analyses.roles.calibration import (DEFAULT_PAIR_HEADS, FirstProbes, backup_frames, choosing_probes,
-                                        dormant_and_similarity, head_effects, probe_run, role_calibration)
+                                        dormant_and_similarity, head_effects, probe_run, role_calibration,
+                                        total_effects, with_direct_effects)
 from analyses.circuits.circuit import (CHOSEN_EDGES, CIRCUIT_FIGURE_EDGES, CIRCUIT_ROLES, REPORT_SKIPPED_ROLES,
                                        CircuitSection, edge_lines, report_circuit, screen_meta, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
@@ -783,26 +784,6 @@ def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = 
             f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
             "attributions, the circuit edges listed and the backup groups on the first "
             f"{list_prompts(intervention_prompts, n_prompts)} probes of the selection rows (meta.json: probe_split).")
-
-
-def total_effects(effects: pd.DataFrame) -> pd.DataFrame:
-    """``layer, head, ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts``: each head's
-    total ablation effect and its 95% interval over prompts, from the ablation section's ``effects``
-    (``head_effects``: position-aligned mean ablation, loss on the probes' predictable tokens)."""
-    names = {"total": "ablation_effect", "total_ci_low": "ablation_ci_low", "total_ci_high": "ablation_ci_high",
-             "n_prompts": "ablation_n_prompts"}
-    return effects.rename(columns=names)[["layer", "head", *names.values()]]
-
-
-def with_direct_effects(table: pd.DataFrame, effects: pd.DataFrame) -> pd.DataFrame:
-    """The head table with each head's direct effect (downstream frozen, as the ablation measured it in ``effects``;
-    NaN where the plan left direct effects out) and its 95% interval, ``direct_effect, direct_ci_low,
-    direct_ci_high``, right after the ablation (total) effect's columns and ``causal``."""
-    direct = effects[["layer", "head", "direct", "direct_ci_low", "direct_ci_high"]]
-    merged = table.merge(direct.rename(columns={"direct": "direct_effect"}).astype({"head": int}), on=["layer", "head"],
-                         how="left")
-    at = list(table.columns).index("causal") + 1
-    return merged[[*table.columns[:at], "direct_effect", "direct_ci_low", "direct_ci_high", *table.columns[at:]]]
 
 
 def role_rule(thresholds, fdr: float | None) -> str:
