@@ -18,7 +18,8 @@ from analyses.roles.classify import DEFAULT_THRESHOLD, assign_roles, classify_he
 from analyses.roles.nulls import calibrate_roles
 from analyses.circuits.path_patching import edge_attribution
 from analyses.interventions.attribution import Screen
-from analyses.report.build import circuit_report_section, selection_probes
+from analyses.report.build import circuit_report_section
+from analyses.report.split import selection_probes
 from analyses.circuits.composition import composition_scores
 from analyses.core.probes import probes_for
 from interp import load_model

@@ -17,6 +17,7 @@ from matplotlib.patches import Rectangle
 
 import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
+import analyses.report.split as split_module
 import analyses.roles.calibration as calibration
 import analyses.roles.control as control_module
 from analyses.core.probes import probes_for
@@ -87,7 +88,7 @@ def test_roles_are_chosen_on_probes_the_effects_are_not_measured_on(toy_report):
     split = report.meta["probe_split"]
     assert split["measurement"] == [0, INTERVENTION_PROMPTS] and split["disjoint"] is True
     assert split["selection"] == [INTERVENTION_PROMPTS, INTERVENTION_PROMPTS + N_PROMPTS]
-    lists = min(build.LIST_PROMPTS, INTERVENTION_PROMPTS, N_PROMPTS)  # the selection rows choosing the page's lists
+    lists = min(split_module.LIST_PROMPTS, INTERVENTION_PROMPTS, N_PROMPTS)  # the selection rows choosing the page's lists
     assert split["lists"] == [INTERVENTION_PROMPTS, INTERVENTION_PROMPTS + lists]
     assert split["probes_drawn"] == INTERVENTION_PROMPTS + N_PROMPTS and split["seed"] == 0
     assert report.meta["prompts"] == N_PROMPTS and report.meta["intervention_prompts"] == INTERVENTION_PROMPTS

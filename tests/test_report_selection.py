@@ -28,7 +28,8 @@ from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.core.probes import probes_for
 from analyses.interventions.ablation import prepare_ablation
 from analyses.components.overview import components_overview
-from analyses.report.build import build_report, selection_probes, write_report
+from analyses.report.build import build_report, write_report
+from analyses.report.split import selection_probes
 from analyses.roles.backup import backup_report, joint_effects, pairwise_ablation
 from interp import from_hf, load_model
 from interp.random_models import make_random_gpt2, random_like

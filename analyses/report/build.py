@@ -18,10 +18,14 @@ the role heads against layer-matched random heads without the role (``role_contr
 ``analyses.roles.control``),
 a circuit section (the edges among the role heads: ``analyses.circuits.circuit``) and why the role
 heads attend (each induction, previous-token and duplicate-token head's QK attribution on the
-intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``).
+intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``). Each section's
+computation lives in the room of its job (the control ``analyses.roles.control``, the circuit
+``analyses.circuits.circuit.report_circuit``, the components ``analyses.components.overview``, the
+head effects ``analyses.roles.calibration``); this module orders the steps, turns their results into
+the page's sections and writes them.
 
 The roles are chosen on the selection rows of the probe draw, every effect measured on the
-intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
+intervention rows (``probe_split``: ``analyses.report.split``); the lists the page prints (the top direct logit attributions,
 the circuit edges listed and drawn, the backup groups) are chosen on the selection rows' first
 ``LIST_PROMPTS`` (fewer where ``intervention_prompts`` is fewer: ``selection_probes``, ``CHOSEN_LISTS``)
 and printed with their effects on the intervention rows.
@@ -75,6 +79,7 @@ from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, lef
                                   role_qk_cost)
 from analyses.report.qk_section import QK, qk_heads, qk_report_section, role_qk, with_qk
 from analyses.components.qk import qk_refusal
+from analyses.report.split import LIST_PROMPTS, chosen_apart, drawn_probes, list_prompts, probe_split, selection_probes
 from analyses.report.sections import ReportSection, chosen_sections, run_sections, section_data, section_of
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
@@ -85,11 +90,8 @@ from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout
 from analyses.interventions.attribution import Screen
 from analyses.interventions.controls import control_figure
 from analyses.interventions.run import Run
-from analyses.core.metrics import loss_metric
 from analyses.core.tokens import encode, leading_tokens
-from analyses.interventions.ablation import ablation_reads
 from analyses.interventions.cost import CostEstimate, StepClock
-from interp.errors import UserError
 from interp.memory import release_freed_memory
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -114,8 +116,6 @@ FIGURE_CAPTIONS = {
 }
 CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
 BACKUP = "backup pairs and groups"  # the report's part whose rises need interp's own final readout (``backup_refusal``)
-LIST_PROMPTS = 8  # the selection rows that choose the page's lists (``selection_probes``): half the default 16 measuring
-
 
 @dataclass
 class HeadReport:
@@ -710,80 +710,6 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
                         DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
     steps = [section.name for section in REPORT_SECTIONS] if steps is None else steps
     return shape, report_estimate(shape, ["probe run", *steps], float("nan"))
-
-
-def list_prompts(intervention_prompts: int, selection_rows: int) -> int:
-    """How many of the ``selection_rows`` choose the report's lists: ``LIST_PROMPTS``, or as many as
-    the intervention probes or the selection rows where those are fewer."""
-    return min(LIST_PROMPTS, intervention_prompts, selection_rows)
-
-
-def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float,
-                     progress: bool | None = None) -> FirstProbes:
-    """The selection rows' first ``list_prompts`` probes, their loss metric on the predictable
-    tokens and a ``Run`` of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
-    heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
-    (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
-    the circuit's edge attribution runs its own (``chosen_edges``)."""
-    selection = probes.after(intervention_prompts)
-    chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
-    metric = loss_metric(chosen.tokens, chosen.predictable)
-    names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
-    run = Run.make(model, chosen.tokens, metric, list(dict.fromkeys(names)), memory_mb=memory_mb, progress=progress,
-                   desc="selection probes")
-    return FirstProbes(chosen, run, metric)
-
-
-def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
-    """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
-    intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
-    effect and the other rows choosing the roles (on ``texts``, the texts choose them and the selection
-    rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges), and
-    ``lists`` the selection rows that choose the page's lists (``selection_probes``)."""
-    total = intervention_prompts + n_prompts
-    lists = intervention_prompts + list_prompts(intervention_prompts, n_prompts)
-    return {"probes_drawn": total, "seed": seed, "measurement": [0, intervention_prompts],
-            "selection": [intervention_prompts, total], "lists": [intervention_prompts, lists], "disjoint": True,
-            "rule": ("the roles are chosen on the texts (the selection rows give the calibration's null bands)"
-                     if texts else "the roles (classification, nulls, false-discovery rate) are chosen on the "
-                     "selection rows") + "; " + CHOSEN_LISTS + "; every ablation, control, circuit and component "
-                    "effect is measured on the measurement rows"}
-
-
-def drawn_probes(model, split: dict, seq_len: int | None) -> RepeatedProbes:
-    """The one probe draw that ``split`` (``probe_split``'s record, meta.json's ``probe_split``) describes,
-    drawn as the report draws it: ``probes_for`` of its ``probes_drawn`` at ``seq_len`` (meta.json's) and
-    its ``seed``."""
-    return probes_for(model, split["probes_drawn"], seq_len, seed=split["seed"])
-
-
-def probe_rows(probes: RepeatedProbes, split: dict, part: str) -> RepeatedProbes:
-    """The rows of ``part`` ("measurement", "selection" or "lists": ``probe_split``'s half-open row
-    ranges) of ``drawn_probes``' draw."""
-    if part not in ("measurement", "selection", "lists"):
-        raise UserError(f"probe rows {part!r}: the split has 'measurement', 'selection' and 'lists'")
-    low, high = split[part]
-    return probes.rows(slice(low, high))
-
-
-# how the report's lists are chosen on the selection rows (meta.json's probe_split rule, the guide)
-CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPTS} selection rows (as many as the "
-                "intervention probes where those are fewer): the top-5 "
-                "direct logit attribution (exact DLA there), the circuit edges printed and drawn and, with a screen, "
-                "those path-patched exactly (edge attribution, EAP, there: a screen, not the exact path-patching "
-                "sweep), the backup pairs' heads (their first-order "
-                f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
-                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0, and where one head's direct logit "
-                "attribution rises when the other is ablated, its interval excluding 0)")
-
-
-def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
-    """One sentence for the page: every effect is measured on prompts that did not choose the heads."""
-    where = f"the {texts} texts" if texts else f"the other {n_prompts} probes of the same draw"
-    return (f"Every effect is measured on prompts that did not choose the heads: the {intervention_prompts} "
-            f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
-            "attributions, the circuit edges listed and the backup groups on the first "
-            f"{list_prompts(intervention_prompts, n_prompts)} probes of the selection rows (meta.json: probe_split).")
 
 
 def role_rule(thresholds, fdr: float | None) -> str:
