@@ -205,9 +205,11 @@ def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Pat
     probes = drawn_probes(model, probe_split(o["n_prompts"], o["intervention_prompts"], o["seed"]), o["seq_len"])
     shape, estimate = report_cost(model, probes, left, o["texts"], o["intervention_prompts"],
                                   [section.name for section in chosen])
-    context = ReportContext(model, model_name, o["n_prompts"], o["seed"], o["texts"], o["thresholds"], o["fdr"],
-                            o["intervention_prompts"], o["memory_mb"], o["progress"], o["circuit_screen"], left,
-                            probes, shape, estimate)
+    context = ReportContext(model=model, model_name=model_name, n_prompts=o["n_prompts"], seed=o["seed"],
+                            texts=o["texts"], thresholds=o["thresholds"], fdr=o["fdr"],
+                            intervention_prompts=o["intervention_prompts"], memory_mb=o["memory_mb"],
+                            progress=o["progress"], circuit_screen=o["circuit_screen"], left=left, probes=probes,
+                            shape=shape, estimate=estimate)
     store = (Steps(where[0], report_inputs(context), resume=True) if where is not None else None)
     steps = ReportSteps(context.progress, StepClock(estimate), ("probe run", *(s.name for s in chosen)))
     steps.begin("probe run")  # the probes' one forward, which every step below reads
@@ -705,9 +707,11 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
     share = first / probes.n_prompts
     lists = list_prompts(intervention_prompts, probes.n_prompts - first) / probes.n_prompts  # ``selection_probes``
-    shape = ReportShape(model, probes.tokens.numel(), share, lists, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
-                        encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
-                        DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
+    shape = ReportShape(model=model, batch_rows=probes.tokens.numel(), share=share, list_share=lists,
+                        role_share=1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
+                        text_rows=encode(model, list(texts)).tokens.numel() if texts else 0, view_rows=view_rows,
+                        null_seeds=len(DEFAULT_NULL_SEEDS), pair_heads=DEFAULT_PAIR_HEADS, draws=CONTROL_DRAWS,
+                        circuit=CIRCUIT not in left)
     steps = [section.name for section in REPORT_SECTIONS] if steps is None else steps
     return shape, report_estimate(shape, ["probe run", *steps], float("nan"))
 

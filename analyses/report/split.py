@@ -44,9 +44,9 @@ def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, m
     chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
     metric = loss_metric(chosen.tokens, chosen.predictable)
     names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
-    run = Run.make(model, chosen.tokens, metric, list(dict.fromkeys(names)), memory_mb=memory_mb, progress=progress,
-                   desc="selection probes")
-    return FirstProbes(chosen, run, metric)
+    run = Run.make(model, chosen.tokens, metric=metric, names=list(dict.fromkeys(names)), memory_mb=memory_mb,
+                   progress=progress, desc="selection probes")
+    return FirstProbes(probes=chosen, run=run, metric=metric)
 
 
 def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
