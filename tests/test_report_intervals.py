@@ -26,7 +26,7 @@ from analyses.circuits.qk_check import qk_intervention_check, role_pairs
 from analyses.components.decompose import component_hooks
 from analyses.report.build import build_report, write_report
 from analyses.roles.calibration import FirstProbes, probe_run
-from analyses.report.qk_section import QK_PAIRS
+from analyses.circuits.role_qk import QK_PAIRS
 from analyses.roles.backup import direct_and_total_effects
 from analyses.roles.causal_check import ablation_effects
 from analyses.roles.classify import ROLES, classify_heads

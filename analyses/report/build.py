@@ -20,7 +20,7 @@ a circuit section (the edges among the role heads: ``analyses.circuits.circuit``
 heads attend (each induction, previous-token and duplicate-token head's QK attribution on the
 intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``). Each section's
 computation lives in the room of its job (the control ``analyses.roles.control``, the circuit
-``analyses.circuits.circuit.report_circuit``, the components ``analyses.components.overview``, the
+``analyses.circuits.circuit.report_circuit``, the QK attribution ``analyses.circuits.role_qk``, the components ``analyses.components.overview``, the
 head effects ``analyses.roles.calibration``); this module orders the steps, turns their results into
 the page's sections and writes them.
 
@@ -66,6 +66,7 @@ from analyses.circuits.circuit import (CHOSEN_EDGES, CIRCUIT_FIGURE_EDGES, CIRCU
                                        CircuitSection, edge_lines, report_circuit, screen_meta, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
 from analyses.circuits.edges import VIAS
+from analyses.circuits.role_qk import qk_heads, role_qk, with_qk
 from analyses.circuits.path_patching import path_needs
 from analyses.components.decompose import attention_vs_mlp_figure, component_hooks, dla_heatmap, logit_lens_figure
 from analyses.components.overview import ComponentsOverview, component_effects, components_overview
@@ -77,7 +78,7 @@ from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate,
                                   role_qk_cost)
-from analyses.report.qk_section import QK, qk_heads, qk_report_section, role_qk, with_qk
+from analyses.report.qk_section import QK, qk_report_section
 from analyses.components.qk import qk_refusal
 from analyses.report.split import LIST_PROMPTS, chosen_apart, drawn_probes, list_prompts, probe_split, selection_probes
 from analyses.report.sections import ReportSection, chosen_sections, run_sections, section_data, section_of
