@@ -14,6 +14,7 @@ import analyses.circuits.circuit as circuit
 import analyses.cli.circuit
 import analyses.cli.report
 import analyses.cli.tasks
+import analyses.components.overview as overview
 import analyses.core.hook_check as hook_check
 import analyses.report.build as build
 import analyses.report.task_page as task_page
@@ -56,8 +57,8 @@ def forbid(monkeypatch, module, *names: str) -> None:
 
 def test_a_report_leaves_out_the_circuit_and_dla_and_says_why(tmp_path, monkeypatch):
     loading_doubled(monkeypatch, analyses.cli.report)
-    forbid(monkeypatch, circuit, "path_patch", "screened_path_patch", "composition_scores")
-    forbid(monkeypatch, build, "direct_logit_attribution", "circuit_section")
+    forbid(monkeypatch, circuit, "path_patch", "screened_path_patch", "composition_scores", "circuit_section")
+    forbid(monkeypatch, overview, "direct_logit_attribution")
     out = tmp_path / "report"
     assert main(["report", "--model", "toy", "--prompts", "4", "--out", str(out), "--quiet"]) == 0
     assert {"index.html", "report.md", "head_roles.csv", "meta.json"} <= {p.name for p in out.iterdir()}

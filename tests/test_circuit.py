@@ -12,13 +12,14 @@ import torch
 from matplotlib.patches import FancyArrowPatch
 
 from analyses import cli
-from analyses.circuits.circuit import (VIA_COLOURS, circuit_edges, circuit_figure, circuit_section, edge_lines, induction_pair,
-                              role_heads, with_roles)
+from analyses.circuits.circuit import (VIA_COLOURS, chosen_edges, circuit_edges, circuit_figure, circuit_section, edge_lines,
+                                       induction_pair, role_heads, screen_meta, with_roles)
 from analyses.roles.classify import DEFAULT_THRESHOLD, assign_roles, classify_heads
 from analyses.roles.nulls import calibrate_roles
 from analyses.circuits.path_patching import edge_attribution
 from analyses.interventions.attribution import Screen
-from analyses.report.build import chosen_edges, circuit_report_section, screen_meta, selection_probes
+from analyses.report.build import circuit_report_section
+from analyses.report.split import selection_probes
 from analyses.circuits.composition import composition_scores
 from analyses.core.probes import probes_for
 from interp import load_model

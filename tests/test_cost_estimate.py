@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from analyses.core.probes import probes_for
-from analyses.report import build
+from analyses.report import build, split
 from forward_count import StepForwardCounter
 from interp import GPTConfig, GPTModel, load_model
 
@@ -39,10 +39,10 @@ def test_each_step_estimate_matches_the_counted_forwards(make, monkeypatch, caps
         counter.step = step
         begin(self, step)
 
-    monkeypatch.setattr(build, "probes_for", probes)
+    monkeypatch.setattr(split, "probes_for", probes)
     monkeypatch.setattr(build.ReportSteps, "begin", counted_begin)
     monkeypatch.setenv("INTERP_PROGRESS_SECONDS", "1000")
-    monkeypatch.setattr(build, "LIST_PROMPTS", 2)  # the lists chosen on fewer selection rows than the 4 measuring
+    monkeypatch.setattr(split, "LIST_PROMPTS", 2)  # the lists chosen on fewer selection rows than the 4 measuring
     with counter:
         report = build.build_report(model, model_name="tiny", n_prompts=8, seq_len=32, intervention_prompts=4)
     cost = report.meta["cost"]["steps"]

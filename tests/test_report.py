@@ -17,7 +17,8 @@ from analyses.roles.classify import MEASURES
 from analyses.cli import build_parser, main
 from analyses.core.plots import png_bytes
 from analyses.report.build import BACKUP, DISPLAY_TEXT, DISPLAY_TOKENS, ReportSteps, build_report, write_report
-from analyses.report.qk_section import QK, QK_COLUMNS
+from analyses.circuits.role_qk import QK_COLUMNS
+from analyses.report.qk_section import QK
 from analyses.report.page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
 from analyses.core.tokens import leading_tokens
 from interp import GPTConfig, GPTModel, load_model, provenance

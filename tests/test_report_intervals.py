@@ -17,14 +17,16 @@ from matplotlib.patches import Rectangle
 
 import analyses.report.build as build
 import analyses.report.calibration_figures as calibration_figures
+import analyses.report.split as split_module
 import analyses.roles.calibration as calibration
+import analyses.roles.control as control_module
 from analyses.core.probes import probes_for
 from analyses.core.metrics import loss_metric
 from analyses.circuits.qk_check import qk_intervention_check, role_pairs
 from analyses.components.decompose import component_hooks
 from analyses.report.build import build_report, write_report
 from analyses.roles.calibration import FirstProbes, probe_run
-from analyses.report.qk_section import QK_PAIRS
+from analyses.circuits.role_qk import QK_PAIRS
 from analyses.roles.backup import direct_and_total_effects
 from analyses.roles.causal_check import ablation_effects
 from analyses.roles.classify import ROLES, classify_heads
@@ -63,7 +65,7 @@ def toy_report():
         seen.wrap(monkeypatch, build, "classify_heads", "probes")
         seen.wrap(monkeypatch, calibration, "calibrate_roles", 1)
         seen.wrap(monkeypatch, calibration, "direct_and_total_effects", 1)
-        seen.wrap(monkeypatch, build, "control_effects", 1)
+        seen.wrap(monkeypatch, control_module, "control_effects", 1)
         seen.wrap(monkeypatch, build, "role_heatmaps")
         seen.wrap(monkeypatch, calibration_figures, "self_repair_figure")
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
@@ -86,7 +88,7 @@ def test_roles_are_chosen_on_probes_the_effects_are_not_measured_on(toy_report):
     split = report.meta["probe_split"]
     assert split["measurement"] == [0, INTERVENTION_PROMPTS] and split["disjoint"] is True
     assert split["selection"] == [INTERVENTION_PROMPTS, INTERVENTION_PROMPTS + N_PROMPTS]
-    lists = min(build.LIST_PROMPTS, INTERVENTION_PROMPTS, N_PROMPTS)  # the selection rows choosing the page's lists
+    lists = min(split_module.LIST_PROMPTS, INTERVENTION_PROMPTS, N_PROMPTS)  # the selection rows choosing the page's lists
     assert split["lists"] == [INTERVENTION_PROMPTS, INTERVENTION_PROMPTS + lists]
     assert split["probes_drawn"] == INTERVENTION_PROMPTS + N_PROMPTS and split["seed"] == 0
     assert report.meta["prompts"] == N_PROMPTS and report.meta["intervention_prompts"] == INTERVENTION_PROMPTS
@@ -141,7 +143,7 @@ def test_the_control_draws_no_head_of_the_role(toy_report):
     run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=INTERVENTION_PROMPTS,
                     progress=False)
     first = FirstProbes.of(probes, run, run.metric, INTERVENTION_PROMPTS)
-    control = build.role_control(model, table, first, n_draws=3, progress=False)
+    control = control_module.role_control(model, table, first, n_draws=3, progress=False)
     assert control.heads == [(0, 0), (0, 1)] and control.left == [(0, h) for h in range(2, 6)]
     assert control.unmatched == [1] and len(control.excluded) == 14
     assert control.found.sets == [[(0, 6), (0, 7)]] * 3

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 import analyses.report.build as build
+import analyses.circuits.circuit as circuit
+import analyses.components.overview as overview
 import analyses.roles.calibration as calibration
 from analyses.circuits.circuit import induction_pair
 from analyses.circuits.path_patching import edge_attribution
@@ -25,7 +27,9 @@ from analyses.interventions.attribution import Screen
 from analyses.core.metrics import logit_diff_metric, loss_metric
 from analyses.core.probes import probes_for
 from analyses.interventions.ablation import prepare_ablation
-from analyses.report.build import build_report, components_report_section, selection_probes, write_report
+from analyses.components.overview import components_overview
+from analyses.report.build import build_report, write_report
+from analyses.report.split import selection_probes
 from analyses.roles.backup import backup_report, joint_effects, pairwise_ablation
 from interp import from_hf, load_model
 from interp.random_models import make_random_gpt2, random_like
@@ -108,9 +112,9 @@ def toy_report(tmp_path_factory):
     model = load_model("toy").eval()
     calls = Calls()
     with pytest.MonkeyPatch.context() as monkeypatch:
-        calls.wrap(monkeypatch, build, "edge_attribution", lambda model, clean, *a, **k: clean)
+        calls.wrap(monkeypatch, circuit, "edge_attribution", lambda model, clean, *a, **k: clean)
         calls.wrap(monkeypatch, calibration, "first_order_head_effects", lambda ablation, *a, **k: ablation.tokens)
-        calls.wrap(monkeypatch, build, "predictable_dla", lambda model, probes, cache: probes.tokens)
+        calls.wrap(monkeypatch, overview, "predictable_dla", lambda model, probes, cache: probes.tokens)
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
                               intervention_prompts=INTERVENTION_PROMPTS, progress=False)
     return model, report, calls, write_report(report, tmp_path_factory.mktemp("toy_report"))
@@ -166,7 +170,7 @@ def test_the_circuit_lists_the_edges_chosen_by_attribution_on_the_selection_rows
     _, report, _, _ = toy_report
     text = next(s for s in report.sections if s.title == "Circuit").text
     assert "chosen by their edge attribution (EAP, noising) on the first probes of the selection rows" in text
-    assert len(re.findall(r"^- .* -> .* via ", text, flags=re.M)) == build.CHOSEN_EDGES
+    assert len(re.findall(r"^- .* -> .* via ", text, flags=re.M)) == circuit.CHOSEN_EDGES
 
 
 def test_backup_lines_and_table_print_the_excess_with_its_interval(toy_report):
@@ -192,7 +196,7 @@ def test_backup_lines_and_table_print_the_excess_with_its_interval(toy_report):
 
 
 # ---------------------------------------------------------------- selection bias on null models
-def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_less_often(monkeypatch):
+def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_less_often():
     """Twelve random-init GPT-2s (4 layers x 16 heads: 70 components, no learned effect): the
     report's top-5 DLA list chosen on the selection probes has intervals covering 0 in 51 of 60;
     chosen on the intervention probes themselves (the old report) in 34 of 60: in-sample, the winners'
@@ -200,9 +204,6 @@ def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_l
     most of the five cover 0: the list takes the largest means, which are the noisiest components,
     not the most significant. (The intervals are read from the rows the page prints, unrounded: these
     models' DLA is a few thousandths of a logit, below the page's two decimals.)"""
-    printed = []
-    original = build.top_dla
-    monkeypatch.setattr(build, "top_dla", lambda *args, **kwargs: printed.append(original(*args, **kwargs)) or printed[-1])
     effects = pd.DataFrame({"kind": ["head"], "direct": [float("nan")], "total": [0.0]})
     covered = {}
     for seed in range(10, 22):
@@ -210,8 +211,7 @@ def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_l
         probes = probes_for(null, 2 * 16, 64, seed=seed)
         selection = selection_probes(null, probes, 16, 1024.0, progress=False)
         for name, chosen_on in (("apart", selection), ("in_sample", None)):
-            components_report_section(null, probes.first(16), effects, selection=chosen_on, progress=False)
-            top = printed[-1]
+            top = components_overview(null, probes.first(16), effects, selection=chosen_on, progress=False).top
             assert len(top) == 5
             covered[name] = covered.get(name, 0) + int(((top["ci_low"] <= 0) & (top["ci_high"] >= 0)).sum())
     assert covered["apart"] >= 45 and covered["in_sample"] <= 40, covered
@@ -225,8 +225,8 @@ def test_the_circuit_screen_chooses_its_exact_edges_on_the_selection_rows_and_me
     model = load_model("toy").eval()
     sections = []
     with pytest.MonkeyPatch.context() as monkeypatch:
-        original = build.chosen_edges
-        monkeypatch.setattr(build, "chosen_edges", lambda *a, **k: sections.append(original(*a, **k)) or sections[-1])
+        original = circuit.chosen_edges
+        monkeypatch.setattr(circuit, "chosen_edges", lambda *a, **k: sections.append(original(*a, **k)) or sections[-1])
         report = build_report(model, model_name="toy", n_prompts=N_PROMPTS, seq_len=SEQ_LEN, seed=0,
                               intervention_prompts=INTERVENTION_PROMPTS, progress=False,
                               circuit_screen=Screen(top_k=3, share=0.05), sections=["circuit"])

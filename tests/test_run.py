@@ -17,7 +17,8 @@ from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import path_patch, path_reads
 from analyses.interventions.patching import component_patches, mlp_out_names, patch_heads, patch_mlps, prepare
 from analyses.core.probes import corrupt_first_copy, probes_for
-from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, LIST_PROMPTS, build_report
+from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, build_report
+from analyses.report.split import LIST_PROMPTS
 from analyses.interventions.run import FirstRows, Options, Run
 from interp import load_model
 from interp.errors import UserError

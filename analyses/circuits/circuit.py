@@ -16,13 +16,15 @@ token at a corrupted position and copy the corrupted token there, which raises t
 but confusing sign.)
 
 ``circuit_figure`` draws the strongest edges as a layered graph, and ``circuit_section`` is the
-whole step from a head-role table to edges + figure, which ``interp circuit`` and the report use.
+whole step from a head-role table to edges + figure, which ``interp circuit`` and the report use;
+``report_circuit`` is the report's, with the edges it lists and draws chosen by edge attribution on
+other probes than those that measure them (``chosen_edges``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import pandas as pd
@@ -32,11 +34,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.roles.calibration import FirstProbes
 from analyses.roles.classify import ALL_ROLES, ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
 from analyses.core.metrics import Metric, loss_metric
 from analyses.circuits.edges import KEY_COLUMNS, VIAS, check_vias
-from analyses.circuits.path_patching import path_patch, screened_path_patch
+from analyses.circuits.path_patching import edge_attribution, path_patch, screened_path_patch
 from analyses.core.probes import RepeatedProbes, corrupt_first_copy
 from analyses.interventions.attribution import Screen
 from analyses.interventions.run import Run
@@ -54,6 +57,9 @@ _COLUMNS = [*KEY_COLUMNS, "composition", "composition_minus_baseline", "value", 
 # SmolLM2-135M's 270 heads, which would make tens of thousands of edges, none of them the circuit the
 # probes test)
 CIRCUIT_ROLES = ("previous_token", "duplicate_token", "induction")
+CHOSEN_EDGES = 5  # the circuit edges the report lists (chosen on the selection probes: ``chosen_edges``)
+CIRCUIT_FIGURE_EDGES = 12  # and those it draws
+REPORT_SKIPPED_ROLES = tuple(role for role in ALL_ROLES if role not in CIRCUIT_ROLES)  # the report's circuit skips
 
 
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
@@ -303,3 +309,51 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
                 if len(patched) < len(edges) else ""))
     figure = circuit_figure(patched, top=top, title=title) if len(patched) else None
     return CircuitSection(edges, figure, senders, receivers, skipped, screen)
+
+
+
+
+def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0,
+                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> CircuitSection:
+    """The circuit with each edge's edge-attribution estimate (EAP, noising, on the induction pair of
+    ``selection``'s probes: two forwards and a backward, the cheaper screen of the exact sweep) as
+    ``chosen_by``, by which the report chooses the edges it prints and draws (``CHOSEN_EDGES``, the
+    figure's ``top``), their effects those path-patched on the intervention probes; the figure redrawn
+    from them."""
+    if circuit.edges.empty:
+        return circuit
+    clean, corrupted, metric = induction_pair(selection.probes, seed)
+    screen = edge_attribution(model, clean, corrupted, metric, senders=circuit.senders, receivers=circuit.receivers,
+                              via=VIAS, direction="noise", memory_mb=memory_mb, progress=progress)
+    edges = circuit.edges.merge(screen[[*KEY_COLUMNS, "attribution"]].rename(columns={"attribution": "chosen_by"}),
+                                on=KEY_COLUMNS, how="left")
+    patched = edges[edges["exact"].astype(bool)]
+    shown = strongest(patched, CIRCUIT_FIGURE_EDGES, "chosen_by")
+    title = ("edges chosen by edge attribution on the selection probes; width = |effect| by path patching (noise) on "
+             "the intervention probes" + (f"\nnot drawn: the {len(edges) - len(patched)} edges left at their EAP "
+                                         "estimate" if len(patched) < len(edges) else ""))
+    figure = circuit_figure(shown, top=CIRCUIT_FIGURE_EDGES, title=title) if len(shown) else None
+    return replace(circuit, edges=edges, figure=figure)
+
+
+def screen_meta(circuit: CircuitSection | None, screened_on: list[int]) -> dict | None:
+    """meta.json's record of the circuit's screen: its rule, how many edges it measured exactly and
+    ``screened_on``, the probe rows (half-open, of ``probe_split``'s draw) whose edge attribution chose
+    them (None without a screen, or where the circuit was left out)."""
+    if circuit is None or circuit.screen is None:
+        return None
+    return {"top_k": circuit.screen.top_k, "share": circuit.screen.share, "edges": len(circuit.edges),
+            "exact": int(circuit.edges["exact"].sum()), "screened_on": list(screened_on)}
+
+
+def report_circuit(model, table: pd.DataFrame, first: FirstProbes, selection: FirstProbes, *, seed: int = 0,
+                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                   screen: Screen | None = None) -> CircuitSection:
+    """The report's circuit: the edges among ``table``'s role heads but those whose only roles are
+    outside ``CIRCUIT_ROLES`` (``circuit_section`` on ``first``'s probes and run, a ``screen``, where
+    given, choosing its exact edges on ``selection``'s probes), each with the edge attribution on
+    ``selection``'s probes that chooses the edges the report lists and draws (``chosen_edges``)."""
+    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=memory_mb, progress=progress,
+                              run=first.run, skip_roles=REPORT_SKIPPED_ROLES, screen=screen,
+                              screen_probes=selection.probes)
+    return chosen_edges(model, circuit, selection, seed=seed, memory_mb=memory_mb, progress=progress)

@@ -33,7 +33,7 @@ from analyses.roles.classify import DEFAULT_THRESHOLD, ROLES, assign_roles, clas
 from analyses.roles.nulls import calibrate_roles
 from analyses.report.intervention_figures import save_csv, save_figure
 from analyses.cli.args import add_intervention_prompts_arg, add_model_args, add_probe_args, load_cli_model, whole
-from analyses.report.build import probe_split
+from analyses.report.split import probe_split
 from analyses.report.meta import model_meta, write_meta
 from analyses.circuits.edges import VIAS, check_vias
 from analyses.circuits.path_patching import path_needs

@@ -1,1 +1,1 @@
-"""What each component writes: the residual decomposition, DLA and logit lens, meaning (OV copying), linear probes, attention rollout and flow, MLP neurons."""
+"""What each component writes: the residual decomposition, DLA and logit lens, meaning (OV copying), linear probes, attention rollout and flow, MLP neurons, and the report's components section computed (overview)."""

@@ -15,13 +15,17 @@
 Beside the roles, the page has a calibration section (each score against its nulls, backup
 groups, direct vs total effects, dormant heads, head similarity: ``analyses.report.calibration_figures``),
 the role heads against layer-matched random heads without the role (``role_control``:
-``analyses.interventions.controls``),
+``analyses.roles.control``),
 a circuit section (the edges among the role heads: ``analyses.circuits.circuit``) and why the role
 heads attend (each induction, previous-token and duplicate-token head's QK attribution on the
-intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``).
+intervention probes, head_roles.csv's ``qk_*`` columns: ``analyses.report.qk_section``). Each section's
+computation lives in the room of its job (the control ``analyses.roles.control``, the circuit
+``analyses.circuits.circuit.report_circuit``, the QK attribution ``analyses.circuits.role_qk``, the components ``analyses.components.overview``, the
+head effects ``analyses.roles.calibration``); this module orders the steps, turns their results into
+the page's sections and writes them.
 
 The roles are chosen on the selection rows of the probe draw, every effect measured on the
-intervention rows (``probe_split``); the lists the page prints (the top direct logit attributions,
+intervention rows (``probe_split``: ``analyses.report.split``); the lists the page prints (the top direct logit attributions,
 the circuit edges listed and drawn, the backup groups) are chosen on the selection rows' first
 ``LIST_PROMPTS`` (fewer where ``intervention_prompts`` is fewer: ``selection_probes``, ``CHOSEN_LISTS``)
 and printed with their effects on the intervention rows.
@@ -42,8 +46,7 @@ import hashlib
 import json
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -57,41 +60,39 @@ from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import CAPTIONS as CALIBRATION_CAPTIONS
 from analyses.report.calibration_figures import CalibrationSection, section_figures
 from analyses.roles.calibration import (DEFAULT_PAIR_HEADS, FirstProbes, backup_frames, choosing_probes,
-                                        dormant_and_similarity, head_effects, probe_run, role_calibration)
-from analyses.circuits.circuit import (CIRCUIT_ROLES, CircuitSection, circuit_figure, circuit_section, edge_lines,
-                                       induction_pair, strongest)
+                                        dormant_and_similarity, head_effects, probe_run, role_calibration,
+                                        total_effects, with_direct_effects)
+from analyses.circuits.circuit import (CHOSEN_EDGES, CIRCUIT_FIGURE_EDGES, CIRCUIT_ROLES, REPORT_SKIPPED_ROLES,
+                                       CircuitSection, edge_lines, report_circuit, screen_meta, strongest)
 from analyses.circuits.circuit import role_heads as circuit_role_heads
-from analyses.circuits.edges import KEY_COLUMNS, VIAS
-from analyses.circuits.path_patching import edge_attribution, path_needs
-from analyses.components.decompose import (attention_vs_mlp_figure, component_hooks, components_cache,
-                                           direct_logit_attribution, dla_heatmap, logit_lens, logit_lens_figure,
-                                           next_token_answers)
-from analyses.components.meaning import ov_scores
+from analyses.circuits.edges import VIAS
+from analyses.circuits.role_qk import qk_heads, role_qk, with_qk
+from analyses.circuits.path_patching import path_needs
+from analyses.components.decompose import attention_vs_mlp_figure, component_hooks, dla_heatmap, logit_lens_figure
+from analyses.components.overview import ComponentsOverview, component_effects, components_overview
 from analyses.roles.classify import (ALL_ROLES, DEFAULT_FDR, DEFAULT_THRESHOLD, MEANING_ROLES, MEASURES, ROLES, check_fdr,
-                                     classify_heads, head_table)
+                                     classify_heads, has_role, head_table)
+from analyses.roles.control import CONTROL_DRAWS, RoleControl, lead_role, role_control, unmatched_text
 from analyses.roles.backup import DEFAULT_MIN_EXCESS, DIRECT_EFFECTS, backup_refusal, direct_effect_needs
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS
 from analyses.report.meta import model_meta
 from analyses.report.plan import (DLA, DLA_NEEDS, ReportShape, circuit_cost, left_out_section, report_estimate,
                                   role_qk_cost)
-from analyses.report.qk_section import QK, qk_heads, qk_report_section, role_qk, with_qk
+from analyses.report.qk_section import QK, qk_report_section
 from analyses.components.qk import qk_refusal
+from analyses.report.split import LIST_PROMPTS, chosen_apart, drawn_probes, list_prompts, probe_split, selection_probes
 from analyses.report.sections import ReportSection, chosen_sections, run_sections, section_data, section_of
 from analyses.core.plots import attention_grid, png_bytes, role_heatmaps
 from analyses.core.probes import RepeatedProbes, check_prompt_count, probes_for
 from analyses.core.progress import progress_bar
-from analyses.core.stats import bootstrap_ratio
 from analyses.report.page import (PatternView, ReportFigure, Section, display_tokens, effect_text, explorer_data,
                                   explorer_html, head_table_html, interval_columns, write_report_files)
 from analyses.components.rollout import ROLLOUT_NOTE, attention_rollout, rollout_figure
 from analyses.interventions.attribution import Screen
-from analyses.interventions.controls import ControlEffects, control_effects, control_figure
+from analyses.interventions.controls import control_figure
 from analyses.interventions.run import Run
-from analyses.core.metrics import loss_metric
 from analyses.core.tokens import encode, leading_tokens
-from analyses.interventions.ablation import ablation_reads
 from analyses.interventions.cost import CostEstimate, StepClock
-from interp.errors import UserError
 from interp.memory import release_freed_memory
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
@@ -102,7 +103,6 @@ PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom,
 # path patching): each sweeps every head, so its cost grows with prompts x heads, while the roles
 # are read from every probe in the one forward
 DEFAULT_INTERVENTION_PROMPTS = 16
-CONTROL_DRAWS = 50  # random head sets the role heads are compared with (one sweep of this many + 1 ablations)
 
 DISPLAY_TEXT = "the cat sat on the mat. the cat sat on the mat."
 DISPLAY_TOKENS = 64  # the page stores every head's pattern on at most this many tokens of its text
@@ -117,11 +117,6 @@ FIGURE_CAPTIONS = {
 }
 CIRCUIT = "circuit"  # the report's parts a model may not run (``report_plan``)
 BACKUP = "backup pairs and groups"  # the report's part whose rises need interp's own final readout (``backup_refusal``)
-CHOSEN_EDGES = 5  # the circuit edges the page lists (chosen on the selection probes: ``chosen_edges``)
-CIRCUIT_FIGURE_EDGES = 12  # and those it draws
-TOP_DLA = 5  # the components the page lists by direct logit attribution (chosen on the selection probes)
-LIST_PROMPTS = 8  # the selection rows that choose the page's lists (``selection_probes``): half the default 16 measuring
-
 
 @dataclass
 class HeadReport:
@@ -211,9 +206,11 @@ def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Pat
     probes = drawn_probes(model, probe_split(o["n_prompts"], o["intervention_prompts"], o["seed"]), o["seq_len"])
     shape, estimate = report_cost(model, probes, left, o["texts"], o["intervention_prompts"],
                                   [section.name for section in chosen])
-    context = ReportContext(model, model_name, o["n_prompts"], o["seed"], o["texts"], o["thresholds"], o["fdr"],
-                            o["intervention_prompts"], o["memory_mb"], o["progress"], o["circuit_screen"], left,
-                            probes, shape, estimate)
+    context = ReportContext(model=model, model_name=model_name, n_prompts=o["n_prompts"], seed=o["seed"],
+                            texts=o["texts"], thresholds=o["thresholds"], fdr=o["fdr"],
+                            intervention_prompts=o["intervention_prompts"], memory_mb=o["memory_mb"],
+                            progress=o["progress"], circuit_screen=o["circuit_screen"], left=left, probes=probes,
+                            shape=shape, estimate=estimate)
     store = (Steps(where[0], report_inputs(context), resume=True) if where is not None else None)
     steps = ReportSteps(context.progress, StepClock(estimate), ("probe run", *(s.name for s in chosen)))
     steps.begin("probe run")  # the probes' one forward, which every step below reads
@@ -388,20 +385,17 @@ def control_result(context: ReportContext, results: dict) -> dict:
 
 
 def circuit_result(context: ReportContext, results: dict) -> dict:
-    """The edges among the role heads (``circuit_section``, ``chosen_edges``), the edges path-patched
+    """The edges among the role heads (``report_circuit``), the edges path-patched
     exactly screened on the selection rows that choose the lists, and meta.json's record of its screen;
     no section where the plan left the circuit out."""
     c = context
     if CIRCUIT in c.left:
         return {"section": None, "screen": None}
     table = roles_table(c, results)
-    skipped = [role for role in ALL_ROLES if role not in CIRCUIT_ROLES]
-    c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=skipped), c.circuit_screen),
-                        c.progress)
-    circuit = chosen_edges(c.model, circuit_section(
-        c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb, progress=c.progress, run=c.first.run,
-        skip_roles=skipped, screen=c.circuit_screen, screen_probes=c.selection.probes), c.selection, seed=c.seed,
-        memory_mb=c.step_mb, progress=c.progress)
+    c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=REPORT_SKIPPED_ROLES),
+                                                c.circuit_screen), c.progress)
+    circuit = report_circuit(c.model, table, c.first, c.selection, seed=c.seed, memory_mb=c.step_mb,
+                             progress=c.progress, screen=c.circuit_screen)
     screened_on = probe_split(c.n_prompts, c.intervention_prompts, c.seed)["lists"]
     return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit, screened_on),
             "edges": circuit.edges}
@@ -422,12 +416,11 @@ def qk_result(context: ReportContext, results: dict) -> dict:
 
 
 def components_result(context: ReportContext, results: dict) -> dict:
-    """The components section (``components_report_section``), its attention-vs-MLP read from the ablation."""
+    """The components section (``components_overview``), its attention-vs-MLP read from the ablation."""
     c = context
-    effects = component_effects(results["ablation"])
-    return {"section": section_data(components_report_section(
-        c.model, c.first.probes, effects, run=c.first.run, memory_mb=c.step_mb, progress=c.progress,
-        dla=DLA not in c.left, selection=c.selection))}
+    found = components_overview(c.model, c.first.probes, component_effects(results["ablation"]), run=c.first.run,
+                                memory_mb=c.step_mb, progress=c.progress, dla=DLA not in c.left, selection=c.selection)
+    return {"section": section_data(components_report_section(found))}
 
 
 # The report's sections in the order they run; the page shows them (but the head table, which
@@ -715,138 +708,13 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
                  + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
     share = first / probes.n_prompts
     lists = list_prompts(intervention_prompts, probes.n_prompts - first) / probes.n_prompts  # ``selection_probes``
-    shape = ReportShape(model, probes.tokens.numel(), share, lists, 1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
-                        encode(model, list(texts)).tokens.numel() if texts else 0, view_rows, len(DEFAULT_NULL_SEEDS),
-                        DEFAULT_PAIR_HEADS, CONTROL_DRAWS, CIRCUIT not in left)
+    shape = ReportShape(model=model, batch_rows=probes.tokens.numel(), share=share, list_share=lists,
+                        role_share=1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
+                        text_rows=encode(model, list(texts)).tokens.numel() if texts else 0, view_rows=view_rows,
+                        null_seeds=len(DEFAULT_NULL_SEEDS), pair_heads=DEFAULT_PAIR_HEADS, draws=CONTROL_DRAWS,
+                        circuit=CIRCUIT not in left)
     steps = [section.name for section in REPORT_SECTIONS] if steps is None else steps
     return shape, report_estimate(shape, ["probe run", *steps], float("nan"))
-
-
-def list_prompts(intervention_prompts: int, selection_rows: int) -> int:
-    """How many of the ``selection_rows`` choose the report's lists: ``LIST_PROMPTS``, or as many as
-    the intervention probes or the selection rows where those are fewer."""
-    return min(LIST_PROMPTS, intervention_prompts, selection_rows)
-
-
-def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float,
-                     progress: bool | None = None) -> FirstProbes:
-    """The selection rows' first ``list_prompts`` probes, their loss metric on the predictable
-    tokens and a ``Run`` of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
-    heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
-    (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
-    the circuit's edge attribution runs its own (``chosen_edges``)."""
-    selection = probes.after(intervention_prompts)
-    chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
-    metric = loss_metric(chosen.tokens, chosen.predictable)
-    names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
-    run = Run.make(model, chosen.tokens, metric, list(dict.fromkeys(names)), memory_mb=memory_mb, progress=progress,
-                   desc="selection probes")
-    return FirstProbes(chosen, run, metric)
-
-
-def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> CircuitSection:
-    """The circuit with each edge's edge-attribution estimate (EAP, noising, on the induction pair of
-    ``selection``'s probes: two forwards and a backward, the cheaper screen of the exact sweep) as
-    ``chosen_by``, by which the report chooses the edges it prints and draws (``CHOSEN_EDGES``, the
-    figure's ``top``), their effects those path-patched on the intervention probes; the figure redrawn
-    from them."""
-    if circuit.edges.empty:
-        return circuit
-    clean, corrupted, metric = induction_pair(selection.probes, seed)
-    screen = edge_attribution(model, clean, corrupted, metric, senders=circuit.senders, receivers=circuit.receivers,
-                              via=VIAS, direction="noise", memory_mb=memory_mb, progress=progress)
-    edges = circuit.edges.merge(screen[[*KEY_COLUMNS, "attribution"]].rename(columns={"attribution": "chosen_by"}),
-                                on=KEY_COLUMNS, how="left")
-    patched = edges[edges["exact"].astype(bool)]
-    shown = strongest(patched, CIRCUIT_FIGURE_EDGES, "chosen_by")
-    title = ("edges chosen by edge attribution on the selection probes; width = |effect| by path patching (noise) on "
-             "the intervention probes" + (f"\nnot drawn: the {len(edges) - len(patched)} edges left at their EAP "
-                                         "estimate" if len(patched) < len(edges) else ""))
-    figure = circuit_figure(shown, top=CIRCUIT_FIGURE_EDGES, title=title) if len(shown) else None
-    return replace(circuit, edges=edges, figure=figure)
-
-
-def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
-    """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
-    intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
-    effect and the other rows choosing the roles (on ``texts``, the texts choose them and the selection
-    rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges), and
-    ``lists`` the selection rows that choose the page's lists (``selection_probes``)."""
-    total = intervention_prompts + n_prompts
-    lists = intervention_prompts + list_prompts(intervention_prompts, n_prompts)
-    return {"probes_drawn": total, "seed": seed, "measurement": [0, intervention_prompts],
-            "selection": [intervention_prompts, total], "lists": [intervention_prompts, lists], "disjoint": True,
-            "rule": ("the roles are chosen on the texts (the selection rows give the calibration's null bands)"
-                     if texts else "the roles (classification, nulls, false-discovery rate) are chosen on the "
-                     "selection rows") + "; " + CHOSEN_LISTS + "; every ablation, control, circuit and component "
-                    "effect is measured on the measurement rows"}
-
-
-def drawn_probes(model, split: dict, seq_len: int | None) -> RepeatedProbes:
-    """The one probe draw that ``split`` (``probe_split``'s record, meta.json's ``probe_split``) describes,
-    drawn as the report draws it: ``probes_for`` of its ``probes_drawn`` at ``seq_len`` (meta.json's) and
-    its ``seed``."""
-    return probes_for(model, split["probes_drawn"], seq_len, seed=split["seed"])
-
-
-def probe_rows(probes: RepeatedProbes, split: dict, part: str) -> RepeatedProbes:
-    """The rows of ``part`` ("measurement", "selection" or "lists": ``probe_split``'s half-open row
-    ranges) of ``drawn_probes``' draw."""
-    if part not in ("measurement", "selection", "lists"):
-        raise UserError(f"probe rows {part!r}: the split has 'measurement', 'selection' and 'lists'")
-    low, high = split[part]
-    return probes.rows(slice(low, high))
-
-
-# how the report's lists are chosen on the selection rows (meta.json's probe_split rule, the guide)
-CHOSEN_LISTS = (f"the lists the page prints are chosen on the first {LIST_PROMPTS} selection rows (as many as the "
-                "intervention probes where those are fewer): the top-5 "
-                "direct logit attribution (exact DLA there), the circuit edges printed and drawn and, with a screen, "
-                "those path-patched exactly (edge attribution, EAP, there: a screen, not the exact path-patching "
-                "sweep), the backup pairs' heads (their first-order "
-                f"ablation effect there) and backup groups (pairwise ablation there, pairs whose excess is at least "
-                f"{DEFAULT_MIN_EXCESS} nats and whose excess interval excludes 0, and where one head's direct logit "
-                "attribution rises when the other is ablated, its interval excluding 0)")
-
-
-def chosen_apart(n_prompts: int, intervention_prompts: int, texts: int | None = None) -> str:
-    """One sentence for the page: every effect is measured on prompts that did not choose the heads."""
-    where = f"the {texts} texts" if texts else f"the other {n_prompts} probes of the same draw"
-    return (f"Every effect is measured on prompts that did not choose the heads: the {intervention_prompts} "
-            f"intervention probes, while the roles were chosen on {where}, and the top direct logit "
-            "attributions, the circuit edges listed and the backup groups on the first "
-            f"{list_prompts(intervention_prompts, n_prompts)} probes of the selection rows (meta.json: probe_split).")
-
-
-def screen_meta(circuit: CircuitSection | None, screened_on: list[int]) -> dict | None:
-    """meta.json's record of the circuit's screen: its rule, how many edges it measured exactly and
-    ``screened_on``, the probe rows (half-open, of ``probe_split``'s draw) whose edge attribution chose
-    them (None without a screen, or where the circuit was left out)."""
-    if circuit is None or circuit.screen is None:
-        return None
-    return {"top_k": circuit.screen.top_k, "share": circuit.screen.share, "edges": len(circuit.edges),
-            "exact": int(circuit.edges["exact"].sum()), "screened_on": list(screened_on)}
-
-
-def total_effects(effects: pd.DataFrame) -> pd.DataFrame:
-    """``layer, head, ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts``: each head's
-    total ablation effect and its 95% interval over prompts, from the ablation section's ``effects``
-    (``head_effects``: position-aligned mean ablation, loss on the probes' predictable tokens)."""
-    names = {"total": "ablation_effect", "total_ci_low": "ablation_ci_low", "total_ci_high": "ablation_ci_high",
-             "n_prompts": "ablation_n_prompts"}
-    return effects.rename(columns=names)[["layer", "head", *names.values()]]
-
-
-def with_direct_effects(table: pd.DataFrame, effects: pd.DataFrame) -> pd.DataFrame:
-    """The head table with each head's direct effect (downstream frozen, as the ablation measured it in ``effects``;
-    NaN where the plan left direct effects out) and its 95% interval, ``direct_effect, direct_ci_low,
-    direct_ci_high``, right after the ablation (total) effect's columns and ``causal``."""
-    direct = effects[["layer", "head", "direct", "direct_ci_low", "direct_ci_high"]]
-    merged = table.merge(direct.rename(columns={"direct": "direct_effect"}).astype({"head": int}), on=["layer", "head"],
-                         how="left")
-    at = list(table.columns).index("causal") + 1
-    return merged[[*table.columns[:at], "direct_effect", "direct_ci_low", "direct_ci_high", *table.columns[at:]]]
 
 
 def role_rule(thresholds, fdr: float | None) -> str:
@@ -862,65 +730,6 @@ def role_rule(thresholds, fdr: float | None) -> str:
     limit = DEFAULT_THRESHOLD if thresholds is None else thresholds
     return (f"A head has a role when its score is at least the threshold ({limit}) and its 95% bootstrap "
             "interval lies above chance (a uniform head's score).")
-
-
-@dataclass
-class RoleControl:
-    """The report's control: ``role``'s heads (``heads``) ablated against layer-matched random sets
-    drawn from the heads without the role (``found``), or why there is none (``why``).
-    ``excluded``: every head with the role, tested or not, none of which a random set holds;
-    ``unmatched``: the layers whose every head has the role, where no matched control is possible
-    (none of their heads is tested); ``left``: the role heads of the other layers left untested, so
-    that each layer keeps as many heads without the role as it has tested heads."""
-
-    role: str
-    heads: list[tuple[int, int]]
-    left: list[tuple[int, int]]
-    excluded: list[tuple[int, int]]
-    unmatched: list[int]
-    found: ControlEffects | None = None
-    why: str = ""
-
-
-def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int = CONTROL_DRAWS, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> RoleControl:
-    """The heads of the role the page opens on (``start_measure``: induction, else previous-token)
-    ablated as the head table's ablation effect is (position-aligned mean, the loss of the
-    predictable tokens, on ``first``'s probes and run) against ``n_draws`` layer-matched random sets,
-    in one batched sweep of ``n_draws + 1`` variants (``control_effects``). The random sets never
-    hold a head with the role (every one is passed as ``exclude``), so a layer with k role heads of n
-    tests its highest-scoring min(k, n - k); a layer whose every head has the role is unmatched."""
-    role = start_measure(table)
-    ranked = table[has_role(table["role"], role)].sort_values(
-        [role, "layer", "head"], ascending=[False, True, True])
-    role_heads = [(int(layer), int(head)) for layer, head in ranked[["layer", "head"]].itertuples(index=False)]
-    per_layer = Counter(layer for layer, _ in role_heads)
-    unmatched = sorted(layer for layer, count in per_layer.items() if count == model.cfg.n_heads)
-    heads, left, taken = [], [], Counter()
-    for layer, head in role_heads:
-        if layer in unmatched:
-            continue
-        kept = taken[layer] < model.cfg.n_heads - per_layer[layer]
-        (heads if kept else left).append((layer, head))
-        taken[layer] += kept
-    control = RoleControl(role, sorted(heads), sorted(left), sorted(role_heads), unmatched)
-    if not role_heads:
-        control.why = f"no head has the role {role}, so there is no set to test"
-    elif not heads:
-        control.why = unmatched_text(control)
-    else:
-        control.found = control_effects(model, first.probes, control.heads, "mean_aligned", first.metric,
-                                        n_draws=n_draws, seed=seed, run=first.run, memory_mb=memory_mb,
-                                        progress=progress, exclude=control.excluded)
-    return control
-
-
-def unmatched_text(control: RoleControl) -> str:
-    """Where ``control`` has no matched control and why, in words."""
-    plural = "s" if len(control.unmatched) > 1 else ""
-    return (f"no matched control is possible in layer{plural} {', '.join(map(str, control.unmatched))}: every head "
-            f"there has the role {control.role}, so no head without it is left to draw a layer-matched random "
-            "set from")
 
 
 def control_report_section(control: RoleControl, chosen: str) -> Section:
@@ -1009,100 +818,42 @@ def pair_table(pairs: pd.DataFrame) -> pd.DataFrame:
                          "backs up": pairs["backs"].map({True: "yes", False: "no"})})
 
 
-def components_report_section(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
-                              memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                              dla: bool = True, selection: FirstProbes | None = None) -> Section:
-    """The components section (``analyses.components.decompose``, ``analyses.components.meaning``): direct logit
-    attribution to the predictable tokens, the logit lens, each head's and MLP's direct against total
-    effect (attention vs MLP: ``effects``, the calibration's ablations of every head and MLP,
-    ``component_effects``), and the copying / copy-suppression roles of the OV circuits, on
-    ``probes`` (the report's first ``intervention_prompts``). ``run``: a ``Run`` of the probes whose
-    ``component_hooks`` (with the lens) serve instead of a forward. ``dla=False`` leaves direct logit
-    attribution out (a model whose heads' writes are not z @ W_O: ``analyses.report.plan``). ``selection``:
-    the probes (with a ``Run`` holding ``component_hooks``) the top ``TOP_DLA`` components are chosen on
-    (``top_dla``; None: on ``probes``, in-sample), their values printed from ``probes``."""
-    tokens = probes.tokens
-    answers, positions = next_token_answers(tokens)
-    cache = (components_cache(model, tokens, lens=True) if run is None else
-             run.read(component_hooks(model, lens=True)))
+def components_report_section(found: ComponentsOverview) -> Section:
+    """The components section, from its numbers (``components_overview``): direct logit attribution
+    to the predictable tokens and its top components, the logit lens, each head's and MLP's direct
+    against total effect (attention vs MLP) and the copying / copy-suppression roles of the OV circuits."""
     figures, attribution = [], "Which components write the answer."
-    if dla:
-        means = predictable_dla(model, probes, cache)
-        top = top_dla(means if selection is None else
-                      predictable_dla(model, selection.probes, selection.run.read(component_hooks(model, lens=True))),
-                      means)
+    if found.dla is not None:
         figures.append(ReportFigure("dla", "Direct logit attribution to the predictable tokens (mean, layer x head; "
                                     "MLPs right; hatched: its 95% interval over the probes contains 0)",
-                                    png_bytes(dla_heatmap(means))))
+                                    png_bytes(dla_heatmap(found.dla))))
         attribution += (
             " **Direct logit attribution**: each head's, MLP's and embedding's "
             "contribution to the logit of the correct next token on the predictable second-copy tokens, with the "
             "final norm frozen at the clean run's scale (TransformerLens's convention; the parts add up to the "
-            f"logit{', before the final soft cap' if means.attrs['logits'] != 'as output' else ''}). The largest, "
+            f"logit{', before the final soft cap' if found.dla.attrs['logits'] != 'as output' else ''}). The largest, "
             "chosen on the first probes of the selection rows and measured on the intervention probes:\n\n"
-            + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in top.itertuples()))
-    lens = logit_lens(model, cache, answers, positions=positions, where=probes.predictable[:, 1:], memory_mb=memory_mb)
-    del cache
-    roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
+            + "\n".join(f"- {r.component}: {effect_text(r.dla, r.ci_low, r.ci_high, 2)}" for r in found.top.itertuples()))
+    effects = found.effects
     per_kind = effects.groupby("kind")[["direct", "total"]].sum(min_count=1)
-    direct = effects["direct"].notna().any()  # the direct effects, where the plan kept them
     text = (attribution
             + ("\n\n**Attention vs MLP**: each head and MLP ablated alone as in the calibration (position-aligned "
                "mean), its direct effect (everything downstream frozen) against its total effect, as the rise in the "
                "loss on the predictable tokens; summed over the heads the direct effects are "
                + f"{per_kind.loc['head', 'direct']:+.2f} nats (total {per_kind.loc['head', 'total']:+.2f}), over the MLPs "
                + (f"{per_kind.loc['mlp', 'direct']:+.2f} (total {per_kind.loc['mlp', 'total']:+.2f})"
-                  if "mlp" in per_kind.index else "nothing (the model has none)") + "." if direct else "")
+                  if "mlp" in per_kind.index else "nothing (the model has none)") + "." if found.direct else "")
             + " **Logit lens**: the residual entering each block decoded as if it were the last. **What heads "
             "move** (table, largest copying first): copying read from each head's OV circuit on the tokens (the eigenvalues of W_E W_V "
             "W_O W_U; copy suppression is its negative) and the share of tokens whose own logit tops (bottoms) "
             "their row. The roles copying and copy_suppression are in the head table, decided against their "
             "random-initialisation nulls in the same false-discovery family as the attention roles.")
     figures += [ReportFigure("logit_lens", "The logit lens on the predictable tokens",
-                             png_bytes(logit_lens_figure(lens))),
+                             png_bytes(logit_lens_figure(found.lens))),
                 *([ReportFigure("attention_vs_mlp", "Direct against total effect of ablating every head and MLP (nats)",
-                                png_bytes(attention_vs_mlp_figure(effects)))] if direct else [])]
-    copying = roles[["layer", "head", "copying", "copying_topk", "suppression_topk"]].sort_values(
-        ["copying", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
-    return Section("Components", text, figures=figures, table=copying.round(3), csv="copying.csv", csv_table=copying)
-
-
-def predictable_dla(model, probes: RepeatedProbes, cache: dict) -> pd.DataFrame:
-    """``dla_intervals`` of the components' direct logit attribution to the next token on the probes'
-    predictable tokens, from ``cache`` (``component_hooks`` with the lens, of ``probes``); ``attrs["logits"]``:
-    the frame's ``logits`` note (``direct_logit_attribution``)."""
-    answers, positions = next_token_answers(probes.tokens)
-    found = direct_logit_attribution(model, cache, answers, positions=positions)
-    found = found[probes.predictable[:, 1:].reshape(-1).repeat(found["component"].nunique()).cpu().numpy()]
-    means = dla_intervals(found)
-    means.attrs["logits"] = found["logits"].iloc[0]
-    return means
-
-
-def top_dla(chosen_on: pd.DataFrame, measured: pd.DataFrame, k: int = TOP_DLA) -> pd.DataFrame:
-    """The ``k`` components of largest DLA in ``chosen_on`` (``dla_intervals`` of the probes that choose;
-    ties by name), best first, with their rows of ``measured`` (``dla_intervals`` of other probes):
-    the values the page prints, measured on prompts that did not choose them."""
-    order = chosen_on.sort_values(["dla", "component"], ascending=[False, True])["component"].head(k)
-    return measured.set_index("component").loc[order].reset_index()
-
-
-def dla_intervals(found: pd.DataFrame) -> pd.DataFrame:
-    """Each component's mean DLA over the (prompt, position) rows of a ``direct_logit_attribution``
-    frame, pooled over prompts, with its 95% percentile bootstrap interval over prompts
-    (``bootstrap_ratio``): one row per component, ``component, kind, layer, head, dla, ci_low, ci_high``,
-    as ``dla_heatmap`` reads them (it hatches the cells whose interval contains 0)."""
-    sums = found.groupby(["prompt", "component"])["dla"].sum().unstack("component")  # (prompts, components)
-    counts = found.groupby("prompt").size() / found["component"].nunique()  # each prompt's rows per component
-    mean, low, high = bootstrap_ratio(torch.tensor(sums.to_numpy()), torch.tensor(counts.loc[sums.index].to_numpy()))
-    parts = found.drop_duplicates("component").set_index("component").loc[sums.columns, ["kind", "layer", "head"]]
-    return parts.reset_index().assign(dla=mean.cpu().numpy(), ci_low=low.cpu().numpy(), ci_high=high.cpu().numpy())
-
-
-def component_effects(ablation: dict) -> pd.DataFrame:
-    """Every head's and MLP's direct and total ablation effect, as the ablation section measured them
-    (its ``effects`` and ``mlp_effects``): ``component, kind, layer, head, total, direct, self_repair, baseline``."""
-    return pd.concat([ablation["effects"], ablation["mlp_effects"]], ignore_index=True)
+                                png_bytes(attention_vs_mlp_figure(effects)))] if found.direct else [])]
+    return Section("Components", text, figures=figures, table=found.copying.round(3), csv="copying.csv",
+                   csv_table=found.copying)
 
 
 def circuit_report_section(circuit: CircuitSection) -> Section:
@@ -1150,7 +901,7 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
     drawn = {} if drawn is None else drawn
     measures = [m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
-    explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), start_measure(table))
+    explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), lead_role(table))
     probe_view, text_view = views
     intervals = {"ablation_effect": interval_columns("ablation_effect")}
     figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"],
@@ -1188,14 +939,9 @@ def once(drawn: dict[str, bytes], name: str, draw) -> bytes:
     return drawn[name]
 
 
-def start_measure(table: pd.DataFrame) -> str:
-    """The measure the page opens on: induction, else (texts score no induction) previous-token."""
-    return "induction" if "induction" in table.columns else "previous_token"
-
-
 def start_head(table: pd.DataFrame) -> tuple[int, int]:
-    """The head the page shows first: the best head of ``start_measure``."""
-    row = table.loc[table[start_measure(table)].idxmax()]
+    """The head the page shows first: the best head of ``lead_role``."""
+    row = table.loc[table[lead_role(table)].idxmax()]
     return int(row["layer"]), int(row["head"])
 
 
@@ -1262,11 +1008,6 @@ def role_heads(table: pd.DataFrame, column: str, role: str, top: int | None = No
                       + ")" for r in heads.head(top).itertuples())
     more = len(heads) - (len(heads) if top is None else min(top, len(heads)))
     return shown + (f", and {more} more" if more else "")
-
-
-def has_role(roles: pd.Series, role: str) -> pd.Series:
-    """Whether each of ``roles`` (';'-joined role names) holds ``role``."""
-    return roles.str.split(";").apply(lambda names: role in names)
 
 
 def ablation_text(row) -> str:

@@ -1,1 +1,1 @@
-"""What each head does: the probes' scores, classification, null models (the copying roles' among them), the role calibration the report stands on, dormant and backup heads, the causal check, TransformerLens compatibility."""
+"""What each head does: the probes' scores, classification, null models (the copying roles' among them), the role calibration the report stands on, the report's control (role heads against layer-matched random heads), dormant and backup heads, the causal check, TransformerLens compatibility."""

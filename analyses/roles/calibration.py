@@ -6,7 +6,8 @@ reads; the roles are chosen on some probes (``choosing_probes``) and every ablat
 others (``FirstProbes``). From them: the role nulls with Benjamini-Hochberg roles
 (``role_calibration``: ``analyses.roles.nulls`` for the attention roles and
 ``analyses.roles.copying`` for the copying roles, in one false-discovery family), each head's and
-MLP's direct and total effect (``head_effects``), backup groups from pairwise ablation of the role
+MLP's direct and total effect (``head_effects``; the head table's columns of them: ``total_effects``,
+``with_direct_effects``), backup groups from pairwise ablation of the role
 heads (``backup_frames``, ``analyses.roles.backup``), dormant heads and the clustered similarity of
 head outputs and patterns (``dormant_and_similarity``, ``analyses.roles.dormant``).
 ``calibration_frames`` runs them all in order. The figures drawn from these tables are
@@ -243,3 +244,22 @@ def role_heads_by_effect(calibration: pd.DataFrame, effects: pd.DataFrame, limit
     ranked = ranked.assign(size=ranked["total"].abs()).sort_values(["size", "layer", "head"], ascending=[False, True, True])
     return sorted((int(l), int(h)) for l, h in ranked[["layer", "head"]].head(limit).itertuples(index=False))
 
+
+def total_effects(effects: pd.DataFrame) -> pd.DataFrame:
+    """``layer, head, ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts``: each head's
+    total ablation effect and its 95% interval over prompts, from the ablation section's ``effects``
+    (``head_effects``: position-aligned mean ablation, loss on the probes' predictable tokens)."""
+    names = {"total": "ablation_effect", "total_ci_low": "ablation_ci_low", "total_ci_high": "ablation_ci_high",
+             "n_prompts": "ablation_n_prompts"}
+    return effects.rename(columns=names)[["layer", "head", *names.values()]]
+
+
+def with_direct_effects(table: pd.DataFrame, effects: pd.DataFrame) -> pd.DataFrame:
+    """The head table with each head's direct effect (downstream frozen, as the ablation measured it in ``effects``;
+    NaN where the plan left direct effects out) and its 95% interval, ``direct_effect, direct_ci_low,
+    direct_ci_high``, right after the ablation (total) effect's columns and ``causal``."""
+    direct = effects[["layer", "head", "direct", "direct_ci_low", "direct_ci_high"]]
+    merged = table.merge(direct.rename(columns={"direct": "direct_effect"}).astype({"head": int}), on=["layer", "head"],
+                         how="left")
+    at = list(table.columns).index("causal") + 1
+    return merged[[*table.columns[:at], "direct_effect", "direct_ci_low", "direct_ci_high", *table.columns[at:]]]

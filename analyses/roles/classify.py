@@ -418,3 +418,8 @@ def null_columns(calibration: pd.DataFrame) -> pd.DataFrame:
     columns = {role: wide[("score", role)] for role in present if role in MEANING_ROLES}
     columns |= {f"{role}_{value}": wide[(value, role)] for role in present for value in values}
     return pd.DataFrame(columns).reset_index()
+
+
+def has_role(roles: pd.Series, role: str) -> pd.Series:
+    """Whether each of ``roles`` (';'-joined role names) holds ``role``."""
+    return roles.str.split(";").apply(lambda names: role in names)

@@ -1,7 +1,7 @@
 """Check what ``interp report --model smollm2`` named against computations that do not use interp.
 
 Reads a report directory's ``head_roles.csv`` and ``meta.json``, draws the report's own probes with
-the report's own functions (``drawn_probes`` and ``probe_rows`` of ``analyses.report.build``, from
+the report's own functions (``drawn_probes`` and ``probe_rows`` of ``analyses.report.split``, from
 meta.json's ``probe_split`` and ``seq_len``: the one draw the report made, split into the selection rows
 that chose the roles and the measurement rows every effect was measured on), and, on Hugging Face's own
 reading of the same GGUF file:
@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from analyses.core.probes import RepeatedProbes
-from analyses.report.build import drawn_probes, probe_rows
+from analyses.report.split import drawn_probes, probe_rows
 from role_scores import hand_scores
 from setup_smollm2 import head_name, hf_eager_model, hf_patterns, load
 
