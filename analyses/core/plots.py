@@ -214,13 +214,13 @@ def attention_grid(patterns: torch.Tensor, str_tokens: Sequence[str], titles: Se
     axes = figure.subplots(n_rows, n_cols, squeeze=False).flatten()
     for ax, pattern, title in zip(axes, patterns.detach().float().cpu().numpy(), titles):
         ax.imshow(pattern, vmin=0.0, vmax=vmax, cmap="Blues")
+        ax.tick_params(labelsize=7, length=0)  # before the ticks exist: each is made so, not updated
         ticks, shown = thinned(labels)
         ax.set_xticks(ticks, shown, rotation=90)
         ax.set_yticks(ticks, shown)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
-        ax.tick_params(labelsize=7, length=0)
     for ax in axes[n:]:
         ax.set_visible(False)
     if suptitle:
