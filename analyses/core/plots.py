@@ -107,7 +107,8 @@ def matplotlib_cmap(name: str, vmin: float, vmax: float, center: float | None):
         return base
     spread = max(vmax - center, center - vmin)
     start, stop = Normalize(center - spread, center + spread)([vmin, vmax])
-    return ListedColormap(base(np.linspace(start, stop, 256))).with_extremes(bad=base(np.ma.masked_invalid([np.nan]))[0])
+    bad = base(np.ma.masked_invalid([np.nan]))[0]
+    return ListedColormap(base(np.linspace(start, stop, 256))).with_extremes(bad=bad)
 
 
 def _heatmap_ticks(ax, grid: pd.DataFrame, xticklabels, yticklabels) -> None:
