@@ -207,7 +207,7 @@ def circuit_figure(edges: pd.DataFrame, *, top: int = 12, value: str = "effect",
         roles = dict(zip(senders, shown["sender_role"])) | dict(zip(receivers, shown["receiver_role"]))
     positions = _node_positions(sorted(set(senders) | set(receivers)))
     per_layer = Counter(x for x, _ in positions.values())
-    figure = new_figure(figsize=(2.6 * len(per_layer) + 2.5, 0.9 * max(per_layer.values()) + 2.2), layout="constrained")
+    figure = new_figure(figsize=(2.6 * len(per_layer) + 2.5, 0.9 * max(per_layer.values()) + 2.2))
     ax = figure.subplots()
     largest = float(shown[value].abs().max()) or 1.0
     for sender, receiver, via, size in reversed(list(zip(senders, receivers, shown["via"], shown[value]))):

@@ -85,7 +85,6 @@ def curve_figure(curves: pd.DataFrame, title: str = ""):
     ax = figure.subplots()
     sns.lineplot(data=curves, x="size", y="faithfulness", hue="method", marker="o", ax=ax)
     ax.set(xlabel="components kept (top-k by score)", ylabel="faithfulness", title=title)
-    figure.tight_layout()
     return figure
 
 

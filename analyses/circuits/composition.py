@@ -45,14 +45,13 @@ from typing import Sequence
 
 import einops
 import pandas as pd
-import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
 from analyses.core.hook_check import norms_inside_heads
 from analyses.core.checks import check_heads
 from analyses.core.progress import progress_bar
-from analyses.core.plots import new_figure
+from analyses.core.plots import heatmap, new_figure
 from interp.errors import UserError
 from interp.weights import expand_kv_heads
 
@@ -254,7 +253,7 @@ def composition_figure(frame: pd.DataFrame, value: str = "score_minus_baseline")
     labelled = frame.assign(sender=head_labels(frame, "sender"), receiver=head_labels(frame, "receiver"))
     n_senders, n_receivers = labelled["sender"].nunique(), labelled["receiver"].nunique()
     side = min(10.0, max(3.0, 0.3 * max(n_senders, n_receivers) + 1.5))
-    figure = new_figure(figsize=(side * len(kinds) + 1, side), layout="constrained")
+    figure = new_figure(figsize=(side * len(kinds) + 1, side))
     axes = figure.subplots(1, len(kinds), squeeze=False)[0]
     limit = float(labelled[value].abs().max()) or 1.0
     order = {"sender": list(dict.fromkeys(labelled["sender"])), "receiver": list(dict.fromkeys(labelled["receiver"]))}
@@ -262,8 +261,8 @@ def composition_figure(frame: pd.DataFrame, value: str = "score_minus_baseline")
         grid = (labelled[labelled["kind"] == kind]
                 .pivot(index="sender", columns="receiver", values=value)
                 .reindex(index=order["sender"], columns=order["receiver"]))
-        sns.heatmap(grid, ax=ax, cmap="RdBu_r", center=0.0, vmin=-limit, vmax=limit, square=True,
-                    cbar=ax is axes[-1], cbar_kws={"label": value.replace("_", " ")})
+        heatmap(ax, grid, cmap="RdBu_r", center=0.0, vmin=-limit, vmax=limit, square=True,
+                cbar=ax is axes[-1], cbar_kws={"label": value.replace("_", " ")})
         ax.tick_params(axis="y", rotation=0)
         ax.set_title(f"{kind.upper()}-composition")
         ax.set_xlabel("receiver (later head)")

@@ -221,7 +221,7 @@ def faithfulness_figure(curves: Mapping[str, pd.DataFrame], n_candidates: int, t
     candidate but those k, against the k edges removed (right); each with its 95% band where the
     frame has intervals. x from 0 to ``n_candidates`` (symlog: 0 and 1 apart, then log), 0.8 and 5%
     of the candidates marked. Returns the ``Figure``."""
-    figure = new_figure(figsize=(11, 4.5), layout="constrained")
+    figure = new_figure(figsize=(11, 4.5))
     kept_ax, removed_ax = figure.subplots(1, 2, sharey=True)
     panels = ((kept_ax, "faithfulness", "-o", "edges kept: the top k", "the circuit: the top k kept"),
               (removed_ax, "complement", "--o", "edges removed: the top k", "its complement: all but the top k"))

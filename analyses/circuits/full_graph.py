@@ -721,5 +721,4 @@ def full_graph_figure(curve: pd.DataFrame, title: str = "", x: str = "fraction")
     ax.set(xlabel="fraction of the graph's edges kept (top-k by |score|)" if x == "fraction" else
            "edges kept (top-k by |score|)", ylabel="faithfulness (0 corrupted, 1 clean)", title=title)
     ax.legend(loc="lower right")
-    figure.tight_layout()
     return figure

@@ -386,7 +386,6 @@ def method_comparison_figure(frame: pd.DataFrame, title: str = ""):
     ax.set(xlabel="fraction of the full graph's edges kept", ylabel="faithfulness (0 corrupted, 1 clean)",
            title=title)
     ax.legend(loc="best", fontsize=8)
-    figure.tight_layout()
     return figure
 
 

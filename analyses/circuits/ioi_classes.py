@@ -476,5 +476,4 @@ def ioi_classes_figure(classes: pd.DataFrame) -> Figure:
     present = [name for name in order if name in set(classes["class"])]
     ax.legend(handles=[Patch(color=CLASS_COLOURS[name], label=name) for name in present], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    figure.tight_layout()
     return figure

@@ -71,7 +71,7 @@ from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_n
 from analyses.core.checks import check_choice, check_layer
 from analyses.interventions.engine import cache_run
 from analyses.interventions.patching import patch_effects
-from analyses.core.plots import covers_zero, effect_error_bars, hatch_cells, new_figure
+from analyses.core.plots import covers_zero, effect_error_bars, hatch_cells, heatmap, new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
@@ -622,15 +622,14 @@ def dla_heatmap(frame: pd.DataFrame, title: str = "direct logit attribution") ->
     grid = head_grid(frame)
     figure = new_figure(figsize=(0.6 * grid.shape[1] + 2.2, 0.5 * grid.shape[0] + 1.5))
     ax = figure.subplots()
-    sns.heatmap(grid.astype(float), ax=ax, center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14, fmt=".2f",
-                annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
+    heatmap(ax, grid.astype(float), center=0.0, cmap="RdBu_r", annot=grid.shape[1] <= 14,
+            annot_kws={"size": 7}, cbar_kws={"shrink": 0.8})
     if {"ci_low", "ci_high"} <= set(frame.columns):
         covers = frame.assign(covers=covers_zero(frame["ci_low"], frame["ci_high"]).astype(float))
         hatch_cells(ax, head_grid(covers, "covers").to_numpy() == 1)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
-    figure.tight_layout()
     return figure
 
 
@@ -646,7 +645,6 @@ def logit_lens_figure(lens: pd.DataFrame) -> Figure:
         ax.set_ylabel(label)
         ax.tick_params(axis="x", rotation=45)
     figure.suptitle("logit lens")
-    figure.tight_layout()
     return figure
 
 
@@ -716,5 +714,4 @@ def attention_vs_mlp_figure(frame: pd.DataFrame) -> Figure:
     per_layer = per_layer.groupby(["layer", "part"])["direct"].sum().reset_index()
     sns.barplot(per_layer, x="layer", y="direct", hue="part", ax=right)
     right.set_title("direct effect per layer")
-    figure.tight_layout()
     return figure

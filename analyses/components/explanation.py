@@ -40,7 +40,7 @@ from matplotlib.figure import Figure
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import pattern_name, pattern_names
-from analyses.core.plots import new_figure, token_label
+from analyses.core.plots import heatmap, new_figure, token_label
 from analyses.core.tokens import model_tokenizer
 from analyses.core.checks import check_heads
 from analyses.interventions.engine import cache_run
@@ -287,11 +287,10 @@ def explanation_figure(explanation: Explanation, prompt: int = 0) -> Figure:
     labels = [token_label(t) for t in scores.drop_duplicates("position").sort_values("position")["token"]]
     figure = new_figure(figsize=(12, 4.5))
     left, right = figure.subplots(1, 2, width_ratios=[3, 1.4])
-    sns.heatmap(scaled, ax=left, cmap="RdBu_r", center=0, vmin=-1, vmax=1, xticklabels=labels, cbar=False)
+    heatmap(left, scaled, cmap="RdBu_r", center=0, vmin=-1, vmax=1, xticklabels=labels, cbar=False)
     left.set_title(f"prompt {prompt}: each row scaled to its largest |value|")
     left.set_ylabel("")
     sns.boxplot(explanation.agreement, x="spearman", y="attribution", hue="attention", ax=right)
     right.axvline(0, color="grey", lw=0.8)
     right.set_title("rank agreement over prompts")
-    figure.tight_layout()
     return figure

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import pandas as pd
-import seaborn as sns
 import torch
 from einops import einsum, rearrange
 from matplotlib.figure import Figure
@@ -56,7 +55,7 @@ from analyses.components.decompose import component_hooks, decompose_residual, f
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_check import FrozenNorm, frozen_norm
 from analyses.core.hook_names import qkv_name
-from analyses.core.plots import new_figure
+from analyses.core.plots import heatmap, new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
 from analyses.core.checks import check_choice, check_layer
 from analyses.interventions.engine import cache_run
@@ -353,7 +352,7 @@ def qk_figure(result: QKAttribution, top: int = 10) -> Figure:
                         columns=key_side["component"])
     figure = new_figure(figsize=(15, 0.35 * top + 2.5))
     heat, query_ax, key_ax = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.4, 1, 1]})
-    sns.heatmap(grid, ax=heat, center=0.0, cmap="RdBu_r", annot=top <= 10, fmt=".2f", annot_kws={"size": 6})
+    heatmap(heat, grid, center=0.0, cmap="RdBu_r", annot=top <= 10, annot_kws={"size": 6})
     heat.set_xlabel("key component")
     heat.set_ylabel("query component")
     heat.set_title(f"L{result.layer}H{result.head}: mean terms")
@@ -364,5 +363,4 @@ def qk_figure(result: QKAttribution, top: int = 10) -> Figure:
         ax.axvline(0.0, color="grey", lw=0.5)
         ax.set_title(f"{side} side")
     figure.suptitle(result.note, fontsize=9)
-    figure.tight_layout()
     return figure

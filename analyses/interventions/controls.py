@@ -303,7 +303,7 @@ def control_from_scores(model, heads: Sequence[Head], sets: Sequence[Sequence[He
 def control_figure(control: ControlEffects, title: str | None = None) -> Figure:
     """The random sets' effects (a histogram, with their mean and its interval) against the tested
     set's effect and its interval; the ratio and its interval in the title."""
-    figure = new_figure(figsize=(6.4, 3.6), layout="constrained")
+    figure = new_figure(figsize=(6.4, 3.6))
     ax = figure.subplots()
     random = control.frame[control.frame["set"] == "random"]
     sns.histplot(data=random, x="effect", ax=ax, color="grey", bins=min(20, max(5, len(random) // 3)),

@@ -16,7 +16,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from analyses.core.plots import effect_error_bars, new_figure
+from analyses.core.plots import effect_error_bars, heatmap, new_figure
 from analyses.core.probes import RepeatedProbes
 from analyses.roles.calibration import calibration_frames
 from analyses.roles.classify import ALL_ROLES, MEANING_ROLES
@@ -75,8 +75,7 @@ def head_extent(n_heads: int, per_head: float, margin: float, limit: float = MAX
 
 
 def _figure(width: float, height: float, n_cols: int = 1):
-    """A figure and its row of axes; each figure is laid out once (tight_layout) when drawn, so
-    rendering it again gives the same bytes."""
+    """A figure (``new_figure``: laid out as it is drawn) and its row of axes."""
     figure = new_figure(figsize=(width, height))
     return figure, figure.subplots(1, n_cols, squeeze=False)[0]
 
@@ -103,7 +102,6 @@ def null_band_figure(calibration: pd.DataFrame) -> Figure:
         ax.set_ylim(-1.02 if role in MEANING_ROLES else -0.02, 1.02)  # copying scores lie in [-1, 1]
     _head_ticks(axes[-1], frame["head_label"].unique(), labelled)
     axes[0].set_title("role scores against their nulls")
-    figure.tight_layout()
     return figure
 
 
@@ -114,12 +112,11 @@ def backup_figure(pairs: pd.DataFrame) -> Figure:
     grid = both.pivot(index="a", columns="b", values="excess").reindex(index=labels, columns=labels)
     side = max(4.0, 0.45 * len(labels) + 2)
     figure, (ax,) = _figure(side + 1, side)
-    sns.heatmap(grid, ax=ax, center=0.0, cmap="RdBu_r", annot=len(labels) <= 12, fmt=".2f", annot_kws={"size": 7},
-                square=True, cbar_kws={"label": "excess (nats)"})
+    heatmap(ax, grid, center=0.0, cmap="RdBu_r", annot=len(labels) <= 12, annot_kws={"size": 7},
+            square=True, cbar_kws={"label": "excess (nats)"})
     ax.set_xlabel("")
     ax.set_ylabel("")
     ax.set_title("backup: joint minus additive ablation effect")
-    figure.tight_layout()
     return figure
 
 
@@ -135,7 +132,6 @@ def self_repair_figure(effects: pd.DataFrame) -> Figure:
     ax.set_xlabel("direct effect (nats)")
     ax.set_ylabel("total effect (nats)")
     ax.set_title("self-repair: below the diagonal, later components undo the head's direct effect")
-    figure.tight_layout()
     return figure
 
 
@@ -151,7 +147,6 @@ def dormant_figure(dormant: pd.DataFrame, dormant_below: float = DORMANT_BELOW) 
     _head_ticks(ax, frame["label"], labelled)
     ax.set_ylabel("output norm / layer mean")
     ax.set_title("dormant heads: tiny output and no ablation effect")
-    figure.tight_layout()
     return figure
 
 
@@ -163,13 +158,12 @@ def similarity_figure(similarities: dict[str, Similarity]) -> Figure:
     figure, axes = _figure(2 * side + 1, side, n_cols=len(similarities))
     for ax, (kind, similarity) in zip(axes, similarities.items()):
         grid = pd.DataFrame(similarity.matrix.cpu().numpy(), index=similarity.labels, columns=similarity.labels)
-        sns.heatmap(grid, ax=ax, vmin=-1, vmax=1, center=0, cmap="RdBu_r", square=True, xticklabels=labelled,
-                    yticklabels=labelled, cbar_kws={"shrink": 0.7})
+        heatmap(ax, grid, vmin=-1, vmax=1, center=0, cmap="RdBu_r", square=True, xticklabels=labelled,
+                yticklabels=labelled, cbar_kws={"shrink": 0.7})
         for start, size in _runs(similarity.clusters):
             ax.add_patch(_outline(start, size))
         ax.tick_params(labelsize=6)
         ax.set_title(f"{kind} similarity" + ("" if labelled else f" ({n} heads in cluster order; labels left out)"))
-    figure.tight_layout()
     return figure
 
 

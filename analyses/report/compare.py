@@ -276,5 +276,4 @@ def training_figure(frame: pd.DataFrame, measures: Sequence[str] = ("previous_to
                 ax.fill_between(series["step"], series["ci_low"], series["ci_high"], alpha=0.15)
         ax.set(xlabel="training step", ylabel="score", title=measure.replace("_", " "), ylim=(0, 1))
         ax.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
     return figure

@@ -10,6 +10,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from analyses.core.plots import heatmap as draw_heatmap
 from analyses.core.plots import new_figure, png_bytes
 from interp.files import write_atomic
 
@@ -23,7 +24,7 @@ def save_figure(fig: Figure, path) -> Path:
 
 
 def _axes(width: float, height: float):
-    fig = new_figure(figsize=(width, height), layout="constrained")
+    fig = new_figure(figsize=(width, height))
     return fig, fig.subplots()
 
 
@@ -35,8 +36,8 @@ def heatmap(frame: pd.DataFrame, rows: str, columns: str, value: str, title: str
     width = min(16.0, max(4.0, 0.7 * grid.shape[1] + 2))
     fig, ax = _axes(width, min(12.0, max(3.0, 0.5 * grid.shape[0] + 1.5)))
     annotate = annotate and grid.size <= 200
-    sns.heatmap(grid, ax=ax, cmap="RdBu_r" if center is not None else "viridis", center=center,
-                annot=annotate, fmt=".2f", cbar_kws={"label": value})
+    draw_heatmap(ax, grid, cmap="RdBu_r" if center is not None else "viridis", center=center,
+                 annot=annotate, cbar_kws={"label": value})
     ax.set_title(title)
     return fig
 

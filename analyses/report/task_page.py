@@ -676,7 +676,6 @@ def chosen_figure(frame: pd.DataFrame) -> Figure:
         ax.bar(labels, frame[value], yerr=errors, color="tab:blue", capsize=3)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_title(title, fontsize="medium")
-    figure.tight_layout()
     return figure
 
 

@@ -267,7 +267,7 @@ def grid_figure(frame: pd.DataFrame, title: str) -> Figure:
     when every cell is a cumulative study; else a cell x target heatmap of the effect, both axes in
     row order."""
     if "fraction" in frame:
-        fig = new_figure(figsize=(7, 4), layout="constrained")
+        fig = new_figure(figsize=(7, 4))
         ax = fig.subplots()
         sns.lineplot(data=frame, x="fraction", y="metric", hue="cell", marker="o", ax=ax)
         ax.set_title(title)

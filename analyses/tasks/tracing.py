@@ -285,7 +285,7 @@ def trace_figure(trace: Trace):
     subject's tokens marked with *; the clean and noised probabilities in the title."""
     n = len(trace.kinds)
     n_pos = len(trace.tokens)
-    fig = new_figure(figsize=(max(6.0, 0.45 * n_pos + 2) * n / 1.6, 4.5), layout="constrained")
+    fig = new_figure(figsize=(max(6.0, 0.45 * n_pos + 2) * n / 1.6, 4.5))
     axes = np.atleast_1d(fig.subplots(1, n, sharey=True))
     labels = [token_label(t) + ("*" if i in trace.subject else "") for i, t in enumerate(trace.tokens)]
     for ax, kind in zip(axes, trace.kinds):
@@ -660,7 +660,7 @@ def facts_figure(trace: FactTrace, verdict: Verdict | None = None):
     """Meng et al.'s panels: one heatmap (position class x layer) of the AIE per kind (hidden state,
     MLP window, attention window), and the subject tokens' MLP-window AIE over layers, with the last
     subject token's one-layer MLP restores dashed beside it, with 95% bands and the middle layers shaded."""
-    fig = new_figure(figsize=(5.2 * (len(trace.kinds) + 1), 4.2), layout="constrained")
+    fig = new_figure(figsize=(5.2 * (len(trace.kinds) + 1), 4.2))
     axes = fig.subplots(1, len(trace.kinds) + 1)
     present = [name for name in CLASSES if name in set(trace.aie["position"])]
     for ax, kind in zip(axes, trace.kinds):
