@@ -2,7 +2,6 @@
 with their defaults, and the snippets' helpers are where the other entry points are."""
 
 import pytest
-import torch
 from matplotlib.figure import Figure
 
 import analyses

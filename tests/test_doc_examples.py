@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import shlex
 import warnings

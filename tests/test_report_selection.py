@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 import torch
 
-import analyses.report.build as build
 import analyses.circuits.circuit as circuit
 import analyses.components.overview as overview
 import analyses.roles.calibration as calibration
@@ -24,7 +23,7 @@ from analyses.circuits.circuit import induction_pair
 from analyses.circuits.path_patching import edge_attribution
 from analyses.components.decompose import direct_logit_attribution, next_token_answers
 from analyses.interventions.attribution import Screen
-from analyses.core.metrics import logit_diff_metric, loss_metric
+from analyses.core.metrics import logit_diff_metric
 from analyses.core.probes import probes_for
 from analyses.interventions.ablation import prepare_ablation
 from analyses.components.overview import components_overview
@@ -32,7 +31,7 @@ from analyses.report.build import build_report, write_report
 from analyses.report.split import selection_probes
 from analyses.roles.backup import backup_report, joint_effects, pairwise_ablation
 from interp import from_hf, load_model
-from interp.random_models import make_random_gpt2, random_like
+from interp.random_models import make_random_gpt2
 from hand_checks import bootstrap_by_hand, compensating_model, zero_head
 
 N_PROMPTS, INTERVENTION_PROMPTS, SEQ_LEN = 8, 6, 32

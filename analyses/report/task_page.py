@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
-import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 import interp
-from analyses.core.metrics import Metric, PromptScores, prompt_scores
+from analyses.core.metrics import Metric, prompt_scores
 from analyses.core.stats import bootstrap_ratio
 from analyses.interventions.ablation import prepare_ablation
 from analyses.report.task_page import task_dla
