@@ -176,7 +176,8 @@ def test_report(family, impl, family_dir, loaded, tmp_path):
     table = pd.read_csv(out / "head_roles.csv", keep_default_na=False)
     assert len(table) == N_LAYERS * N_HEADS
     # the QK columns are text (a role head's top components) or empty for a head without a pair role
-    numbers = [c for c in table.columns if c not in ("role", "partial_role", "causal") and not c.startswith("qk_")]
+    numbers = [c for c in table.columns
+               if c not in ("head_name", "role", "partial_role", "causal") and not c.startswith("qk_")]
     assert {"previous_token", "induction", "ablation_effect"} <= set(numbers)
     finite(table, numbers)
     assert table["ablation_effect"].abs().max() > 0  # the ablations did something

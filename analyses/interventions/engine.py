@@ -427,16 +427,18 @@ class MetricSums:
               desc: str = "interventions") -> PromptScores:
         """Score each of ``chunks`` in turn from ``chunk_logits(members, rows, positions, compact,
         entries)`` (as ``score_chunks`` says; ``compact`` where the metric splits), asked for only
-        where the chunk's part has a weight -> ``scores()``. The progress bar counts chunks' variants."""
-        with progress_bar(total=sum(len(chunk.members) for chunk in chunks), progress=progress, desc=desc,
-                          leave=False) as bar:
+        where the chunk's part has a weight -> ``scores()``. The progress bar counts variants, each
+        done once its last prompts are scored."""
+        variants = {v for chunk in chunks for v in chunk.members}
+        with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
             for chunk in chunks:
                 part, weight = self.part(chunk.rows)
                 if weight > 0:
                     logits = chunk_logits(chunk.members, chunk.rows, self.positions, self.split,
                                           part.entries if self.split else None)
                     self.add(chunk.members, chunk.rows, part, weight, logits)
-                bar.update(len(chunk.members))
+                if chunk.rows.stop >= self.batch:
+                    bar.update(len(chunk.members))
         return self.scores()
 
     def scores(self) -> PromptScores:

@@ -549,9 +549,9 @@ def aie_frame(effects: np.ndarray, counts: np.ndarray, corrupted: np.ndarray, cu
         if have.sum() < MIN_INTERVAL_PROMPTS:
             low, high = torch.full_like(low, float("nan")), torch.full_like(high, float("nan"))
         noised = float((corrupted[have] * counts[have, g]).sum() / counts[have, g].sum())
-        parts.append(grid.assign(position=name, restored_prob=estimate.flatten().numpy() + noised,
-                                 aie=estimate.flatten().numpy(), ci_low=low.flatten().numpy(),
-                                 ci_high=high.flatten().numpy(), n_prompts=int(have.sum()),
+        estimate, low, high = (x.flatten().cpu().numpy() for x in (estimate, low, high))
+        parts.append(grid.assign(position=name, restored_prob=estimate + noised, aie=estimate, ci_low=low,
+                                 ci_high=high, n_prompts=int(have.sum()),
                                  n_tokens=int(counts[have, g].sum())))
     return pd.concat(parts, ignore_index=True)
 
