@@ -35,12 +35,12 @@ import torch
 from analyses.components.decompose import decompose_residual
 from analyses.components.qk import chunk_prompts, qk_attribution
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.hook_names import pattern_name, qkv_input_name
+from analyses.core.hook_names import pattern_name, qkv_input_name, resid_pre_name
 from analyses.core.probes import RepeatedProbes
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
 from analyses.circuits.edge_attribution import split_qkv_inputs
 from analyses.core.checks import check_choice
-from analyses.interventions.engine import Edit, base_run, collect_variants
+from analyses.interventions.engine import Edit, cache_run, collect_variants, runs_suffix_only
 from analyses.roles.classify import probe_targets
 from interp.errors import UserError
 
@@ -119,15 +119,17 @@ def _drops(model, tokens: torch.Tensor, layer: int, head: int, query_pos: torch.
     with component c's part subtracted from the head's own ``side`` input. One variant per
     component, run by the engine from the clean residual entering ``layer`` where the model can start
     there (GPTModel: only this layer's attention runs per component) and stopped at its pattern."""
-    _, clean, starts = base_run(model, tokens, [pattern_name(layer)])
+    entering, pattern = resid_pre_name(layer), pattern_name(layer)
+    _, clean = cache_run(model, tokens, [entering, pattern], logits=False)  # stopped at the head's layer
+    resid = clean[entering]  # (b, pos, d_model): every head's clean q/k/v input
+    starts = {entering: resid} if runs_suffix_only(model) else None
     parts = decompose_residual(model, tokens, layer=layer).parts  # (C, b, pos, d_model)
-    resid = parts.sum(0)  # the residual entering the layer: every head's clean q/k/v input
     which = "k" if side == "key" else "q"
     variants = [[Edit(qkv_input_name(layer, which), (slice(None), head), resid - part)] for part in parts]
     with split_qkv_inputs(model, [which]):
-        edited = collect_variants(model, tokens, variants, {}, [pattern_name(layer)], starts=starts,
-                                  memory_mb=memory_mb)[pattern_name(layer)]  # (C, b, head, q, k)
-    patterns = torch.cat([clean[pattern_name(layer)][None], edited])[:, :, head].cpu().double()
+        edited = collect_variants(model, tokens, variants, {}, [pattern], starts=starts,
+                                  memory_mb=memory_mb)[pattern]  # (C, b, head, q, k)
+    patterns = torch.cat([clean[pattern][None], edited])[:, :, head].cpu().double()
     rows = torch.arange(len(tokens))[:, None]
     attention = patterns[:, rows, query_pos, key_pos].mean(-1)  # (1 + C, b)
     return (attention[:1] - attention[1:]).T
@@ -143,7 +145,7 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 def _overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> np.ndarray:
     """Row-wise share of the top ``k`` entries of a (rows, C) that are among the top ``k`` of b -> (rows,)."""
     top_a, top_b = a.topk(k, dim=1).indices, b.topk(k, dim=1).indices
-    return (top_a[:, :, None] == top_b[:, None, :]).any(-1).double().mean(1).cpu().numpy()
+    return (top_a[:, :, None] == top_b[:, None, :]).any(-1).cpu().double().mean(1).numpy()
 
 
 def _bounds(values: np.ndarray) -> tuple[float, float]:

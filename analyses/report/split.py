@@ -50,7 +50,7 @@ def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, m
 
 
 def probe_split(n_prompts: int, intervention_prompts: int, seed: int, texts: bool = False) -> dict:
-    """meta.json's record of how the probes are split (DESIGN 4.12): one draw of ``probes_for(model,
+    """meta.json's record of how the probes are split (architecture §4.12): one draw of ``probes_for(model,
     intervention_prompts + n_prompts, seq_len, seed)``, rows [0, intervention_prompts) measuring every
     effect and the other rows choosing the roles (on ``texts``, the texts choose them and the selection
     rows serve the calibration's nulls): two disjoint sets of prompts (half-open row ranges), and

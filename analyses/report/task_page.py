@@ -20,7 +20,7 @@ page is there from the first step on, each section whose step is pending shown a
 every file written whole (``write_report_files``); stopped anywhere and resumed, the files equal an
 uninterrupted run's (meta.json's ``cost``, the run's own seconds, aside).
 
-Selection apart from measurement (DESIGN 4.12), by default: the prompts are split
+Selection apart from measurement (architecture §4.12), by default: the prompts are split
 (``analyses.tasks.task.task_split``: seeded, stratified by template) and every sweep above runs on the
 selection split, where the heads are chosen (the path-patching senders by head patching, the top
 writers by DLA, the heads of the strongest edges); their effects are then measured on the disjoint
