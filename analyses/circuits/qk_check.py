@@ -145,7 +145,7 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 def _overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> np.ndarray:
     """Row-wise share of the top ``k`` entries of a (rows, C) that are among the top ``k`` of b -> (rows,)."""
     top_a, top_b = a.topk(k, dim=1).indices, b.topk(k, dim=1).indices
-    return (top_a[:, :, None] == top_b[:, None, :]).any(-1).cpu().double().mean(1).numpy()
+    return (top_a[:, :, None] == top_b[:, None, :]).any(-1).cpu().double().numpy().mean(1)
 
 
 def _bounds(values: np.ndarray) -> tuple[float, float]:
