@@ -49,3 +49,15 @@ def test_the_rooms_refuse_a_bad_choice_or_layer_with_the_shared_line(model):
         component_hooks(model, layer=2)
     with pytest.raises(UserError, match=re.escape("layer=5 must be in [0, 2)")):
         qk_attribution(model, torch.zeros(1, 4, dtype=torch.long), 5, 0, 3, 1)
+
+
+def test_a_layer_or_head_out_of_range_reads_the_same_in_every_room(model):
+    """The attention map's layer and the QK attribution's head are refused in ``check_layer``'s and
+    ``check_heads``' words, as every other room's, not in a wording of their own (a closed range
+    "[0, 1]" beside the others' "[0, 2)", "head=9" beside "head L1H9")."""
+    from analyses.report.attention_map import attention_map
+
+    with pytest.raises(UserError, match=re.escape("layer=2 must be in [0, 2)")):
+        attention_map(model, "the cat sat", layer=2)
+    with pytest.raises(UserError, match=re.escape("head L1H9 out of range: layer must be in [0, 2), head in [0, 8)")):
+        qk_attribution(model, torch.zeros(1, 4, dtype=torch.long), 1, 9, 3, 1)

@@ -164,7 +164,7 @@ def test_bad_input_gets_one_line_errors(scratch_gpt2):
     attn_only = GPTModel(GPTConfig(d_vocab=64, n_ctx=16, d_model=32, n_heads=2, n_layers=1, attn_only=True))
     with pytest.raises(UserError, match="attention-only"):
         neuron_effects(attn_only, tokens_for(attn_only), metric, 0)
-    with pytest.raises(UserError, match=r"layer 2 out of range \[0, 2\)"):
+    with pytest.raises(UserError, match=r"layer=2 must be in \[0, 2\)"):
         neuron_effects(scratch_gpt2, tokens, metric, 2)
     with pytest.raises(UserError, match="neuron ablation method 'resample'"):
         neuron_effects(scratch_gpt2, tokens, metric, 0, method="resample")

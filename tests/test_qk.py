@@ -198,7 +198,7 @@ def test_a_bridge_model_is_refused_in_one_line(bridge_gpt2):
 @pytest.mark.parametrize("change, said", [
     (dict(query=[[1]], key=[[3]]), "masked"),
     (dict(baseline="mean"), "baseline"),
-    (dict(head=9), "head=9"),
+    (dict(head=9), "head L1H9 out of range"),
     (dict(query=[[1, 2]], key=[[1]]), "shape"),
     (dict(query=[[0]], key=[[0]], baseline="mean_other_keys"), "another key"),
 ])

@@ -122,7 +122,7 @@ def test_attention_map_writes_one_png_and_checks_the_layer(gpt2_dir, tmp_path, c
     assert main(["attention-map", "--model", str(gpt2_dir), "--text", "the cat sat", "--layer", "1", "--out", str(out)]) == 0
     assert out.read_bytes().startswith(PNG_SIGNATURE)
     assert main(["attention-map", "--model", str(gpt2_dir), "--text", "hi", "--layer", "2", "--out", str(out)]) == 2
-    assert "layer 2 out of range [0, 1]" in capsys.readouterr().err
+    assert "layer=2 must be in [0, 2)" in capsys.readouterr().err
     assert main(["attention-map", "--model", str(gpt2_dir), "--text", "x" * 80, "--out", str(out)]) == 2
     assert "n_ctx=64" in capsys.readouterr().err
 

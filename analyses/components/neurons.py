@@ -35,7 +35,7 @@ from analyses.core.hook_names import has_mlps, mlp_post_name
 from analyses.core.metrics import Metric, PromptMeanMetric, evaluate_metric, prompt_scores
 from analyses.core.stats import effect_intervals
 from analyses.core.tokens import as_tokens, model_tokenizer
-from analyses.core.checks import check_choice
+from analyses.core.checks import check_choice, check_layer
 from analyses.interventions.engine import (Edit, activation_gradients, base_run, cache_run, gradient_parts,
                                            score_variants)
 from interp.errors import UserError
@@ -48,8 +48,7 @@ def check_mlp_layer(model, layer: int) -> None:
     """Refuse, in one line, a model without MLPs or a layer out of range."""
     if not has_mlps(model):
         raise UserError("neuron analyses need MLPs; this model is attention-only")
-    if not 0 <= layer < model.cfg.n_layers:
-        raise UserError(f"layer {layer} out of range [0, {model.cfg.n_layers})")
+    check_layer(model, layer)
 
 
 def neuron_replacement(activation: torch.Tensor, method: str) -> torch.Tensor:

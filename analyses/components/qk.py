@@ -57,7 +57,7 @@ from analyses.core.hook_check import FrozenNorm, frozen_norm
 from analyses.core.hook_names import qkv_name
 from analyses.core.plots import heatmap, new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
-from analyses.core.checks import check_choice, check_layer
+from analyses.core.checks import check_choice, check_heads, check_layer
 from analyses.interventions.engine import cache_run
 from interp.attention import GroupedQueryAttention, apply_rotary
 from interp.errors import UserError
@@ -197,8 +197,7 @@ def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos
     ``cache_run`` returns them): no forward runs, so several heads can share one."""
     check_choice("baseline", baseline, BASELINES)
     attn = qk_attention(model, layer)
-    if not 0 <= head < model.cfg.n_heads:
-        raise UserError(f"head={head} must be in [0, {model.cfg.n_heads})")
+    check_heads(model, [(layer, head)])
     tokens = torch.as_tensor(tokens)
     if tokens.ndim != 2:
         raise UserError(f"tokens of shape {tuple(tokens.shape)} must be (prompts, positions)")

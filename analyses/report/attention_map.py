@@ -12,18 +12,13 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from analyses.components.rollout import all_patterns
+from analyses.core.checks import check_layer
 from analyses.core.plots import DPI, attention_grid
 from analyses.core.tokens import encode
 from interp.errors import UserError
 
 MAX_MAP_TOKENS = 128  # a map shows at most this many tokens (beyond it the labels cannot be read)
 MAX_MAP_PIXELS = 2 ** 15  # nor more pixels than this on either side (matplotlib's limit is 2 ** 16)
-
-
-def check_layer(model, layer: int) -> int:
-    if not 0 <= layer < model.cfg.n_layers:
-        raise UserError(f"layer {layer} out of range [0, {model.cfg.n_layers - 1}]")
-    return layer
 
 
 def check_text(text: str) -> str:
