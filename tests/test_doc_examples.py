@@ -244,10 +244,23 @@ def readme_prints_the_effect_it_quotes(page: list[Block], namespace: dict, print
     baseline, as the README quotes it, and the roles its comment names."""
     quoted = quoted_output(next(b for b in page if b.lang == "python"), "print(ablated")
     assert [line.split() for line in quoted] == [line.split() for line in printed.splitlines()[-2:]]
-    roles = namespace["roles"]
-    attention = {(layer, head, role) for layer, head, held in zip(roles["layer"], roles["head"], roles["role"])
-                 for role in held.split(";") if role in ("previous_token", "induction")}
-    assert attention == {(0, 3, "previous_token")} | {(1, head, "induction") for head in range(8)}
+    assert attention_roles(namespace["roles"]) == TOY_ATTENTION_ROLES
+
+
+# the embedded model's attention roles at the report's rule: L0H3 previous-token, every layer-1 head induction
+TOY_ATTENTION_ROLES = {(0, 3, "previous_token")} | {(1, head, "induction") for head in range(8)}
+
+
+def attention_roles(roles) -> set[tuple[int, int, str]]:
+    """(layer, head, role) of a head table's previous-token and induction roles."""
+    return {(layer, head, role) for layer, head, held in zip(roles["layer"], roles["head"], roles["role"])
+            for role in held.split(";") if role in ("previous_token", "induction")}
+
+
+def components_builds_the_reports_roles_by_hand(page: list[Block], namespace: dict, printed: str) -> None:
+    """components.md's roles "by hand" are the report's rule's, as its comment says: the toy's
+    previous-token head and its eight induction heads, not every layer-0 head (significance alone)."""
+    assert attention_roles(namespace["by_hand"]) == TOY_ATTENTION_ROLES
 
 
 def interventions_quotes_what_describe_says(page: list[Block], namespace: dict, printed: str) -> None:
@@ -273,6 +286,7 @@ def report_guide_quotes_the_summary_its_commands_write(workdir: Path) -> None:
 
 COMMAND_CHECKS = {"docs/guides/report.md": report_guide_quotes_the_summary_its_commands_write}  # page -> check(workdir)
 OUTPUT_CHECKS = {"README.md": readme_prints_the_effect_it_quotes,
+                 "docs/guides/components.md": components_builds_the_reports_roles_by_hand,
                  "docs/guides/interventions.md": interventions_quotes_what_describe_says}
 
 
