@@ -284,9 +284,21 @@ def report_guide_quotes_the_summary_its_commands_write(workdir: Path) -> None:
         assert any(pattern.fullmatch(written) for written in lines), (line, summary)
 
 
+def tasks_traces_the_answers_first_letter(page: list[Block], namespace: dict, printed: str) -> None:
+    """tasks.md's causal trace runs on the page's byte-level model and reads what the page says it
+    reads there: " Paris"'s first letter, "P", its leading space moved onto the end of the prompt."""
+    from analyses.core.tokens import model_tokenizer
+
+    trace = namespace["trace"]
+    assert model_tokenizer(namespace["model"]).decode([trace.answer]) == "P"
+    last = trace.frame[trace.frame["pos"] == trace.frame["pos"].max()]
+    assert set(last["token"]) == {" "}
+
+
 COMMAND_CHECKS = {"docs/guides/report.md": report_guide_quotes_the_summary_its_commands_write}  # page -> check(workdir)
 OUTPUT_CHECKS = {"README.md": readme_prints_the_effect_it_quotes,
                  "docs/guides/components.md": components_builds_the_reports_roles_by_hand,
+                 "docs/guides/tasks.md": tasks_traces_the_answers_first_letter,
                  "docs/guides/interventions.md": interventions_quotes_what_describe_says}
 
 

@@ -85,7 +85,7 @@ def test_a_single_trace_says_how_the_tokenizer_splits_its_answer(toy, tmp_path, 
     assert main(["trace", "--model", "toy", "--prompt", prompt, "--subject", subject, "--answer", " Paris",
                  "--samples", "1", "--out", str(tmp_path / "t"), "--quiet"]) == 0
     assert ("answer ' Paris' continues the prompt as 5 token(s) ['P', 'a', 'r', 'i', 's'] (its leading ' ' is a token "
-            "of its own here, so it moves onto the prompt); the trace reads the first") in capsys.readouterr().out
+            "of its own here, so it moves onto the prompt); the trace reads the first, 'P'\n") in capsys.readouterr().out
 
 
 def test_a_fact_trace_of_one_fact_is_refused_before_any_model_work(toy, tmp_path, capsys, monkeypatch):

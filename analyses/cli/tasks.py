@@ -124,12 +124,13 @@ def run_trace(args) -> int:
 
 def answer_split(model, prompt: str, answer: str) -> str:
     """The line saying how the tokenizer splits ``answer`` after ``prompt`` and which token the trace
-    reads (``answer_tokens``: the first; a leading space that is a token of its own moves onto the prompt)."""
+    reads, named (``answer_tokens``: the first; a leading space that is a token of its own moves onto the prompt)."""
     traced_prompt, tokens = answer_tokens(model, prompt, answer)
+    tokenizer = model_tokenizer(model)
     moved = (f" (its leading {traced_prompt[len(prompt):]!r} is a token of its own here, so it moves onto the prompt)"
              if traced_prompt != prompt else "")
-    return (f"answer {answer!r} continues the prompt as {len(tokens)} token(s) "
-            f"{token_list(model_tokenizer(model), tokens)}{moved}; the trace reads the first")
+    return (f"answer {answer!r} continues the prompt as {len(tokens)} token(s) {token_list(tokenizer, tokens)}{moved}; "
+            f"the trace reads the first, {tokenizer.decode(tokens[:1])!r}")
 
 
 def _trace_fact_set(model, facts, args) -> int:
