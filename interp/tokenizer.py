@@ -233,8 +233,14 @@ def encode_texts(tokenizer: Tokenizer, texts: str | Sequence[str], n_ctx: int, *
 
 def check_token_ids(tokens, d_vocab: int, n_ctx: int) -> torch.Tensor:
     """Token ids (pos,) or (batch, pos) -> a checked long tensor (batch, pos): integer ids in
-    [0, d_vocab), 1 <= pos <= n_ctx."""
-    tokens = torch.as_tensor(tokens)
+    [0, d_vocab), 1 <= pos <= n_ctx. Anything that is not an array of ids (an object holding them as
+    ``.tokens``, such as probes; ragged lists) is refused in one line."""
+    try:
+        tokens = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError):
+        held = "; its .tokens holds them" if isinstance(getattr(tokens, "tokens", None), torch.Tensor) else ""
+        raise UserError(f"tokens must be integer ids of shape (batch, pos), got a {type(tokens).__name__}{held}") \
+            from None
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:

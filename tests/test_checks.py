@@ -61,3 +61,19 @@ def test_a_layer_or_head_out_of_range_reads_the_same_in_every_room(model):
         attention_map(model, "the cat sat", layer=2)
     with pytest.raises(UserError, match=re.escape("head L1H9 out of range: layer must be in [0, 2), head in [0, 8)")):
         qk_attribution(model, torch.zeros(1, 4, dtype=torch.long), 1, 9, 3, 1)
+
+
+def test_patching_given_probes_for_tokens_says_so_in_one_line(model):
+    """The ablations take probes; the patching functions take token ids: given probes there, they
+    refuse in one line that names what they got and where its ids are, not torch's "Could not infer
+    dtype of RepeatedProbes"."""
+    from analyses import corrupt_first_copy, loss_metric, patch_heads, path_patch, probes_for
+
+    probes = probes_for(model, 4, seed=0)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    said = re.escape("tokens must be integer ids of shape (batch, pos), got a RepeatedProbes; its .tokens holds them")
+    for call in (patch_heads, lambda *a: path_patch(*a, via="logits")):
+        with pytest.raises(UserError, match=f"^{said}$"):
+            call(model, probes, corrupt_first_copy(probes), metric)
+    with pytest.raises(UserError, match=re.escape("got a list")):
+        patch_heads(model, [[1, 2], [3]], corrupt_first_copy(probes), metric)
