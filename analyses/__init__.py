@@ -2,7 +2,8 @@
 
 The entry points, by job (``help(analyses)`` lists them; docs/reference/analyses.md says what each
 returns: a tidy frame, a tensor or a value). A head is ``(1, 4)``, ``"L1H4"`` or ``"1.4"`` wherever
-one is taken (``as_head``, ``as_heads``); outputs print it as ``"L1H4"`` (``head_label``).
+one is taken (``as_head``, ``as_heads``), but for ``qk_attribution`` and ``qk_intervention_check``,
+which take it as two numbers, ``layer, head``; outputs print it as ``"L1H4"`` (``head_label``).
 
 - Prompts: ``probes_for`` (repeated-segment probes), ``corrupt_first_copy`` (their corruption),
   ``make_task``, ``load_task``, ``task_batch``, ``task_metric``; metrics ``loss_metric``,

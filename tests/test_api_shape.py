@@ -36,6 +36,24 @@ def test_the_library_and_the_command_line_take_every_form(toy, tmp_path, capsys)
     assert main(["ablate", "--heads", "L1H0,1.3", "--prompts", "4", "--out", str(tmp_path / "a"), "--quiet"]) == 0
 
 
+def test_the_entry_points_that_take_a_head_as_two_numbers_are_the_ones_the_docs_name():
+    """Where an entry point takes ``layer`` and ``head`` apart instead of one head in any form, the
+    package's docstring and the API page name it as the exception, so "wherever one is taken" stays true."""
+    import inspect
+    from pathlib import Path
+
+    apart = set()
+    for name in dir(analyses):
+        entry = getattr(analyses, name)
+        if inspect.isfunction(entry) and {"layer", "head"} <= set(inspect.signature(entry).parameters):
+            apart.add(name)
+    assert apart == {"qk_attribution", "qk_intervention_check"}
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "analyses.md").read_text(encoding="utf-8")
+    for text, quoted in ((" ".join(analyses.__doc__.split()), "``{}``"), (" ".join(page.split()), "`{}`")):
+        exception = text.split("wherever one is taken", 1)[1].split(";", 1)[0]
+        assert all(quoted.format(name) in exception for name in apart), exception
+
+
 def test_the_plotting_helpers_draw_with_their_defaults(toy):
     probes = probes_for(toy, 4, seq_len=24)
     assert isinstance(ablation_figure(ablation_sweep(toy, probes)), Figure)
