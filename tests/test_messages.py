@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from analyses import classify_heads, make_task, patch_heads, task_batch, task_metric
+from analyses import classify_heads, loss_metric, make_task, patch_heads, task_batch, task_metric
 from analyses.core.probes import corrupt_first_copy, probes_for
 from analyses.tasks.task import measure_intervals
 from interp import UserError, load_model
@@ -24,6 +24,18 @@ def test_classify_heads_given_a_text_where_the_prompt_count_goes_says_how_to_pas
                                   "texts=['the cat sat'])")
     with pytest.raises(UserError, match=r"^n_prompts=2.5 is not a whole number$"):
         probes_for(toy, 2.5)
+
+
+def test_a_metric_built_for_as_many_other_prompts_says_so(toy):
+    """A loss metric built for 8 prompts given 16 of the same length names the mismatch and what to do,
+    as the metric reading past the end does, in one grammatical line."""
+    built_for, passed = probes_for(toy, 8, seq_len=16), probes_for(toy, 16, seq_len=16)
+    metric = loss_metric(built_for.tokens, built_for.predictable)
+    with pytest.raises(UserError) as refused:
+        patch_heads(toy, passed.tokens, corrupt_first_copy(passed), metric, progress=False)
+    assert str(refused.value) == ("the metric got logits of shape (16, 8, 257), but the rows and positions the loss "
+                                  "metric reads expect (8, 8, d_vocab): it was built for other prompts; build it from "
+                                  "the prompts you pass")
 
 
 def test_a_metric_built_for_other_prompts_says_so(toy):

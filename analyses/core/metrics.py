@@ -233,7 +233,7 @@ class LossPart(MetricPart):
                 raise UserError(f"the loss metric's part reads {len(self.counted)} entries, but got logits of "
                                 f"shape {tuple(logits.shape)}")
             return _token_losses(logits, self.counted)
-        _check_logits(logits, (self.n_rows, self.width), "the loss metric's part")
+        _check_logits(logits, (self.n_rows, self.width), "the rows and positions the loss metric reads")
         return _token_losses((logits if self.n_pos is None else logits[:, :-1])[self.mask], self.counted)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -315,7 +315,7 @@ class LogitDiffMetric(Metric):
 
         def diffs(logits: torch.Tensor) -> torch.Tensor:  # (rows, len(read) or pos, d_vocab) -> (rows,)
             n_pos = logits.shape[1]
-            _check_logits(logits, (n_rows, None if read is None else len(read)), "the metric's part")
+            _check_logits(logits, (n_rows, None if read is None else len(read)), "the rows and positions the metric reads")
             if self.at is None and read is None:
                 _check_position(self.position, n_pos)
             fixed = self.position % n_pos if read is None else int(read[0])  # a fixed position is the one read
@@ -441,10 +441,12 @@ def _ids_per_prompt(ids: torch.Tensor, name: str, batch: int, d_vocab: int) -> t
 
 
 def _check_logits(logits: torch.Tensor, shape: tuple, what: str) -> None:
-    """Refuse logits (batch, pos, d_vocab) whose leading dims differ from ``shape`` (None: any)."""
+    """Refuse logits (batch, pos, d_vocab) whose leading dims differ from ``shape`` (None: any);
+    ``what`` names, in the plural, what fixed that shape."""
     if logits.ndim != 3 or any(want is not None and got != want for got, want in zip(logits.shape, shape)):
         expected = ", ".join("*" if want is None else str(want) for want in shape)
-        raise UserError(f"the metric got logits of shape {tuple(logits.shape)}, but {what} are for ({expected}, d_vocab)")
+        raise UserError(f"the metric got logits of shape {tuple(logits.shape)}, but {what} expect ({expected}, d_vocab): "
+                        "it was built for other prompts; build it from the prompts you pass")
 
 
 def _as_list(declared) -> list[int]:
