@@ -56,6 +56,18 @@ def test_a_task_the_model_does_not_perform_opens_its_page_and_output_with_a_bann
     assert meta["performs_task"] is False and meta["performance"].startswith("The model does not perform")
 
 
+def test_the_first_line_names_the_split_its_values_are_from_before_the_verdict_on_the_other(toy, tmp_path, capsys):
+    """With the default split, ``interp task`` prints the unpatched values of the selection split, then
+    the verdict on the measurement split: the first line says which prompts its numbers are from, so
+    two different "clean" values on one screen do not look like a contradiction."""
+    assert main(["task", "ioi", "--n", "40", "--top", "1", "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    metric = pd.read_csv(tmp_path / "t" / "metric.csv").set_index(["run", "split"])["metric"]
+    n_selection = json.loads((tmp_path / "t" / "meta.json").read_text())["split"]["sizes"]["selection"]
+    assert (f"logit_diff on the {n_selection} selection prompts clean {metric['clean', 'selection']:.4f}, "
+            f"corrupted {metric['corrupted', 'selection']:.4f};") in first
+
+
 def test_a_task_the_model_performs_has_no_banner(toy, tmp_path, capsys):
     gap, low, high = naive_gap(toy, "induction-text", 8)
     assert low > 0

@@ -238,7 +238,8 @@ def run_task(args) -> int:
                                 progress=args.progress, steps=steps, landed=page_writer(args.out, meta, args.progress))
     out, values = args.out, analysis.values
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
-    print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric} clean {values['clean']:.4f}, "
+    on = "" if split is None else f" on the {len(split.selection)} selection prompts"
+    print(f"{task.name}: {len(task)} prompts ({task.dropped} dropped); {task.metric}{on} clean {values['clean']:.4f}, "
           f"corrupted {values['corrupted']:.4f}{reused}; wrote {out / 'index.html'}")
     performance = analysis.performance
     print(performance.text if performance.performs else f"WARNING: {performance.text}")
