@@ -26,6 +26,19 @@ def test_classify_heads_given_a_text_where_the_prompt_count_goes_says_how_to_pas
         probes_for(toy, 2.5)
 
 
+def test_a_task_file_row_without_a_field_says_what_it_has(toy, tmp_path):
+    """A JSONL row with a misspelt field names what it lacks, what a row needs and what it has, as a
+    CSV file's header does, so the typo shows."""
+    from analyses import load_task
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"clean": "a b", "corrupt": "c d", "answer": " b", "distractor": ""}\n')
+    with pytest.raises(UserError) as refused:
+        load_task(toy, path)
+    assert str(refused.value) == ("mine.jsonl, row 1: missing corrupted, distractor; a row needs clean, corrupted, "
+                                  "answer, distractor, and has 'clean', 'corrupt', 'answer'")
+
+
 def test_a_metric_built_for_as_many_other_prompts_says_so(toy):
     """A loss metric built for 8 prompts given 16 of the same length names the mismatch and what to do,
     as the metric reading past the end does, in one grammatical line."""

@@ -937,9 +937,11 @@ def _parse_row(tokenizer: Tokenizer, source: str, number: int, row) -> tuple:
     where = f"{source}, row {number}"
     if not isinstance(row, dict):
         raise UserError(f"{where}: a row must be an object with {', '.join(FIELDS)}")
-    missing = [f for f in FIELDS if f not in row or row[f] in (None, "", [])]
+    given = [key for key, value in row.items() if value not in (None, "", [])]  # an empty field counts as missing
+    missing = [f for f in FIELDS if f not in given]
     if missing:
-        raise UserError(f"{where}: missing {', '.join(missing)}")
+        has = ", ".join(repr(key) for key in given) or "nothing"
+        raise UserError(f"{where}: missing {', '.join(missing)}; a row needs {', '.join(FIELDS)}, and has {has}")
     clean, corrupted = row["clean"], row["corrupted"]
     if not isinstance(clean, str) or not isinstance(corrupted, str):
         raise UserError(f"{where}: clean and corrupted must be strings")
