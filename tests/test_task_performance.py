@@ -3,6 +3,7 @@ terminal: the toy model does not do IOI (its clean prompts score below the corru
 do induction on text."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -75,3 +76,17 @@ def test_a_task_the_model_performs_has_no_banner(toy, tmp_path, capsys):
     assert f"The model performs the task: clean - corrupted logit_diff {gap:+.3f} [{low:+.3f}, {high:+.3f}]" in printed
     assert "WARNING" not in printed and "does not perform" not in page and "Built on noise" not in page
     assert meta["performs_task"] is True
+
+
+def test_the_pages_tables_write_a_value_not_measured_blank_and_a_count_whole():
+    """The task page's metric table has no interval on the selection split: its cells are blank, not
+    "nan", and n_prompts beside them reads 30, not 30.000 (a count made float by the missing values)."""
+    from analyses.report.page import markdown_table, plain_table_html
+
+    nan = float("nan")
+    table = pd.DataFrame({"run": ["clean", "clean"], "split": ["selection", "measurement"], "metric": [-0.1641, -0.1937],
+                          "ci_low": [nan, -0.6443], "n_prompts": [nan, 30.0]})
+    assert markdown_table(table)[2:] == ["| clean | selection | -0.164 |  |  |",
+                                         "| clean | measurement | -0.194 | -0.644 | 30 |"]
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", plain_table_html(table))
+    assert cells == ["clean", "selection", "-0.164", "", "", "clean", "measurement", "-0.194", "-0.644", "30"]

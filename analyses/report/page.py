@@ -230,16 +230,28 @@ def _effect_cell(row: pd.Series, column: str) -> str:
 
 
 def plain_table_html(table: pd.DataFrame) -> str:
-    """Any frame as a sortable table (numbers to 3 decimals)."""
+    """Any frame as a sortable table (numbers as ``cell_text`` writes them)."""
     header = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    rows = "".join("<tr>" + "".join(_plain_cell(v) for v in row) + "</tr>" for row in table.itertuples(index=False))
+    rows = "".join("<tr>" + "".join(_plain_cell(column, v) for column, v in zip(table.columns, row)) + "</tr>"
+                   for row in table.itertuples(index=False))
     return f'<div class="table-wrap"><table class="sortable"><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table></div>'
 
 
-def _plain_cell(value) -> str:
+def _plain_cell(column, value) -> str:
     if isinstance(value, float):
-        return f'<td data-sort="{value:.6f}">{value:.3f}</td>'
+        return f'<td data-sort="{value:.6f}">{cell_text(column, value)}</td>'
     return f'<td class="text">{html.escape(str(value))}</td>' if isinstance(value, str) else f"<td>{value}</td>"
+
+
+def cell_text(column, value) -> str:
+    """A table cell as the pages write it: a float to 3 decimals, but a count (a column ``n_*``, such
+    as ``n_prompts``, made float by a missing value beside it) as a whole number, and a missing value
+    (NaN: not measured there) blank rather than "nan"."""
+    if not isinstance(value, float):
+        return str(value)
+    if math.isnan(value):
+        return ""
+    return f"{value:.0f}" if str(column).startswith("n_") and value.is_integer() else f"{value:.3f}"
 
 
 def markdown_html(text: str) -> str:
@@ -358,8 +370,7 @@ def render_markdown(title: str, subtitle: str, sections: Sequence[Section]) -> s
 def markdown_table(table: pd.DataFrame) -> list[str]:
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     for row in table.itertuples(index=False):
-        cells = [f"{value:.3f}" if isinstance(value, float) else str(value) for value in row]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cell_text(column, value) for column, value in zip(table.columns, row)) + " |")
     return lines
 
 
