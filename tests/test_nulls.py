@@ -317,3 +317,66 @@ def test_partial_roles_read_the_lower_bound_and_the_weights_scores():
     roles = assign_roles(scores, 0.4, calibration=pd.DataFrame(rows)).set_index(["layer", "head"])
     assert roles["role"].tolist() == ["", "", "copying", "previous_token"]
     assert roles["partial_role"].tolist() == ["previous_token;copying", "", "", "copying"]
+
+
+def test_t_tail_runs_each_continued_fraction_once_on_its_own_elements(monkeypatch):
+    """Many degrees of freedom at once: each continued fraction runs once (not once per degree of
+    freedom), only over the elements where it converges fast (x below (a + 1) / (a + b + 2)), and
+    log P(T >= t) equals scipy's t.logsf to 1e-12 relative, deep tails and negative t included."""
+    import analyses.roles.nulls as nulls
+    from scipy import stats
+
+    t = torch.tensor([-40.0, -3.0, -0.5, 0.0, 0.3, 1.0, 1.7, 2.5, 6.0, 30.0, 300.0]).repeat(26)
+    dof = torch.arange(1, 27).repeat_interleave(11)
+    calls = []
+    real = nulls._log_beta_inc
+
+    def recorded(log_x, log_1mx, a, b, steps=2000):
+        calls.append((log_x.numel(), bool((log_x.exp() < (a + 1) / (a + b + 2)).all())))
+        return real(log_x, log_1mx, a, b, steps)
+
+    monkeypatch.setattr(nulls, "_log_beta_inc", recorded)
+    ours = nulls.t_log_upper_tail(t, dof)
+    (far, converges), (near, _) = calls  # I_x(a, b) where it converges, then I_{1-x}(b, a) on the rest
+    assert converges and far + near == t.numel() and far > 0 and near > 0
+    expected = torch.tensor(stats.t.logsf(t.numpy(), dof.numpy()), dtype=torch.double)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-300)
+
+
+def test_role_calibration_makes_each_null_model_once(scratch_gpt2, monkeypatch):
+    """The attention roles' and the copying roles' random-init nulls read the same null model per seed,
+    made once each (three random_like calls for three seeds, not six), and the calibration table is
+    what the two nulls give apart; the copying null's centre equals the mean over seeds and heads of
+    sum(Re eig) / sum(|eig|) of each hand-built null model's full vocab x vocab OV matrix."""
+    import analyses.roles.copying
+    import analyses.roles.nulls
+    from analyses.roles.calibration import role_calibration
+    from analyses.roles.copying import meaning_nulls
+    from analyses.roles.nulls import joint_fdr
+
+    seeds = (1001, 1002, 1003)
+    probes = repeated_probes(6, 16, range(1, 250), 0, seed=4)
+    apart = joint_fdr(calibrate_roles(scratch_gpt2, probes, null_seeds=seeds, progress=False),
+                      meaning_nulls(scratch_gpt2, seeds), fdr=0.05)
+    made = []
+
+    def counted(model, seed=0):
+        made.append(seed)
+        return random_like(model, seed)
+
+    for module in (analyses.roles.nulls, analyses.roles.copying):  # where each null imported it
+        monkeypatch.setattr(module, "random_like", counted, raising=False)
+    joint = role_calibration(scratch_gpt2, probes, null_seeds=seeds, fdr=0.05, progress=False)
+    assert made == list(seeds)
+    pd.testing.assert_frame_equal(joint, apart)
+
+    def full_copying(null) -> torch.Tensor:  # (layer, head), from the vocab x vocab matrix itself
+        W_E, W_U = null.W_E.detach().double(), null.W_U.detach().double()
+        W_V, W_O = null.W_V.detach().double(), null.W_O.detach().double()
+        return torch.tensor([[float((eig := torch.linalg.eigvals(W_E @ W_V[layer, head] @ W_O[layer, head] @ W_U))
+                                    .real.sum() / eig.abs().sum()) for head in range(W_O.shape[1])]
+                             for layer in range(W_O.shape[0])], dtype=torch.double)
+
+    centre = torch.stack([full_copying(random_like(scratch_gpt2, seed)) for seed in seeds]).mean((0, 2))
+    copying = joint[joint["role"] == "copying"].groupby("layer")["null_center"].first()
+    assert copying.to_numpy() == pytest.approx(centre.numpy(), abs=1e-6)

@@ -59,14 +59,15 @@ def reused(out: Path) -> dict[str, bool]:
 
 
 def stopped(out: Path, monkeypatch, landed: int, *extra: str) -> None:
-    """``interp report`` into ``out`` stopped right after its ``landed``-th page write (one a section,
-    a reused section included)."""
+    """``interp report`` into ``out`` stopped right after its ``landed``-th whole page write (one a
+    section, a reused section included; not counting a write whose figures are still being drawn)."""
     writes = []
     write = build.write_report
 
     def stop_after(report_, directory):
         written = write(report_, directory)
-        writes.append(directory)
+        if all(build.FIGURES_PENDING not in section.text for section in report_.sections):
+            writes.append(directory)
         if len(writes) == landed:
             raise Stopped
         return written
@@ -125,6 +126,29 @@ def test_the_page_holds_the_roles_and_the_pending_sections_before_the_ablation_e
     assert report(out, "--resume") == 0
     assert_same_files(out, uninterrupted)
     assert reused(out) == {"probe run": False} | {name: i < landed for i, name in enumerate(sections)}
+
+
+def test_the_page_goes_out_with_the_head_table_before_its_figures_are_drawn(tmp_path, monkeypatch, capsys):
+    """``--sections roles``: the first page write holds the head table (head_roles.csv, the roles) and
+    says its figures are being drawn, with none drawn yet; the terminal names the page right then;
+    the next write adds the figures (role heatmaps, top heads, layer map, rollout) and is the last."""
+    out, writes = tmp_path / "roles", []
+    write = build.write_report
+
+    def recorded(report_, directory):
+        figures = [f.name for section in report_.sections for f in section.figures]
+        markdown = "\n".join(section.text for section in report_.sections)
+        csvs = [section.csv for section in report_.sections]
+        writes.append((figures, build.FIGURES_PENDING in markdown, "head_roles.csv" in csvs,
+                       "report: the page is at" in capsys.readouterr().err))
+        return write(report_, directory)
+
+    monkeypatch.setattr(build, "write_report", recorded)
+    assert report(out, "--sections", "roles") == 0
+    assert writes[0] == ([], True, True, False)
+    assert writes[1] == (["role_scores", "top_heads", "layer_map", "rollout"], False, True, True)
+    assert len(writes) == 2 and "report: the page is at" not in capsys.readouterr().err
+    assert sorted(path.name for path in (out / "figures").iterdir()) == sorted(f"{name}.png" for name in writes[1][0])
 
 
 def test_sections_choose_a_subset_and_a_resume_adds_the_rest(uninterrupted, tmp_path):

@@ -217,13 +217,18 @@ def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Pat
     context.prepare()
 
     def written(results: dict) -> None:
-        if where is not None:
-            first_write = not (where[1] / "index.html").exists() or len(results) == 1
-            path = write_report(report_of(context, chosen, results, store), where[1])
+        if where is None:
+            return
+        first_write = not (where[1] / "index.html").exists() or len(results) == 1
+        # where the head sections' figures are still to draw (they take a while on a large model), the
+        # page goes out with its tables first and is rewritten once they are drawn
+        for figures in (False, True) if not context.drawn(results) else (True,):
+            path = write_report(report_of(context, chosen, results, store, figures=figures), where[1])
             if first_write and context.progress is not False:
                 pending = len(chosen) - len(results)
                 print(f"report: the page is at {path / 'index.html'}" + (f" ({pending} sections pending; rewritten "
                       "as each lands)" if pending else ""), file=sys.stderr, flush=True)
+            first_write = False
 
     results = run_sections(chosen, context, store if store is not None else _compute, steps.begin, written)
     steps.close()
@@ -252,7 +257,8 @@ class ReportContext:
     the selection rows choosing the page's lists (``selection``), each later step's memory
     (``step_mb``) and the pattern views (``views``). None of these is stored: a resumed report makes
     them again (one forward of the probes and of the lists' rows, the views' two). ``head_sections``:
-    the page's head sections as drawn from the head table without and with the ablation's effects."""
+    the page's head sections as drawn from the head table without and with the ablation's effects,
+    each without and with its figures."""
 
     model: object
     model_name: str
@@ -276,7 +282,8 @@ class ReportContext:
     selection: FirstProbes | None = None
     step_mb: float = 0.0
     views: list[PatternView] | None = None
-    head_sections: dict[bool, list[Section]] = field(default_factory=dict)  # drawn by ``report_of``, per table
+    head_sections: dict[tuple[bool, bool], tuple[list[Section], list[Section]]] = field(default_factory=dict)  # by
+    # ``report_of``: (the ablation's effects in the table, the figures drawn) -> the sections
     figures: dict[str, bytes] = field(default_factory=dict)  # the head sections' figures that read no effect
 
     def prepare(self) -> None:
@@ -293,6 +300,10 @@ class ReportContext:
                                           left_after(self.memory_mb, self.run.held_mb()), self.progress)
         self.step_mb = left_after(self.memory_mb, self.run.held_mb() + self.selection.run.held_mb())
         self.views = pattern_views(self.model, self.probes, self.texts[0] if self.texts else DISPLAY_TEXT)
+
+    def drawn(self, results: dict) -> bool:
+        """Whether the head sections' figures for ``results``' head table are drawn already."""
+        return ("ablation" in results, True) in self.head_sections
 
     @property
     def calibrated(self) -> bool:
@@ -470,18 +481,21 @@ def identity_first(table: pd.DataFrame) -> pd.DataFrame:
     return named[[*first, *[column for column in named.columns if column not in first]]]
 
 
-def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: dict, store: Steps | None) -> HeadReport:
-    """The report as far as ``results`` go: the head sections from the head table, each finished
+def report_of(context: ReportContext, chosen: Sequence[ReportSection], results: dict, store: Steps | None, *,
+              figures: bool = True) -> HeadReport:
+    """The report as far as ``results`` go: the head sections from the head table (with their
+    figures, or with ``figures`` False a line saying they are being drawn), each finished
     section's page section, each chosen section not finished yet as pending with its estimate
     (``pending_section``), the sections not chosen named (``unchosen_section``); meta.json with the
     sections (``chosen``, ``pending``) and the cost so far, each step marked ``reused`` where the store
     read it back."""
     table = report_table(context, results)
     c = context
-    drawn = "ablation" in results  # the head sections change only when the ablation's effects land
+    drawn = ("ablation" in results, figures)  # the head sections change only when the ablation's effects land
     if drawn not in c.head_sections:
         rule = role_rule(c.thresholds, c.fdr if c.calibrated else None) + " " + c.chosen_text()
-        c.head_sections[drawn] = report_sections(table, c.views, provenance(c.meta()) + "\n\n" + rule, c.figures)
+        c.head_sections[drawn] = report_sections(table, c.views, provenance(c.meta()) + "\n\n" + rule, c.figures,
+                                                 figures=figures)
     before, after = c.head_sections[drawn]
     middle = []
     for section in chosen[1:]:
@@ -891,26 +905,19 @@ def pattern_views(model, probes: RepeatedProbes, text: str) -> list[PatternView]
 
 
 def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
-                    drawn: dict[str, bytes] | None = None) -> tuple[list[Section], list[Section]]:
+                    drawn: dict[str, bytes] | None = None, *, figures: bool = True) -> tuple[list[Section], list[Section]]:
     """The head-role report's own sections, as (those before the later sections: the method, the
     roles, the explorer; those after: the head table, the figures, rollout). views: the display
     probe's and the text's (``pattern_views``); rule: what the probes were and how roles were
     assigned, Markdown; drawn: the PNGs of the figures that read no effect (the top heads, the layer
     map, the rollout), by name, drawn here where absent and kept there, so a page drawn again for
-    the effects redraws only the role heatmaps."""
+    the effects redraws only the role heatmaps; figures: False for the sections without their
+    figures (``FIGURES_PENDING`` in their place), nothing drawn."""
     drawn = {} if drawn is None else drawn
     measures = [m for m in (*MEASURES, *MEANING_ROLES) if m in table.columns]
     grid = [*present_roles(table), *[m for m in ("entropy", "ablation_effect") if m in table.columns]]
     explorer = explorer_data(table, grid, [*ROLES, "entropy"], views, start_head(table), lead_role(table))
-    probe_view, text_view = views
-    intervals = {"ablation_effect": interval_columns("ablation_effect")}
-    figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"],
-                            png_bytes(role_heatmaps(table, heatmap_columns(table), intervals=intervals))),
-               ReportFigure("top_heads", FIGURE_CAPTIONS["top_heads"],
-                            once(drawn, "top_heads", lambda: top_heads_figure(table, probe_view))),
-               ReportFigure("layer_map", FIGURE_CAPTIONS["layer_map"],
-                            once(drawn, "layer_map", lambda: layer_map_figure(table, text_view)))]
-    rolled = once(drawn, "rollout", lambda: rollout_figure(attention_rollout(text_view.patterns), text_view.tokens))
+    figured, rolled = head_figures(table, views, drawn) if figures else ([], [])
     how = (rule + " Ablation effect: the rise in loss on the predictable second-copy tokens when the head's "
            "output is replaced by its mean over the other probes at the same place in their structure, printed "
            "as 'effect [low, high]' with its 95% percentile bootstrap interval over the probes; 'no causal "
@@ -926,10 +933,28 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
                 "each group by its ablation effect once measured.",
                 head_table_html(table, measures, present_roles(table), "head-table", extra=effect_columns(table)),
                 table=markdown_frame(table), csv="head_roles.csv"),
-        Section("Figures", figures=figures),
-        Section("Attention rollout", ROLLOUT_NOTE,
-                figures=[ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], rolled)]),
+        Section("Figures", "" if figures else FIGURES_PENDING, figures=figured),
+        Section("Attention rollout", ROLLOUT_NOTE + ("" if figures else "\n\n" + FIGURES_PENDING), figures=rolled),
     ]
+
+
+FIGURES_PENDING = "*Being drawn: the page is rewritten with these figures in a moment.*"
+
+
+def head_figures(table: pd.DataFrame, views: list[PatternView],
+                 drawn: dict[str, bytes]) -> tuple[list[ReportFigure], list[ReportFigure]]:
+    """The head sections' figures from the head table and the views (``report_sections``): (the role
+    heatmaps, the top heads, the layer map; the rollout), those that read no effect kept in ``drawn``."""
+    probe_view, text_view = views
+    intervals = {"ablation_effect": interval_columns("ablation_effect")}
+    figures = [ReportFigure("role_scores", FIGURE_CAPTIONS["role_scores"],
+                            png_bytes(role_heatmaps(table, heatmap_columns(table), intervals=intervals))),
+               ReportFigure("top_heads", FIGURE_CAPTIONS["top_heads"],
+                            once(drawn, "top_heads", lambda: top_heads_figure(table, probe_view))),
+               ReportFigure("layer_map", FIGURE_CAPTIONS["layer_map"],
+                            once(drawn, "layer_map", lambda: layer_map_figure(table, text_view)))]
+    rolled = once(drawn, "rollout", lambda: rollout_figure(attention_rollout(text_view.patterns), text_view.tokens))
+    return figures, [ReportFigure("rollout", FIGURE_CAPTIONS["rollout"], rolled)]
 
 
 def once(drawn: dict[str, bytes], name: str, draw) -> bytes:

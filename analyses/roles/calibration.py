@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import pandas as pd
+import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.hook_names import has_mlps, pattern_names, z_names
@@ -30,10 +31,11 @@ from analyses.interventions.ablation import prepare_ablation
 from analyses.interventions.run import FirstRows, Run
 from analyses.roles.backup import (backup_report, direct_and_total_effects, direct_effect_reads,
                                    first_order_head_effects)
-from analyses.roles.classify import DEFAULT_FDR, MEASURES, PromptSums, probe_targets
-from analyses.roles.copying import meaning_nulls
+from analyses.roles.classify import DEFAULT_FDR, MEASURES, ROLES, PromptSums, probe_targets
+from analyses.roles.copying import meaning_nulls, null_copying
 from analyses.roles.dormant import Similarity, dormant_frame, head_similarities
-from analyses.roles.nulls import DEFAULT_NULL_SEEDS, calibrate_roles, joint_fdr
+from analyses.roles.nulls import (DEFAULT_NULL_SEEDS, calibrate_roles, check_null_seeds, joint_fdr, null_role_scores,
+                                  score_random_models)
 from interp.errors import UserError
 from interp.memory import release_freed_memory
 
@@ -187,12 +189,28 @@ def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds
     role) against its nulls (``calibrate_roles``) and every (head, meaning role) against its
     random-initialisation null (``meaning_nulls``), with one Benjamini-Hochberg at ``fdr`` over all of
     them (``joint_fdr``). Reads no ablation: the roles are decided by these tests and the scores alone.
-    The null models' memory goes back to the system before it returns."""
+    Both nulls read the same null models, each made once (``random_init_scores``); their memory goes
+    back to the system before it returns."""
+    check_null_seeds(null_seeds)
+    attention, copying = random_init_scores(model, probes, null_seeds, memory_mb, progress)
     calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
-                                            memory_mb=memory_mb, progress=progress, run=run),
-                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb), fdr=fdr)
+                                            memory_mb=memory_mb, progress=progress, run=run, random_scores=attention),
+                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb, null_scores=copying), fdr=fdr)
     release_freed_memory()  # the null models' memory, before the ablations
     return calibration
+
+
+def random_init_scores(model, probes: RepeatedProbes, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
+                       memory_mb: float = DEFAULT_MEMORY_MB,
+                       progress: bool | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Both random-initialisation nulls from one null model per seed in ``null_seeds``, one alive at
+    a time (``score_random_models``) -> (role -> (seeds, layer, head): the attention roles' scores on
+    ``probes``, as ``random_init_null``; (seeds, layer, head): the OV copying scores, as
+    ``meaning_nulls`` draws them). ``memory_mb`` counts the null model."""
+    both = score_random_models(model, null_seeds, lambda null: (null_role_scores(null, probes, memory_mb),
+                                                                null_copying(null, memory_mb)), progress)
+    attention = {role: torch.stack([scores[role] for scores, _ in both]) for role in ROLES}
+    return attention, torch.stack([copying for _, copying in both])
 
 
 def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *, direct: bool = True,

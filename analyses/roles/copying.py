@@ -23,9 +23,9 @@ from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator_dtype
 from analyses.roles.classify import MEANING_ROLES
-from analyses.roles.nulls import BAND_Z, DEFAULT_NULL_SEEDS, head_frame, layer_null, t_log_upper_tail, t_upper_tail, z_score
+from analyses.roles.nulls import (BAND_Z, DEFAULT_NULL_SEEDS, check_null_seeds, head_frame, layer_null, score_random_models,
+                                  t_log_upper_tail, t_upper_tail, z_score)
 from interp.errors import UserError
-from interp.random_models import random_like
 from interp.weights import expand_kv_heads
 
 
@@ -63,22 +63,22 @@ def copying_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
 
 
 def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None, *,
-                  memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+                  memory_mb: float = DEFAULT_MEMORY_MB, null_scores: torch.Tensor | None = None) -> pd.DataFrame:
     """``copying`` and ``copy_suppression`` against the random-initialisation null: a tidy frame,
     one row per (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
     null_center, null_spread, null_low, null_high, z, p, log10_p``). One null model is alive at a
-    time, counted in ``memory_mb`` (its eigenvalues get what it leaves)."""
-    if len(null_seeds) < 2:
-        raise UserError(f"null_seeds={tuple(null_seeds)}: a null spread needs at least 2 random initialisations")
+    time, counted in ``memory_mb`` (its eigenvalues get what it leaves). ``null_scores``: the null
+    models' ``null_copying`` at ``null_seeds``, (seeds, layer, head), measured here where None."""
+    check_null_seeds(null_seeds)
     with torch.no_grad():
         observed = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb))
-        nulls = torch.stack([_null_copying(model, seed, memory_mb)
-                             for seed in progress_bar(null_seeds, progress=progress, desc="random-init nulls",
-                                                      unit="model")])
+        if null_scores is None:
+            null_scores = torch.stack(score_random_models(model, null_seeds, lambda null: null_copying(null, memory_mb),
+                                                          progress))
     frames = []
     for role, sign in zip(MEANING_ROLES, (1.0, -1.0)):
         score = sign * observed
-        center, spread, dof = layer_null(sign * nulls)
+        center, spread, dof = layer_null(sign * null_scores)
         z = z_score(score - center, spread)
         frames.append(head_frame(score, {
             "role": role, "score": score, "null": "random_init", "null_center": center, "null_spread": spread,
@@ -88,8 +88,8 @@ def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progres
     return pd.concat(frames, ignore_index=True)
 
 
-def _null_copying(model, seed: int, memory_mb: float) -> torch.Tensor:
-    """(layer, head) copying scores of ``model``'s architecture at random initialisation ``seed``."""
-    null = random_like(model, seed)
-    return copying_from_eigenvalues(ov_eigenvalues(null, memory_mb=left_after(memory_mb, model_mb(null))))
-
+def null_copying(null, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
+    """(layer, head) copying scores of one null model (``random_like``'s); ``memory_mb`` counts the
+    null model itself (its eigenvalues get what it leaves)."""
+    with torch.no_grad():
+        return copying_from_eigenvalues(ov_eigenvalues(null, memory_mb=left_after(memory_mb, model_mb(null))))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import pandas as pd
 import torch
@@ -51,6 +51,7 @@ from interp.random_models import random_like
 CONTENT_ROLES = ("duplicate_token", "induction")  # the roles the control probes break
 DEFAULT_NULL_SEEDS = (1001, 1002, 1003)  # random initialisations; far from the seeds tests build models with
 BAND_Z = 1.96  # the null band is centre +- BAND_Z spread
+T = TypeVar("T")
 
 
 @dataclass
@@ -104,28 +105,25 @@ def t_log_upper_tail(t: torch.Tensor, dof: int | torch.Tensor) -> torch.Tensor:
     bad = dof[(dof < 1) | (dof != dof.floor())]
     if bad.numel():
         raise UserError(f"degrees of freedom {bad[0].item():g} must be a positive integer (>= 1)")
-    log_tail = torch.empty_like(t)
-    for value in dof.unique().tolist():
-        where = dof == value
-        log_tail[where] = _t_log_upper_tail(t[where], value)
-    return log_tail
+    return _t_log_upper_tail(t, dof)
 
 
-def _t_log_upper_tail(t: torch.Tensor, dof: float) -> torch.Tensor:
-    """log P(T >= t) for one number of degrees of freedom, float64.
+def _t_log_upper_tail(t: torch.Tensor, dof: torch.Tensor) -> torch.Tensor:
+    """log P(T >= t) for ``dof`` degrees of freedom (float64, ``t``'s shape), every element at once.
 
     P(T >= |t|) = I_x(dof / 2, 1 / 2) / 2 with x = dof / (dof + t^2) (I: the regularised incomplete
     beta function). Where x < (a + 1) / (a + b + 2) (a, b = dof / 2, 1 / 2: |t| above about
     sqrt(3)) its continued fraction gives log I_x directly, however small; below, the tail is at
     least a few percent and I_x = 1 - I_{1-x}(b, a). Negative t: P(T >= t) = 1 - P(T >= |t|).
     """
-    a, b = dof / 2, 0.5
-    log_t2 = 2 * t.abs().log() - math.log(dof)  # log(t^2 / dof)
+    a, b = dof / 2, torch.full_like(dof, 0.5)
+    log_t2 = 2 * t.abs().log() - dof.log()  # log(t^2 / dof)
     log_x, log_1mx = -_softplus(log_t2), -_softplus(-log_t2)  # log x, log(1 - x)
     far = log_x.exp() < (a + 1) / (a + b + 2)
-    log_far = _log_beta_inc(log_x, log_1mx, a, b)
-    near = 1 - _log_beta_inc(log_1mx, log_x, b, a).exp()
-    log_tail = torch.where(far, log_far, near.clamp(min=0).log()) - torch.log(torch.tensor(2.0, dtype=torch.double))
+    log_tail = torch.empty_like(t)  # each continued fraction only where it converges fast
+    log_tail[far] = _log_beta_inc(log_x[far], log_1mx[far], a[far], b[far])
+    log_tail[~far] = (1 - _log_beta_inc(log_1mx[~far], log_x[~far], b[~far], a[~far]).exp()).clamp(min=0).log()
+    log_tail = log_tail - torch.log(torch.tensor(2.0, dtype=torch.double))
     return torch.where(t >= 0, log_tail, torch.log1p(-log_tail.exp()))
 
 
@@ -134,17 +132,18 @@ def _softplus(u: torch.Tensor) -> torch.Tensor:
     return u.clamp(min=0) + torch.log1p(torch.exp(-u.abs()))
 
 
-def _log_beta_inc(log_x: torch.Tensor, log_1mx: torch.Tensor, a: float, b: float, steps: int = 2000) -> torch.Tensor:
-    """log I_x(a, b), the regularised incomplete beta function, from log x and log(1 - x), for
-    x < (a + 1) / (a + b + 2) where its continued fraction converges fast (DLMF 8.17.22):
+def _log_beta_inc(log_x: torch.Tensor, log_1mx: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                  steps: int = 2000) -> torch.Tensor:
+    """log I_x(a, b), the regularised incomplete beta function, elementwise (all float64 tensors of
+    one shape), from log x and log(1 - x), for x < (a + 1) / (a + b + 2) where its continued
+    fraction converges fast (DLMF 8.17.22):
     I_x = x^a (1 - x)^b / (a B(a, b)) / (1 + d_1 / (1 + d_2 / (1 + ...))) with
     d_{2m+1} = -(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1)), d_{2m} = m (b - m) x / ((a + 2m - 1)(a + 2m)),
     evaluated by the modified Lentz method (float64; stops once every element has converged)."""
     x = log_x.exp()
     tiny = 1e-300
-    log_front = (a * log_x + b * log_1mx - torch.special.gammaln(torch.tensor(a, dtype=torch.double))
-                 - torch.special.gammaln(torch.tensor(b, dtype=torch.double))
-                 + torch.special.gammaln(torch.tensor(a + b, dtype=torch.double)) - math.log(a))
+    log_front = (a * log_x + b * log_1mx - torch.special.gammaln(a) - torch.special.gammaln(b)
+                 + torch.special.gammaln(a + b) - a.log())
     value, c, d = torch.ones_like(x), torch.ones_like(x), torch.zeros_like(x)
     for step in range(1, steps + 1):
         m = step // 2
@@ -185,16 +184,35 @@ def random_init_null(model, probes: RepeatedProbes, seeds: Sequence[int] = DEFAU
     """Scores of every head of ``model``'s architecture at each random initialisation in ``seeds``
     on ``probes`` -> role -> (n_seeds, layer, head). One null model is alive at a time, counted in
     ``memory_mb`` (its forwards get what it leaves)."""
+    check_null_seeds(seeds)
+    scores = score_random_models(model, seeds, lambda null: null_role_scores(null, probes, memory_mb), progress)
+    return {role: torch.stack([one[role] for one in scores]) for role in ROLES}
+
+
+def check_null_seeds(seeds: Sequence[int]) -> None:
+    """Refuse fewer than 2 random initialisations (a null spread needs 2), in one line."""
     if len(seeds) < 2:
         raise UserError(f"null_seeds={tuple(seeds)}: a null spread needs at least 2 random initialisations")
-    scores = {role: [] for role in ROLES}
+
+
+def score_random_models(model, seeds: Sequence[int], score: Callable[[object], T],
+                        progress: bool | None = None) -> list[T]:
+    """``score(null)`` for ``model``'s architecture at each random initialisation in ``seeds``
+    (``random_like``), in order: each null model is made once, scored, and let go before the next
+    (one alive at a time; ``score`` must keep no reference to it)."""
+    scores = []
     for seed in progress_bar(seeds, progress=progress, desc="random-init nulls", unit="model"):
-        null = random_like(model, seed)  # one alive at a time, counted in memory_mb
-        samples = role_samples(null, probes, left_after(memory_mb, model_mb(null)), progress=False)
+        null = random_like(model, seed)
+        scores.append(score(null))
         del null
-        for role in ROLES:
-            scores[role].append(ratio_and_error(samples.sums[role], samples.counts[role])[0])
-    return {role: torch.stack(values) for role, values in scores.items()}
+    return scores
+
+
+def null_role_scores(null, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB) -> dict[str, torch.Tensor]:
+    """One null model's pooled score of every head on ``probes`` -> role -> (layer, head), float64;
+    ``memory_mb`` counts the null model itself (its forward gets what it leaves)."""
+    samples = role_samples(null, probes, left_after(memory_mb, model_mb(null)), progress=False)
+    return {role: ratio_and_error(samples.sums[role], samples.counts[role])[0] for role in ROLES}
 
 
 def role_nulls(observed: RoleSamples, random_scores: dict[str, torch.Tensor],
@@ -297,10 +315,12 @@ def joint_fdr(*calibrations: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataF
 def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: int = 64, seq_len: int | None = None,
                     seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                    run: Run | None = None) -> pd.DataFrame:
+                    run: Run | None = None, random_scores: dict[str, torch.Tensor] | None = None) -> pd.DataFrame:
     """Every head's role scores against their nulls, with Benjamini-Hochberg roles (``run``: a
     ``Run`` of the probes whose pattern sums serve the model's own scores, see ``per_prompt_scores``;
-    the control probes and the null models run their own forwards).
+    the control probes and the null models run their own forwards; ``random_scores``: the null
+    models' scores on these probes at ``null_seeds``, role -> (seeds, layer, head) as
+    ``random_init_null`` returns them, measured here where None).
 
     probes: made once by the caller (else ``probes_for(model, n_prompts, seq_len, seed)``); the
     control probes are drawn from them with ``seed``. null_seeds: the random initialisations.
@@ -313,5 +333,6 @@ def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: i
     probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
     observed = role_samples(model, probes, memory_mb, progress, run)
     control = role_samples(model, shuffle_second_copy(probes, seed), memory_mb, progress)
-    random_scores = random_init_null(model, probes, null_seeds, memory_mb, progress)
+    if random_scores is None:
+        random_scores = random_init_null(model, probes, null_seeds, memory_mb, progress)
     return add_fdr(role_nulls(observed, random_scores, control), fdr)
