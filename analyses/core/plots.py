@@ -51,11 +51,15 @@ def png_bytes(figure: Figure, description: str | None = None) -> bytes:
     pixels as ``savefig(dpi=DPI)``. The figure then keeps that layout (its layout engine is switched
     off: constrained layout run again on a laid-out figure with colour bars or square cells moves
     them), so saving it again gives the same bytes."""
-    if not isinstance(figure.canvas, FigureCanvasAgg):
-        FigureCanvasAgg(figure)
-    figure.set_dpi(DPI)
+    canvas, dpi = figure.canvas, figure.dpi
+    renderer = canvas if isinstance(canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
+    figure.dpi = DPI
     buffer = io.BytesIO()
-    figure.canvas.print_png(buffer, metadata={"Software": None, "Description": description})
+    try:
+        renderer.print_png(buffer, metadata={"Software": None, "Description": description})
+    finally:  # a pyplot figure keeps its own canvas and dpi, as after savefig
+        figure.dpi = dpi
+        figure.set_canvas(canvas)
     figure.set_layout_engine("none")
     return buffer.getvalue()
 
