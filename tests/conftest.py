@@ -1,6 +1,7 @@
 """Shared fixtures (and the offline switch, and each pytest-xdist worker's threads): one small
 randomly initialised GPT-2, as a Hugging Face model, as our ``GPTModel`` and as a TransformerLens
-``TransformerBridge`` over the same weights. No network."""
+``TransformerBridge`` over the same weights; one small toy report for the whole run
+(``shared_reports``). No network."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ if THREADS is not None:
 from interp import GPTModel, from_hf
 from interp.bridge import boot_bridge
 from interp.random_models import make_random_gpt2, save_random_model
+from shared_reports import shared_toy_report
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +81,14 @@ def family_dir(tmp_path_factory):
         return made[family]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def toy_report(tmp_path_factory):
+    """(directory, stdout) of ``interp report`` on the toy at ``shared_reports.TOY_REPORT_ARGS``,
+    computed once for the whole run: under pytest-xdist in the run's directory, which every worker's
+    base directory sits in (``shared_reports``). Read-only: copy it to change it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        root = root.parent
+    return shared_toy_report(root)

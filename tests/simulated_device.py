@@ -13,7 +13,9 @@ A model placed on "mps" (``place_model(model, MPS)``) also gets MPS's dtype rule
 (nor complex128) tensor lives there, so making one there, casting one there (``.double()``) or
 moving one there raises ``NoFloat64`` as MPS does.
 
-Slow (every call runs twice, through Python): for small models and few prompts.
+Slow (a call with a tensor on the stand-in device, or a ``device=``, runs twice, through Python): for
+small models and few prompts. A call on CPU tensors alone, with no ``device=``, runs once: its outputs
+stay on the CPU and it cannot mix devices.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class SimulatedDevice(TorchFunctionMode):
             for row in rows:
                 self.place(row, device)
             return iter(rows)
-        devices = self.shadow(func, args, kwargs)
+        devices = self.shadow(func, args, kwargs) if self.carries_a_device(args, kwargs) else []
         real_kwargs = {k: (CPU if k == "device" else v) for k, v in kwargs.items()}
         out = func(*args, **real_kwargs)
         real, _ = tree_flatten(out)
@@ -148,6 +150,14 @@ class SimulatedDevice(TorchFunctionMode):
             real = tensor.clone()  # a copy on the other device
         self.place(real, target)
         return real
+
+    def carries_a_device(self, args, kwargs) -> bool:
+        """Whether a call could leave the CPU or mix devices: a tensor argument carries another device,
+        or the call names a ``device=``. Without either, every output is on the CPU (where an output
+        is placed by default), so the fake run is skipped."""
+        if kwargs.get("device") is not None:
+            return True
+        return any(isinstance(t, torch.Tensor) and t in self.where for t in tree_flatten((args, kwargs))[0])
 
     def shadow(self, func, args, kwargs) -> list[torch.device | None]:
         """The devices of ``func``'s outputs (flattened), by running it on fake tensors of the carried

@@ -56,7 +56,9 @@ def browser():
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
-    assert main(["report", "--model", "toy", "--prompts", "8", "--out", str(out)]) == 0
+    # the command docs/guides/report.md says this test runs
+    assert main(["report", "--model", "toy", "--prompts", "8", "--intervention-prompts", "4", "--seed", "0",
+                 "--out", str(out)]) == 0
     return out
 
 

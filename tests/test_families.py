@@ -171,6 +171,8 @@ def record_of(meta: dict) -> dict:
 @pytest.mark.parametrize("family, impl", [*((f, "auto") for f in ISSUE_FAMILIES),
                                           ("llama", "transformer_lens"), ("gpt_neox", "transformer_lens")])
 def test_report(family, impl, family_dir, loaded, tmp_path):
+    """The report exits 0 with every number finite and an effect per head; meta.json records the spec,
+    family, impl and weights hash of what was analysed: those of ``load_model(directory, impl)``."""
     out = tmp_path / "report"
     assert cli("report", *model_and_probes(family_dir(family), impl), "--out", out) == 0
     table = pd.read_csv(out / "head_roles.csv", keep_default_na=False)
@@ -183,7 +185,7 @@ def test_report(family, impl, family_dir, loaded, tmp_path):
     assert table["ablation_effect"].abs().max() > 0  # the ablations did something
     meta = json.loads((out / "meta.json").read_text())
     expected = provenance(loaded(family, impl))
-    assert record_of(meta) == expected
+    assert meta["model"] == str(family_dir(family)) and record_of(meta) == expected
     chosen = impl if impl != "auto" else "scratch" if family in SCRATCH else "transformer_lens"
     assert expected["family"] == family and expected["impl"] == chosen
     assert (out / "index.html").is_file() and (out / "figures" / "role_scores.png").read_bytes().startswith(PNG)

@@ -89,3 +89,20 @@ def test_png_bytes_is_a_valid_png_of_the_laid_out_figure():
         assert image.size == tuple(int(round(side * DPI)) for side in figure.get_size_inches())
         assert np.array_equal(np.asarray(image), np.asarray(reference))
     assert png_bytes(figure) == ours
+
+
+def test_png_bytes_draws_the_figure_once_with_savefigs_pixels(monkeypatch):
+    """One draw lays the figure out and renders it (``savefig`` with constrained layout draws it twice:
+    once unrendered for the layout), and the PNG has the pixels and size of matplotlib's own
+    ``savefig`` of the same figure built afresh, constrained layout on."""
+    columns = ["induction", "ablation_effect"]
+    reference = io.BytesIO()
+    role_heatmaps(head_table(), columns).savefig(reference, format="png", dpi=DPI, metadata={"Software": None})
+    draws = []
+    original = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: draws.append(1) or original(self, renderer))
+    ours = png_bytes(role_heatmaps(head_table(), columns))
+    assert len(draws) == 1
+    with Image.open(io.BytesIO(ours)) as image, Image.open(reference) as theirs:
+        assert image.size == theirs.size
+        assert np.array_equal(np.asarray(image), np.asarray(theirs))

@@ -3,6 +3,9 @@ scores from both GPT-2 backends, one-line errors, and the roles of the embedded 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
 import re
 from pathlib import Path
@@ -16,7 +19,8 @@ import analyses.core.probes
 from analyses.roles.classify import MEASURES
 from analyses.cli import build_parser, main
 from analyses.core.plots import png_bytes
-from analyses.report.build import BACKUP, DISPLAY_TEXT, DISPLAY_TOKENS, ReportSteps, build_report, write_report
+from analyses.report.build import (BACKUP, DISPLAY_TEXT, DISPLAY_TOKENS, HeadReport, ReportSteps, build_report,
+                                   write_report)
 from analyses.circuits.role_qk import QK_COLUMNS
 from analyses.report.qk_section import QK
 from analyses.report.page import ReportFigure, Section, decode_patterns, encode_patterns, head_table_html
@@ -35,6 +39,20 @@ def report(out: Path, model, *extra: str) -> Path:
 @pytest.fixture(scope="module")
 def scratch_report(gpt2_dir, tmp_path_factory):
     return report(tmp_path_factory.mktemp("scratch"), gpt2_dir)
+
+
+@pytest.fixture(scope="module")
+def built(gpt2_dir) -> tuple[HeadReport, list, list[str]]:
+    """``build_report`` on the GPT-2 directory at its default progress, once for the module: (the
+    report, the arguments of each call of ``repeated_probes`` during it, what it wrote on stderr, one
+    entry a line; a StringIO is off a terminal, as pytest's captured stderr is)."""
+    drawn, err = [], io.StringIO()
+    original = analyses.core.probes.repeated_probes
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stderr(err):
+        monkeypatch.setattr(analyses.core.probes, "repeated_probes",
+                            lambda *a, **k: drawn.append(a) or original(*a, **k))
+        made = build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48)
+    return made, drawn, err.getvalue().splitlines()
 
 
 def test_report_writes_every_file_with_one_row_per_head(scratch_report):
@@ -184,25 +202,9 @@ def test_report_on_a_byte_model_with_a_short_context(tmp_path):
     assert (out / "figures" / "layer_map.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
-def test_report_draws_its_probes_once(gpt2_dir, monkeypatch):
-    drawn = []
-    original = analyses.core.probes.repeated_probes
-    monkeypatch.setattr(analyses.core.probes, "repeated_probes", lambda *a, **k: drawn.append(a) or original(*a, **k))
-    build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=False)
+def test_report_draws_its_probes_once(built):
+    _, drawn, _ = built
     assert len(drawn) == 1
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "opt"])
-def test_report_on_any_family_records_provenance(family, family_dir, tmp_path):
-    """The default impl (auto) loads any family, and meta.json records the spec, family, impl and
-    weights hash of what was analysed: those of ``load_model(directory)``."""
-    directory = family_dir(family)
-    out = report(tmp_path / family, directory)
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["model"] == str(directory) and meta["family"] == family
-    assert {key: meta[key] for key in ("family", "impl", "weights_hash")} == provenance(load_model(directory))
-    table = pd.read_csv(out / "head_roles.csv", keep_default_na=False)
-    assert len(table) == 8 and table["ablation_effect"].notna().all()
 
 
 def test_report_meta_of_the_scratch_model(scratch_report, gpt2_dir):
@@ -259,8 +261,8 @@ def test_patterns_round_trip_through_the_page_encoding():
     assert (decode_patterns(encoded, 3, 2, 5) - patterns).abs().max() <= 0.5 / 255 + 1e-6
 
 
-def test_a_section_takes_a_few_lines(gpt2_dir, tmp_path):
-    report = build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48, progress=False)
+def test_a_section_takes_a_few_lines(built, tmp_path):
+    report = dataclasses.replace(built[0], sections=list(built[0].sections))  # the shared report's list untouched
     figure = Figure(figsize=(2, 2))
     figure.subplots().plot([0, 1])
     edges = pd.DataFrame({"sender": ["L0H1"], "receiver": ["L1H2"], "score": [0.5]})
@@ -285,14 +287,11 @@ def test_the_head_table_shows_intervals_and_null_bands():
     assert "null [0.02, 0.25]" in banded and 'data-roles="induction"' in banded
 
 
-def test_report_writes_a_line_per_step_off_a_terminal(gpt2_dir, capsys):
-    """Off a terminal (pytest's captured stderr), by default, the report's step-level bar writes one
+def test_report_writes_a_line_per_step_off_a_terminal(built):
+    """Off a terminal (a captured stderr), by default, the report's step-level bar writes one
     plain line as each step begins, naming it with the count of steps done, and one when it ends."""
-    from analyses.report.build import ReportSteps
-
-    build_report(load_model(gpt2_dir), model_name=str(gpt2_dir), n_prompts=4, seq_len=48)
     total = len(ReportSteps.STEPS)
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("report: ")]
+    lines = [line for line in built[2] if line.startswith("report: ")]
     expected = [f"report: {step} {done}/{total} steps (" for done, step in enumerate(ReportSteps.STEPS)]
     expected.append(f"report: {ReportSteps.STEPS[-1]} {total}/{total} steps (")
     assert [line[:line.index("(") + 1] for line in lines] == expected, lines

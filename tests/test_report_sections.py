@@ -15,8 +15,9 @@ import analyses.report.build as build
 import analyses.roles.calibration as calibration
 from analyses.cli import main
 from interp.model import GPTModel
+from shared_reports import TOY_REPORT_ARGS
 
-ARGS = ["--model", "toy", "--prompts", "4", "--seq-len", "32", "--intervention-prompts", "2"]
+ARGS = TOY_REPORT_ARGS  # the uninterrupted run is the run's shared toy report (tests/shared_reports.py)
 LATER = ["ablation", "calibration", "control", "circuit", "qk", "components"]
 
 
@@ -29,10 +30,9 @@ def report(out: Path, *extra: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted")
-    assert report(out) == 0
-    return out
+def uninterrupted(toy_report) -> Path:
+    """``report(out)`` run to the end: the shared toy report (read-only; the tests resume in copies)."""
+    return toy_report[0]
 
 
 def files(directory: Path) -> dict[str, bytes]:

@@ -6,8 +6,6 @@ verdict; the command ends by printing the summary and where the page is."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import re
 from pathlib import Path
@@ -15,21 +13,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyses.cli import main
 
-ARGS = ["--model", "toy", "--prompts", "4", "--seq-len", "32", "--intervention-prompts", "2"]
 ATTENTION_ROLES = ["previous_token", "duplicate_token", "induction", "self", "bos"]
 MEANING_ROLES = ["copying", "copy_suppression"]
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory) -> tuple[Path, str]:
-    """The toy's report directory and what ``interp report`` printed on stdout."""
-    out = tmp_path_factory.mktemp("summary") / "toy"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(["report", *ARGS, "--out", str(out), "--quiet"]) == 0
-    return out, printed.getvalue()
+def toy(toy_report) -> tuple[Path, str]:
+    """The toy's report directory and what ``interp report`` printed on stdout (the run's shared
+    report, tests/shared_reports.py)."""
+    return toy_report
 
 
 def markdown_sections(markdown: str) -> dict[str, list[str]]:

@@ -46,11 +46,20 @@ def png_bytes(figure: Figure, description: str | None = None) -> bytes:
     ``description`` goes into the PNG's Description text chunk. Pillow's default zlib level: level 1
     would save about 1% of a toy report's time and make its page 10% larger.
 
-    The first save lays the figure out; the figure then keeps that layout (its layout engine is
-    switched off: constrained layout run again on a laid-out figure with colour bars or square cells
-    moves them), so saving it again gives the same bytes."""
+    One draw on the figure's Agg canvas lays it out and renders it (``savefig`` with a layout engine
+    would draw the whole figure twice: once without rendering, for the layout alone); the same
+    pixels as ``savefig(dpi=DPI)``. The figure then keeps that layout (its layout engine is switched
+    off: constrained layout run again on a laid-out figure with colour bars or square cells moves
+    them), so saving it again gives the same bytes."""
+    canvas, dpi = figure.canvas, figure.dpi
+    renderer = canvas if isinstance(canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
+    figure.dpi = DPI
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None, "Description": description})
+    try:
+        renderer.print_png(buffer, metadata={"Software": None, "Description": description})
+    finally:  # a pyplot figure keeps its own canvas and dpi, as after savefig
+        figure.dpi = dpi
+        figure.set_canvas(canvas)
     figure.set_layout_engine("none")
     return buffer.getvalue()
 
