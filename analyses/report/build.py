@@ -704,10 +704,10 @@ def report_plan(model) -> dict[str, str]:
     own attention, ``qk_refusal``; ``BACKUP``: the backup pairs and groups, whose rise of attribution
     needs interp's own final readout, ``backup_refusal``) -> why, in one line. Refuses in one line a model whose
     head ablations cannot run: the head table's ablation effects and the calibration are made of them."""
+    refusal, backup, direct = qk_refusal(model), backup_refusal(model), direct_effect_needs(model)  # each section's own check
     require(model, "hook_z", "the report's head ablations")
-    left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct_effect_needs(model),
+    left = left_out(model, {CIRCUIT: path_needs(VIAS), DLA: DLA_NEEDS, DIRECT_EFFECTS: direct,
                             QK: DLA_NEEDS})  # the split reads the residual's decomposition, as DLA does
-    refusal, backup = qk_refusal(model), backup_refusal(model)
     left = left if backup is None else left | {BACKUP: backup}
     return left if refusal is None or QK in left else left | {QK: refusal}
 
@@ -718,10 +718,10 @@ def report_cost(model, probes: RepeatedProbes, left: dict[str, str], texts: Sequ
     (``report_estimate`` over the probe run and ``steps``, the sections run, None every one), its clock set by the
     probe run (``CostEstimate.timed_by``)."""
     first = min(intervention_prompts, probes.n_prompts)
-    view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
-                 + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
     share = first / probes.n_prompts
     lists = list_prompts(intervention_prompts, probes.n_prompts - first) / probes.n_prompts  # ``selection_probes``
+    view_rows = (len(display_probe(probes)[:DISPLAY_TOKENS])
+                 + len(leading_tokens(model, texts[0] if texts else DISPLAY_TEXT, DISPLAY_TOKENS)))
     shape = ReportShape(model=model, batch_rows=probes.tokens.numel(), share=share, list_share=lists,
                         role_share=1.0 - share if share < 1 else 1.0,  # ``choosing_probes``
                         text_rows=encode(model, list(texts)).tokens.numel() if texts else 0, view_rows=view_rows,
