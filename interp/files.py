@@ -30,6 +30,25 @@ def write_atomic(target: str | os.PathLike, content: bytes | str | Callable[[Pat
     return target
 
 
+def remove_stale_temporaries(directory: str | os.PathLike) -> None:
+    """Delete the temporaries ``write_atomic`` left in ``directory`` (not below it) when their writer
+    was killed mid-write: those whose process (the pid in their name) is gone. A live writer's stay."""
+    for tmp in Path(directory).glob(".*.tmp-*-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _create(path: Path) -> int:
     """Create ``path`` empty (it must not exist) -> its permission bits: 0o666 less the umask, as
     the kernel applies it. Reading the umask with ``os.umask`` would change it for every thread."""

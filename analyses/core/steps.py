@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 import pandas as pd
 
 from interp.errors import UserError
+from interp.files import remove_stale_temporaries
 from interp.files import write_atomic
 
 RECORD, FOLDER, LOCK = "steps.json", "steps", ".lock"
@@ -41,13 +42,15 @@ RECORD, FOLDER, LOCK = "steps.json", "steps", ".lock"
 def directory_lock(out: Path, what: str = "study run") -> Iterator[None]:
     """Hold an exclusive lock on the directory ``out`` (``flock`` of ``out/.lock``) for the block, or
     refuse if another run (``what``) holds it. The kernel drops the lock when the file is closed,
-    also when the process is killed."""
+    also when the process is killed; the temporaries a killed run's atomic writes left in ``out`` go
+    once the lock is held (``interp.files.remove_stale_temporaries``)."""
     with open(out / LOCK, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"{out} is in use by another {what} (it holds {out / LOCK}); "
                             "wait for it to end, or choose another --out") from None
+        remove_stale_temporaries(out)
         yield
 
 

@@ -94,6 +94,7 @@ from analyses.interventions.run import Run
 from analyses.core.tokens import encode, leading_tokens
 from analyses.interventions.cost import CostEstimate, StepClock
 from interp.memory import release_freed_memory
+from interp.files import remove_stale_temporaries
 
 # why a report needs at least 2 prompts (``check_prompt_count``)
 PROMPTS_NEEDED_BY = ("the role nulls' t-test has prompts - 1 degrees of freedom, and the total effects mean-ablate "
@@ -192,6 +193,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     store_dir = Path(out) / STORE
     store_dir.mkdir(parents=True, exist_ok=True)
     with directory_lock(store_dir, "report run"):
+        remove_stale_temporaries(out)  # the page's, beside the store
         if not resume:
             clear_store(store_dir)
         return _build(model, model_name, chosen, (store_dir, Path(out)), locals())
