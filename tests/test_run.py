@@ -19,6 +19,7 @@ from analyses.interventions.patching import component_patches, mlp_out_names, pa
 from analyses.core.probes import corrupt_first_copy, probes_for
 from analyses.report.build import DEFAULT_INTERVENTION_PROMPTS, build_report
 from analyses.report.split import LIST_PROMPTS
+from analyses.core.execution import executing
 from analyses.interventions.run import FirstRows, Options, Run
 from interp import load_model
 from interp.errors import UserError
@@ -121,10 +122,11 @@ def test_patch_heads_keywords_equal_the_run_api(toy, probes):
     metric = loss_metric(clean, probes.predictable)
     keywords = patch_heads(toy, clean, corrupted, metric, by_position=True, direction="noise", progress=False)
     contrast = prepare(toy, clean, corrupted, metric, z_names(toy), "noise")
-    direct = component_patches(contrast, "heads", Options(direction="noise", progress=False), by_position=True)
+    with executing(progress=False):
+        direct = component_patches(contrast, "heads", Options(direction="noise"), by_position=True)
     assert torch.equal(keywords, direct)
     as_object = patch_heads(toy, clean, corrupted, metric, by_position=True,
-                            options=Options(direction="noise", progress=False))
+                            options=Options(direction="noise"))
     assert torch.equal(keywords, as_object)
     with pytest.raises(TypeError, match="directoin"):
         patch_heads(toy, clean, corrupted, metric, directoin="noise")

@@ -54,6 +54,7 @@ import torch
 from einops import einsum, rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import current, executing
 from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_output_norm, output_norm, output_norm_reads,
                                       require)
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
@@ -253,6 +254,8 @@ def path_patch(
     options: Options | None = None,
     base_run: Run | None = None,
     source_run: Run | None = None,
+    memory_mb: float | None = None,
+    progress: bool | None = None,
     **keywords,
 ) -> pd.DataFrame:
     """Path patching of every edge (see the module docstring) -> a tidy frame, one row per edge, sorted by
@@ -276,8 +279,9 @@ def path_patch(
     ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal token lengths; ``metric``:
     logits -> scalar (``analyses.core.metrics``); ``senders`` / ``receivers``: [(layer, head), ...] or
     None for all heads; ``via``: "q", "k", "v", "logits" or a sequence of them; ``direction``:
-    "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse); it, ``normalize``,
-    ``memory_mb`` and ``progress`` come as ``options`` (``analyses.interventions.run.Options``) or as keywords.
+    "denoise" (run corrupted, add clean-minus-corrupted) or "noise" (the reverse); it and ``normalize``
+    come as ``options`` (``analyses.interventions.run.Options``) or as keywords; ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's).
     ``base_run`` / ``source_run``: ``Run``s of the base / source prompts (see ``prepare_paths``),
     exact only.
     """
@@ -291,14 +295,16 @@ def path_patch(
         raise UserError(f"EAP-IG interpolates the residual entering block 0, which needs a GPTModel; got {type(model).__name__}")
     options = Options.of(options, keywords)
     edges = edges_of(model, senders, receivers, via)
-    if method != "exact":
-        base, source = base_and_source(model, clean, corrupted, options.direction)
-        scores = eap_scores(model, edges, base, source, metric, steps if method == "eap_ig" else None, options.memory_mb)
-        return edges.frame(attribution=scores.float())
-    require_path_edits(model, edges, "path_patch", exact_only=True)
-    setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
-                          source_run=source_run, memory_mb=options.memory_mb)
-    values = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
+    with executing(memory_mb, progress) as execution:
+        if method != "exact":
+            base, source = base_and_source(model, clean, corrupted, options.direction)
+            scores = eap_scores(model, edges, base, source, metric, steps if method == "eap_ig" else None,
+                                execution.memory_mb)
+            return edges.frame(attribution=scores.float())
+        require_path_edits(model, edges, "path_patch", exact_only=True)
+        setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
+                              source_run=source_run, memory_mb=execution.memory_mb)
+        values = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb, progress=execution.progress)
     return path_frame(setup, edges, values, options.normalize)
 
 
@@ -317,25 +323,27 @@ def eap_ig(model, clean, corrupted, metric: Metric, *, steps: int = 5, **keyword
 
 
 def screen_edges(model, clean, corrupted, metric: Metric, *, screen: Screen, senders=None, receivers=None,
-                 via: str | Sequence[str] = VIAS, options: Options | None = None, **keywords) -> pd.DataFrame:
+                 via: str | Sequence[str] = VIAS, options: Options | None = None) -> pd.DataFrame:
     """The edges ``screen`` chooses on these prompts: every edge's EAP ``attribution``
     (``edge_attribution``, unnormalised) and ``exact``, ``screen.chosen`` of the attributions against
     |clean - corrupted| of ``metric`` on these prompts -> the key columns, ``attribution``, ``exact``,
-    one row per edge in ``edges_of``'s order. ``senders``, ``receivers``, ``via`` and the options
-    (``options`` or keywords) as ``path_patch`` takes them."""
-    options = Options.of(options, keywords).but(normalize=False)
+    one row per edge in ``edges_of``'s order. ``senders``, ``receivers``, ``via`` and ``options`` as
+    ``path_patch`` takes them; within the current execution."""
+    options = (options or Options()).but(normalize=False)
     found = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                              options=options)
     base, source = base_and_source(model, clean, corrupted, options.direction)
-    gap = (Run.make(model, source, metric, memory_mb=options.memory_mb).value(metric)
-           - Run.make(model, base, metric, memory_mb=options.memory_mb).value(metric))
+    memory_mb = current().memory_mb
+    gap = (Run.make(model, source, metric, memory_mb=memory_mb).value(metric)
+           - Run.make(model, base, metric, memory_mb=memory_mb).value(metric))
     exact = screen.chosen(torch.tensor(found["attribution"].to_numpy(), dtype=torch.float32), gap)
     return found[[*KEY_COLUMNS, "attribution"]].assign(exact=exact.cpu().numpy())
 
 
 def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Screen = Screen(),
                         attribution: torch.Tensor | np.ndarray | None = None, base_run: Run | None = None,
-                        source_run: Run | None = None, screen_on: tuple | None = None, **keywords) -> pd.DataFrame:
+                        source_run: Run | None = None, screen_on: tuple | None = None, memory_mb: float | None = None,
+                        progress: bool | None = None, **keywords) -> pd.DataFrame:
     """Path patching screened by edge attribution: every edge's effect estimated (EAP,
     ``edge_attribution``; or ``attribution``, the estimated effects given in ``edges_of``'s order),
     the edges ``screen`` chooses (``analyses.interventions.attribution.Screen``) path-patched
@@ -346,43 +354,44 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
     corrupted, metric)`` on which the screen chooses (``screen_edges`` there: their attribution
     against their own gap), so the prompts measured here do not choose which edges they measure
     exactly; None: the screen chooses on these prompts' attribution. ``keywords``: ``senders``,
-    ``receivers``, ``via`` and the options, as ``path_patch`` takes them; ``base_run`` and
-    ``source_run`` as there."""
+    ``receivers``, ``via`` and the options, as ``path_patch`` takes them; ``base_run``,
+    ``source_run``, ``memory_mb`` and ``progress`` as there."""
     selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
     options = Options.of(keywords.pop("options", None), keywords)
-    every_edge = edges_of(model, **selection)
-    require_path_edits(model, every_edge, "screened_path_patch")
-    if attribution is None:
-        attribution = edge_attribution(model, clean, corrupted, metric, **selection, options=options)["attribution"]
-    estimate = torch.from_numpy(np.array(attribution, dtype=np.float32))
-    if estimate.shape != (len(every_edge),):
-        raise UserError(f"{tuple(estimate.shape)} attributions for {len(every_edge)} edges")
-    base, source = base_and_source(model, clean, corrupted, options.direction)
-    if base_run is None:
-        base_run = Run.make(model, base, metric, memory_mb=options.memory_mb)
-    if source_run is None:
-        source_run = Run.make(model, source, metric, sender_reads(model, every_edge), starts=False,
-                              memory_mb=options.memory_mb)
-    source_run.check_tokens(source)
-    if screen_on is None:
-        exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
-    else:
-        exact = torch.tensor(screen_edges(model, *screen_on, screen=screen, **selection,
-                                          options=options)["exact"].to_numpy())
-    chosen = exact.nonzero()[:, 0].cpu().numpy()
-    baseline = base_run.value(metric)
-    values = baseline + estimate.double()
-    low, high = torch.full_like(values, torch.nan), torch.full_like(values, torch.nan)
-    n_prompts = len(base)
-    if len(chosen):
-        edges = every_edge.take(chosen)
-        setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
-                              source_run=source_run, memory_mb=options.memory_mb)
-        scores = path_values(model, setup, metric, edges, memory_mb=options.memory_mb, progress=options.progress)
-        values[chosen] = scores.values.double()
-        low[chosen], high[chosen], n_prompts = setup.intervals(scores)
-    return every_edge.frame(value=values.float(), effect=(values - baseline).float(), attribution=estimate,
-                            exact=exact, ci_low=low, ci_high=high, n_prompts=np.full(len(values), n_prompts))
+    with executing(memory_mb, progress) as execution:
+        every_edge = edges_of(model, **selection)
+        require_path_edits(model, every_edge, "screened_path_patch")
+        if attribution is None:
+            attribution = edge_attribution(model, clean, corrupted, metric, **selection, options=options)["attribution"]
+        estimate = torch.from_numpy(np.array(attribution, dtype=np.float32))
+        if estimate.shape != (len(every_edge),):
+            raise UserError(f"{tuple(estimate.shape)} attributions for {len(every_edge)} edges")
+        base, source = base_and_source(model, clean, corrupted, options.direction)
+        if base_run is None:
+            base_run = Run.make(model, base, metric, memory_mb=execution.memory_mb)
+        if source_run is None:
+            source_run = Run.make(model, source, metric, sender_reads(model, every_edge), starts=False,
+                                  memory_mb=execution.memory_mb)
+        source_run.check_tokens(source)
+        if screen_on is None:
+            exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
+        else:
+            exact = torch.tensor(screen_edges(model, *screen_on, screen=screen, **selection,
+                                              options=options)["exact"].to_numpy())
+        chosen = exact.nonzero()[:, 0].cpu().numpy()
+        baseline = base_run.value(metric)
+        values = baseline + estimate.double()
+        low, high = torch.full_like(values, torch.nan), torch.full_like(values, torch.nan)
+        n_prompts = len(base)
+        if len(chosen):
+            edges = every_edge.take(chosen)
+            setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
+                                  source_run=source_run, memory_mb=execution.memory_mb)
+            scores = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb, progress=execution.progress)
+            values[chosen] = scores.values.double()
+            low[chosen], high[chosen], n_prompts = setup.intervals(scores)
+        return every_edge.frame(value=values.float(), effect=(values - baseline).float(), attribution=estimate,
+                                exact=exact, ci_low=low, ci_high=high, n_prompts=np.full(len(values), n_prompts))
 
 
 def shortlist_path_patch(model, clean, corrupted, metric: Metric, *, top_k: int = 20, **keywords) -> pd.DataFrame:

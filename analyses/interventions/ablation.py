@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_names
 from analyses.core.checks import check_choice, check_heads
@@ -63,7 +64,7 @@ from analyses.core.metrics import Metric, PromptScores, loss_metric, metric_for_
 from analyses.core.probes import RepeatedProbes
 from analyses.core.stats import EFFECT_COLUMNS
 from analyses.interventions.patching import mlp_out_names
-from analyses.interventions.run import Contrast, Options, Run
+from analyses.interventions.run import Contrast, Run
 from analyses.core.tokens import accumulator, as_batch
 from analyses.core.heads import FORMS, HEAD_TEXT, as_head
 from interp.errors import UserError
@@ -200,8 +201,8 @@ class Ablation(Contrast):
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
             variants = [self.variant(head_sets[i]) for i in todo]
-            budget = self.base.memory_mb if memory_mb is None else memory_mb
-            scored = self.score(variants, Options(memory_mb=budget, progress=progress), desc)
+            with executing(memory_mb=self.base.memory_mb if memory_mb is None else memory_mb, progress=progress):
+                scored = self.score(variants, desc)
             values[todo] = scored.values.to(values.dtype)
             numerators = None if scored.numerators is None or numerators is None else numerators.index_copy(
                 0, torch.tensor(todo, device=numerators.device), scored.numerators.to(numerators.dtype))

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
 from analyses.core.metrics import Metric, PromptScores
@@ -121,29 +122,31 @@ class Screened:
 
 def screened_patches(model, clean_tokens, corrupted_tokens, metric: Metric, component: str = "heads", *,
                      by_position: bool = False, screen: Screen = Screen(), estimate: torch.Tensor | None = None,
-                     contrast: Contrast | None = None, options: Options | None = None, **keywords) -> Screened:
+                     contrast: Contrast | None = None, options: Options | None = None, memory_mb: float | None = None,
+                     progress: bool | None = None, **keywords) -> Screened:
     """``patch_components`` screened by attribution: every cell estimated (``method="attribution"``,
     or ``estimate``, the unnormalised estimate given), the cells ``screen`` chooses measured
     exactly (one suffix run each, batched as ``patch_components`` batches them), the others left at
-    their estimate. Same shapes and options as ``patch_components``; ``contrast``: one ``prepare``
+    their estimate. Same shapes, options and execution as ``patch_components``; ``contrast``: one ``prepare``
     made already for the component's hooks (else made here). The exact cells equal
     ``patch_components``'s."""
     check_choice("component", component, COMPONENTS)
     options = Options.of(options, keywords)
-    raw = options.but(normalize=False)
-    if estimate is None:
-        estimate = patch_components(model, clean_tokens, corrupted_tokens, metric, component, by_position=by_position,
-                                    method="attribution", options=raw)
-    if contrast is None:
-        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
-                           options.direction, memory_mb=options.memory_mb)
-    variants, shape = COMPONENTS[component].variants(model, contrast.tokens.shape[1], by_position)
-    if tuple(estimate.shape) != shape:
-        raise UserError(f"the estimate has shape {tuple(estimate.shape)}, the sweep {shape}")
-    exact = screen.chosen(estimate - contrast.baseline, contrast.clean_value - contrast.corrupted_value)
-    chosen = exact.flatten().nonzero()[:, 0].tolist()
-    values = estimate.detach().clone().float()
-    scores = contrast.score([variants[i] for i in chosen], raw, f"patch {component} (screened)")
+    with executing(memory_mb, progress) as execution:
+        if estimate is None:
+            estimate = patch_components(model, clean_tokens, corrupted_tokens, metric, component,
+                                        by_position=by_position, method="attribution",
+                                        options=options.but(normalize=False))
+        if contrast is None:
+            contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
+                               options.direction, memory_mb=execution.memory_mb)
+        variants, shape = COMPONENTS[component].variants(model, contrast.tokens.shape[1], by_position)
+        if tuple(estimate.shape) != shape:
+            raise UserError(f"the estimate has shape {tuple(estimate.shape)}, the sweep {shape}")
+        exact = screen.chosen(estimate - contrast.baseline, contrast.clean_value - contrast.corrupted_value)
+        chosen = exact.flatten().nonzero()[:, 0].tolist()
+        values = estimate.detach().clone().float()
+        scores = contrast.score([variants[i] for i in chosen], f"patch {component} (screened)")
     values.view(-1)[chosen] = scores.values.to(values.device)
     if options.normalize:
         values, estimate = contrast.normalize(values), contrast.normalize(estimate)
@@ -159,7 +162,7 @@ def shortlist_patch_heads(
     *,
     direction: str = "denoise",
     normalize: bool = False,
-    memory_mb: float = DEFAULT_MEMORY_MB,
+    memory_mb: float | None = None,
     progress: bool | None = None,
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -173,16 +176,19 @@ def shortlist_patch_heads(
     (seeded by ``seed``, as ``patch_effects`` draws it) and ``n_prompts``; an estimate has no
     interval (NaN), being a first-order estimate rather than a measurement.
     Costs about 5 forwards (the attribution's over chunks of prompts within ``memory_mb``) + the
-    exact patches of k heads (suffix forwards on GPTModel).
+    exact patches of k heads (suffix forwards on GPTModel). ``memory_mb``, ``progress``: the
+    execution's (``analyses.core.execution``; None: the current one's).
     """
     require_edit(model, "hook_z", "shortlist_patch_heads")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= k <= n_layers * n_heads:
         raise UserError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
-    options = Options(direction, normalize, memory_mb, progress)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction, memory_mb=memory_mb)
-    screened = screened_patches(model, clean_tokens, corrupted_tokens, metric, "heads", screen=Screen(k, math.inf),
-                                contrast=contrast, options=options)
+    with executing(memory_mb, progress) as execution:
+        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction,
+                           memory_mb=execution.memory_mb)
+        screened = screened_patches(model, clean_tokens, corrupted_tokens, metric, "heads",
+                                    screen=Screen(k, math.inf), contrast=contrast,
+                                    options=Options(direction, normalize))
     baseline = contrast.normalize(torch.tensor(contrast.baseline)) if normalize else contrast.baseline
     order = (screened.estimate - baseline).abs().flatten().argsort(descending=True, stable=True).cpu()
     frame = pd.DataFrame([divmod(int(i), n_heads) for i in order], columns=["layer", "head"])

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import current, executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import mlp_out_name, pattern_names, resid_pre_names, z_names
 from analyses.core.progress import progress_bar
@@ -84,7 +85,7 @@ def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direct
 
 
 def _sweep(contrast: Contrast, variants: list[Variant], shape, options: Options, desc: str) -> torch.Tensor:
-    values = contrast.score(variants, options, desc).values.reshape(shape)
+    values = contrast.score(variants, desc).values.reshape(shape)
     return contrast.normalize(values) if options.normalize else values
 
 
@@ -171,6 +172,8 @@ def patch_components(
     method: str = "exact",
     options: Options | None = None,
     clean_run: Run | None = None,
+    memory_mb: float | None = None,
+    progress: bool | None = None,
     **keywords,
 ) -> torch.Tensor:
     """Patch each ``component`` at every position at once or, with ``by_position``, at one position
@@ -183,29 +186,32 @@ def patch_components(
 
     ``method``: "exact" (one suffix run per cell) or "attribution" (the first-order estimate of
     every cell from one forward and one backward: ``linearised_patches``). ``options``
-    (``Options``: direction, normalize, memory_mb, progress), or the same as keywords
-    (``direction="noise"``); ``clean_run``: a ``Run`` of the clean prompts made already (see
-    ``prepare``), so exact patching does not run them again."""
+    (``Options``: direction, normalize), or the same as keywords (``direction="noise"``);
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current
+    one's); ``clean_run``: a ``Run`` of the clean prompts made already (see ``prepare``), so exact
+    patching does not run them again."""
     check_choice("component", component, COMPONENTS)
     check_choice("method", method, METHODS)
     options, kind = Options.of(options, keywords), COMPONENTS[component]
-    if method == "attribution":
-        return linearised_patches(model, clean_tokens, corrupted_tokens, metric, kind, by_position, options)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, kind.names(model), options.direction,
-                       clean_run=clean_run,
-                       memory_mb=options.memory_mb)
-    return component_patches(contrast, component, options, by_position=by_position)
+    with executing(memory_mb, progress) as execution:
+        if method == "attribution":
+            return linearised_patches(model, clean_tokens, corrupted_tokens, metric, kind, by_position, options)
+        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, kind.names(model), options.direction,
+                           clean_run=clean_run, memory_mb=execution.memory_mb)
+        return component_patches(contrast, component, options, by_position=by_position)
 
 
 def component_patches(contrast: Contrast, component: str, options: Options, *, by_position: bool = False) -> torch.Tensor:
-    """Exact ``patch_components`` on a ``Contrast`` made already (its sources hold the component's hooks)."""
+    """Exact ``patch_components`` on a ``Contrast`` made already (its sources hold the component's
+    hooks), within the current execution."""
     variants, shape = COMPONENTS[component].variants(contrast.model, contrast.tokens.shape[1], by_position)
     return _sweep(contrast, variants, shape, options, f"patch {component}")
 
 
 def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, component: str = "heads", *,
                   by_position: bool = False, options: Options | None = None, clean_run: Run | None = None,
-                  seed: int = 0, **keywords) -> pd.DataFrame:
+                  seed: int = 0, memory_mb: float | None = None, progress: bool | None = None,
+                  **keywords) -> pd.DataFrame:
     """Exact patching of each ``component`` (as ``patch_components``: the same cells, values and
     options) as a tidy frame with each effect's interval over prompts: one row per cell, its dims
     (``Component.dims``: ``layer, head``; ``layer, pos, head``; ``layer, pos``; ...), ``metric``
@@ -217,17 +223,19 @@ def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, compone
     NaN intervals. Attribution patching has no intervals (it is a first-order estimate)."""
     check_choice("component", component, COMPONENTS)
     options = Options.of(options, keywords)
-    contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
-                       options.direction, clean_run=clean_run, memory_mb=options.memory_mb)
-    return component_effects(contrast, component, options, by_position=by_position, seed=seed)
+    with executing(memory_mb, progress) as execution:
+        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
+                           options.direction, clean_run=clean_run, memory_mb=execution.memory_mb)
+        return component_effects(contrast, component, options, by_position=by_position, seed=seed)
 
 
 def component_effects(contrast: Contrast, component: str, options: Options, *, by_position: bool = False,
                       seed: int = 0) -> pd.DataFrame:
-    """``patch_effects`` on a ``Contrast`` made already (``prepare``: its sources hold the component's hooks)."""
+    """``patch_effects`` on a ``Contrast`` made already (``prepare``: its sources hold the component's
+    hooks), within the current execution."""
     kind = COMPONENTS[component]
     variants, shape = kind.variants(contrast.model, contrast.tokens.shape[1], by_position)
-    scores = contrast.score(variants, options, f"patch {component}")
+    scores = contrast.score(variants, f"patch {component}")
     values, baseline = scores.values.reshape(shape), torch.tensor(contrast.baseline, dtype=torch.float64)
     if options.normalize:  # as patch_components normalises
         values, baseline = contrast.normalize(values), contrast.normalize(baseline)
@@ -249,7 +257,7 @@ def linearised_patches(model, clean_tokens, corrupted_tokens, metric: Metric, ki
     only) give every cell: about three forward-equivalents. Same shapes and convention as exact
     patching (the patched metric), so the two compare cell for cell.
 
-    Both runs go in chunks of prompts whose forward and backward fit ``options.memory_mb``
+    Both runs go in chunks of prompts whose forward and backward fit the current execution's memory
     (``gradient_parts``; only the rows the metric reads are unembedded where the model can stop
     before its unembedding): the batch's gradient is the sum of the chunks', each weighted by its
     share of the metric, and so are its sums and the metric values."""
@@ -258,9 +266,11 @@ def linearised_patches(model, clean_tokens, corrupted_tokens, metric: Metric, ki
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, options.direction)
     width = model.cfg.n_heads * model.cfg.d_head if kind.units else model.cfg.d_model
     # per position: every layer's source activation and gradient, and one layer's float32 product
-    parts, positions = gradient_parts(model, base, metric, options.memory_mb, per_position=(2 * len(names) + 2) * width)
+    execution = current()
+    parts, positions = gradient_parts(model, base, metric, execution.memory_mb,
+                                      per_position=(2 * len(names) + 2) * width)
     value, source_value, effects = 0.0, 0.0, 0.0
-    for part in progress_bar(parts, progress=options.progress, desc=f"attribution {kind.kind}", unit="chunk"):
+    for part in progress_bar(parts, progress=execution.progress, desc=f"attribution {kind.kind}", unit="chunk"):
         scored, source_cache = scored_cache(model, source[part.rows], names, part.metric if options.normalize else None,
                                             positions)  # the source's metric: normalising only
         part_value, acts, grads = activation_gradients(model, base[part.rows], part.metric, names, positions=positions)
@@ -301,10 +311,10 @@ def patch_patterns(model, clean_tokens, corrupted_tokens, metric: Metric, **keyw
     return patch_components(model, clean_tokens, corrupted_tokens, metric, "patterns", **keywords)
 
 
-def patch_specific_heads(contrast: Contrast, heads, options: Options = Options()) -> torch.Tensor:
+def patch_specific_heads(contrast: Contrast, heads) -> torch.Tensor:
     """Exact patch of each of ``heads`` [(layer, head), ...] alone -> (len(heads),), with a
-    ``Contrast`` already made (its sources must hold every ``hook_z``)."""
-    return contrast.score([head_cells([cell]) for cell in heads], options, "patch heads").values
+    ``Contrast`` already made (its sources must hold every ``hook_z``), within the current execution."""
+    return contrast.score([head_cells([cell]) for cell in heads], "patch heads").values
 
 
 def patching_frame(result: torch.Tensor, dims: tuple[str, ...], value: str = "metric") -> pd.DataFrame:

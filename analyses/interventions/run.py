@@ -15,7 +15,8 @@ forward of only the blocks it needs, from the latest cached start before it.
 
 Interventions run on a ``Run``: the base run is the one that gets patched (its tokens, starts and
 baseline), the sources what gets written in (``analyses.interventions.engine.score_variants``).
-Options shared by the intervention functions are one ``Options`` object. Beside each pooled value a
+Options shared by the intervention functions are one ``Options`` object; the memory and progress
+of their forwards are the current execution's (``analyses.core.execution``). Beside each pooled value a
 run and a sweep keep each prompt's numerator and count (``PromptScores``), from which
 ``analyses.core.stats.effect_intervals`` bootstraps every effect's interval over prompts (architecture §4.12).
 """
@@ -28,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within, tensors_within
+from analyses.core.execution import current
 from analyses.core.hook_names import layer_of, resid_pre_name
 from analyses.interventions.engine import (MetricSums, _Collected, capture_hooks, nearest_start, runs_suffix_only,
                                            score_variants, start_names)
@@ -45,16 +47,14 @@ the run lives, and every step that reads the run gets what they leave (``Run.hel
 
 @dataclass(frozen=True)
 class Options:
-    """What the intervention functions share beyond their inputs.
+    """What the intervention functions share beyond their inputs and the execution
+    (``analyses.core.execution``: the memory and progress every forward reads).
 
     direction: "denoise" (run the corrupted prompts, patch in the clean run's activations) or
-    "noise" (the reverse); normalize: rescale a metric to (value - corrupted) / (clean - corrupted);
-    memory_mb: the memory one forward may add (not the weights); progress: see ``analyses.core.progress``."""
+    "noise" (the reverse); normalize: rescale a metric to (value - corrupted) / (clean - corrupted)."""
 
     direction: str = "denoise"
     normalize: bool = False
-    memory_mb: float = DEFAULT_MEMORY_MB
-    progress: bool | None = None
 
     def but(self, **changes) -> "Options":
         """A copy with ``changes`` (a name that is not an option: a TypeError naming it)."""
@@ -63,7 +63,7 @@ class Options:
     @classmethod
     def of(cls, options: "Options | None", keywords: Mapping) -> "Options":
         """``options`` (default ``Options()``) with the keyword arguments ``keywords`` (``direction=``,
-        ``normalize=``, ``memory_mb=``, ``progress=``) on top: how a public function takes both."""
+        ``normalize=``) on top: how a public function takes both."""
         return (options or cls()).but(**keywords)
 
 
@@ -428,13 +428,13 @@ class Contrast:
         """``normalize_values`` with this contrast's clean and corrupted values."""
         return normalize_values(values, self.clean_value, self.corrupted_value)
 
-    def score(self, variants, options: Options | None = None, desc: str = "interventions") -> PromptScores:
+    def score(self, variants, desc: str = "interventions") -> PromptScores:
         """The metric under each variant with each prompt's numerator and count
-        (``analyses.interventions.engine.score_variants`` on the base run, from its starts): values
-        (len(variants),). ``options`` default: the base run's ``memory_mb``."""
-        options = Options(memory_mb=self.base.memory_mb) if options is None else options
+        (``analyses.interventions.engine.score_variants`` on the base run, from its starts), within the
+        current execution's memory, its bar per its progress: values (len(variants),)."""
+        execution = current()
         return score_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
-                              memory_mb=options.memory_mb, progress=options.progress, desc=desc)
+                              memory_mb=execution.memory_mb, progress=execution.progress, desc=desc)
 
     def baseline_scores(self) -> PromptScores:
         """The metric on the unedited base run, per prompt (``Run.scores``; no forward where the base

@@ -61,6 +61,7 @@ import torch
 from matplotlib.figure import Figure
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import current, executing
 from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, dla_effects, dla_heatmap
 from analyses.circuits.edge_attribution import edge_agreement
@@ -229,8 +230,8 @@ class TaskRuns:
     the sources), and each component's first-order estimate by position (attribution patching: one
     forward and backward for both of its sweeps)."""
 
-    def __init__(self, model, batch: TaskBatch, metric, options: Options):
-        self.model, self.batch, self.metric, self.options = model, batch, metric, options
+    def __init__(self, model, batch: TaskBatch, metric):
+        self.model, self.batch, self.metric = model, batch, metric
         self.estimates: dict[str, torch.Tensor] = {}
 
     def names(self) -> list[str]:
@@ -240,16 +241,16 @@ class TaskRuns:
     @cached_property
     def clean(self) -> Run:
         return Run.make(self.model, self.batch.clean, self.metric, self.names(), starts=False,
-                        memory_mb=self.options.memory_mb)
+                        memory_mb=current().memory_mb)
 
     @cached_property
     def corrupted(self) -> Run:
-        return Run.make(self.model, self.batch.corrupted, self.metric, memory_mb=self.options.memory_mb)
+        return Run.make(self.model, self.batch.corrupted, self.metric, memory_mb=current().memory_mb)
 
     def contrast(self, component: str) -> Contrast:
         return prepare(self.model, self.batch.clean, self.batch.corrupted, self.metric,
                        COMPONENTS[component].names(self.model), base_run=self.corrupted, clean_run=self.clean,
-                       memory_mb=self.options.memory_mb)
+                       memory_mb=current().memory_mb)
 
     def estimate(self, component: str, by_position: bool) -> torch.Tensor:
         """The component's attribution-patching estimate, [n_layers, pos(, n_heads)] by position, its
@@ -257,7 +258,7 @@ class TaskRuns:
         if component not in self.estimates:
             self.estimates[component] = patch_components(self.model, self.batch.clean, self.batch.corrupted,
                                                          self.metric, component, by_position=True,
-                                                         method="attribution", options=self.options)
+                                                         method="attribution")
         found = self.estimates[component]
         return found if by_position else self.corrupted.baseline + (found - self.corrupted.baseline).sum(dim=1)
 
@@ -267,12 +268,12 @@ def patch_sweep(runs: TaskRuns, component: str, by_position: bool, screen: Scree
     exact without a ``screen``, else screened (``screened_patches`` on the shared runs)."""
     contrast = runs.contrast(component)
     if screen is None:
-        values = component_patches(contrast, component, runs.options, by_position=by_position)
+        values = component_patches(contrast, component, Options(), by_position=by_position)
         exact = torch.ones_like(values, dtype=torch.bool)
     else:
         found = screened_patches(runs.model, runs.batch.clean, runs.batch.corrupted, runs.metric, component,
                                  by_position=by_position, screen=screen, estimate=runs.estimate(component, by_position),
-                                 contrast=contrast, options=runs.options)
+                                 contrast=contrast)
         values, exact = found.values, found.exact
     dims = {"heads": ("layer", "pos", "head") if by_position else ("layer", "head"),
             "mlps": ("layer", "pos") if by_position else ("layer",)}[component]
@@ -286,16 +287,16 @@ def edge_sweep(runs: TaskRuns, senders: list[tuple[int, int]], screen: Screen | 
     a dict), else screened by EAP's ``attribution`` (``screened_path_patch``)."""
     pair = (runs.model, runs.batch.clean, runs.batch.corrupted, runs.metric)
     if screen is None or isinstance(attribution, dict):
-        return path_patch(*pair, senders=senders, options=runs.options, base_run=runs.corrupted,
+        return path_patch(*pair, senders=senders, base_run=runs.corrupted,
                           source_run=runs.clean).assign(exact=True)
     found = screened_path_patch(*pair, senders=senders, screen=screen, attribution=attribution["attribution"],
-                                base_run=runs.corrupted, source_run=runs.clean, options=runs.options)
+                                base_run=runs.corrupted, source_run=runs.clean)
     return found.drop(columns="attribution")
 
 
 def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEFAULT_SCREEN,
                  split: PromptSplit | bool = True, ablation: str = "mean_corrupted", seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                 memory_mb: float | None = None, progress: bool | None = None,
                  steps: Step | None = None, landed: Callable[[TaskAnalysis], object] | None = None) -> TaskAnalysis:
     """The ``TaskAnalysis`` of ``task`` on ``model``. ``screen``: the rule choosing the patching
     cells and path-patching edges measured exactly (see the module docstring); None: all of them.
@@ -310,7 +311,15 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     heads by |DLA|, each chosen on the selection split. The parts ``task_plan`` leaves out are not
     computed. ``landed``: called after each step (the first: the metric, the clean and corrupted
     runs) with the analysis so far (``task_analysis``: the later steps pending), e.g. to rewrite
-    the page (``page_writer``); the last call's, after the measured step, is whole."""
+    the page (``page_writer``); the last call's, after the measured step, is whole. ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
+    with executing(memory_mb, progress):
+        return _analyse_task(model, task, top, screen, split, ablation, seed, steps, landed)
+
+
+def _analyse_task(model, task: Task, top: int, screen: Screen | None, split: PromptSplit | bool, ablation: str,
+                  seed: int, steps: Step | None, landed: Callable[[TaskAnalysis], object] | None) -> TaskAnalysis:
+    """``analyse_task``'s steps, within the current execution."""
     left = task_plan(model, task)
     split = task_split(task, seed) if split is True else (split or None)
     chosen_on = task.subset(split.selection) if split is not None else task
@@ -319,13 +328,12 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     reference, replaced_by = task_ablation(measured_on, measure_batch, ablation)  # a refusal before any step
     batch = task_batch(model, chosen_on)
     metric = task_metric(chosen_on, batch.last)
-    options = Options(memory_mb=memory_mb, progress=progress)
-    runs = TaskRuns(model, batch, metric, options)
+    runs = TaskRuns(model, batch, metric)
     with_mlps, with_dla = has_mlps(model), task.metric == "logit_diff" and DLA not in left
     shape = task_shape(model, (batch, measure_batch if split is not None else None), measured_on, top, screen,
                        with_dla, CIRCUIT not in left, reference is not None)
     plan = steps_run(model, with_dla, CIRCUIT not in left)
-    step = ClockedSteps(steps or _compute, task_estimate(shape, plan), progress)
+    step = ClockedSteps(steps or _compute, task_estimate(shape, plan), current().progress)
     record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if with_dla else
               "top heads by patching"}
     done, drawn = {}, {}
@@ -362,7 +370,7 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     tested = writers or senders
     with_reference = (measured_on, measure_batch, reference)
     step.at_start("measured", measured_cost(shape, list(dict.fromkeys(sum(chosen.values(), []))), tested))
-    finish("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla, options, seed))
+    finish("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla, seed))
     return so_far()
 
 
@@ -450,40 +458,42 @@ def circuit_edges(edges: pd.DataFrame, found: dict) -> tuple[pd.DataFrame, dict]
 
 
 def measure_chosen(model, prompts: tuple, chosen: dict[str, list[tuple[int, int]]], tested: list[tuple[int, int]],
-                   ablation: str, with_dla: bool, options: Options, seed: int) -> dict:
+                   ablation: str, with_dla: bool, seed: int) -> dict:
     """What was chosen, measured on ``prompts`` (the measurement split: its ``Task``, ``TaskBatch``
     and ``task_ablation`` reference) -> {"values": its clean and corrupted metric, "measures": the
     task's measures there with their intervals (``task_measure_intervals``), "dla":
     ``task_dla`` (None without DLA), "heads": ``measured_heads`` of every chosen head, "control":
     ``tested`` (the top writers) against matched random sets, ``control_effects(...).summary()``
-    ablated by ``ablation``, or {"refused": why}}."""
+    ablated by ``ablation``, or {"refused": why}}; within the current execution."""
     task, batch, reference = prompts
+    execution = current()
     metric = task_metric(task, batch.last)
     contrast = prepare(model, batch.clean, batch.corrupted, metric, COMPONENTS["heads"].names(model),
-                       memory_mb=options.memory_mb)
+                       memory_mb=execution.memory_mb)
     dla = task_dla(model, task, batch, seed) if with_dla else None
     try:
         control = control_effects(model, batch.clean, tested, ablation, metric, reference=reference, seed=seed,
-                                  memory_mb=options.memory_mb, progress=options.progress).summary()
+                                  memory_mb=execution.memory_mb, progress=execution.progress).summary()
     except UserError as refusal:  # e.g. a layer with too few other heads to draw matched sets from
         control = {"refused": str(refusal)}
-    measures = task_measure_intervals(model, task, batch, seed=seed, memory_mb=options.memory_mb)
+    measures = task_measure_intervals(model, task, batch, seed=seed, memory_mb=execution.memory_mb)
     return {"values": {"clean": contrast.source_value, "corrupted": contrast.baseline}, "measures": measures,
-            "dla": dla, "heads": measured_heads(contrast, chosen, dla, options, seed), "control": control}
+            "dla": dla, "heads": measured_heads(contrast, chosen, dla, seed), "control": control}
 
 
 def measured_heads(contrast: Contrast, chosen: dict[str, list[tuple[int, int]]], dla: pd.DataFrame | None,
-                   options: Options, seed: int) -> pd.DataFrame:
+                   seed: int) -> pd.DataFrame:
     """The chosen heads (``chosen``: why -> heads) measured on ``contrast``'s prompts: one row per head,
     ``layer``, ``head``, ``chosen_by`` (the reasons joined by '+'), its exact patching (``metric``,
     ``baseline``, ``effect``, ``ci_low``, ``ci_high``, ``n_prompts``: ``patch_effects``' row for that
-    head) and, with ``dla``, its ``dla`` with ``dla_ci_low``, ``dla_ci_high`` (``dla_effects``' row)."""
+    head) and, with ``dla``, its ``dla`` with ``dla_ci_low``, ``dla_ci_high`` (``dla_effects``' row).
+    Within the current execution."""
     reasons: dict[tuple[int, int], list[str]] = {}
     for reason, heads in chosen.items():
         for head in heads:
             reasons.setdefault(head, []).append(reason)
     heads = list(reasons)
-    scores = contrast.score([head_cells([head]) for head in heads], options, "measure chosen heads")
+    scores = contrast.score([head_cells([head]) for head in heads], "measure chosen heads")
     low, high, n_prompts = contrast.intervals(scores, seed=seed)
     frame = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
                           "chosen_by": ["+".join(reasons[head]) for head in heads],
@@ -500,9 +510,10 @@ def measured_heads(contrast: Contrast, chosen: dict[str, list[tuple[int, int]]],
 
 def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.DataFrame | dict:
     """``method``'s attribution of the path-patched edges, as a one-column frame (``attribution``),
-    or ``{"refused": why}`` where the model cannot take its edits."""
+    or ``{"refused": why}`` where the model cannot take its edits. Run on the default budget
+    (``DEFAULT_MEMORY_MB``), whatever the analysis's."""
     try:
-        return method(*pair, senders=senders)[["attribution"]]
+        return method(*pair, senders=senders, memory_mb=DEFAULT_MEMORY_MB)[["attribution"]]
     except UserError as refusal:
         return {"refused": str(refusal)}
 

@@ -41,7 +41,7 @@ from analyses.core.stats import bootstrap_ratio
 from analyses.interventions.ablation import MLP, component_cells, component_label, prepare_ablation
 from analyses.interventions.controls import control_effects
 from analyses.interventions.patching import COMPONENTS, prepare
-from analyses.interventions.run import Options
+from analyses.core.execution import executing
 from analyses.report.task_page import task_dla
 from analyses.tasks.task import (greater_than_task, task_ablation, task_batch, task_measure_intervals, task_metric,
                                  task_split)
@@ -131,7 +131,8 @@ def patched(contrast, components) -> pd.DataFrame:
     base run -> one row each: ``item`` (the component), ``component`` (its label), ``effect`` (metric
     - corrupted) with ``ci_low``, ``ci_high``, and ``share`` of the gap (clean - corrupted) with
     ``share_low``, ``share_high``."""
-    scores = contrast.score([component_cells([c]) for c in components], Options(progress=False), "patch")
+    with executing(progress=False):
+        scores = contrast.score([component_cells([c]) for c in components], "patch")
     low, high, _ = contrast.intervals(scores, seed=0)
     share_low, share_high, _ = contrast.intervals(scores, normalize=True, seed=0)
     effect = (scores.values - contrast.baseline).cpu().double().numpy()

@@ -35,7 +35,7 @@ from analyses.core.tokens import model_tokenizer
 from analyses.interventions.controls import control_effects
 from analyses.interventions.ablation import prepare_ablation
 from analyses.interventions.patching import COMPONENTS, prepare
-from analyses.interventions.run import Options
+from analyses.core.execution import executing
 from analyses.report.task_page import measured_heads, task_dla
 from analyses.tasks.task import ioi_task, task_ablation, task_batch, task_metric, task_split
 from setup_smollm2 import head_name, load
@@ -183,7 +183,8 @@ def main() -> None:
 
     metric = task_metric(test, test_batch.last)
     contrast = prepare(model, test_batch.clean, test_batch.corrupted, metric, COMPONENTS["heads"].names(model))
-    patched = measured_heads(contrast, {"top DLA": top}, None, Options(progress=False), seed=0)
+    with executing(progress=False):
+        patched = measured_heads(contrast, {"top DLA": top}, None, seed=0)
     print(f"patching each writer's clean output into the corrupted run on the measurement prompts "
           f"(logit difference corrupted {contrast.baseline:.2f}, clean {contrast.source_value:.2f}):")
     print("  " + ", ".join(f"{head_name(r.layer, r.head)} {interval(r.effect, r.ci_low, r.ci_high)}"
