@@ -94,7 +94,7 @@ MEASURE = textwrap.dedent("""
                                                                   memory_mb=budget, progress=False),
         "logit_lens": lambda metric: logit_lens(model, clean, clean[:, 1:], positions=range(clean.shape[1] - 1),
                                                 memory_mb=budget),
-        "ov_top_k": lambda metric: ov_top_k(model, n_tokens=256, progress=False, memory_mb=budget),
+        "ov_top_k": lambda metric: ov_top_k(model, n_tokens=256, memory_mb=budget),
         "meaning_nulls": lambda metric: meaning_nulls(model, (1, 2), memory_mb=budget),
     }
 

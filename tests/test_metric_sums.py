@@ -44,7 +44,7 @@ def feed(sums: MetricSums, logits: torch.Tensor, chunks) -> PromptScores:
         asked.append(rows)
         return logits[members][:, rows]
 
-    scores = sums.score([Chunk(members, rows) for members, rows in chunks], chunk_logits, progress=False)
+    scores = sums.score([Chunk(members, rows) for members, rows in chunks], chunk_logits)
     assert not any(rows in asked for rows in (slice(2, 3), slice(3, 4)))  # parts that count nothing: not run
     return scores
 

@@ -366,7 +366,7 @@ def test_role_calibration_makes_each_null_model_once(scratch_gpt2, monkeypatch):
 
     for module in (analyses.roles.nulls, analyses.roles.copying):  # where each null imported it
         monkeypatch.setattr(module, "random_like", counted, raising=False)
-    joint = role_calibration(scratch_gpt2, probes, null_seeds=seeds, fdr=0.05, progress=False)
+    joint = role_calibration(scratch_gpt2, probes, null_seeds=seeds, fdr=0.05)
     assert made == list(seeds)
     pd.testing.assert_frame_equal(joint, apart)
 

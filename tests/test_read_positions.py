@@ -82,4 +82,4 @@ def test_metric_reading_undeclared_positions_is_refused(model, pair):
     metric.read_positions = [5]  # ... but declares position 5
     _, cache, starts = base_run(model, corrupted, ["blocks.1.attn.hook_z"])
     with pytest.raises(UserError, match="outside the positions it declares"):
-        score_variants(model, corrupted, [head_cells([(1, 0)])], cache, metric, starts=starts, progress=False).values
+        score_variants(model, corrupted, [head_cells([(1, 0)])], cache, metric, starts=starts).values

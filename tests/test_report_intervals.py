@@ -140,10 +140,9 @@ def test_the_control_draws_no_head_of_the_role(toy_report):
     table.loc[layer0, "induction"] = [0.9 - 0.1 * head for head in table.loc[layer0, "head"]]
     assert table.loc[table["layer"] == 1, "role"].str.contains("induction").all()
     probes = probes_for(model, INTERVENTION_PROMPTS + N_PROMPTS, SEQ_LEN, seed=0)
-    run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=INTERVENTION_PROMPTS,
-                    progress=False)
+    run = probe_run(model, probes, names=component_hooks(model, lens=True), intervention_prompts=INTERVENTION_PROMPTS)
     first = FirstProbes.of(probes, run, run.metric, INTERVENTION_PROMPTS)
-    control = control_module.role_control(model, table, first, n_draws=3, progress=False)
+    control = control_module.role_control(model, table, first, n_draws=3)
     assert control.heads == [(0, 0), (0, 1)] and control.left == [(0, h) for h in range(2, 6)]
     assert control.unmatched == [1] and len(control.excluded) == 14
     assert control.found.sets == [[(0, 6), (0, 7)]] * 3

@@ -54,7 +54,7 @@ def test_the_excess_and_its_interval_match_hand_hooks_per_prompt(scratch_gpt2, s
     tokens = torch.randint(0, 256, (12, 10), generator=torch.Generator().manual_seed(3))
     counts = np.full(len(tokens), tokens.shape[1] - 1.0)
     base = summed_losses(scratch_gpt2, tokens, [])
-    found = joint_effects(prepare_ablation(scratch_gpt2, tokens, "zero"), sets, progress=False)
+    found = joint_effects(prepare_ablation(scratch_gpt2, tokens, "zero"), sets)
     for row, members in zip(found.itertuples(), sets):
         joint = summed_losses(scratch_gpt2, tokens, members) - base
         singles = [summed_losses(scratch_gpt2, tokens, [head]) - base for head in members]
@@ -208,9 +208,9 @@ def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_l
     for seed in range(10, 22):
         null = from_hf(*make_random_gpt2(n_layers=4, d_model=64, n_heads=16, n_ctx=64, seed=seed)).eval()
         probes = probes_for(null, 2 * 16, 64, seed=seed)
-        selection = selection_probes(null, probes, 16, 1024.0, progress=False)
+        selection = selection_probes(null, probes, 16, 1024.0)
         for name, chosen_on in (("apart", selection), ("in_sample", None)):
-            top = components_overview(null, probes.first(16), effects, selection=chosen_on, progress=False).top
+            top = components_overview(null, probes.first(16), effects, selection=chosen_on).top
             assert len(top) == 5
             covered[name] = covered.get(name, 0) + int(((top["ci_low"] <= 0) & (top["ci_high"] >= 0)).sum())
     assert covered["apart"] >= 45 and covered["in_sample"] <= 40, covered

@@ -179,8 +179,8 @@ def test_edits_equal_tuples(toy, probes):
     value = torch.ones(probes.tokens.shape[0], probes.tokens.shape[1], cache[z_name(1)].shape[-1])
     as_tuples = [[(z_name(1), (slice(None), 0))], [(z_name(1), (slice(None), 2), value)]]
     as_edits = [[Edit(z_name(1), (slice(None), 0))], [Edit(z_name(1), (slice(None), 2), value)]]
-    one = score_variants(toy, probes.tokens, as_tuples, sources, metric, progress=False).values
-    two = score_variants(toy, probes.tokens, as_edits, sources, metric, progress=False).values
+    one = score_variants(toy, probes.tokens, as_tuples, sources, metric).values
+    two = score_variants(toy, probes.tokens, as_edits, sources, metric).values
     assert torch.equal(one, two)
 
 

@@ -314,7 +314,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
 
 
 def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> CircuitSection:
+                 memory_mb: float = DEFAULT_MEMORY_MB) -> CircuitSection:
     """The circuit with each edge's edge-attribution estimate (EAP, noising, on the induction pair of
     ``selection``'s probes: two forwards and a backward, the cheaper screen of the exact sweep) as
     ``chosen_by``, by which the report chooses the edges it prints and draws (``CHOSEN_EDGES``, the
@@ -324,7 +324,7 @@ def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed
         return circuit
     clean, corrupted, metric = induction_pair(selection.probes, seed)
     screen = edge_attribution(model, clean, corrupted, metric, senders=circuit.senders, receivers=circuit.receivers,
-                              via=VIAS, direction="noise", memory_mb=memory_mb, progress=progress)
+                              via=VIAS, direction="noise", memory_mb=memory_mb)
     edges = circuit.edges.merge(screen[[*KEY_COLUMNS, "attribution"]].rename(columns={"attribution": "chosen_by"}),
                                 on=KEY_COLUMNS, how="left")
     patched = edges[edges["exact"].astype(bool)]
@@ -347,13 +347,13 @@ def screen_meta(circuit: CircuitSection | None, screened_on: list[int]) -> dict 
 
 
 def report_circuit(model, table: pd.DataFrame, first: FirstProbes, selection: FirstProbes, *, seed: int = 0,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                   screen: Screen | None = None) -> CircuitSection:
+                   memory_mb: float = DEFAULT_MEMORY_MB, screen: Screen | None = None) -> CircuitSection:
     """The report's circuit: the edges among ``table``'s role heads but those whose only roles are
     outside ``CIRCUIT_ROLES`` (``circuit_section`` on ``first``'s probes and run, a ``screen``, where
     given, choosing its exact edges on ``selection``'s probes), each with the edge attribution on
-    ``selection``'s probes that chooses the edges the report lists and draws (``chosen_edges``)."""
-    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=memory_mb, progress=progress,
+    ``selection``'s probes that chooses the edges the report lists and draws (``chosen_edges``).
+    Its progress is the current execution's."""
+    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=memory_mb,
                               run=first.run, skip_roles=REPORT_SKIPPED_ROLES, screen=screen,
                               screen_probes=selection.probes)
-    return chosen_edges(model, circuit, selection, seed=seed, memory_mb=memory_mb, progress=progress)
+    return chosen_edges(model, circuit, selection, seed=seed, memory_mb=memory_mb)

@@ -50,6 +50,7 @@ from matplotlib.figure import Figure
 
 from analyses.core.hook_check import norms_inside_heads
 from analyses.core.checks import check_heads
+from analyses.core.execution import current, executing
 from analyses.core.progress import progress_bar
 from analyses.core.plots import heatmap, new_figure
 from interp.errors import UserError
@@ -133,22 +134,22 @@ def _block_scores(factors: _Factors, kind: str, sender_layer: int, receiver_laye
     return norms / factors.sender_norm[sender_layer][:, None] / factors.receiver_norm[kind][receiver_layer][None, :]
 
 
-def score_tensor(model, kind: str, progress: bool | None = None) -> torch.Tensor:
+def score_tensor(model, kind: str) -> torch.Tensor:
     """One kind's scores as TransformerLens shapes them: (sender layer, sender head, receiver
     layer, receiver head), zero unless sender layer < receiver layer, on the CPU."""
     _check_kinds([kind])
     everyone = torch.ones(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
-    return _score_tensor(model_factors(model, [kind]), kind, everyone, everyone, progress)
+    return _score_tensor(model_factors(model, [kind]), kind, everyone, everyone)
 
 
-def _score_tensor(factors: _Factors, kind: str, senders: torch.Tensor, receivers: torch.Tensor,
-                  progress: bool | None) -> torch.Tensor:
+def _score_tensor(factors: _Factors, kind: str, senders: torch.Tensor, receivers: torch.Tensor) -> torch.Tensor:
     """Scores (layer, head, layer, head) of the layer pairs holding a chosen sender and a chosen
-    receiver (``senders``/``receivers``: (layer, head) bool); zero elsewhere."""
+    receiver (``senders``/``receivers``: (layer, head) bool); zero elsewhere. A bar over the layer
+    pairs, shown per the current execution's progress."""
     n_layers, n_heads = factors.sender_norm.shape
     scores = torch.zeros(n_layers, n_heads, n_layers, n_heads, dtype=factors.sender.dtype)
     pairs = [(s, r) for r in range(n_layers) for s in range(r) if senders[s].any() and receivers[r].any()]
-    for sender_layer, receiver_layer in progress_bar(pairs, progress=progress, desc=f"{kind}-composition"):
+    for sender_layer, receiver_layer in progress_bar(pairs, progress=current().progress, desc=f"{kind}-composition"):
         scores[sender_layer, :, receiver_layer] = _block_scores(factors, kind, sender_layer, receiver_layer).cpu()
     return scores
 
@@ -198,7 +199,7 @@ def composition_scores(model, kind: str | Sequence[str] = "k", *, senders=None, 
         senders, receivers: [(layer, head), ...] to score only pairs among these (None: all heads);
             only the layer pairs that hold them are computed.
         baseline_samples, seed: the Gaussian baseline's draws (``random_baseline``).
-        progress: see ``analyses.core.progress``.
+        progress: see ``analyses.core.progress`` (None: the current execution's).
 
     Returns a tidy frame, one row per (sender, receiver, kind) with sender_layer < receiver_layer, columns
     ``sender_layer, sender_head, receiver_layer, receiver_head, kind, score, baseline,
@@ -209,7 +210,8 @@ def composition_scores(model, kind: str | Sequence[str] = "k", *, senders=None, 
     chosen = head_mask(model, senders), head_mask(model, receivers)
     factors = model_factors(model, kinds)
     baseline = random_baseline(model.cfg.d_model, factors.sender.shape[-2], baseline_samples, seed)
-    frames = [_tidy(_score_tensor(factors, k, *chosen, progress), k, baseline, *chosen) for k in kinds]
+    with executing(progress=progress):
+        frames = [_tidy(_score_tensor(factors, k, *chosen), k, baseline, *chosen) for k in kinds]
     return pd.concat(frames, ignore_index=True)
 
 

@@ -42,6 +42,7 @@ import torch
 from analyses.circuits.edge_attribution import split_kinds, split_qkv_inputs
 from analyses.circuits.edges import VIAS, Edges, output_weights
 from analyses.circuits.path_patching import require_path_edits
+from analyses.core.execution import executing
 from analyses.core.hook_names import final_resid_name, qkv_input_name, z_name, z_names
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.metrics import Metric, PromptScores, as_metric
@@ -144,8 +145,9 @@ def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges, k
             final = model(clean[rows], stop_at_layer=model.cfg.n_layers)
         return unembed_read(model, final, positions if compact else None, entries)[None]
 
-    scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits, progress=progress,
-                                                                           desc="candidate circuits")
+    with executing(progress=progress):
+        scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits,
+                                                                               desc="candidate circuits")
     return PromptScores(scores.values.float(), scores.numerators, scores.counts)
 
 

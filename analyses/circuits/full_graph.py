@@ -65,6 +65,7 @@ from analyses.circuits.circuit_eval import GRAPH_EDGE_COLUMNS
 from analyses.circuits.edge_attribution import split_qkv_inputs
 from analyses.circuits.edges import QKV
 from analyses.circuits.path_patching import path_needs
+from analyses.core.execution import executing
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_check import require
 from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, resid_mid_name,
@@ -390,8 +391,9 @@ def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[n
         final = _final_residual(model, graph, clean[rows], corrupt[members[0]], held["source"], held["diff"])
         return unembed_read(model, final, positions if compact else None, entries)[None]
 
-    scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits, progress=progress,
-                                                                           desc="full-graph circuits")
+    with executing(progress=progress):
+        scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits,
+                                                                               desc="full-graph circuits")
     return PromptScores(scores.values.float(), scores.numerators, scores.counts)
 
 

@@ -55,6 +55,7 @@ from analyses.circuits.full_graph import (MIB_FRACTIONS, Graph, Node, area_inter
                                           circuit_from_nodes, curve_areas, evaluate_faithfulness, full_graph,
                                           node_name, top_edge_circuits)
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_names import mlp_out_name, qkv_input_name, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, evaluate_metric
 from analyses.core.plots import new_figure
@@ -242,8 +243,7 @@ Ranking = EdgeRanking | NodeRanking
 
 
 # ---------------------------------------------------------------- the comparison
-def _evaluate(model, clean, corrupted, metric: Metric, circuits: list[np.ndarray], memory_mb: float,
-              progress: bool | None):
+def _evaluate(model, clean, corrupted, metric: Metric, circuits: list[np.ndarray], memory_mb: float):
     """``evaluate_faithfulness`` of the distinct masks among ``circuits`` -> (Faithfulness, index of
     each circuit's mask in it)."""
     unique: dict[bytes, int] = {}
@@ -251,8 +251,7 @@ def _evaluate(model, clean, corrupted, metric: Metric, circuits: list[np.ndarray
     distinct = [None] * len(unique)
     for mask, i in zip(circuits, index):
         distinct[i] = mask
-    return evaluate_faithfulness(model, clean, corrupted, metric, distinct, memory_mb=memory_mb,
-                                 progress=progress), np.array(index)
+    return evaluate_faithfulness(model, clean, corrupted, metric, distinct, memory_mb=memory_mb), np.array(index)
 
 
 def _rows(found, index: np.ndarray, methods: list[str], targets: list[float], circuits: list[np.ndarray],
@@ -294,46 +293,48 @@ def compare_circuit_methods(model, clean, corrupted, metric: Metric, rankings: M
             raise UserError(f"ranking {name!r} must be an EdgeRanking or a NodeRanking; got {type(ranking).__name__}")
     if refine < 0:
         raise UserError(f"refine must be 0 or more extra sizes; got {refine}")
-    graph = full_graph(model)
-    fractions = check_fractions(fractions)
-    names = list(rankings)
-    circuits = [mask for name in names for mask in rankings[name].circuits(graph, fractions)]
-    methods = [name for name in names for _ in fractions]
-    targets = [float(f) for _ in names for f in fractions]
-    found, index = _evaluate(model, clean, corrupted, metric, circuits, memory_mb, progress)
-    curve = _rows(found, index, methods, targets, circuits, graph.n_edges, True)
-    summary = []
-    extra: dict[str, np.ndarray] = {}
-    for name in names:
-        rows = curve[curve.method == name]
-        estimate = rows.faithfulness.to_numpy()
-        cpr, cmd = curve_areas(rows.fraction.to_numpy(), estimate)
-        resampled = None if found.resampled is None else found.resampled[:, index[(curve.method == name).to_numpy()]]
-        areas = area_intervals(rows.fraction.to_numpy(), resampled)
-        summary.append({"method": name, "cpr": float(cpr), "cpr_low": areas["cpr_ci"][0],
-                        "cpr_high": areas["cpr_ci"][1], "cmd": float(cmd), "cmd_low": areas["cmd_ci"][0],
-                        "cmd_high": areas["cmd_ci"][1]})
-        passing = np.flatnonzero(rows.ci_low.to_numpy() >= threshold)
-        if refine and len(passing) and passing[0] > 0:
-            extra[name] = np.geomspace(fractions[passing[0] - 1], fractions[passing[0]], refine + 2)[1:-1]
-    frame = curve
-    if extra:
-        more = [mask for name, points in extra.items() for mask in rankings[name].circuits(graph, points)]
-        found_more, more_index = _evaluate(model, clean, corrupted, metric, more, memory_mb, progress)
-        frame = pd.concat([curve, _rows(found_more, more_index, [n for n, p in extra.items() for _ in p],
-                                        [float(f) for p in extra.values() for f in p], more, graph.n_edges, False)],
-                          ignore_index=True)
-    for row in summary:
-        best = _smallest(frame[frame.method == row["method"]], threshold)
-        row.update(smallest_edges=np.nan if best is None else int(best.n_edges),
-                   smallest_share=np.nan if best is None else float(best.fraction),
-                   smallest_faithfulness=np.nan if best is None else float(best.faithfulness),
-                   smallest_ci_low=np.nan if best is None else float(best.ci_low),
-                   smallest_ci_high=np.nan if best is None else float(best.ci_high),
-                   n_prompts=found.n_prompts)
-    frame.attrs.update(summary=pd.DataFrame(summary), full=found.full, empty=found.empty, graph_edges=graph.n_edges,
-                       threshold=threshold, paired=paired_differences(found, index, names, fractions))
-    return frame
+    with executing(progress=progress):
+        graph = full_graph(model)
+        fractions = check_fractions(fractions)
+        names = list(rankings)
+        circuits = [mask for name in names for mask in rankings[name].circuits(graph, fractions)]
+        methods = [name for name in names for _ in fractions]
+        targets = [float(f) for _ in names for f in fractions]
+        found, index = _evaluate(model, clean, corrupted, metric, circuits, memory_mb)
+        curve = _rows(found, index, methods, targets, circuits, graph.n_edges, True)
+        summary = []
+        extra: dict[str, np.ndarray] = {}
+        for name in names:
+            rows = curve[curve.method == name]
+            estimate = rows.faithfulness.to_numpy()
+            cpr, cmd = curve_areas(rows.fraction.to_numpy(), estimate)
+            of_name = index[(curve.method == name).to_numpy()]
+            resampled = None if found.resampled is None else found.resampled[:, of_name]
+            areas = area_intervals(rows.fraction.to_numpy(), resampled)
+            summary.append({"method": name, "cpr": float(cpr), "cpr_low": areas["cpr_ci"][0],
+                            "cpr_high": areas["cpr_ci"][1], "cmd": float(cmd), "cmd_low": areas["cmd_ci"][0],
+                            "cmd_high": areas["cmd_ci"][1]})
+            passing = np.flatnonzero(rows.ci_low.to_numpy() >= threshold)
+            if refine and len(passing) and passing[0] > 0:
+                extra[name] = np.geomspace(fractions[passing[0] - 1], fractions[passing[0]], refine + 2)[1:-1]
+        frame = curve
+        if extra:
+            more = [mask for name, points in extra.items() for mask in rankings[name].circuits(graph, points)]
+            found_more, more_index = _evaluate(model, clean, corrupted, metric, more, memory_mb)
+            frame = pd.concat([curve, _rows(found_more, more_index, [n for n, p in extra.items() for _ in p],
+                                            [float(f) for p in extra.values() for f in p], more, graph.n_edges, False)],
+                              ignore_index=True)
+        for row in summary:
+            best = _smallest(frame[frame.method == row["method"]], threshold)
+            row.update(smallest_edges=np.nan if best is None else int(best.n_edges),
+                       smallest_share=np.nan if best is None else float(best.fraction),
+                       smallest_faithfulness=np.nan if best is None else float(best.faithfulness),
+                       smallest_ci_low=np.nan if best is None else float(best.ci_low),
+                       smallest_ci_high=np.nan if best is None else float(best.ci_high),
+                       n_prompts=found.n_prompts)
+        frame.attrs.update(summary=pd.DataFrame(summary), full=found.full, empty=found.empty, graph_edges=graph.n_edges,
+                           threshold=threshold, paired=paired_differences(found, index, names, fractions))
+        return frame
 
 
 def paired_differences(found, index: np.ndarray, names: list[str], fractions: Sequence[float]) -> pd.DataFrame:

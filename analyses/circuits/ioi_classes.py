@@ -56,6 +56,7 @@ from matplotlib.patches import Patch
 from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import prepare_paths, receiver_activations, receiver_z
 from analyses.components.decompose import component_hooks, direct_logit_attribution
+from analyses.core.execution import executing
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import pattern_name, z_name
 from analyses.core.plots import new_figure
@@ -265,8 +266,9 @@ def value_path_effects(model, batch: TaskBatch, metric, receivers: Sequence[Head
         for sender in sending:
             edits[sender] += [(z_name(layer), (slice(None), h), z[sender, "v"][:, :, h])
                               for l, h in receivers if l == layer]
-    scored = score_variants(model, setup.tokens, list(edits.values()), {}, metric, starts=setup.starts,
-                            memory_mb=memory_mb, progress=False)
+    with executing(progress=False):
+        scored = score_variants(model, setup.tokens, list(edits.values()), {}, metric, starts=setup.starts,
+                                memory_mb=memory_mb)
     changes = (scored.numerators - setup.baseline_scores().numerators).cpu()  # (senders, batch)
     out = torch.full((len(batch.clean), model.cfg.n_layers, model.cfg.n_heads), float("nan"))
     for (l, h), change in zip(edits, changes):

@@ -189,11 +189,12 @@ def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> li
 
 
 def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
-                memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> PromptScores:
+                memory_mb: float = DEFAULT_MEMORY_MB) -> PromptScores:
     """The metric with each edge path-patched -> ``PromptScores``: values (len(edges),) float32 and,
     for a metric with a per-prompt form, each prompt's numerator (len(edges), batch) and count
     (batch,) from the same forwards (``score_variants``); receiver layer by receiver layer (so step
-    1's values live for one layer at a time), step 2's edits made one forward's chunk at a time."""
+    1's values live for one layer at a time), step 2's edits made one forward's chunk at a time; one
+    bar over the edges, shown per the current execution's progress."""
     listed, by_layer = list(edges), defaultdict(list)
     for i, edge in enumerate(listed):
         by_layer[edge.receiver[0]].append(i)
@@ -201,15 +202,16 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
     numerators, counts = accumulator(model, len(edges), len(setup.tokens)), None
     per_prompt = True
     chunk = rows_per_chunk(model, *setup.tokens.shape, memory_mb)
-    with progress_bar(total=len(edges), progress=progress, desc="path patching", leave=False) as bar:
+    with progress_bar(total=len(edges), progress=current().progress, desc="path patching", leave=False) as bar:
         for layer, members in sorted(by_layer.items()):
             paths = list(dict.fromkeys((listed[i].sender, listed[i].via) for i in members if listed[i].via in QKV))
             z = receiver_z(model, setup, layer, paths, memory_mb) if paths else {}
             for start in range(0, len(members), chunk):
                 part = members[start:start + chunk]
                 variants = edge_variants(model, setup, [listed[i] for i in part], z)
-                scored = score_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts,
-                                        memory_mb=memory_mb, progress=False)
+                with executing(progress=False):
+                    scored = score_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts,
+                                            memory_mb=memory_mb)
                 values[part] = scored.values
                 per_prompt = per_prompt and scored.numerators is not None
                 if per_prompt:
@@ -304,7 +306,7 @@ def path_patch(
         require_path_edits(model, edges, "path_patch", exact_only=True)
         setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
                               source_run=source_run, memory_mb=execution.memory_mb)
-        values = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb, progress=execution.progress)
+        values = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb)
     return path_frame(setup, edges, values, options.normalize)
 
 
@@ -374,7 +376,8 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
                                   memory_mb=execution.memory_mb)
         source_run.check_tokens(source)
         if screen_on is None:
-            exact = screen.chosen(estimate, source_run.value(metric) - base_run.value(metric))  # |gap|: either direction
+            gap = source_run.value(metric) - base_run.value(metric)
+            exact = screen.chosen(estimate, gap)  # |gap|: either direction
         else:
             exact = torch.tensor(screen_edges(model, *screen_on, screen=screen, **selection,
                                               options=options)["exact"].to_numpy())
@@ -387,7 +390,7 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
             edges = every_edge.take(chosen)
             setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
                                   source_run=source_run, memory_mb=execution.memory_mb)
-            scores = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb, progress=execution.progress)
+            scores = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb)
             values[chosen] = scores.values.double()
             low[chosen], high[chosen], n_prompts = setup.intervals(scores)
         return every_edge.frame(value=values.float(), effect=(values - baseline).float(), attribution=estimate,

@@ -235,7 +235,7 @@ def run_task(args) -> int:
         steps = Steps(args.out, inputs | {"arguments": fingerprinted_arguments(args)}, resume=args.resume)
         analysis = analyse_task(model, task, top=args.top, screen=screen, split=split or False,
                                 ablation=args.ablation, seed=args.seed, memory_mb=args.memory_mb,
-                                progress=args.progress, steps=steps, landed=page_writer(args.out, meta, args.progress))
+                                progress=args.progress, steps=steps, landed=page_writer(args.out, meta))
     out, values = args.out, analysis.values
     reused = f"; reused {len(steps.reused)} finished step(s)" if steps.reused else ""
     on = "" if split is None else f" on the {len(split.selection)} selection prompts"

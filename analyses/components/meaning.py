@@ -47,6 +47,7 @@ from analyses.core.hook_names import final_resid_name, pattern_name, z_name
 from analyses.roles.copying import copying_from_eigenvalues, embed_unembed, meaning_nulls, ov_eigenvalues
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS, add_fdr, head_frame
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import current, executing
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 from interp.weights import expand_kv_heads
@@ -70,7 +71,7 @@ def _token_sample(n_vocab: int, n_tokens: int, seed: int) -> torch.Tensor:
 
 
 def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
-             progress: bool | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
+             memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
     """(copying_topk, suppression_topk), each (layer, head): the share of the sampled tokens whose own
     entry of their row of ``W_E W_V W_O W_U`` is among the row's ``k`` largest / ``k`` smallest.
 
@@ -101,7 +102,8 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     chunk = max(1, int(min(quarter, CACHED_ROWS_MB * 2**20) // (6 * span)))  # tokens whose rows (and comparisons) are held at once
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     top, bottom = (torch.zeros(n_layers, n_heads, device=W_E.device) for _ in range(2))
-    for first in progress_bar(range(0, len(heads), group), progress=progress, desc="OV circuits", unit="head group"):
+    for first in progress_bar(range(0, len(heads), group), progress=current().progress, desc="OV circuits",
+                              unit="head group"):
         members = heads[first:first + group]
         out = torch.stack([W_O[layer, head] for layer, head in members]).float()  # (group, d_head, d_model)
         left = torch.stack([embedded @ W_V[layer, head].float() for layer, head in members])  # (group, n_tokens, d_head)
@@ -177,7 +179,8 @@ def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS
     suppression_topk``."""
     with torch.no_grad():
         copying = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb)).float()
-        top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, progress=progress, memory_mb=memory_mb)
+        with executing(progress=progress):
+            top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, memory_mb=memory_mb)
     return head_frame(copying, {"copying": copying, "copy_suppression": -copying, "copying_topk": top,
                                 "suppression_topk": bottom})
 

@@ -31,6 +31,7 @@ import torch
 from einops import einsum
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_names import has_mlps, mlp_post_name
 from analyses.core.metrics import Metric, PromptMeanMetric, evaluate_metric, prompt_scores
 from analyses.core.stats import effect_intervals
@@ -90,7 +91,8 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
 
     ``method``: what replaces the activation, ``zero`` or ``mean`` (``neuron_replacement``).
     ``exact``: how many neurons, the largest |attribution| first, get the exact ablation, or
-    ``"all"`` for every one (d_mlp variants). Deterministic."""
+    ``"all"`` for every one (d_mlp variants). ``progress``: see ``analyses.core.progress`` (None: the
+    current execution's). Deterministic."""
     check_mlp_layer(model, layer)
     if not (exact == "all" or isinstance(exact, int) and exact >= 0):
         raise UserError(f"exact={exact!r} must be a number of neurons (>= 0) or 'all'")
@@ -107,8 +109,9 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
     low, high, n_prompts = effect.clone(), effect.clone(), len(tokens)
     if len(checked):
         variants = [[Edit(name, (slice(None), int(neuron)))] for neuron in checked]
-        scores = score_variants(model, tokens, variants, {name: replacement.expand_as(activation)}, metric,
-                                starts=starts, memory_mb=memory_mb, progress=progress, desc="neuron ablations")
+        with executing(progress=progress):
+            scores = score_variants(model, tokens, variants, {name: replacement.expand_as(activation)}, metric,
+                                    starts=starts, memory_mb=memory_mb, desc="neuron ablations")
         effect[checked] = scores.values.cpu().double() - baseline
         low[checked], high[checked], n_prompts = effect_intervals(scores, base_scores, len(tokens))
     return pd.DataFrame({
@@ -176,8 +179,9 @@ def promotion_effects(model, tokens, layer: int, neurons: Sequence[int], *, k: i
     for neuron, ids in zip(neurons, top):
         metric = promotion_metric(ids.tolist(), position)
         clean = evaluate_metric(metric, logits)
-        ablated = score_variants(model, tokens, [[Edit(name, (slice(None), int(neuron)))]], {name: source},
-                                 metric, memory_mb=memory_mb, progress=False).values[0]
+        with executing(progress=False):
+            ablated = score_variants(model, tokens, [[Edit(name, (slice(None), int(neuron)))]], {name: source},
+                                     metric, memory_mb=memory_mb).values[0]
         rows.append({"layer": layer, "neuron": int(neuron), "promotion": float(clean - ablated),
                      "activation": float(activation[:, position, int(neuron)].float().mean())})
     return pd.DataFrame(rows)

@@ -42,7 +42,7 @@ class ComponentsOverview:
 
 
 def components_overview(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
-                        memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None, dla: bool = True,
+                        memory_mb: float = DEFAULT_MEMORY_MB, dla: bool = True,
                         selection: FirstProbes | None = None) -> ComponentsOverview:
     """The components section's numbers on ``probes`` (the report's intervention probes): direct
     logit attribution to the predictable tokens, the logit lens, and the OV copying scores; ``effects``
@@ -63,7 +63,7 @@ def components_overview(model, probes: RepeatedProbes, effects: pd.DataFrame, *,
                       means)
     lens = logit_lens(model, cache, answers, positions=positions, where=probes.predictable[:, 1:], memory_mb=memory_mb)
     del cache
-    roles = ov_scores(model, progress=progress, memory_mb=memory_mb)
+    roles = ov_scores(model, memory_mb=memory_mb)
     copying = roles[["layer", "head", "copying", "copying_topk", "suppression_topk"]].sort_values(
         ["copying", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
     return ComponentsOverview(dla=means, top=top, lens=lens, effects=effects,

@@ -7,7 +7,10 @@ the functions below it take neither and read ``current()`` where they size a chu
 (``analyses.core.budget``) or open a bar (``analyses.core.progress``). A step that runs on another
 budget or quietly (a quarter of the budget, the budget left after what a run holds, an inner sweep
 without its own bar) says so with ``executing`` around that call. Outside every ``executing``, the
-current execution is ``Execution()``: ``DEFAULT_MEMORY_MB`` and progress shown.
+current execution is ``Execution()``: ``DEFAULT_MEMORY_MB`` and progress shown. A generator reads
+the execution as it runs, so it is consumed inside the block that set it; a thread or a process
+started inside a block (a study's Ray workers) starts from ``Execution()``, its settings passed to it
+explicitly.
 """
 
 from __future__ import annotations

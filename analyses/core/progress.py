@@ -1,8 +1,10 @@
 """Progress, with one meaning of ``progress`` across analyses and commands.
 
-Every long analysis takes ``progress: bool | None`` and every command ``--progress/--no-progress``:
+Every analysis entry point takes ``progress: bool | None`` and every command ``--progress/--no-progress``;
+the steps below an entry point read it from the current execution (``analyses.core.execution``):
 
-- None (the default) or True: shown. On a terminal (stderr is a tty) or in a notebook, as a tqdm
+- None or True: shown (None, an entry point's default, means the current execution's, which is None
+  outside every ``executing``). On a terminal (stderr is a tty) or in a notebook, as a tqdm
   bar; elsewhere (stderr redirected to a file or a pipe: nohup, a cluster job, CI), where a bar
   would be one unreadable line of carriage returns, as plain lines on stderr (``LineProgress``).
 - False: nothing.

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from analyses.core.execution import current
 from analyses.interventions.engine import runs_suffix_only
 
 
@@ -68,11 +69,12 @@ class CostEstimate:
     later: set[str] = field(default_factory=set)
     clock: str = "the probe run"  # the run that timed one FE (``timed_by``)
 
-    def at_start(self, step: str, cost: StepCost, progress: bool | None) -> None:
-        """Cost ``step`` as it begins (it had no estimate, or a bound, before the first sweep) and print it."""
+    def at_start(self, step: str, cost: StepCost) -> None:
+        """Cost ``step`` as it begins (it had no estimate, or a bound, before the first sweep) and print
+        it, unless the current execution's progress is False (``--quiet``)."""
         self.steps[step] = cost
         self.later.add(step)
-        if progress is not False:
+        if current().progress is not False:
             print(self.step_line(step, cost), file=sys.stderr, flush=True)
 
     def step_line(self, step: str, cost: StepCost | None) -> str:
@@ -100,9 +102,9 @@ class CostEstimate:
         """The seconds of one FE, from a run of ``fe`` forward-equivalents that took ``seconds`` (``by``: it, in words)."""
         self.seconds_per_fe, self.clock = seconds / fe, by
 
-    def show(self, what: str, progress: bool | None) -> None:
-        """Print ``lines`` on stderr, unless ``progress`` is False (``--quiet``)."""
-        if progress is not False:
+    def show(self, what: str) -> None:
+        """Print ``lines`` on stderr, unless the current execution's progress is False (``--quiet``)."""
+        if current().progress is not False:
             print("\n".join(self.lines(what)), file=sys.stderr, flush=True)
 
     def record(self) -> dict:

@@ -34,6 +34,7 @@ from einops import einsum, repeat
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, MetricPart, PromptScores, as_metric, evaluate_metric
+from analyses.core.execution import current
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
@@ -325,7 +326,6 @@ def score_variants(
     *,
     starts: Mapping | None = None,
     memory_mb: float = DEFAULT_MEMORY_MB,
-    progress: bool | None = None,
     desc: str = "interventions",
 ) -> PromptScores:
     """``metric`` under each variant -> ``PromptScores``: values (n_variants,) float, in the order
@@ -338,7 +338,8 @@ def score_variants(
     that cannot be split gets every prompt at once). ``starts``: see ``run_variants``; with them,
     only the positions the metric reads (``analyses.core.metrics.Metric.positions``) are unembedded,
     and only those positions' logits are made (for a metric that cannot take them alone, the
-    others are NaN). ``progress``: see ``analyses.core.progress``. Deterministic in its inputs.
+    others are NaN). Its bar (``desc``) is shown per the current execution's progress
+    (``analyses.core.execution``). Deterministic in its inputs.
     """
     def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
                      entries: torch.Tensor | None) -> torch.Tensor:
@@ -348,12 +349,12 @@ def score_variants(
                             entries=entries)
 
     return score_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None,
-                        memory_mb=memory_mb, progress=progress, desc=desc)
+                        memory_mb=memory_mb, desc=desc)
 
 
 def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
-                 read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                 desc: str = "interventions", by_prompts: bool = False) -> PromptScores:
+                 read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, desc: str = "interventions",
+                 by_prompts: bool = False) -> PromptScores:
     """``metric`` under each variant -> ``PromptScores`` (as ``score_variants``'), however a chunk's
     logits are made: ``chunk_logits(members, rows, positions, compact, entries)`` gives the logits of the
     variants ``members`` (indices) on the prompts ``rows`` -> (len(members), rows, n, d_vocab), ``n``
@@ -368,8 +369,7 @@ def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metri
     positions = metric.positions(n_pos) if read_only else None
     chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not metric.splits
                             else len(positions), split_rows=metric.splits, by_prompts=by_prompts)
-    scores = MetricSums(model, metric, len(variants), batch, positions).score(chunks, chunk_logits, progress=progress,
-                                                                              desc=desc)
+    scores = MetricSums(model, metric, len(variants), batch, positions).score(chunks, chunk_logits, desc=desc)
     values = scores.values.float()
     if positions is not None and values.isnan().any():
         raise UserError(f"the metric gave NaN: it reads logits outside the positions it declares "
@@ -423,14 +423,13 @@ class MetricSums:
         if self.split:
             self.counts[rows] = part.counts.to(self.counts.device, self.counts.dtype)
 
-    def score(self, chunks: Sequence[Chunk], chunk_logits, *, progress: bool | None = None,
-              desc: str = "interventions") -> PromptScores:
+    def score(self, chunks: Sequence[Chunk], chunk_logits, *, desc: str = "interventions") -> PromptScores:
         """Score each of ``chunks`` in turn from ``chunk_logits(members, rows, positions, compact,
         entries)`` (as ``score_chunks`` says; ``compact`` where the metric splits), asked for only
         where the chunk's part has a weight -> ``scores()``. The progress bar counts variants, each
-        done once its last prompts are scored."""
+        done once its last prompts are scored, shown per the current execution's progress."""
         variants = {v for chunk in chunks for v in chunk.members}
-        with progress_bar(total=len(variants), progress=progress, desc=desc, leave=False) as bar:
+        with progress_bar(total=len(variants), progress=current().progress, desc=desc, leave=False) as bar:
             for chunk in chunks:
                 part, weight = self.part(chunk.rows)
                 if weight > 0:

@@ -432,9 +432,8 @@ class Contrast:
         """The metric under each variant with each prompt's numerator and count
         (``analyses.interventions.engine.score_variants`` on the base run, from its starts), within the
         current execution's memory, its bar per its progress: values (len(variants),)."""
-        execution = current()
         return score_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
-                              memory_mb=execution.memory_mb, progress=execution.progress, desc=desc)
+                              memory_mb=current().memory_mb, desc=desc)
 
     def baseline_scores(self) -> PromptScores:
         """The metric on the unedited base run, per prompt (``Run.scores``; no forward where the base

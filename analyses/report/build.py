@@ -54,6 +54,7 @@ import pandas as pd
 import torch
 
 from analyses.components.rollout import all_patterns
+from analyses.core.execution import current, executing
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.steps import FOLDER, RECORD, Steps, directory_lock
 from analyses.core.hook_check import left_out, require
@@ -202,39 +203,40 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
 def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Path, Path] | None,
            options: dict) -> HeadReport:
     """``build_report``'s work, with the step store and the page's directory ``where`` (or None)."""
-    left = report_plan(model)
-    o = options
-    # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
-    probes = drawn_probes(model, probe_split(o["n_prompts"], o["intervention_prompts"], o["seed"]), o["seq_len"])
-    shape, estimate = report_cost(model, probes, left, o["texts"], o["intervention_prompts"],
-                                  [section.name for section in chosen])
-    context = ReportContext(model=model, model_name=model_name, n_prompts=o["n_prompts"], seed=o["seed"],
-                            texts=o["texts"], thresholds=o["thresholds"], fdr=o["fdr"],
-                            intervention_prompts=o["intervention_prompts"], memory_mb=o["memory_mb"],
-                            progress=o["progress"], circuit_screen=o["circuit_screen"], left=left, probes=probes,
-                            shape=shape, estimate=estimate)
-    store = (Steps(where[0], report_inputs(context), resume=True) if where is not None else None)
-    steps = ReportSteps(context.progress, StepClock(estimate), ("probe run", *(s.name for s in chosen)))
-    steps.begin("probe run")  # the probes' one forward, which every step below reads
-    context.prepare()
+    with executing(progress=options["progress"]):
+        left = report_plan(model)
+        o = options
+        # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
+        probes = drawn_probes(model, probe_split(o["n_prompts"], o["intervention_prompts"], o["seed"]), o["seq_len"])
+        shape, estimate = report_cost(model, probes, left, o["texts"], o["intervention_prompts"],
+                                      [section.name for section in chosen])
+        context = ReportContext(model=model, model_name=model_name, n_prompts=o["n_prompts"], seed=o["seed"],
+                                texts=o["texts"], thresholds=o["thresholds"], fdr=o["fdr"],
+                                intervention_prompts=o["intervention_prompts"], memory_mb=o["memory_mb"],
+                                circuit_screen=o["circuit_screen"], left=left, probes=probes,
+                                shape=shape, estimate=estimate)
+        store = (Steps(where[0], report_inputs(context), resume=True) if where is not None else None)
+        steps = ReportSteps(StepClock(estimate), ("probe run", *(s.name for s in chosen)))
+        steps.begin("probe run")  # the probes' one forward, which every step below reads
+        context.prepare()
 
-    def written(results: dict) -> None:
-        if where is None:
-            return
-        first_write = not (where[1] / "index.html").exists() or len(results) == 1
-        # where the head sections' figures are still to draw (they take a while on a large model), the
-        # page goes out with its tables first and is rewritten once they are drawn
-        for figures in (False, True) if not context.drawn(results) else (True,):
-            path = write_report(report_of(context, chosen, results, store, figures=figures), where[1])
-            if first_write and context.progress is not False:
-                pending = len(chosen) - len(results)
-                print(f"report: the page is at {path / 'index.html'}" + (f" ({pending} sections pending; rewritten "
-                      "as each lands)" if pending else ""), file=sys.stderr, flush=True)
-            first_write = False
+        def written(results: dict) -> None:
+            if where is None:
+                return
+            first_write = not (where[1] / "index.html").exists() or len(results) == 1
+            # where the head sections' figures are still to draw (they take a while on a large model), the
+            # page goes out with its tables first and is rewritten once they are drawn
+            for figures in (False, True) if not context.drawn(results) else (True,):
+                path = write_report(report_of(context, chosen, results, store, figures=figures), where[1])
+                if first_write and current().progress is not False:
+                    pending = len(chosen) - len(results)
+                    print(f"report: the page is at {path / 'index.html'}" + (f" ({pending} sections pending; rewritten "
+                          "as each lands)" if pending else ""), file=sys.stderr, flush=True)
+                first_write = False
 
-    results = run_sections(chosen, context, store if store is not None else _compute, steps.begin, written)
-    steps.close()
-    return report_of(context, chosen, results, store)
+        results = run_sections(chosen, context, store if store is not None else _compute, steps.begin, written)
+        steps.close()
+        return report_of(context, chosen, results, store)
 
 
 def _compute(name: str, compute):
@@ -271,7 +273,6 @@ class ReportContext:
     fdr: float | None
     intervention_prompts: int
     memory_mb: float
-    progress: bool | None
     circuit_screen: Screen | None
     left: dict[str, str]
     probes: RepeatedProbes
@@ -292,14 +293,13 @@ class ReportContext:
         """The probe run (timing one FE: the estimate's clock, printed), the selection rows' run, the views."""
         started = time.perf_counter()
         self.run = probe_run(self.model, self.probes, names=component_hooks(self.model, lens=True),
-                             intervention_prompts=self.intervention_prompts, memory_mb=self.memory_mb,
-                             progress=self.progress)
+                             intervention_prompts=self.intervention_prompts, memory_mb=self.memory_mb)
         self.estimate.timed_by(time.perf_counter() - started)  # the probe run is one FE: every step's clock
-        self.estimate.show("report", self.progress)
+        self.estimate.show("report")
         self.first = FirstProbes.of(self.probes, self.run, self.run.metric, self.intervention_prompts)
         self.chosen_on, self.chosen_run = choosing_probes(self.probes, self.run, self.intervention_prompts)
         self.selection = selection_probes(self.model, self.probes, self.intervention_prompts,
-                                          left_after(self.memory_mb, self.run.held_mb()), self.progress)
+                                          left_after(self.memory_mb, self.run.held_mb()))
         self.step_mb = left_after(self.memory_mb, self.run.held_mb() + self.selection.run.held_mb())
         self.views = pattern_views(self.model, self.probes, self.texts[0] if self.texts else DISPLAY_TEXT)
 
@@ -357,9 +357,9 @@ def roles_result(context: ReportContext, results: dict) -> dict:
     tests against their nulls (``role_calibration``): all the roles read."""
     c = context
     scores = classify_heads(c.model, seed=c.seed, texts=c.texts, probes=None if c.texts else c.chosen_on,
-                            memory_mb=c.memory_mb, progress=c.progress, run=None if c.texts else c.chosen_run)
+                            memory_mb=c.memory_mb, run=None if c.texts else c.chosen_run)
     calibration = role_calibration(c.model, c.chosen_on, run=c.chosen_run, fdr=c.fdr or DEFAULT_FDR, seed=c.seed,
-                                   memory_mb=c.calibration_mb, progress=c.progress)
+                                   memory_mb=c.calibration_mb)
     return {"scores": scores, "calibration": calibration}
 
 
@@ -367,7 +367,7 @@ def ablation_result(context: ReportContext, results: dict) -> dict:
     """Every head's and MLP's total and direct ablation effect on the intervention probes (``head_effects``)."""
     c = context
     effects, mlp_effects = head_effects(c.model, c.first, direct=DIRECT_EFFECTS not in c.left,
-                                        memory_mb=c.calibration_mb, progress=c.progress)
+                                        memory_mb=c.calibration_mb)
     return {"effects": effects, "mlp_effects": mlp_effects}
 
 
@@ -378,7 +378,7 @@ def calibration_result(context: ReportContext, results: dict) -> dict:
     calibration, effects = results["roles"]["calibration"], results["ablation"]["effects"]
     pairs, groups = ((pd.DataFrame(), pd.DataFrame()) if BACKUP in c.left else
                      backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
-                                   choose=c.selection, memory_mb=c.calibration_mb, progress=c.progress))
+                                   choose=c.selection, memory_mb=c.calibration_mb))
     dormant, similarities = dormant_and_similarity(c.model, c.probes, c.run, c.first, effects)
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects,
               "mlp_effects": results["ablation"]["mlp_effects"], "dormant": dormant,
@@ -391,8 +391,7 @@ def calibration_result(context: ReportContext, results: dict) -> dict:
 def control_result(context: ReportContext, results: dict) -> dict:
     """The role heads against layer-matched random heads (``role_control``)."""
     c = context
-    control = role_control(c.model, roles_table(c, results), c.first, seed=c.seed, memory_mb=c.step_mb,
-                           progress=c.progress)
+    control = role_control(c.model, roles_table(c, results), c.first, seed=c.seed, memory_mb=c.step_mb)
     return {"section": section_data(control_report_section(control, c.chosen_text())),
             "finding": control_finding(control)}
 
@@ -406,9 +405,9 @@ def circuit_result(context: ReportContext, results: dict) -> dict:
         return {"section": None, "screen": None}
     table = roles_table(c, results)
     c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=REPORT_SKIPPED_ROLES),
-                                                c.circuit_screen), c.progress)
+                                                c.circuit_screen))
     circuit = report_circuit(c.model, table, c.first, c.selection, seed=c.seed, memory_mb=c.step_mb,
-                             progress=c.progress, screen=c.circuit_screen)
+                             screen=c.circuit_screen)
     screened_on = probe_split(c.n_prompts, c.intervention_prompts, c.seed)["lists"]
     return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit, screened_on),
             "edges": circuit.edges}
@@ -422,7 +421,7 @@ def qk_result(context: ReportContext, results: dict) -> dict:
     if QK in c.left:
         return {"section": None, "heads": None}
     table = roles_table(c, results)
-    c.estimate.at_start("qk", role_qk_cost(c.shape, qk_heads(table)), c.progress)
+    c.estimate.at_start("qk", role_qk_cost(c.shape, qk_heads(table)))
     found = role_qk(c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb)
     edges = (results.get("circuit") or {}).get("edges")
     return {"section": section_data(qk_report_section(found, edges, table)), "heads": found.heads}
@@ -432,7 +431,7 @@ def components_result(context: ReportContext, results: dict) -> dict:
     """The components section (``components_overview``), its attention-vs-MLP read from the ablation."""
     c = context
     found = components_overview(c.model, c.first.probes, component_effects(results["ablation"]), run=c.first.run,
-                                memory_mb=c.step_mb, progress=c.progress, dla=DLA not in c.left, selection=c.selection)
+                                memory_mb=c.step_mb, dla=DLA not in c.left, selection=c.selection)
     return {"section": section_data(components_report_section(found))}
 
 
@@ -617,10 +616,11 @@ def report_roles(model, *, n_prompts: int = 64, seq_len: int | None = None, seed
     check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
     chosen_on = probes.after(intervention_prompts)
-    scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on, memory_mb=memory_mb,
-                            progress=progress)
-    calibration = (role_calibration(model, chosen_on, seed=seed, fdr=fdr, memory_mb=memory_mb, progress=progress)
-                   if fdr is not None and not texts else None)
+    with executing(progress=progress):
+        scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on,
+                                memory_mb=memory_mb)
+        calibration = (role_calibration(model, chosen_on, seed=seed, fdr=fdr, memory_mb=memory_mb)
+                       if fdr is not None and not texts else None)
     return head_table(scores, None, thresholds, fdr=fdr or DEFAULT_FDR, calibration=calibration)
 
 
@@ -669,12 +669,12 @@ def plan_lines(model, *, n_prompts: int = 64, seq_len: int | None = None, seed: 
 class ReportSteps:
     """The report's step-level bar, e.g. ``report: calibration  3/7``: which of ``steps`` (the probe run
     and the chosen sections; ``STEPS``: every one) it is on
-    (shown per ``progress``, as every bar: ``analyses.core.progress``)."""
+    (shown per the current execution's progress, as every bar: ``analyses.core.progress``)."""
 
     STEPS = ("probe run", "roles", "ablation", "calibration", "control", "circuit", "qk", "components")
 
-    def __init__(self, progress: bool | None, clock: StepClock | None = None, steps: Sequence[str] = STEPS):
-        self.bar = progress_bar(total=len(steps), progress=progress, desc="report", unit="step")
+    def __init__(self, clock: StepClock | None = None, steps: Sequence[str] = STEPS):
+        self.bar = progress_bar(total=len(steps), progress=current().progress, desc="report", unit="step")
         self.started = False
         self.clock = clock
 

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
+from analyses.core.execution import current, executing
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.causal_check import ablation_effects
@@ -90,13 +91,13 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (kl_to_m(p) + kl_to_m(q)) / (2 * math.log(2))
 
 
-def pattern_divergence(model_a, model_b, tokens: torch.Tensor, memory_mb: float = DEFAULT_MEMORY_MB,
-                       progress: bool | None = None) -> torch.Tensor:
+def pattern_divergence(model_a, model_b, tokens: torch.Tensor, memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
     """Mean JS divergence (bits) between the two models' patterns over query rows i >= 1 and the
-    prompts ``tokens`` (batch, pos) -> (layer, head)."""
+    prompts ``tokens`` (batch, pos) -> (layer, head); a bar over the chunks, shown per the current
+    execution's progress."""
     names = pattern_names(model_a)
     total = accumulator(model_a, model_a.cfg.n_layers, model_a.cfg.n_heads)
-    for rows, cache_a in pattern_chunks(model_a, tokens, memory_mb, progress, "pattern divergence"):
+    for rows, cache_a in pattern_chunks(model_a, tokens, memory_mb, "pattern divergence"):
         cache_b = cache_run(model_b, tokens[rows], names, logits=False)[1]
         for layer, name in enumerate(names):
             divergence = js_divergence(cache_a[name].float(), cache_b[name].float())  # (chunk, head, q)
@@ -115,33 +116,33 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
     (B - A) with ``m_delta_ci_low``/``m_delta_ci_high``; ``role_a``, ``role_b``, ``gained``,
     ``lost`` (roles joined by ';'), ``change`` (``+role``/``-role``); ``divergence`` (bits);
     ``ablation_effect_a``/``_b``/``_delta`` (nats). ``names``: the two models' specs; ``memory_mb``:
-    the budget of each step."""
+    the budget of each step; ``progress``: see ``analyses.core.progress`` (None: the current
+    execution's)."""
     check_same_shape(model_a, model_b)
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
-    steps = progress_bar(total=4, progress=progress, desc="compare", unit="step")
-    probes = probes_for(model_a, n_prompts, seq_len, seed=seed)
-    check_probes_fit(probes, ("model A", model_a), ("model B", model_b))
-    targets = probe_targets(probes)
-    counts, chance = prompt_counts_and_chance(targets, MEASURES)
-    sums = [per_prompt_scores(m, probes.tokens, targets, MEASURES, memory_mb, progress=progress)
-            for m in (model_a, model_b)]
-    steps.update()
-    tables = [head_table(scores_frame(s, counts, chance, n_boot=N_BOOT, seed=seed),
-                         ablation_effects(m, probes, memory_mb, progress=progress), thresholds)
-              for s, m in zip(sums, (model_a, model_b))]
-    steps.update()
-    table = joined_table(tables, {m: bootstrap_ratio(sums[1][m] - sums[0][m], counts[m], N_BOOT, seed)
-                                  for m in MEASURES})
-    table["divergence"] = pattern_divergence(model_a, model_b, probes.tokens, memory_mb,
-                                             progress=progress).flatten().cpu().numpy()
-    steps.update()
-    views = probe_views(model_a, model_b, probes, names)
-    meta = {"a": model_meta(model_a, names[0]), "b": model_meta(model_b, names[1]), "prompts": n_prompts,
-            "seq_len": probes.seq_len, "seed": seed, "thresholds": thresholds}
-    sections = comparison_sections(table, views, names)
-    steps.update()
-    steps.close()
-    return Comparison(table, sections, meta)
+    with executing(progress=progress):
+        steps = progress_bar(total=4, progress=current().progress, desc="compare", unit="step")
+        probes = probes_for(model_a, n_prompts, seq_len, seed=seed)
+        check_probes_fit(probes, ("model A", model_a), ("model B", model_b))
+        targets = probe_targets(probes)
+        counts, chance = prompt_counts_and_chance(targets, MEASURES)
+        sums = [per_prompt_scores(m, probes.tokens, targets, MEASURES, memory_mb) for m in (model_a, model_b)]
+        steps.update()
+        tables = [head_table(scores_frame(s, counts, chance, n_boot=N_BOOT, seed=seed),
+                             ablation_effects(m, probes, memory_mb), thresholds)
+                  for s, m in zip(sums, (model_a, model_b))]
+        steps.update()
+        table = joined_table(tables, {m: bootstrap_ratio(sums[1][m] - sums[0][m], counts[m], N_BOOT, seed)
+                                      for m in MEASURES})
+        table["divergence"] = pattern_divergence(model_a, model_b, probes.tokens, memory_mb).flatten().cpu().numpy()
+        steps.update()
+        views = probe_views(model_a, model_b, probes, names)
+        meta = {"a": model_meta(model_a, names[0]), "b": model_meta(model_b, names[1]), "prompts": n_prompts,
+                "seq_len": probes.seq_len, "seed": seed, "thresholds": thresholds}
+        sections = comparison_sections(table, views, names)
+        steps.update()
+        steps.close()
+        return Comparison(table, sections, meta)
 
 
 def joined_table(tables: Sequence[pd.DataFrame], deltas: Mapping[str, tuple]) -> pd.DataFrame:
@@ -250,7 +251,8 @@ def scores_over_training(models: Sequence, steps: Sequence[int], *, n_prompts: i
     counts, chance = prompt_counts_and_chance(targets, MEASURES)
     frames = []
     for step, model in zip(steps, progress_bar(models, progress=progress, desc="checkpoints", unit="model")):
-        sums = per_prompt_scores(model, probes.tokens, targets, MEASURES, progress=False)
+        with executing(progress=False):
+            sums = per_prompt_scores(model, probes.tokens, targets, MEASURES)
         frames.append(scores_frame(sums, counts, chance, n_boot=N_BOOT, seed=seed).assign(step=step))
     frame = pd.concat(frames, ignore_index=True)
     return frame[["step", *[c for c in frame.columns if c != "step"]]]

@@ -5,6 +5,7 @@ and ``probe_rows`` give back the rows a written report used, from its meta.json.
 
 from __future__ import annotations
 
+from analyses.core.execution import current
 from analyses.components.decompose import component_hooks
 from analyses.core.metrics import loss_metric
 from analyses.core.probes import RepeatedProbes, probes_for
@@ -33,19 +34,19 @@ def list_prompts(intervention_prompts: int, selection_rows: int) -> int:
     return min(LIST_PROMPTS, intervention_prompts, selection_rows)
 
 
-def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float,
-                     progress: bool | None = None) -> FirstProbes:
+def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float) -> FirstProbes:
     """The selection rows' first ``list_prompts`` probes, their loss metric on the predictable
     tokens and a ``Run`` of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
     heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
     (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
-    the circuit's edge attribution runs its own (``chosen_edges``)."""
+    the circuit's edge attribution runs its own (``chosen_edges``). Its bar is shown per the current
+    execution's progress."""
     selection = probes.after(intervention_prompts)
     chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
     metric = loss_metric(chosen.tokens, chosen.predictable)
     names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
     run = Run.make(model, chosen.tokens, metric=metric, names=list(dict.fromkeys(names)), memory_mb=memory_mb,
-                   progress=progress, desc="selection probes")
+                   progress=current().progress, desc="selection probes")
     return FirstProbes(probes=chosen, run=run, metric=metric)
 
 

@@ -194,8 +194,8 @@ class ClockedSteps:
     read back finished instead of computing them (a resumed run): their estimate stays what they
     would cost, their seconds are the reading, and ``record`` marks them."""
 
-    def __init__(self, store: Callable, estimate: CostEstimate, progress: bool | None):
-        self.store, self.estimate, self.progress = store, estimate, progress
+    def __init__(self, store: Callable, estimate: CostEstimate):
+        self.store, self.estimate = store, estimate
         self.clock = StepClock(estimate)
         self.reused: list[str] = []
 
@@ -214,11 +214,11 @@ class ClockedSteps:
         started = time.perf_counter()
         run()
         self.estimate.timed_by(time.perf_counter() - started, fe, by=what)
-        self.estimate.show("task", self.progress)
+        self.estimate.show("task")
 
     def at_start(self, name: str, cost: StepCost) -> None:
         """Cost ``name`` again as it begins, from what the steps before it chose, and print it."""
-        self.estimate.at_start(name, cost, self.progress)
+        self.estimate.at_start(name, cost)
 
     def record(self) -> dict:
         """meta.json's ``cost``: ``CostEstimate.record``, each step with ``reused``; ends the last step's clock."""

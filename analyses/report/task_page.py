@@ -314,64 +314,58 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
     the page (``page_writer``); the last call's, after the measured step, is whole. ``memory_mb``,
     ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     with executing(memory_mb, progress):
-        return _analyse_task(model, task, top, screen, split, ablation, seed, steps, landed)
+        left = task_plan(model, task)
+        split = task_split(task, seed) if split is True else (split or None)
+        chosen_on = task.subset(split.selection) if split is not None else task
+        measured_on = task.subset(split.measurement) if split is not None else task
+        measure_batch = task_batch(model, measured_on)
+        reference, replaced_by = task_ablation(measured_on, measure_batch, ablation)  # a refusal before any step
+        batch = task_batch(model, chosen_on)
+        metric = task_metric(chosen_on, batch.last)
+        runs = TaskRuns(model, batch, metric)
+        with_mlps, with_dla = has_mlps(model), task.metric == "logit_diff" and DLA not in left
+        shape = task_shape(model, (batch, measure_batch if split is not None else None), measured_on, top, screen,
+                           with_dla, CIRCUIT not in left, reference is not None)
+        plan = steps_run(model, with_dla, CIRCUIT not in left)
+        step = ClockedSteps(steps or _compute, task_estimate(shape, plan))
+        record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if with_dla else
+                  "top heads by patching"}
+        done, drawn = {}, {}
 
+        def so_far() -> TaskAnalysis:
+            return task_analysis(task, done, plan, step, screen=screen, left=left, split=split, ablation=record,
+                                 drawn=drawn)
 
-def _analyse_task(model, task: Task, top: int, screen: Screen | None, split: PromptSplit | bool, ablation: str,
-                  seed: int, steps: Step | None, landed: Callable[[TaskAnalysis], object] | None) -> TaskAnalysis:
-    """``analyse_task``'s steps, within the current execution."""
-    left = task_plan(model, task)
-    split = task_split(task, seed) if split is True else (split or None)
-    chosen_on = task.subset(split.selection) if split is not None else task
-    measured_on = task.subset(split.measurement) if split is not None else task
-    measure_batch = task_batch(model, measured_on)
-    reference, replaced_by = task_ablation(measured_on, measure_batch, ablation)  # a refusal before any step
-    batch = task_batch(model, chosen_on)
-    metric = task_metric(chosen_on, batch.last)
-    runs = TaskRuns(model, batch, metric)
-    with_mlps, with_dla = has_mlps(model), task.metric == "logit_diff" and DLA not in left
-    shape = task_shape(model, (batch, measure_batch if split is not None else None), measured_on, top, screen,
-                       with_dla, CIRCUIT not in left, reference is not None)
-    plan = steps_run(model, with_dla, CIRCUIT not in left)
-    step = ClockedSteps(steps or _compute, task_estimate(shape, plan), current().progress)
-    record = {"method": ablation, "reference": replaced_by, "tested": "top writers by DLA" if with_dla else
-              "top heads by patching"}
-    done, drawn = {}, {}
+        def finish(name: str, compute: Callable[[], object]) -> object:
+            """Step ``name``'s value (``step``: read back or computed), then the analysis so far to ``landed``."""
+            done[name] = step(name, compute)
+            if landed is not None:
+                landed(so_far())
+            return done[name]
 
-    def so_far() -> TaskAnalysis:
-        return task_analysis(task, done, plan, step, screen=screen, left=left, split=split, ablation=record,
-                             drawn=drawn)
-
-    def finish(name: str, compute: Callable[[], object]) -> object:
-        """Step ``name``'s value (``step``: read back or computed), then the analysis so far to ``landed``."""
-        done[name] = step(name, compute)
-        if landed is not None:
-            landed(so_far())
-        return done[name]
-
-    step.timed("metric", lambda: runs.clean, shape.selection, "the clean run")  # the metric step's first forward
-    values = finish("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
-    heads = finish("heads", lambda: patch_sweep(runs, "heads", False, screen))
-    finish("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
-    if with_mlps:
-        finish("mlps", lambda: patch_sweep(runs, "mlps", False, screen))
-        finish("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen))
-    writers = top_heads(finish("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
-    exact = heads[heads["exact"].astype(bool)]
-    senders = top_heads(exact.assign(moved=exact["metric"] - values["corrupted"]), "moved", top)
-    circuit = []
-    if CIRCUIT not in left:
-        for name in CIRCUIT_STEPS:  # their edges known now
-            step.at_start(name, TASK_COSTS[name](shape, senders))
-        circuit_steps(runs, senders, screen, finish)
-        edges = done["path_patching"]
-        circuit = circuit_heads(edges[edges["exact"].astype(bool)])
-    chosen = {"patching": senders, "dla": writers, "circuit": circuit}
-    tested = writers or senders
-    with_reference = (measured_on, measure_batch, reference)
-    step.at_start("measured", measured_cost(shape, list(dict.fromkeys(sum(chosen.values(), []))), tested))
-    finish("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla, seed))
-    return so_far()
+        step.timed("metric", lambda: runs.clean, shape.selection, "the clean run")  # the metric step's first forward
+        values = finish("metric", lambda: {"clean": runs.clean.baseline, "corrupted": runs.corrupted.baseline})
+        heads = finish("heads", lambda: patch_sweep(runs, "heads", False, screen))
+        finish("heads_by_pos", lambda: patch_sweep(runs, "heads", True, screen))
+        if with_mlps:
+            finish("mlps", lambda: patch_sweep(runs, "mlps", False, screen))
+            finish("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen))
+        writers = top_heads(finish("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
+        exact = heads[heads["exact"].astype(bool)]
+        senders = top_heads(exact.assign(moved=exact["metric"] - values["corrupted"]), "moved", top)
+        circuit = []
+        if CIRCUIT not in left:
+            for name in CIRCUIT_STEPS:  # their edges known now
+                step.at_start(name, TASK_COSTS[name](shape, senders))
+            circuit_steps(runs, senders, screen, finish)
+            edges = done["path_patching"]
+            circuit = circuit_heads(edges[edges["exact"].astype(bool)])
+        chosen = {"patching": senders, "dla": writers, "circuit": circuit}
+        tested = writers or senders
+        with_reference = (measured_on, measure_batch, reference)
+        step.at_start("measured", measured_cost(shape, list(dict.fromkeys(sum(chosen.values(), []))), tested))
+        finish("measured", lambda: measure_chosen(model, with_reference, chosen, tested, ablation, with_dla, seed))
+        return so_far()
 
 
 def task_analysis(task: Task, done: dict, plan: list[str], step: ClockedSteps, *, screen: Screen | None,
@@ -782,15 +776,16 @@ def write_task_page(analysis: TaskAnalysis, out: Path, meta: dict) -> Path:
                               {name: frame for name, frame in tables.items() if frame is not None})
 
 
-def page_writer(out: Path, meta: dict, progress: bool | None) -> Callable[[TaskAnalysis], Path]:
+def page_writer(out: Path, meta: dict) -> Callable[[TaskAnalysis], Path]:
     """``analyse_task``'s ``landed`` for ``interp task``: each call writes the page of the analysis
     so far in ``out`` (``write_task_page``, with ``meta``); the first also says on stderr where the
-    page is and how many steps are pending (unless ``progress`` is False, as every progress line)."""
+    page is and how many steps are pending (unless the current execution's progress is False, as
+    every progress line)."""
     written: list[Path] = []
 
     def land(analysis: TaskAnalysis) -> Path:
         path = write_task_page(analysis, out, meta)
-        if not written and progress is not False:
+        if not written and current().progress is not False:
             pending = len(analysis.pending)
             print(f"task: the page is at {path / 'index.html'}" + (f" ({pending} steps pending; rewritten as each "
                   "lands)" if pending else ""), file=sys.stderr, flush=True)

@@ -54,6 +54,7 @@ import torch
 from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_reads, check_components, component_cells,
                                              component_label, component_layer, prepare_ablation, prompts_run)
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb
+from analyses.core.execution import executing
 from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORMED_ATTN_OUT, check_hooks,
                                       frozen_output_norm, norm_weight, output_norm, output_norm_reads, probe_effect,
                                       probe_tokens, require)
@@ -90,13 +91,13 @@ def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: 
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
     ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
-    return pair_frame(joint_effects(ablation, list(combinations(heads, 2)), memory_mb=memory_mb, progress=progress,
-                                    desc="pairwise ablation"))
+    with executing(progress=progress):
+        return pair_frame(joint_effects(ablation, list(combinations(heads, 2)), memory_mb=memory_mb,
+                                        desc="pairwise ablation"))
 
 
 def joint_effects(ablation: Ablation, sets: Sequence[Sequence[tuple[int, int]]], *,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                  desc: str = "joint ablations") -> pd.DataFrame:
+                  memory_mb: float = DEFAULT_MEMORY_MB, desc: str = "joint ablations") -> pd.DataFrame:
     """Each set of heads ablated together and each of their heads alone (one batched call) -> one
     row per set: ``heads`` (the set, as given), ``effects`` (its heads' single effects, in order),
     ``sum_single``, ``joint``, ``excess`` (joint - sum_single), ``baseline``, and the 95% intervals
@@ -106,7 +107,7 @@ def joint_effects(ablation: Ablation, sets: Sequence[Sequence[tuple[int, int]]],
     for a metric without a per-prompt form."""
     alone = sorted({head for members in sets for head in members})
     scores = ablation.scores([[h] for h in alone] + [list(members) for members in sets], memory_mb=memory_mb,
-                             progress=progress, desc=desc)
+                             desc=desc)
     single = dict(zip(alone, (scores.values[:len(alone)] - ablation.baseline).tolist()))
     joint = scores.values[len(alone):] - ablation.baseline
     joint_scores = PromptScores(scores.values[len(alone):], None if scores.numerators is None
@@ -251,38 +252,37 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     ``sum_single`` (the sum of its heads' single effects), ``joint`` (all of them ablated together),
     ``excess`` (joint - sum_single), ``joint_ci_low``, ``joint_ci_high``, ``excess_ci_low``,
     ``excess_ci_high``, ``n_prompts`` (95% intervals over ``prompts``: ``joint_effects``))."""
-    run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
-                                                  memory_mb=memory_mb)
-    heads = check_heads(model, heads)
-    if len(heads) < 2:
-        raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
-    ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
-    pairs = list(combinations(heads, 2))
-    screen = None
-    if choose is not None:
-        screen = pair_frame(joint_effects(choose, pairs, memory_mb=memory_mb, progress=progress,
-                                          desc="pairwise ablation (choosing)"))
-        screen = with_rises(choose, screen, superadditive(screen, min_excess), memory_mb)
-    groups = [] if screen is None else backup_groups(screen, min_excess)
-    members = [[_label_key(label) for label in group] for group in groups]
-    measured = joint_effects(ablation, [*pairs, *members], memory_mb=memory_mb, progress=progress,
-                             desc="pairwise ablation")
-    frame = pair_frame(measured.iloc[:len(pairs)].reset_index(drop=True))
-    frame = with_rises(ablation, frame, superadditive(frame if screen is None else screen, min_excess).to_numpy(),
-                       memory_mb)
-    if screen is None:
-        groups = backup_groups(frame, min_excess)
+    with executing(progress=progress):
+        run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
+                                                      memory_mb=memory_mb)
+        heads = check_heads(model, heads)
+        if len(heads) < 2:
+            raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
+        ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
+        pairs = list(combinations(heads, 2))
+        screen = None
+        if choose is not None:
+            screen = pair_frame(joint_effects(choose, pairs, memory_mb=memory_mb, desc="pairwise ablation (choosing)"))
+            screen = with_rises(choose, screen, superadditive(screen, min_excess), memory_mb)
+        groups = [] if screen is None else backup_groups(screen, min_excess)
         members = [[_label_key(label) for label in group] for group in groups]
-        measured = pd.concat([measured, joint_effects(ablation, members, memory_mb=memory_mb, progress=progress,
-                                                      desc="backup groups")] if members else [measured],
-                             ignore_index=True)
-        frame["backs"] = backing(frame, min_excess)
-    else:
-        frame["backs"] = backing(screen, min_excess).to_numpy()
-        frame["chosen_excess"], frame["chosen_excess_ci_low"], frame["chosen_excess_ci_high"] = (
-            screen["excess"].to_numpy(), screen["excess_ci_low"].to_numpy(), screen["excess_ci_high"].to_numpy())
-        frame["chosen_compensates"] = screen["compensates"].to_numpy()
-    return frame, group_frame(groups, measured.iloc[len(pairs):])
+        measured = joint_effects(ablation, [*pairs, *members], memory_mb=memory_mb, desc="pairwise ablation")
+        frame = pair_frame(measured.iloc[:len(pairs)].reset_index(drop=True))
+        frame = with_rises(ablation, frame, superadditive(frame if screen is None else screen, min_excess).to_numpy(),
+                           memory_mb)
+        if screen is None:
+            groups = backup_groups(frame, min_excess)
+            members = [[_label_key(label) for label in group] for group in groups]
+            measured = pd.concat([measured, joint_effects(ablation, members, memory_mb=memory_mb,
+                                                          desc="backup groups")] if members else [measured],
+                                 ignore_index=True)
+            frame["backs"] = backing(frame, min_excess)
+        else:
+            frame["backs"] = backing(screen, min_excess).to_numpy()
+            frame["chosen_excess"], frame["chosen_excess_ci_low"], frame["chosen_excess_ci_high"] = (
+                screen["excess"].to_numpy(), screen["excess_ci_low"].to_numpy(), screen["excess_ci_high"].to_numpy())
+            frame["chosen_compensates"] = screen["compensates"].to_numpy()
+        return frame, group_frame(groups, measured.iloc[len(pairs):])
 
 
 def group_frame(groups: list[list[str]], measured: pd.DataFrame) -> pd.DataFrame:
@@ -526,8 +526,9 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
     ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
-    direct_scores = (direct_effects(ablation, components, memory_mb, progress) if direct else
-                     PromptScores(accumulator(model, len(components)).fill_(float("nan")), None, None))
+    with executing(progress=progress):
+        direct_scores = (direct_effects(ablation, components, memory_mb) if direct else
+                         PromptScores(accumulator(model, len(components)).fill_(float("nan")), None, None))
     direct = direct_scores.values
     exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
     total = accumulator(model, len(components))
@@ -559,8 +560,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
               total_exact=exact.cpu().numpy(), **intervals)
 
 
-def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
-                   progress: bool | None) -> PromptScores:
+def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> PromptScores:
     """The metric with each component ablated alone and everything downstream frozen ->
     ``PromptScores``: values (len(components),) in the accumulators' dtype, as the totals (float64;
     float32 on mps), and each prompt's numerator (len(components), batch) and count where the metric
@@ -571,7 +571,7 @@ def direct_effects(ablation: Ablation, components: Sequence[Component], memory_m
     direct = accumulator(model, len(components))
     numerators, counts = accumulator(model, len(components), len(ablation.tokens)), None
     if from_final_residual(model, any(not isinstance(c, MLP) for c in components)):
-        scored = final_residual_effects(ablation, components, memory_mb, progress)
+        scored = final_residual_effects(ablation, components, memory_mb)
         direct[:] = scored.values
         if scored.numerators is not None:
             numerators[:], counts = scored.numerators, scored.counts
@@ -582,7 +582,7 @@ def direct_effects(ablation: Ablation, components: Sequence[Component], memory_m
         for group in dict.fromkeys(map(layer_and_kind, components)):
             members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
             scored = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
-                                           memory_mb, progress)
+                                           memory_mb)
             direct[members] = scored.values.to(direct)
             if scored.numerators is not None:
                 numerators[members], counts = scored.numerators.to(numerators), scored.counts
@@ -664,7 +664,7 @@ def layer_and_kind(component: Component) -> tuple[int, str]:
 
 
 def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[Component], mlps: Sequence[str],
-                          memory_mb: float, progress: bool | None) -> PromptScores:
+                          memory_mb: float) -> PromptScores:
     """The metric with each of ``components`` (of one layer and one kind) ablated alone and every
     output downstream of it held at ``clean``: every later layer's head outputs, and every MLP output
     from the layer on (after a head) or after it (after an MLP) -> ``PromptScores`` (values
@@ -676,11 +676,10 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[
     sources = {cell.hook: ablation.sources[cell.hook] for cell in cells} | {name: clean[name] for name in frozen}
     variants = [component_cells([c]) + [Edit(name) for name in frozen] for c in components]
     return score_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
-                          starts=ablation.starts, memory_mb=memory_mb, progress=progress, desc="direct effects")
+                          starts=ablation.starts, memory_mb=memory_mb, desc="direct effects")
 
 
-def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float,
-                           progress: bool | None) -> PromptScores:
+def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> PromptScores:
     """The metric with each of ``components`` (heads and ``MLP``s) ablated alone and everything
     downstream frozen, from the final residual: ``unembed(final_clean + write_change)`` at the
     metric's read positions only, in the chunks of components and prompts that ``score_chunks``
@@ -703,7 +702,7 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
                     else unembedded_logits(ablation, clean, components))
     with torch.no_grad():
         return score_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
-                            chunk_logits, read_only=True, progress=progress, desc="direct effects",
+                            chunk_logits, read_only=True, desc="direct effects",
                             memory_mb=memory_mb / 4 if split else memory_mb, by_prompts=split)
 
 

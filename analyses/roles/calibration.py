@@ -22,6 +22,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from analyses.core.execution import current, executing
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
 from analyses.core.hook_names import has_mlps, pattern_names, z_names
 from analyses.core.metrics import Metric, as_metric, loss_metric
@@ -58,16 +59,16 @@ def calibration_reducers(model, probes: RepeatedProbes) -> dict:
 
 
 def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names: Sequence[str] = (), *,
-              intervention_prompts: int | None = None, memory_mb: float = DEFAULT_MEMORY_MB,
-              progress: bool | None = None) -> Run:
+              intervention_prompts: int | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> Run:
     """The one ``Run`` of the probes that the calibration (and the report) reads: one forward keeping
     ``calibration_reads`` and ``names`` (of the first ``intervention_prompts`` probes only, the ones
     the interventions run on; None: all), feeding ``calibration_reducers`` every probe; ``metric``
-    default the loss of the probes' predictable tokens."""
+    default the loss of the probes' predictable tokens. Its bar is shown per the current execution's
+    progress."""
     metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
     return Run.make(model, probes.tokens, metric, [*calibration_reads(model), *names],
                     reducers=calibration_reducers(model, probes), keep_rows=intervention_prompts,
-                    memory_mb=memory_mb, progress=progress, desc="probes")
+                    memory_mb=memory_mb, progress=current().progress, desc="probes")
 
 
 @dataclass(frozen=True)
@@ -162,19 +163,19 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
     first = FirstProbes.of(probes, run, metric, o.intervention_prompts)
     chosen_on, chosen_run = choosing_probes(probes, run, o.intervention_prompts)
     memory_mb = left_after(o.memory_mb, run.held_mb())  # the run's store stays taken
-    steps = progress_bar(total=4, progress=o.progress, desc="calibration", unit="step")
-    calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
-                                   memory_mb=memory_mb, progress=o.progress, run=chosen_run)
-    steps.update()
-    effects, mlp_effects = head_effects(model, first, o.method, direct=o.direct, memory_mb=memory_mb,
-                                        progress=o.progress)
-    steps.update()
-    pairs, groups = backup_frames(model, first, calibration, effects, o.method, pair_heads=o.pair_heads,
-                                  choose=choose, memory_mb=memory_mb, progress=o.progress)
-    steps.update()
-    dormant, similarities = dormant_and_similarity(model, probes, run, first, effects)
-    steps.update()
-    steps.close()
+    with executing(progress=o.progress):
+        steps = progress_bar(total=4, progress=current().progress, desc="calibration", unit="step")
+        calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
+                                       memory_mb=memory_mb, run=chosen_run)
+        steps.update()
+        effects, mlp_effects = head_effects(model, first, o.method, direct=o.direct, memory_mb=memory_mb)
+        steps.update()
+        pairs, groups = backup_frames(model, first, calibration, effects, o.method, pair_heads=o.pair_heads,
+                                      choose=choose, memory_mb=memory_mb)
+        steps.update()
+        dormant, similarities = dormant_and_similarity(model, probes, run, first, effects)
+        steps.update()
+        steps.close()
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects, "mlp_effects": mlp_effects,
               "dormant": dormant,
               "output_clusters": similarities["output"].frame(), "pattern_clusters": similarities["pattern"].frame()}
@@ -182,7 +183,7 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
 
 
 def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
-                     fdr: float = DEFAULT_FDR, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                     fdr: float = DEFAULT_FDR, memory_mb: float = DEFAULT_MEMORY_MB,
                      run: Run | None = None) -> pd.DataFrame:
     """The report's calibration table on ``probes`` (the probes the roles are chosen on:
     ``choosing_probes``; ``run``: a ``Run`` of them, see ``calibrate_roles``): every (head, attention
@@ -192,40 +193,39 @@ def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds
     Both nulls read the same null models, each made once (``random_init_scores``); their memory goes
     back to the system before it returns."""
     check_null_seeds(null_seeds)
-    attention, copying = random_init_scores(model, probes, null_seeds, memory_mb, progress)
+    attention, copying = random_init_scores(model, probes, null_seeds, memory_mb)
     calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
-                                            memory_mb=memory_mb, progress=progress, run=run, random_scores=attention),
-                            meaning_nulls(model, null_seeds, progress, memory_mb=memory_mb, null_scores=copying), fdr=fdr)
+                                            memory_mb=memory_mb, run=run, random_scores=attention),
+                            meaning_nulls(model, null_seeds, memory_mb=memory_mb, null_scores=copying), fdr=fdr)
     release_freed_memory()  # the null models' memory, before the ablations
     return calibration
 
 
 def random_init_scores(model, probes: RepeatedProbes, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
-                       memory_mb: float = DEFAULT_MEMORY_MB,
-                       progress: bool | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                       memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Both random-initialisation nulls from one null model per seed in ``null_seeds``, one alive at
     a time (``score_random_models``) -> (role -> (seeds, layer, head): the attention roles' scores on
     ``probes``, as ``random_init_null``; (seeds, layer, head): the OV copying scores, as
     ``meaning_nulls`` draws them). ``memory_mb`` counts the null model."""
     both = score_random_models(model, null_seeds, lambda null: (null_role_scores(null, probes, memory_mb),
-                                                                null_copying(null, memory_mb)), progress)
+                                                                null_copying(null, memory_mb)))
     attention = {role: torch.stack([scores[role] for scores, _ in both]) for role in ROLES}
     return attention, torch.stack([copying for _, copying in both])
 
 
 def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *, direct: bool = True,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every head's and every MLP's total (and, with ``direct``, direct) ablation effect on ``first``'s
     probes and run (``direct_and_total_effects``) -> (the heads' rows, the MLPs' rows, the latter
     empty without MLPs)."""
     effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
-                                       memory_mb=memory_mb, progress=progress, run=first.run, direct=direct)
+                                       memory_mb=memory_mb, run=first.run, direct=direct)
     return effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
 
 
 def backup_frames(model, first: FirstProbes, calibration: pd.DataFrame, effects: pd.DataFrame,
                   method: str = "mean_aligned", *, pair_heads: int = DEFAULT_PAIR_HEADS, choose: FirstProbes | None = None,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The backup ``pairs`` and ``groups`` (``backup_report``) of the role heads (``calibration``'s
     significant ones) with the largest |effect|, at most ``pair_heads``: ranked by their first-order
     effect on ``choose`` where given (``first_order_head_effects``), else by ``effects`` (the heads'
@@ -237,7 +237,7 @@ def backup_frames(model, first: FirstProbes, calibration: pd.DataFrame, effects:
     if len(role_heads) < 2:
         return pd.DataFrame(), pd.DataFrame()
     return backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
-                         progress=progress, run=first.run, choose=chooser)
+                         run=first.run, choose=chooser)
 
 
 def dormant_and_similarity(model, probes: RepeatedProbes, run: Run, first: FirstProbes,

@@ -35,6 +35,7 @@ from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run
 from analyses.core.probes import RepeatedProbes, probes_for
 from analyses.core.stats import bootstrap_ratio, excludes_zero
+from analyses.core.execution import current, executing
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import Run
 from analyses.core.tokens import encode
@@ -167,12 +168,13 @@ def _log_row_size(pos: torch.Tensor) -> torch.Tensor:
     return torch.where(pos >= 1, torch.log1p(pos.float()), torch.ones_like(pos, dtype=torch.float))
 
 
-def pattern_chunks(model, tokens: torch.Tensor, memory_mb: float, progress: bool | None, desc: str):
+def pattern_chunks(model, tokens: torch.Tensor, memory_mb: float, desc: str):
     """Yield (rows, {hook_pattern name: (chunk, head, q, k)}) for chunks of ``tokens`` (batch, pos)
-    that fit ``memory_mb``; each forward stops after the last layer's pattern (no logits)."""
+    that fit ``memory_mb``; each forward stops after the last layer's pattern (no logits). A bar
+    ``desc`` over the chunks, shown per the current execution's progress."""
     names = pattern_names(model)
     size = rows_within(model, tokens.shape[1], memory_mb, logits=False, kept_patterns=model.cfg.n_layers)
-    for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
+    for start in progress_bar(range(0, len(tokens), size), progress=current().progress, desc=desc, unit="chunk"):
         rows = slice(start, start + size)
         yield rows, cache_run(model, tokens[rows], names, logits=False)[1]
 
@@ -203,14 +205,14 @@ class PromptSums:
 
 
 def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
-                      memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
-                      run: Run | None = None) -> dict[str, torch.Tensor]:
+                      memory_mb: float = DEFAULT_MEMORY_MB, run: Run | None = None) -> dict[str, torch.Tensor]:
     """Run ``tokens`` (batch, pos) through ``model`` in chunks, reducing the patterns as they pass.
 
     Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``). A
     non-causal model is refused: the roles' chance levels are those of a causal head. ``run``: a
     ``Run`` of ``tokens`` whose forward fed a ``PromptSums`` of at least ``measures`` (under
-    ``reduced["prompt_sums"]``), read instead of a forward.
+    ``reduced["prompt_sums"]``), read instead of a forward. The forward's bar is shown per the
+    current execution's progress.
     """
     require_causal(model, "head classification")
     if run is not None and "prompt_sums" in run.reduced:
@@ -218,7 +220,7 @@ def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measure
         return {m: run.reduced["prompt_sums"][m] for m in measures}
     sums = PromptSums(model, targets, measures)
     run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, memory_mb=memory_mb,
-                   progress=progress, desc="classify heads")
+                   progress=current().progress, desc="classify heads")
     return run.reduced["prompt_sums"]
 
 
@@ -264,7 +266,8 @@ def classify_heads(
     else:
         probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
         tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
-    sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, progress, run)
+    with executing(progress=progress):
+        sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, run)
     counts, chance = prompt_counts_and_chance(targets, measures)
     return scores_frame(sums, counts, chance, n_boot=n_boot, seed=seed)
 

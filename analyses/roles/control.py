@@ -43,7 +43,7 @@ class RoleControl:
 
 
 def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int = CONTROL_DRAWS, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> RoleControl:
+                 memory_mb: float = DEFAULT_MEMORY_MB) -> RoleControl:
     """The heads of the report's leading role (``lead_role``: induction, else previous-token)
     ablated as the head table's ablation effect is (position-aligned mean, the loss of the
     predictable tokens, on ``first``'s probes and run) against ``n_draws`` layer-matched random sets,
@@ -71,7 +71,7 @@ def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int
     else:
         control.found = control_effects(model, first.probes, control.heads, "mean_aligned", first.metric,
                                         n_draws=n_draws, seed=seed, run=first.run, memory_mb=memory_mb,
-                                        progress=progress, exclude=control.excluded)
+                                        exclude=control.excluded)
     return control
 
 

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
-from analyses.core.progress import progress_bar
+from analyses.core.execution import executing
 from analyses.core.tokens import accumulator_dtype
 from analyses.roles.classify import MEANING_ROLES
 from analyses.roles.nulls import (BAND_Z, DEFAULT_NULL_SEEDS, check_null_seeds, head_frame, layer_null, score_random_models,
@@ -68,13 +68,15 @@ def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progres
     one row per (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
     null_center, null_spread, null_low, null_high, z, p, log10_p``). One null model is alive at a
     time, counted in ``memory_mb`` (its eigenvalues get what it leaves). ``null_scores``: the null
-    models' ``null_copying`` at ``null_seeds``, (seeds, layer, head), measured here where None."""
+    models' ``null_copying`` at ``null_seeds``, (seeds, layer, head), measured here where None.
+    ``progress``: see ``analyses.core.progress`` (None: the current execution's)."""
     check_null_seeds(null_seeds)
     with torch.no_grad():
         observed = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb))
         if null_scores is None:
-            null_scores = torch.stack(score_random_models(model, null_seeds, lambda null: null_copying(null, memory_mb),
-                                                          progress))
+            with executing(progress=progress):
+                null_scores = torch.stack(score_random_models(model, null_seeds,
+                                                              lambda null: null_copying(null, memory_mb)))
     frames = []
     for role, sign in zip(MEANING_ROLES, (1.0, -1.0)):
         score = sign * observed

@@ -43,6 +43,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
 from analyses.roles.classify import DEFAULT_FDR, ROLES, check_fdr, per_prompt_scores, probe_targets, prompt_counts_and_chance
 from analyses.core.probes import RepeatedProbes, probes_for, shuffle_second_copy
+from analyses.core.execution import current, executing
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import Run
 from interp.errors import UserError
@@ -66,11 +67,11 @@ class RoleSamples:
 
 
 def role_samples(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
-                 progress: bool | None = None, run: Run | None = None) -> RoleSamples:
+                 run: Run | None = None) -> RoleSamples:
     """Every head's per-prompt numerators for every role in ``ROLES`` (patterns only, no logits;
     ``run``: a ``Run`` of the probes that reduced them already, see ``per_prompt_scores``)."""
     targets = probe_targets(probes)
-    sums = per_prompt_scores(model, probes.tokens, targets, ROLES, memory_mb, progress, run)
+    sums = per_prompt_scores(model, probes.tokens, targets, ROLES, memory_mb, run)
     counts, _ = prompt_counts_and_chance(targets, ROLES)
     return RoleSamples({r: s.cpu().double() for r, s in sums.items()}, {r: c.cpu().double() for r, c in counts.items()})
 
@@ -180,12 +181,12 @@ def benjamini_hochberg(p: torch.Tensor) -> torch.Tensor:
 
 
 def random_init_null(model, probes: RepeatedProbes, seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
-                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, torch.Tensor]:
+                     memory_mb: float = DEFAULT_MEMORY_MB) -> dict[str, torch.Tensor]:
     """Scores of every head of ``model``'s architecture at each random initialisation in ``seeds``
     on ``probes`` -> role -> (n_seeds, layer, head). One null model is alive at a time, counted in
     ``memory_mb`` (its forwards get what it leaves)."""
     check_null_seeds(seeds)
-    scores = score_random_models(model, seeds, lambda null: null_role_scores(null, probes, memory_mb), progress)
+    scores = score_random_models(model, seeds, lambda null: null_role_scores(null, probes, memory_mb))
     return {role: torch.stack([one[role] for one in scores]) for role in ROLES}
 
 
@@ -195,13 +196,13 @@ def check_null_seeds(seeds: Sequence[int]) -> None:
         raise UserError(f"null_seeds={tuple(seeds)}: a null spread needs at least 2 random initialisations")
 
 
-def score_random_models(model, seeds: Sequence[int], score: Callable[[object], T],
-                        progress: bool | None = None) -> list[T]:
+def score_random_models(model, seeds: Sequence[int], score: Callable[[object], T]) -> list[T]:
     """``score(null)`` for ``model``'s architecture at each random initialisation in ``seeds``
     (``random_like``), in order: each null model is made once, scored, and let go before the next
-    (one alive at a time; ``score`` must keep no reference to it)."""
+    (one alive at a time; ``score`` must keep no reference to it). A bar over the seeds, shown per
+    the current execution's progress."""
     scores = []
-    for seed in progress_bar(seeds, progress=progress, desc="random-init nulls", unit="model"):
+    for seed in progress_bar(seeds, progress=current().progress, desc="random-init nulls", unit="model"):
         null = random_like(model, seed)
         scores.append(score(null))
         del null
@@ -211,7 +212,8 @@ def score_random_models(model, seeds: Sequence[int], score: Callable[[object], T
 def null_role_scores(null, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB) -> dict[str, torch.Tensor]:
     """One null model's pooled score of every head on ``probes`` -> role -> (layer, head), float64;
     ``memory_mb`` counts the null model itself (its forward gets what it leaves)."""
-    samples = role_samples(null, probes, left_after(memory_mb, model_mb(null)), progress=False)
+    with executing(progress=False):
+        samples = role_samples(null, probes, left_after(memory_mb, model_mb(null)))
     return {role: ratio_and_error(samples.sums[role], samples.counts[role])[0] for role in ROLES}
 
 
@@ -331,8 +333,9 @@ def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: i
     """
     check_fdr(fdr)
     probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
-    observed = role_samples(model, probes, memory_mb, progress, run)
-    control = role_samples(model, shuffle_second_copy(probes, seed), memory_mb, progress)
-    if random_scores is None:
-        random_scores = random_init_null(model, probes, null_seeds, memory_mb, progress)
+    with executing(progress=progress):
+        observed = role_samples(model, probes, memory_mb, run)
+        control = role_samples(model, shuffle_second_copy(probes, seed), memory_mb)
+        if random_scores is None:
+            random_scores = random_init_null(model, probes, null_seeds, memory_mb)
     return add_fdr(role_nulls(observed, random_scores, control), fdr)

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from analyses.core.execution import executing
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.checks import check_choice
 from analyses.roles.classify import pattern_chunks
@@ -114,11 +115,12 @@ def detect_heads(
     tokens, lengths = detect_head_tokens(model, [prompts] if isinstance(prompts, str) else list(prompts))
     detections = detection_patterns(tokens, lengths)
     per_prompt = {name: [] for name in names}  # name -> chunks of (batch, layer, head)
-    for rows, cache in pattern_chunks(model, tokens, memory_mb, progress, "detect heads"):
-        patterns = [cache[name] for name in pattern_names(model)]
-        for name in names:
-            scores = [similarity(pattern, detections[name][rows], lengths[rows], exclude_bos=exclude_bos,
-                                 exclude_current_token=exclude_current_token, error_measure=error_measure)
-                      for pattern in patterns]
-            per_prompt[name].append(torch.stack(scores, dim=1))
+    with executing(progress=progress):
+        for rows, cache in pattern_chunks(model, tokens, memory_mb, "detect heads"):
+            patterns = [cache[name] for name in pattern_names(model)]
+            for name in names:
+                scores = [similarity(pattern, detections[name][rows], lengths[rows], exclude_bos=exclude_bos,
+                                     exclude_current_token=exclude_current_token, error_measure=error_measure)
+                          for pattern in patterns]
+                per_prompt[name].append(torch.stack(scores, dim=1))
     return {name: torch.cat(chunks).mean(0).cpu() for name, chunks in per_prompt.items()}

@@ -42,6 +42,7 @@ from matplotlib.figure import Figure
 
 from analyses.interventions.ablation import MLP, target_location
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
+from analyses.core.execution import current, executing
 from analyses.core.progress import progress_bar
 from analyses.core.steps import changes, directory_lock, record_text
 from analyses.studies.spec import EXECUTORS, Study, load_spec
@@ -205,10 +206,11 @@ def write_records(out: Path, study: Study, cell: str | None, model_record: dict[
     write_atomic(out / MODEL_RECORD, record_text(model_record))
 
 
-def write_cells(out: Path, study: Study, on_disk: RowsOnDisk, cells, *, progress: bool | None,
+def write_cells(out: Path, study: Study, on_disk: RowsOnDisk, cells, *,
                 on_row: Callable[[int], None] | None) -> None:
     """Append the missing rows of every cell, in order, as ``cells`` (an executor) computes them:
-    each flushed and fsynced; ``on_row(i)`` after the file's i-th row (from 0, across cells)."""
+    each flushed and fsynced; ``on_row(i)`` after the file's i-th row (from 0, across cells). A bar
+    per cell, shown per the current execution's progress."""
     written = sum(len(names) for names in on_disk.names.values())
     with ExitStack() as stack:
         handle = None
@@ -222,7 +224,7 @@ def write_cells(out: Path, study: Study, on_disk: RowsOnDisk, cells, *, progress
             if handle is None:  # only once the rows on disk are known to be this study's
                 handle = stack.enter_context(open_results(on_disk, columns(study)))
             rows = cells.rows(index, done, len(plan.targets))
-            for row, value in progress_bar(rows, progress=progress, desc=cell.name or "study",
+            for row, value in progress_bar(rows, progress=current().progress, desc=cell.name or "study",
                                            initial=done, total=len(plan.targets)):
                 append_row(handle, cell.name, row, plan, value)
                 if on_row is not None:
@@ -256,8 +258,8 @@ def run_study(spec_path, out, resume: bool = False, *, progress: bool | None = N
         check_out_dir(out, study, resume)
         results = out / RESULTS
         on_disk = read_rows(results, study)
-        with open_executor(study, executor, address, workers) as cells:
-            write_cells(out, study, on_disk, cells, progress=progress, on_row=on_row)
+        with open_executor(study, executor, address, workers) as cells, executing(progress=progress):
+            write_cells(out, study, on_disk, cells, on_row=on_row)
         plot_study(results, study)
     return results
 

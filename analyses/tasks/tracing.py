@@ -63,6 +63,7 @@ import pandas as pd
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.execution import executing
 from analyses.core.metrics import Metric, PromptMeanMetric
 from analyses.core.plots import new_figure, token_label
 from analyses.core.progress import progress_bar
@@ -271,8 +272,9 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
     variants = [[(state_name(kind, layer, state), (pos,))] for kind, layer, pos in cells]
     with model.hooks(fwd_hooks=[("hook_embed", hook)]):
         noised_logits, _, starts = base_run(model, rows)
-        values = score_variants(model, rows, variants, sources, metric, starts=starts, memory_mb=memory_mb,
-                                progress=progress, desc="causal trace").values
+        with executing(progress=progress):
+            values = score_variants(model, rows, variants, sources, metric, starts=starts, memory_mb=memory_mb,
+                                    desc="causal trace").values
     strings = [model_tokenizer(model).decode([t]) for t in tokens[0].tolist()]
     frame = pd.DataFrame(cells, columns=["kind", "layer", "pos"]).assign(
         token=[strings[pos] for _, _, pos in cells], prob=values.cpu().numpy())
@@ -525,8 +527,8 @@ def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Te
     suffix = rows[:, start:]
     with model.hooks(fwd_hooks=hooks):
         _, _, starts = base_run(runner, suffix)
-        return score_variants(runner, suffix, variants, sources, metric, starts=starts, memory_mb=memory_mb,
-                              progress=False).values
+        with executing(progress=False):
+            return score_variants(runner, suffix, variants, sources, metric, starts=starts, memory_mb=memory_mb).values
 
 
 def aie_frame(effects: np.ndarray, counts: np.ndarray, corrupted: np.ndarray, curves, seed: int = 0) -> pd.DataFrame:
