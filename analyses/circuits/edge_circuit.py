@@ -44,7 +44,7 @@ from analyses.circuits.edges import VIAS, Edges, output_weights
 from analyses.circuits.path_patching import require_path_edits
 from analyses.core.execution import executing
 from analyses.core.hook_names import final_resid_name, qkv_input_name, z_name, z_names
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import rows_within
 from analyses.core.metrics import Metric, PromptScores, as_metric
 from analyses.core.plots import new_figure
 from analyses.core.stats import bootstrap_ratio
@@ -94,7 +94,7 @@ def removal_hooks(model, removed: Edges, corrupted_z: dict[int, torch.Tensor]) -
 
 
 def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges, kept: Sequence[np.ndarray], *,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False) -> torch.Tensor:
+                   memory_mb: float | None = None, progress: bool | None = False) -> torch.Tensor:
     """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges -> (len(kept),):
     the values of ``circuit_scores`` (which see)."""
     return circuit_scores(model, clean, corrupted, metric, candidates, kept, memory_mb=memory_mb,
@@ -103,7 +103,7 @@ def circuit_values(model, clean, corrupted, metric: Metric, candidates: Edges, k
 
 @torch.no_grad()
 def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges, kept: Sequence[np.ndarray], *,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False) -> PromptScores:
+                   memory_mb: float | None = None, progress: bool | None = False) -> PromptScores:
     """The metric with only the circuit ``kept[i]`` of ``candidates`` keeping its edges (see the
     module docstring) -> ``PromptScores``: values (len(kept),) and, for a metric that splits
     (``Metric.splits``), each prompt's numerator (len(kept), batch) and count (batch,) from the same
@@ -111,9 +111,9 @@ def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges, k
     token ids (batch, pos) or texts of equal token lengths. Per chunk of prompts (within
     ``memory_mb``; every prompt at once for a metric that does not split): one corrupted forward to
     the last sender's z, then one clean forward per circuit, unembedding only the positions the
-    metric reads, pooled by ``MetricSums``; ``progress`` (default: none shown): see
-    ``analyses.core.progress``. A ``GPTModel`` only (it edits the per-head q/k/v inputs that
-    ``GPTModel.set_split_qkv_inputs`` gives)."""
+    metric reads, pooled by ``MetricSums``; ``memory_mb`` (None: the current execution's) and
+    ``progress`` (default: none shown): the execution's (``analyses.core.execution``). A
+    ``GPTModel`` only (it edits the per-head q/k/v inputs that ``GPTModel.set_split_qkv_inputs`` gives)."""
     if not runs_suffix_only(model):
         raise UserError(f"circuit_values edits per-head q/k/v inputs of a GPTModel; got {type(model).__name__}")
     masks = [np.asarray(mask) for mask in kept]
@@ -122,33 +122,34 @@ def circuit_scores(model, clean, corrupted, metric: Metric, candidates: Edges, k
             raise UserError(f"each circuit must be a boolean mask of shape ({len(candidates)},), one per candidate "
                             f"edge; got dtype {mask.dtype}, shape {mask.shape}")
     require_path_edits(model, candidates, "circuit_values")
-    clean, corrupted = base_and_source(model, clean, corrupted, "noise")
-    batch, n_pos = clean.shape
-    metric = as_metric(metric)
-    positions = metric.positions(n_pos)
-    fit = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
-                      per_position=_floats_per_position(model, candidates)) if metric.splits else batch
-    removed = [candidates.take(np.flatnonzero(~mask)) for mask in masks]
-    chunks = [Chunk([i], slice(start, min(start + fit, batch))) for start in range(0, batch, fit)
-              for i in range(len(masks))]
-    senders = z_names(model)[:int(candidates.table[:, 0].max()) + 1]
-    held = {}  # the prompts of the latest chunk -> the corrupted run's z of every sender layer
+    with executing(memory_mb, progress) as execution:
+        clean, corrupted = base_and_source(model, clean, corrupted, "noise")
+        batch, n_pos = clean.shape
+        metric = as_metric(metric)
+        positions = metric.positions(n_pos)
+        fit = rows_within(model, n_pos, execution.memory_mb, logits=True,
+                          read=None if positions is None else len(positions),
+                          per_position=_floats_per_position(model, candidates)) if metric.splits else batch
+        removed = [candidates.take(np.flatnonzero(~mask)) for mask in masks]
+        chunks = [Chunk([i], slice(start, min(start + fit, batch))) for start in range(0, batch, fit)
+                  for i in range(len(masks))]
+        senders = z_names(model)[:int(candidates.table[:, 0].max()) + 1]
+        held = {}  # the prompts of the latest chunk -> the corrupted run's z of every sender layer
 
-    def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
-                     entries: torch.Tensor | None) -> torch.Tensor:
-        if held.get("rows") != rows:  # one corrupted forward per chunk of prompts, before its first circuit
-            _, cache = cache_run(model, corrupted[rows], senders, logits=False)
-            held.update(rows=rows, z={layer: cache[name] for layer, name in enumerate(senders)})
-        edges = removed[members[0]]
-        hooks = removal_hooks(model, edges, held["z"]) if len(edges) else []
-        with split_qkv_inputs(model, split_kinds([name for name, _ in hooks])), model.hooks(fwd_hooks=hooks):
-            final = model(clean[rows], stop_at_layer=model.cfg.n_layers)
-        return unembed_read(model, final, positions if compact else None, entries)[None]
+        def chunk_logits(members: list, rows: slice, positions: torch.Tensor | None, compact: bool,
+                         entries: torch.Tensor | None) -> torch.Tensor:
+            if held.get("rows") != rows:  # one corrupted forward per chunk of prompts, before its first circuit
+                _, cache = cache_run(model, corrupted[rows], senders, logits=False)
+                held.update(rows=rows, z={layer: cache[name] for layer, name in enumerate(senders)})
+            edges = removed[members[0]]
+            hooks = removal_hooks(model, edges, held["z"]) if len(edges) else []
+            with split_qkv_inputs(model, split_kinds([name for name, _ in hooks])), model.hooks(fwd_hooks=hooks):
+                final = model(clean[rows], stop_at_layer=model.cfg.n_layers)
+            return unembed_read(model, final, positions if compact else None, entries)[None]
 
-    with executing(progress=progress):
         scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits,
                                                                                desc="candidate circuits")
-    return PromptScores(scores.values.float(), scores.numerators, scores.counts)
+        return PromptScores(scores.values.float(), scores.numerators, scores.counts)
 
 
 def _floats_per_position(model, candidates: Edges) -> int:
@@ -163,7 +164,7 @@ def _floats_per_position(model, candidates: Edges) -> int:
 
 
 def faithfulness_curve(model, clean, corrupted, metric: Metric, candidates: Edges, order: Sequence[int],
-                       sizes: Sequence[int], *, memory_mb: float = DEFAULT_MEMORY_MB,
+                       sizes: Sequence[int], *, memory_mb: float | None = None,
                        progress: bool | None = False) -> pd.DataFrame:
     """The candidate-set evaluation (the module docstring; ``full_graph.faithfulness_curve`` is the
     papers'): the circuits of the top ``k`` edges of ``order`` (indices into ``candidates``, strongest

@@ -66,7 +66,7 @@ from analyses.circuits.edge_attribution import split_qkv_inputs
 from analyses.circuits.edges import QKV
 from analyses.circuits.path_patching import path_needs
 from analyses.core.execution import executing
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import rows_within
 from analyses.core.hook_check import require
 from analyses.core.hook_names import (has_mlps, mlp_out_name, qkv_input_name, resid_mid_name,
                                       resid_pre_name, z_name)
@@ -361,40 +361,43 @@ def _floats_per_position(model, graph: Graph) -> int:
 
 @torch.no_grad()
 def circuit_scores(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> PromptScores:
+                   memory_mb: float | None = None, progress: bool | None = None) -> PromptScores:
     """The metric with only each circuit's edges keeping their signal, every other edge of the full
     graph carrying the corrupted run's (the module docstring) -> ``PromptScores``: values
     (len(circuits),) and, for a metric that splits (``Metric.splits``), each prompt's numerator
     (len(circuits), batch) and count (batch,). ``circuits``: masks (n_edges,) bool over
     ``full_graph(model).edges``. ``clean`` / ``corrupted``: token ids (batch, pos) or texts of equal
     token lengths. Per chunk of prompts (within ``memory_mb``): one corrupted forward, then one
-    forward per circuit, unembedding only the positions the metric reads."""
-    graph = full_graph(model)
-    masks = _check_masks(graph, circuits)
-    clean, corrupted = base_and_source(model, clean, corrupted, "noise")
-    batch, n_pos = clean.shape
-    metric = as_metric(metric)
-    positions, split = metric.positions(n_pos), metric.splits
-    fit = rows_within(model, n_pos, memory_mb, logits=True, read=None if positions is None else len(positions),
-                      per_position=_floats_per_position(model, graph)) if split else batch
-    corrupt = [graph.valid & ~graph.kept_matrix(mask) for mask in masks]
-    chunks = [Chunk([i], slice(start, min(start + fit, batch))) for start in range(0, batch, fit)
-              for i in range(len(masks))]
-    held = {}  # the prompts of the latest chunk -> their corrupted run and the senders' differences
+    forward per circuit, unembedding only the positions the metric reads. ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
+    with executing(memory_mb, progress) as execution:
+        graph = full_graph(model)
+        masks = _check_masks(graph, circuits)
+        clean, corrupted = base_and_source(model, clean, corrupted, "noise")
+        batch, n_pos = clean.shape
+        metric = as_metric(metric)
+        positions, split = metric.positions(n_pos), metric.splits
+        fit = rows_within(model, n_pos, execution.memory_mb, logits=True,
+                          read=None if positions is None else len(positions),
+                          per_position=_floats_per_position(model, graph)) if split else batch
+        corrupt = [graph.valid & ~graph.kept_matrix(mask) for mask in masks]
+        chunks = [Chunk([i], slice(start, min(start + fit, batch))) for start in range(0, batch, fit)
+                  for i in range(len(masks))]
+        held = {}  # the prompts of the latest chunk -> their corrupted run and the senders' differences
 
-    def chunk_logits(members: list, rows: slice, positions: torch.Tensor, compact: bool,
-                     entries: torch.Tensor | None) -> torch.Tensor:
-        if held.get("rows") != rows:  # one corrupted forward per chunk of prompts, before its first circuit
-            source = _source_run(model, graph, corrupted[rows])
-            held.update(rows=rows, source=source, diff=torch.empty((len(graph.senders), *source.input.shape),
-                                                                     dtype=torch.float32, device=source.input.device))
-        final = _final_residual(model, graph, clean[rows], corrupt[members[0]], held["source"], held["diff"])
-        return unembed_read(model, final, positions if compact else None, entries)[None]
+        def chunk_logits(members: list, rows: slice, positions: torch.Tensor, compact: bool,
+                         entries: torch.Tensor | None) -> torch.Tensor:
+            if held.get("rows") != rows:  # one corrupted forward per chunk of prompts, before its first circuit
+                source = _source_run(model, graph, corrupted[rows])
+                diff = torch.empty((len(graph.senders), *source.input.shape), dtype=torch.float32,
+                                   device=source.input.device)
+                held.update(rows=rows, source=source, diff=diff)
+            final = _final_residual(model, graph, clean[rows], corrupt[members[0]], held["source"], held["diff"])
+            return unembed_read(model, final, positions if compact else None, entries)[None]
 
-    with executing(progress=progress):
         scores = MetricSums(model, metric, len(masks), batch, positions).score(chunks, chunk_logits,
                                                                                desc="full-graph circuits")
-    return PromptScores(scores.values.float(), scores.numerators, scores.counts)
+        return PromptScores(scores.values.float(), scores.numerators, scores.counts)
 
 
 @dataclass(frozen=True)
@@ -438,7 +441,7 @@ class Faithfulness:
 
 
 def evaluate_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
-                          memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Faithfulness:
+                          memory_mb: float | None = None, progress: bool | None = None) -> Faithfulness:
     """``circuit_scores`` of the full graph, the empty circuit and ``circuits`` -> their ``Faithfulness``."""
     graph = full_graph(model)
     ends = [np.ones(graph.n_edges, dtype=bool), np.zeros(graph.n_edges, dtype=bool)]
@@ -447,7 +450,7 @@ def evaluate_faithfulness(model, clean, corrupted, metric: Metric, circuits: Seq
 
 
 def circuit_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
-                         memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                         memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Each circuit (a mask over ``full_graph(model).edges``) on the full graph -> frame ``circuit``
     (its index), ``n_edges``, ``value`` (the metric), ``faithfulness`` with ``ci_low, ci_high``
     (95%, bootstrap over prompts) and ``n_prompts``; ``attrs``: ``full``, ``empty`` (the metric of
@@ -476,7 +479,7 @@ def curve_areas(fractions: Sequence[float], faithfulness: np.ndarray) -> tuple[n
 
 
 def faithfulness_curve(model, clean, corrupted, metric: Metric, scores, fractions: Sequence[float] = MIB_FRACTIONS, *,
-                       memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                       memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """The circuits of the top-k edges of the full graph by |``scores``| (n_edges,), in
     ``full_graph(model).edges`` order, ties broken by edge order), k = round(fraction * n_edges) for
     each of ``fractions`` (increasing, in (0, 1]; MIB's by default) -> frame ``fraction`` (k /
@@ -578,19 +581,18 @@ class _Restricted:
     """F on one set of prompts: the faithfulness of ``bases`` (masks over the graph's edges) with
     every edge out of a set K of nodes corrupted, for many K in one ``evaluate_faithfulness`` call."""
 
-    def __init__(self, model, graph: Graph, bases: Sequence[np.ndarray], memory_mb: float, progress: bool | None):
+    def __init__(self, model, graph: Graph, bases: Sequence[np.ndarray]):
         self.model, self.graph, self.bases = model, graph, list(bases)
-        self.memory_mb, self.progress = memory_mb, progress
 
     def __call__(self, prompts: Prompts, sets: Sequence[frozenset]) -> Faithfulness:
         """-> the ``Faithfulness`` of each base without each K of ``sets``, K-major: circuit i of it
-        is base ``i % len(bases)`` without ``sets[i // len(bases)]``."""
+        is base ``i % len(bases)`` without ``sets[i // len(bases)]``; within the current execution."""
         masks = [self.graph.without(base, k) for k in sets for base in self.bases]
-        return evaluate_faithfulness(self.model, *prompts, masks, memory_mb=self.memory_mb, progress=self.progress)
+        return evaluate_faithfulness(self.model, *prompts, masks)
 
 
 def completeness(model, selection: Prompts, measurement: Prompts, circuit: np.ndarray, *, greedy_steps: int = 3,
-                 n_random: int = 8, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
+                 n_random: int = 8, seed: int = 0, memory_mb: float | None = None,
                  progress: bool | None = None) -> pd.DataFrame:
     """Wang et al.'s completeness of ``circuit`` (a mask over ``full_graph(model).edges``): for sets
     K of its nodes (``circuit_nodes``), the incompleteness F(C\\K) - F(M\\K) (the circuit, and the
@@ -609,33 +611,34 @@ def completeness(model, selection: Prompts, measurement: Prompts, circuit: np.nd
     ``chosen_on`` ("selection"), ``measured_on`` ("measurement"), ``n_selection`` (the selection
     prompts counted). Cost: 2 x nodes evaluations per greedy step on the selection prompts, 2 x
     (steps + n_random) on the measurement prompts."""
-    graph = full_graph(model)
-    circuit = _check_masks(graph, [circuit])[0]
-    _check_search(model, selection, measurement, greedy_steps)
-    nodes = _search_nodes(graph, circuit)
-    restricted = _Restricted(model, graph, [circuit, np.ones(graph.n_edges, dtype=bool)], memory_mb, progress)
-    chosen, path, selection_gaps, n_selection = frozenset(), [], [], 0
-    for _ in range(min(greedy_steps, len(nodes))):
-        tries = [chosen | {node} for node in nodes if node not in chosen]
-        found = restricted(selection, tries)
-        gaps = np.abs(found.estimates[0::2] - found.estimates[1::2])
-        best = int(np.argmax(gaps))
-        chosen, n_selection = tries[best], found.n_prompts
-        path.append(chosen)
-        selection_gaps.append(gaps[best])
-    randoms = _random_sets(nodes, n_random, seed)
-    sets = [*path, *randoms]
-    frame = pd.DataFrame({"search": ["greedy"] * len(path) + ["random"] * len(randoms),
-                          "step": [*range(1, len(path) + 1), *[0] * len(randoms)],
-                          "removed": [_names(graph, k) for k in sets], "size": [len(k) for k in sets],
-                          "selection_gap": [*selection_gaps, *[np.nan] * len(randoms)]})
-    if sets:
-        found = restricted(measurement, sets)
-        difference, low, high = found.interval(np.kron(np.eye(len(sets)), [[1.0, -1.0]]))  # F(C\K) - F(M\K)
-        frame = frame.assign(f_circuit=found.estimates[0::2], f_model=found.estimates[1::2], difference=difference,
-                             ci_low=low, ci_high=high, gap=np.abs(difference), n_prompts=found.n_prompts)
-    frame.attrs.update(chosen_on="selection", measured_on="measurement", n_selection=n_selection)
-    return frame
+    with executing(memory_mb, progress):
+        graph = full_graph(model)
+        circuit = _check_masks(graph, [circuit])[0]
+        _check_search(model, selection, measurement, greedy_steps)
+        nodes = _search_nodes(graph, circuit)
+        restricted = _Restricted(model, graph, [circuit, np.ones(graph.n_edges, dtype=bool)])
+        chosen, path, selection_gaps, n_selection = frozenset(), [], [], 0
+        for _ in range(min(greedy_steps, len(nodes))):
+            tries = [chosen | {node} for node in nodes if node not in chosen]
+            found = restricted(selection, tries)
+            gaps = np.abs(found.estimates[0::2] - found.estimates[1::2])
+            best = int(np.argmax(gaps))
+            chosen, n_selection = tries[best], found.n_prompts
+            path.append(chosen)
+            selection_gaps.append(gaps[best])
+        randoms = _random_sets(nodes, n_random, seed)
+        sets = [*path, *randoms]
+        frame = pd.DataFrame({"search": ["greedy"] * len(path) + ["random"] * len(randoms),
+                              "step": [*range(1, len(path) + 1), *[0] * len(randoms)],
+                              "removed": [_names(graph, k) for k in sets], "size": [len(k) for k in sets],
+                              "selection_gap": [*selection_gaps, *[np.nan] * len(randoms)]})
+        if sets:
+            found = restricted(measurement, sets)
+            difference, low, high = found.interval(np.kron(np.eye(len(sets)), [[1.0, -1.0]]))  # F(C\K) - F(M\K)
+            frame = frame.assign(f_circuit=found.estimates[0::2], f_model=found.estimates[1::2], difference=difference,
+                                 ci_low=low, ci_high=high, gap=np.abs(difference), n_prompts=found.n_prompts)
+        frame.attrs.update(chosen_on="selection", measured_on="measurement", n_selection=n_selection)
+        return frame
 
 
 def _greedy_minimality_sets(nodes: Sequence[Node], restricted: _Restricted, selection: Prompts,
@@ -667,7 +670,7 @@ def _greedy_minimality_sets(nodes: Sequence[Node], restricted: _Restricted, sele
 
 
 def minimality(model, selection: Prompts, measurement: Prompts, circuit: np.ndarray, *, greedy_steps: int = 1,
-               memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+               memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Wang et al.'s minimality of ``circuit`` (a mask over ``full_graph(model).edges``): a node v of
     C is needed when some K of C's other nodes gives a large |F(C\\(K+v)) - F(C\\K)| -- a node that
     another backs up scores near 0 with K empty and large once K holds its backup. ``selection``
@@ -684,26 +687,29 @@ def minimality(model, selection: Prompts, measurement: Prompts, circuit: np.ndar
     selection prompts 1 + nodes evaluations, then per step at most 2 x nodes x (nodes - 1), about
     nodes^2 / 2 at the first step (the sets {u} and {u, v} are shared by all v), all in one call per
     step; 2 x nodes on the measurement prompts."""
-    graph = full_graph(model)
-    circuit = _check_masks(graph, [circuit])[0]
-    _check_search(model, selection, measurement, greedy_steps)
-    nodes = _search_nodes(graph, circuit)
-    restricted = _Restricted(model, graph, [circuit], memory_mb, progress)
-    chosen, selection_scores, n_selection = _greedy_minimality_sets(nodes, restricted, selection, greedy_steps)
-    sets = list(dict.fromkeys(s for v in nodes for s in (chosen[v], chosen[v] | {v})))
-    index = {s: i for i, s in enumerate(sets)}
-    found = restricted(measurement, sets)
-    combination = np.zeros((len(nodes), len(sets)))
-    for row, v in enumerate(nodes):  # F(C\K) - F(C\(K+v))
-        combination[row, index[chosen[v]]] += 1.0
-        combination[row, index[chosen[v] | {v}]] -= 1.0
-    difference, low, high = found.interval(combination)
-    frame = pd.DataFrame({"node": [node_name(v) for v in nodes], "removed": [_names(graph, chosen[v]) for v in nodes],
-                          "size": [len(chosen[v]) for v in nodes],
-                          "selection_score": [selection_scores[v] for v in nodes], "difference": difference,
-                          "ci_low": low, "ci_high": high, "score": np.abs(difference), "n_prompts": found.n_prompts})
-    frame.attrs.update(chosen_on="selection", measured_on="measurement", n_selection=n_selection)
-    return frame
+    with executing(memory_mb, progress):
+        graph = full_graph(model)
+        circuit = _check_masks(graph, [circuit])[0]
+        _check_search(model, selection, measurement, greedy_steps)
+        nodes = _search_nodes(graph, circuit)
+        restricted = _Restricted(model, graph, [circuit])
+        chosen, selection_scores, n_selection = _greedy_minimality_sets(nodes, restricted, selection, greedy_steps)
+        sets = list(dict.fromkeys(s for v in nodes for s in (chosen[v], chosen[v] | {v})))
+        index = {s: i for i, s in enumerate(sets)}
+        found = restricted(measurement, sets)
+        combination = np.zeros((len(nodes), len(sets)))
+        for row, v in enumerate(nodes):  # F(C\K) - F(C\(K+v))
+            combination[row, index[chosen[v]]] += 1.0
+            combination[row, index[chosen[v] | {v}]] -= 1.0
+        difference, low, high = found.interval(combination)
+        frame = pd.DataFrame({"node": [node_name(v) for v in nodes],
+                              "removed": [_names(graph, chosen[v]) for v in nodes],
+                              "size": [len(chosen[v]) for v in nodes],
+                              "selection_score": [selection_scores[v] for v in nodes], "difference": difference,
+                              "ci_low": low, "ci_high": high, "score": np.abs(difference),
+                              "n_prompts": found.n_prompts})
+        frame.attrs.update(chosen_on="selection", measured_on="measurement", n_selection=n_selection)
+        return frame
 
 
 def full_graph_figure(curve: pd.DataFrame, title: str = "", x: str = "fraction"):

@@ -54,7 +54,6 @@ from analyses.circuits.edges import QKV
 from analyses.circuits.full_graph import (MIB_FRACTIONS, Graph, Node, area_intervals, check_fractions,
                                           circuit_from_nodes, curve_areas, evaluate_faithfulness, full_graph,
                                           node_name, top_edge_circuits)
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.execution import executing
 from analyses.core.hook_names import mlp_out_name, qkv_input_name, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, evaluate_metric
@@ -155,7 +154,7 @@ def _per_position(model, graph: Graph) -> int:
 
 
 def full_graph_edge_scores(model, clean, corrupted, metric: Metric, *, steps: int | None = None,
-                           memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                           memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """EAP (``steps=None``) or EAP-IG (``steps`` points, Hanna et al.'s inputs variant) score of
     every edge of ``full_graph(model)`` (the module docstring) -> ``graph.edges`` (one row per edge,
     in mask order) with ``score``: the first-order estimate of m(full circuit minus that edge) -
@@ -163,33 +162,35 @@ def full_graph_edge_scores(model, clean, corrupted, metric: Metric, *, steps: in
     ``score`` column is what ``faithfulness_curve`` and ``EdgeRanking`` take. ``clean`` /
     ``corrupted``: token ids (batch, pos) or texts of equal token lengths. Cost per chunk of prompts:
     the clean and the corrupted forward, then one forward and backward per point (EAP: one)."""
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise UserError(f"steps must be a positive integer (EAP-IG's points) or None (EAP); got {steps!r}")
-    graph = full_graph(model)
-    clean, corrupted = base_and_source(model, clean, corrupted, "noise")
-    alphas = [1.0] if steps is None else [k / steps for k in range(steps)]  # 0: the corrupted input, 1: the clean
-    parts, positions = gradient_parts(model, clean, metric, memory_mb, per_position=_per_position(model, graph))
-    total = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float64)
-    method = "EAP" if steps is None else "EAP-IG"
-    with progress_bar(total=len(parts) * len(alphas), progress=progress, desc=f"{method} on the full graph",
-                      leave=False) as bar:
-        for part in parts:
-            clean_out = sender_outputs(model, graph, clean[part.rows])
-            diff = sender_outputs(model, graph, corrupted[part.rows]) - clean_out
-            table = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float32, device=diff.device)
-            for alpha in alphas:
-                start = torch.lerp(clean_out[0] + diff[0], clean_out[0], alpha)
-                _scored_run(model, graph, clean[part.rows], part.metric, positions, start, diff, table)
-                bar.update(1)
-            total += part.share * table.cpu().double() / len(alphas)
-    frame = graph.edges.copy()
-    frame["score"] = total.cpu().numpy()[graph.valid]
-    frame.attrs.update(method=method, steps=steps)
-    return frame
+    with executing(memory_mb, progress) as execution:
+        if steps is not None and (not isinstance(steps, int) or steps < 1):
+            raise UserError(f"steps must be a positive integer (EAP-IG's points) or None (EAP); got {steps!r}")
+        graph = full_graph(model)
+        clean, corrupted = base_and_source(model, clean, corrupted, "noise")
+        alphas = [1.0] if steps is None else [k / steps for k in range(steps)]  # 0: the corrupted input, 1: the clean
+        parts, positions = gradient_parts(model, clean, metric, execution.memory_mb,
+                                          per_position=_per_position(model, graph))
+        total = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float64)
+        method = "EAP" if steps is None else "EAP-IG"
+        with progress_bar(total=len(parts) * len(alphas), progress=execution.progress,
+                          desc=f"{method} on the full graph", leave=False) as bar:
+            for part in parts:
+                clean_out = sender_outputs(model, graph, clean[part.rows])
+                diff = sender_outputs(model, graph, corrupted[part.rows]) - clean_out
+                table = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float32, device=diff.device)
+                for alpha in alphas:
+                    start = torch.lerp(clean_out[0] + diff[0], clean_out[0], alpha)
+                    _scored_run(model, graph, clean[part.rows], part.metric, positions, start, diff, table)
+                    bar.update(1)
+                total += part.share * table.cpu().double() / len(alphas)
+        frame = graph.edges.copy()
+        frame["score"] = total.cpu().numpy()[graph.valid]
+        frame.attrs.update(method=method, steps=steps)
+        return frame
 
 
 # ---------------------------------------------------------------- exact node patching
-def node_patching(model, clean, corrupted, metric: Metric, *, memory_mb: float = DEFAULT_MEMORY_MB,
+def node_patching(model, clean, corrupted, metric: Metric, *, memory_mb: float | None = None,
                   progress: bool | None = None, seed: int = 0) -> pd.DataFrame:
     """Each head's and MLP's exact removal from the full circuit: the clean run with that node's
     output taken from the corrupted run (``patch_effects``, noising) -> frame ``node`` ("L3H1",
@@ -243,15 +244,15 @@ Ranking = EdgeRanking | NodeRanking
 
 
 # ---------------------------------------------------------------- the comparison
-def _evaluate(model, clean, corrupted, metric: Metric, circuits: list[np.ndarray], memory_mb: float):
-    """``evaluate_faithfulness`` of the distinct masks among ``circuits`` -> (Faithfulness, index of
-    each circuit's mask in it)."""
+def _evaluate(model, clean, corrupted, metric: Metric, circuits: list[np.ndarray]):
+    """``evaluate_faithfulness`` of the distinct masks among ``circuits``, within the current
+    execution -> (Faithfulness, index of each circuit's mask in it)."""
     unique: dict[bytes, int] = {}
     index = [unique.setdefault(np.packbits(mask).tobytes(), len(unique)) for mask in circuits]
     distinct = [None] * len(unique)
     for mask, i in zip(circuits, index):
         distinct[i] = mask
-    return evaluate_faithfulness(model, clean, corrupted, metric, distinct, memory_mb=memory_mb), np.array(index)
+    return evaluate_faithfulness(model, clean, corrupted, metric, distinct), np.array(index)
 
 
 def _rows(found, index: np.ndarray, methods: list[str], targets: list[float], circuits: list[np.ndarray],
@@ -271,7 +272,7 @@ def _smallest(rows: pd.DataFrame, threshold: float) -> pd.Series | None:
 
 def compare_circuit_methods(model, clean, corrupted, metric: Metric, rankings: Mapping[str, Ranking],
                             fractions: Sequence[float] = MIB_FRACTIONS, *, threshold: float = THRESHOLD,
-                            refine: int = 0, memory_mb: float = DEFAULT_MEMORY_MB,
+                            refine: int = 0, memory_mb: float | None = None,
                             progress: bool | None = None) -> pd.DataFrame:
     """Each ranking's circuits at ``fractions`` of ``full_graph(model)``'s edges evaluated on the
     full graph (one call for all: the same prompts and bootstrap resamples) -> frame ``method``,
@@ -293,14 +294,14 @@ def compare_circuit_methods(model, clean, corrupted, metric: Metric, rankings: M
             raise UserError(f"ranking {name!r} must be an EdgeRanking or a NodeRanking; got {type(ranking).__name__}")
     if refine < 0:
         raise UserError(f"refine must be 0 or more extra sizes; got {refine}")
-    with executing(progress=progress):
+    with executing(memory_mb, progress):
         graph = full_graph(model)
         fractions = check_fractions(fractions)
         names = list(rankings)
         circuits = [mask for name in names for mask in rankings[name].circuits(graph, fractions)]
         methods = [name for name in names for _ in fractions]
         targets = [float(f) for _ in names for f in fractions]
-        found, index = _evaluate(model, clean, corrupted, metric, circuits, memory_mb)
+        found, index = _evaluate(model, clean, corrupted, metric, circuits)
         curve = _rows(found, index, methods, targets, circuits, graph.n_edges, True)
         summary = []
         extra: dict[str, np.ndarray] = {}
@@ -320,7 +321,7 @@ def compare_circuit_methods(model, clean, corrupted, metric: Metric, rankings: M
         frame = curve
         if extra:
             more = [mask for name, points in extra.items() for mask in rankings[name].circuits(graph, points)]
-            found_more, more_index = _evaluate(model, clean, corrupted, metric, more, memory_mb)
+            found_more, more_index = _evaluate(model, clean, corrupted, metric, more)
             frame = pd.concat([curve, _rows(found_more, more_index, [n for n, p in extra.items() for _ in p],
                                             [float(f) for p in extra.values() for f in p], more, graph.n_edges, False)],
                               ignore_index=True)
@@ -391,7 +392,7 @@ def method_comparison_figure(frame: pd.DataFrame, title: str = ""):
 
 
 def rankings_for(model, clean, corrupted, metric: Metric, *, steps: int = IG_STEPS,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> dict[str, Ranking]:
+                 memory_mb: float | None = None, progress: bool | None = None) -> dict[str, Ranking]:
     """The three rankings Hanna et al. compare, on these prompts: "exact" (``node_patching``'s
     nodes), "EAP" and "EAP-IG" (``full_graph_edge_scores``, ``steps`` points)."""
     common = dict(memory_mb=memory_mb, progress=progress)

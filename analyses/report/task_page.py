@@ -350,7 +350,8 @@ def analyse_task(model, task: Task, *, top: int = 3, screen: Screen | None = DEF
         if with_mlps:
             finish("mlps", lambda: patch_sweep(runs, "mlps", False, screen))
             finish("mlps_by_pos", lambda: patch_sweep(runs, "mlps", True, screen))
-        writers = top_heads(finish("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla else []
+        writers = (top_heads(finish("dla", lambda: task_dla(model, chosen_on, batch, seed)), "dla", top) if with_dla
+                   else [])
         exact = heads[heads["exact"].astype(bool)]
         senders = top_heads(exact.assign(moved=exact["metric"] - values["corrupted"]), "moved", top)
         circuit = []
