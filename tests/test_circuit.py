@@ -159,7 +159,7 @@ def test_report_circuit_leaves_out_sinks_and_says_so(toy):
     section = circuit_section(model, sinks, probes, via="k", baseline_samples=4, skip_roles=("bos",))
     assert section.senders == role_heads(table) and section.skipped == sorted(set(role_heads(sinks)) - set(role_heads(table)))
     assert len(section.skipped) > 0
-    text = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8, 1024.0))).text
+    text = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8))).text
     assert f"the {len(section.skipped)} role heads with none of the roles" in text and "left out" in text
 
 
@@ -254,7 +254,7 @@ def test_a_screened_circuit_is_exact_where_its_rule_says_and_the_page_says_it_is
     assert screened["effect"][~exact].to_numpy() == pytest.approx(attribution[~exact].to_numpy(), abs=1e-5)
 
     section = circuit_section(model, table, probes, baseline_samples=4, skip_roles=("bos",), screen=screen)
-    page = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8, 1024.0))).text
+    page = circuit_report_section(chosen_edges(model, section, selection_probes(model, probes, 8))).text
     assert f"chose the {int(section.edges['exact'].sum())} path-patched exactly" in page
     lines = edge_lines(screened, top=len(screened))
     assert sum(line.endswith("(estimate)") or "(estimate)," in line for line in lines) == (~exact).sum()

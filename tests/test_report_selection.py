@@ -208,7 +208,7 @@ def test_on_null_models_the_top_dla_chosen_apart_mostly_covers_0_and_in_sample_l
     for seed in range(10, 22):
         null = from_hf(*make_random_gpt2(n_layers=4, d_model=64, n_heads=16, n_ctx=64, seed=seed)).eval()
         probes = probes_for(null, 2 * 16, 64, seed=seed)
-        selection = selection_probes(null, probes, 16, 1024.0)
+        selection = selection_probes(null, probes, 16)
         for name, chosen_on in (("apart", selection), ("in_sample", None)):
             top = components_overview(null, probes.first(16), effects, selection=chosen_on).top
             assert len(top) == 5

@@ -33,7 +33,6 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.calibration import FirstProbes
 from analyses.roles.classify import ALL_ROLES, ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
@@ -64,7 +63,7 @@ REPORT_SKIPPED_ROLES = tuple(role for role in ALL_ROLES if role not in CIRCUIT_R
 
 def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[Head], receivers: Sequence[Head],
                   via: str | Sequence[str] = VIAS, direction: str = "noise", baseline_samples: int = 100,
-                  seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                  seed: int = 0, memory_mb: float | None = None, progress: bool | None = None,
                   base_run: Run | None = None, screen: Screen | None = None,
                   screen_on: tuple | None = None) -> pd.DataFrame:
     """Every edge from ``senders`` to later ``receivers`` through each of ``via``, one row each.
@@ -277,7 +276,7 @@ def induction_pair(probes: RepeatedProbes, seed: int = 0) -> tuple[torch.Tensor,
 def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sender_role: str | None = None,
                     receiver_role: str | None = None, via: str | Sequence[str] = VIAS, direction: str = "noise",
                     top: int = 12, baseline_samples: int = 100, seed: int = 0,
-                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                    memory_mb: float | None = None, progress: bool | None = None,
                     run: Run | None = None, skip_roles: Sequence[str] = (),
                     screen: Screen | None = None, screen_probes: RepeatedProbes | None = None) -> CircuitSection:
     """The circuit among a head-role table's heads on the probes' induction pair.
@@ -313,8 +312,7 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
 
 
 
-def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB) -> CircuitSection:
+def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed: int = 0) -> CircuitSection:
     """The circuit with each edge's edge-attribution estimate (EAP, noising, on the induction pair of
     ``selection``'s probes: two forwards and a backward, the cheaper screen of the exact sweep) as
     ``chosen_by``, by which the report chooses the edges it prints and draws (``CHOSEN_EDGES``, the
@@ -324,7 +322,7 @@ def chosen_edges(model, circuit: CircuitSection, selection: FirstProbes, *, seed
         return circuit
     clean, corrupted, metric = induction_pair(selection.probes, seed)
     screen = edge_attribution(model, clean, corrupted, metric, senders=circuit.senders, receivers=circuit.receivers,
-                              via=VIAS, direction="noise", memory_mb=memory_mb)
+                              via=VIAS, direction="noise")
     edges = circuit.edges.merge(screen[[*KEY_COLUMNS, "attribution"]].rename(columns={"attribution": "chosen_by"}),
                                 on=KEY_COLUMNS, how="left")
     patched = edges[edges["exact"].astype(bool)]
@@ -347,13 +345,13 @@ def screen_meta(circuit: CircuitSection | None, screened_on: list[int]) -> dict 
 
 
 def report_circuit(model, table: pd.DataFrame, first: FirstProbes, selection: FirstProbes, *, seed: int = 0,
-                   memory_mb: float = DEFAULT_MEMORY_MB, screen: Screen | None = None) -> CircuitSection:
+                   screen: Screen | None = None) -> CircuitSection:
     """The report's circuit: the edges among ``table``'s role heads but those whose only roles are
     outside ``CIRCUIT_ROLES`` (``circuit_section`` on ``first``'s probes and run, a ``screen``, where
     given, choosing its exact edges on ``selection``'s probes), each with the edge attribution on
     ``selection``'s probes that chooses the edges the report lists and draws (``chosen_edges``).
-    Its progress is the current execution's."""
-    circuit = circuit_section(model, table, first.probes, seed=seed, memory_mb=memory_mb,
+    Within the current execution."""
+    circuit = circuit_section(model, table, first.probes, seed=seed,
                               run=first.run, skip_roles=REPORT_SKIPPED_ROLES, screen=screen,
                               screen_probes=selection.probes)
-    return chosen_edges(model, circuit, selection, seed=seed, memory_mb=memory_mb)
+    return chosen_edges(model, circuit, selection, seed=seed)

@@ -32,7 +32,7 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.metrics import Metric, PromptScores
 from analyses.core.plots import new_figure
 from analyses.core.stats import (EFFECT_COLUMNS, N_BOOT, control_intervals, control_z, effect_intervals, effect_text,
@@ -233,7 +233,7 @@ def describe_control(row) -> str:
 
 def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", metric: Metric | None = None, *,
                     n_draws: int = DEFAULT_DRAWS, seed: int = 0, reference=None, preserve_patterns: bool = False,
-                    run: Run | None = None, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                    run: Run | None = None, memory_mb: float | None = None, progress: bool | None = None,
                     n_boot: int = N_BOOT, exclude: Sequence[Head] = ()) -> ControlEffects:
     """Ablate ``heads`` [(layer, head), ...] and ``n_draws`` matched random sets
     (``matched_random_sets``; never a head of ``exclude``: pass every head of the role or class under
@@ -241,15 +241,17 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
     or ``RepeatedProbes``) -> ``ControlEffects`` (``control_from_scores``).
 
     ``method``, ``metric`` (default: the mean next-token loss), ``reference``, ``preserve_patterns``,
-    ``run`` (a ``Run`` of the prompts that serves instead of a forward) and ``memory_mb``: as
-    ``prepare_ablation`` takes them. ``seed`` seeds the draws, a resample ablation and the
+    ``run`` (a ``Run`` of the prompts that serves instead of a forward): as ``prepare_ablation``
+    takes them. ``seed`` seeds the draws, a resample ablation and the
     bootstraps. Each effect's numerator per prompt is the prompt's metric numerator ablated minus
-    unablated (``Ablation.scores``)."""
+    unablated (``Ablation.scores``). ``memory_mb``, ``progress``: the execution's
+    (``analyses.core.execution``; None: the current one's)."""
     sets = matched_random_sets(model, heads, n_draws, seed, exclude)
-    ablation = prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
-                                seed=seed, run=run, memory_mb=memory_mb)
-    scores = ablation.scores([check_heads(model, heads), *sets], memory_mb=memory_mb, progress=progress,
-                             desc="control")
+    with executing(memory_mb, progress) as execution:
+        ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                    preserve_patterns=preserve_patterns, seed=seed, run=run,
+                                    memory_mb=execution.memory_mb)
+        scores = ablation.scores([check_heads(model, heads), *sets], memory_mb=execution.memory_mb, desc="control")
     return control_from_scores(model, heads, sets, scores, ablation.baseline_scores(), len(ablation.tokens), method,
                                exclude=exclude, n_boot=n_boot, seed=seed)
 

@@ -140,7 +140,7 @@ class HeadReport:
 def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
                  texts: Sequence[str] | None = None,
                  thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
-                 intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float = DEFAULT_MEMORY_MB,
+                 intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float | None = None,
                  progress: bool | None = None, circuit_screen: Screen | None = None,
                  sections: Sequence[str] | None = None, out: str | Path | None = None,
                  resume: bool = False) -> HeadReport:
@@ -169,8 +169,8 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     The probes are one draw of ``intervention_prompts + n_prompts``: the interventions run on the first
     ``intervention_prompts``, the roles are chosen on the other ``n_prompts`` (``choosing_probes``), so
     every effect is measured on prompts that did not choose the heads (meta.json: ``probe_split``).
-    ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb``: what the report
-    may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
+    ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb`` (None: the
+    current execution's, ``analyses.core.execution``): what the report may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
     stays taken, each step gets the rest (``analyses.core.budget.left_after``); ``circuit_screen``: None
     path-patches every edge of the circuit exactly, a ``Screen`` only those it chooses by edge
     attribution (the others show their estimate, and the page says so).
@@ -203,7 +203,7 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
 def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Path, Path] | None,
            options: dict) -> HeadReport:
     """``build_report``'s work, with the step store and the page's directory ``where`` (or None)."""
-    with executing(progress=options["progress"]):
+    with executing(memory_mb=options["memory_mb"], progress=options["progress"]) as execution:
         left = report_plan(model)
         o = options
         # one draw: the first intervention_prompts probes measure every effect, the other n_prompts choose the roles
@@ -212,7 +212,7 @@ def _build(model, model_name: str, chosen: list[ReportSection], where: tuple[Pat
                                       [section.name for section in chosen])
         context = ReportContext(model=model, model_name=model_name, n_prompts=o["n_prompts"], seed=o["seed"],
                                 texts=o["texts"], thresholds=o["thresholds"], fdr=o["fdr"],
-                                intervention_prompts=o["intervention_prompts"], memory_mb=o["memory_mb"],
+                                intervention_prompts=o["intervention_prompts"], memory_mb=execution.memory_mb,
                                 circuit_screen=o["circuit_screen"], left=left, probes=probes,
                                 shape=shape, estimate=estimate)
         store = (Steps(where[0], report_inputs(context), resume=True) if where is not None else None)
@@ -293,13 +293,13 @@ class ReportContext:
         """The probe run (timing one FE: the estimate's clock, printed), the selection rows' run, the views."""
         started = time.perf_counter()
         self.run = probe_run(self.model, self.probes, names=component_hooks(self.model, lens=True),
-                             intervention_prompts=self.intervention_prompts, memory_mb=self.memory_mb)
+                             intervention_prompts=self.intervention_prompts)
         self.estimate.timed_by(time.perf_counter() - started)  # the probe run is one FE: every step's clock
         self.estimate.show("report")
         self.first = FirstProbes.of(self.probes, self.run, self.run.metric, self.intervention_prompts)
         self.chosen_on, self.chosen_run = choosing_probes(self.probes, self.run, self.intervention_prompts)
-        self.selection = selection_probes(self.model, self.probes, self.intervention_prompts,
-                                          left_after(self.memory_mb, self.run.held_mb()))
+        with executing(memory_mb=left_after(self.memory_mb, self.run.held_mb())):
+            self.selection = selection_probes(self.model, self.probes, self.intervention_prompts)
         self.step_mb = left_after(self.memory_mb, self.run.held_mb() + self.selection.run.held_mb())
         self.views = pattern_views(self.model, self.probes, self.texts[0] if self.texts else DISPLAY_TEXT)
 
@@ -366,8 +366,8 @@ def roles_result(context: ReportContext, results: dict) -> dict:
 def ablation_result(context: ReportContext, results: dict) -> dict:
     """Every head's and MLP's total and direct ablation effect on the intervention probes (``head_effects``)."""
     c = context
-    effects, mlp_effects = head_effects(c.model, c.first, direct=DIRECT_EFFECTS not in c.left,
-                                        memory_mb=c.calibration_mb)
+    with executing(memory_mb=c.calibration_mb):
+        effects, mlp_effects = head_effects(c.model, c.first, direct=DIRECT_EFFECTS not in c.left)
     return {"effects": effects, "mlp_effects": mlp_effects}
 
 
@@ -391,7 +391,8 @@ def calibration_result(context: ReportContext, results: dict) -> dict:
 def control_result(context: ReportContext, results: dict) -> dict:
     """The role heads against layer-matched random heads (``role_control``)."""
     c = context
-    control = role_control(c.model, roles_table(c, results), c.first, seed=c.seed, memory_mb=c.step_mb)
+    with executing(memory_mb=c.step_mb):
+        control = role_control(c.model, roles_table(c, results), c.first, seed=c.seed)
     return {"section": section_data(control_report_section(control, c.chosen_text())),
             "finding": control_finding(control)}
 
@@ -406,8 +407,8 @@ def circuit_result(context: ReportContext, results: dict) -> dict:
     table = roles_table(c, results)
     c.estimate.at_start("circuit", circuit_cost(c.shape, circuit_role_heads(table, skip=REPORT_SKIPPED_ROLES),
                                                 c.circuit_screen))
-    circuit = report_circuit(c.model, table, c.first, c.selection, seed=c.seed, memory_mb=c.step_mb,
-                             screen=c.circuit_screen)
+    with executing(memory_mb=c.step_mb):
+        circuit = report_circuit(c.model, table, c.first, c.selection, seed=c.seed, screen=c.circuit_screen)
     screened_on = probe_split(c.n_prompts, c.intervention_prompts, c.seed)["lists"]
     return {"section": section_data(circuit_report_section(circuit)), "screen": screen_meta(circuit, screened_on),
             "edges": circuit.edges}

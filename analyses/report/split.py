@@ -34,19 +34,20 @@ def list_prompts(intervention_prompts: int, selection_rows: int) -> int:
     return min(LIST_PROMPTS, intervention_prompts, selection_rows)
 
 
-def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int, memory_mb: float) -> FirstProbes:
+def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int) -> FirstProbes:
     """The selection rows' first ``list_prompts`` probes, their loss metric on the predictable
     tokens and a ``Run`` of them keeping what the report's choices read: the ablation's hooks (the backup pairs and their
     heads' first-order screen, ``calibration_frames(choose=...)``) and the decomposition's
     (``component_hooks`` with the lens: the top direct logit attribution). One forward of these rows;
-    the circuit's edge attribution runs its own (``chosen_edges``). Its bar is shown per the current
-    execution's progress."""
+    the circuit's edge attribution runs its own (``chosen_edges``). Within the current execution: its
+    memory bounds the forward's chunks, its progress shows the forward's bar."""
     selection = probes.after(intervention_prompts)
     chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
     metric = loss_metric(chosen.tokens, chosen.predictable)
     names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
-    run = Run.make(model, chosen.tokens, metric=metric, names=list(dict.fromkeys(names)), memory_mb=memory_mb,
-                   progress=current().progress, desc="selection probes")
+    execution = current()
+    run = Run.make(model, chosen.tokens, metric=metric, names=list(dict.fromkeys(names)),
+                   memory_mb=execution.memory_mb, progress=execution.progress, desc="selection probes")
     return FirstProbes(probes=chosen, run=run, metric=metric)
 
 

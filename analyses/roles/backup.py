@@ -500,7 +500,7 @@ def require_mlp_freeze(model, names: Sequence[str]) -> None:
 
 def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | None = None, method: str = "mean",
                              metric: Metric | None = None, *, mlps: bool = False,
-                             memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                             memory_mb: float | None = None, progress: bool | None = None,
                              run: Run | None = None, screen: float | None = None, direct: bool = True) -> pd.DataFrame:
     """Each head's total and direct ablation effect (see the module docstring; ``run``: a ``Run``
     of the prompts reading at least ``direct_effect_reads``, made here where None). ``direct=False``
@@ -520,25 +520,26 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     (``total_ci_low, total_ci_high, direct_ci_low, direct_ci_high, self_repair_ci_low,
     self_repair_ci_high``: the per-prompt effects of the same forwards, ``effect_intervals``; NaN for
     a total that is a first-order estimate) and ``n_prompts``. One batched call for the totals; the
-    direct effects from ``direct_effects``.
+    direct effects from ``direct_effects``. ``memory_mb``, ``progress``: the execution's
+    (``analyses.core.execution``; None: the current one's).
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
-    ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=memory_mb)
-    with executing(progress=progress):
-        direct_scores = (direct_effects(ablation, components, memory_mb) if direct else
+    with executing(memory_mb, progress) as execution:
+        budget = execution.memory_mb
+        ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=budget)
+        direct_scores = (direct_effects(ablation, components, budget) if direct else
                          PromptScores(accumulator(model, len(components)).fill_(float("nan")), None, None))
-    direct = direct_scores.values
-    exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
-    total = accumulator(model, len(components))
-    if screen is not None:
-        estimate = first_order_effects(ablation, components, memory_mb)
-        exact = (estimate.abs() >= screen) | ((direct - ablation.baseline).abs() >= screen)
-        total[~exact] = ablation.baseline + estimate[~exact]
-    chosen = exact.nonzero()[:, 0].tolist()
-    measured = ablation.scores([[components[i]] for i in chosen], memory_mb=memory_mb, progress=progress,
-                               desc="total effects")
+        direct = direct_scores.values
+        exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
+        total = accumulator(model, len(components))
+        if screen is not None:
+            estimate = first_order_effects(ablation, components, budget)
+            exact = (estimate.abs() >= screen) | ((direct - ablation.baseline).abs() >= screen)
+            total[~exact] = ablation.baseline + estimate[~exact]
+        chosen = exact.nonzero()[:, 0].tolist()
+        measured = ablation.scores([[components[i]] for i in chosen], memory_mb=budget, desc="total effects")
     total[chosen] = measured.values
     total_scores = PromptScores(total, None, None)
     if measured.numerators is not None:  # an estimate has no per-prompt numerators: NaN, so no interval

@@ -59,16 +59,16 @@ def calibration_reducers(model, probes: RepeatedProbes) -> dict:
 
 
 def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names: Sequence[str] = (), *,
-              intervention_prompts: int | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> Run:
+              intervention_prompts: int | None = None) -> Run:
     """The one ``Run`` of the probes that the calibration (and the report) reads: one forward keeping
     ``calibration_reads`` and ``names`` (of the first ``intervention_prompts`` probes only, the ones
     the interventions run on; None: all), feeding ``calibration_reducers`` every probe; ``metric``
-    default the loss of the probes' predictable tokens. Its bar is shown per the current execution's
-    progress."""
+    default the loss of the probes' predictable tokens. Within the current execution: its memory
+    bounds the forward's chunks, its progress shows the forward's bar."""
     metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
     return Run.make(model, probes.tokens, metric, [*calibration_reads(model), *names],
                     reducers=calibration_reducers(model, probes), keep_rows=intervention_prompts,
-                    memory_mb=memory_mb, progress=current().progress, desc="probes")
+                    memory_mb=current().memory_mb, progress=current().progress, desc="probes")
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,9 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
     there (``backup_report(choose=...)``); None: both on the intervention probes (in-sample).
     """
     o = (options or CalibrationOptions()).but(**changes)
-    run = run if run is not None else probe_run(model, probes, metric, intervention_prompts=o.intervention_prompts,
-                                                memory_mb=o.memory_mb)
+    if run is None:
+        with executing(memory_mb=o.memory_mb):
+            run = probe_run(model, probes, metric, intervention_prompts=o.intervention_prompts)
     metric = metric if metric is not None else run.metric
     first = FirstProbes.of(probes, run, metric, o.intervention_prompts)
     chosen_on, chosen_run = choosing_probes(probes, run, o.intervention_prompts)
@@ -168,7 +169,8 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
         calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
                                        memory_mb=memory_mb, run=chosen_run)
         steps.update()
-        effects, mlp_effects = head_effects(model, first, o.method, direct=o.direct, memory_mb=memory_mb)
+        with executing(memory_mb=memory_mb):
+            effects, mlp_effects = head_effects(model, first, o.method, direct=o.direct)
         steps.update()
         pairs, groups = backup_frames(model, first, calibration, effects, o.method, pair_heads=o.pair_heads,
                                       choose=choose, memory_mb=memory_mb)
@@ -213,13 +215,13 @@ def random_init_scores(model, probes: RepeatedProbes, null_seeds: Sequence[int] 
     return attention, torch.stack([copying for _, copying in both])
 
 
-def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *, direct: bool = True,
-                 memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[pd.DataFrame, pd.DataFrame]:
+def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *,
+                 direct: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every head's and every MLP's total (and, with ``direct``, direct) ablation effect on ``first``'s
     probes and run (``direct_and_total_effects``) -> (the heads' rows, the MLPs' rows, the latter
-    empty without MLPs)."""
+    empty without MLPs), within the current execution."""
     effects = direct_and_total_effects(model, first.probes, None, method, first.metric, mlps=has_mlps(model),
-                                       memory_mb=memory_mb, run=first.run, direct=direct)
+                                       run=first.run, direct=direct)
     return effects[effects["kind"] == "head"], effects[effects["kind"] == "mlp"].reset_index(drop=True)
 
 

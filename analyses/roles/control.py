@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.interventions.controls import ControlEffects, control_effects
 from analyses.roles.calibration import FirstProbes
 from analyses.roles.classify import has_role
@@ -42,8 +41,8 @@ class RoleControl:
     why: str = ""
 
 
-def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int = CONTROL_DRAWS, seed: int = 0,
-                 memory_mb: float = DEFAULT_MEMORY_MB) -> RoleControl:
+def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int = CONTROL_DRAWS,
+                 seed: int = 0) -> RoleControl:
     """The heads of the report's leading role (``lead_role``: induction, else previous-token)
     ablated as the head table's ablation effect is (position-aligned mean, the loss of the
     predictable tokens, on ``first``'s probes and run) against ``n_draws`` layer-matched random sets,
@@ -70,8 +69,7 @@ def role_control(model, table: pd.DataFrame, first: FirstProbes, *, n_draws: int
         control.why = unmatched_text(control)
     else:
         control.found = control_effects(model, first.probes, control.heads, "mean_aligned", first.metric,
-                                        n_draws=n_draws, seed=seed, run=first.run, memory_mb=memory_mb,
-                                        exclude=control.excluded)
+                                        n_draws=n_draws, seed=seed, run=first.run, exclude=control.excluded)
     return control
 
 
