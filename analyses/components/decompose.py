@@ -65,6 +65,7 @@ from matplotlib.figure import Figure
 
 from analyses.interventions.ablation import ablation_sweep
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_check import frozen_output_norm, logit_soft_cap, output_norm_reads
 from analyses.roles.dormant import head_outputs, output_projection
 from analyses.core.hook_names import final_resid_name, mlp_out_name, resid_pre_name, z_name
@@ -546,14 +547,14 @@ def accumulated_residual(model, source, *, positions: Sequence[int] | None = Non
 
 @torch.no_grad()
 def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None, where: torch.Tensor | None = None,
-               memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+               memory_mb: float | None = None) -> pd.DataFrame:
     """The logit lens: each stage of ``accumulated_residual`` through the final norm (recomputed on
     it) and the unembedding, read at ``answers`` (as in ``direct_logit_attribution``). A tidy frame,
     one row per stage, prompt and position: ``stage, layer, prompt, position, answer, logit, log_prob, rank``
     (rank 0: the answer is the top token). ``where``: (batch, n) bool over the positions read, the
     (prompt, position) entries to read (None: all); only those are unembedded, which is most of the
-    work (a vocabulary-sized product per row). Full logits are made for ``memory_mb`` worth of rows
-    at a time, never for the whole stack."""
+    work (a vocabulary-sized product per row). Full logits are made for ``memory_mb`` (None: the
+    current execution's, ``analyses.core.execution``) worth of rows at a time, never for the whole stack."""
     cache = _cache(model, source, lens=True)
     n_batch, n_pos = cache[final_resid_name(model)].shape[:2]
     answers, positions = _targets(answers, n_batch, n_pos, positions)
@@ -571,8 +572,9 @@ def logit_lens(model, source, answers, *, positions: Sequence[int] | None = None
     targets = answers.to(where.device)[where].repeat(len(stages))
     # per logit: the chunk's logits (4 bytes), the exponentials logsumexp makes (4) and the rank's
     # comparison (1), with room for a float32 slice of a lower-precision W_U (a quarter, below)
-    chunk = max(1, min(len(rows), int(0.75 * memory_mb * 2**20 // (16 * W_U.shape[1]))))
-    step = max(1, int(memory_mb * 2**20 // (4 * 4 * W_U.shape[0])))  # vocabulary columns of W_U per slice
+    with executing(memory_mb) as execution:
+        chunk = max(1, min(len(rows), int(0.75 * execution.memory_mb * 2**20 // (16 * W_U.shape[1]))))
+        step = max(1, int(execution.memory_mb * 2**20 // (4 * 4 * W_U.shape[0])))  # vocabulary columns of W_U per slice
     # one buffer for every chunk's logits and the outputs made once: a fresh (chunk, vocab) block per
     # chunk between small kept pieces fragments glibc's heap (14 GB resident at a 262k vocabulary)
     buffer = rows.new_empty((chunk, W_U.shape[1]), dtype=torch.float32)

@@ -174,13 +174,13 @@ def qk_positional_scores(model) -> pd.DataFrame:
 
 
 def ov_scores(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0,
-              progress: bool | None = None, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+              progress: bool | None = None, memory_mb: float | None = None) -> pd.DataFrame:
     """A tidy frame, one row per head: ``layer, head, copying, copy_suppression, copying_topk,
-    suppression_topk``."""
-    with torch.no_grad():
-        copying = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb)).float()
-        with executing(progress=progress):
-            top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, memory_mb=memory_mb)
+    suppression_topk``. ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``;
+    None: the current one's)."""
+    with torch.no_grad(), executing(memory_mb, progress) as execution:
+        copying = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=execution.memory_mb)).float()
+        top, bottom = ov_top_k(model, k, n_tokens=n_tokens, seed=seed, memory_mb=execution.memory_mb)
     return head_frame(copying, {"copying": copying, "copy_suppression": -copying, "copying_topk": top,
                                 "suppression_topk": bottom})
 

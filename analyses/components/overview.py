@@ -14,7 +14,6 @@ import torch
 from analyses.components.decompose import (component_hooks, components_cache, direct_logit_attribution, logit_lens,
                                            next_token_answers)
 from analyses.components.meaning import ov_scores
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.probes import RepeatedProbes
 from analyses.core.stats import bootstrap_ratio
 from analyses.interventions.run import Run
@@ -42,7 +41,7 @@ class ComponentsOverview:
 
 
 def components_overview(model, probes: RepeatedProbes, effects: pd.DataFrame, *, run: Run | None = None,
-                        memory_mb: float = DEFAULT_MEMORY_MB, dla: bool = True,
+                        dla: bool = True,
                         selection: FirstProbes | None = None) -> ComponentsOverview:
     """The components section's numbers on ``probes`` (the report's intervention probes): direct
     logit attribution to the predictable tokens, the logit lens, and the OV copying scores; ``effects``
@@ -50,7 +49,7 @@ def components_overview(model, probes: RepeatedProbes, effects: pd.DataFrame, *,
     (with the lens) serve instead of a forward. ``dla=False`` leaves direct logit attribution out (a
     model whose heads' writes are not z @ W_O). ``selection``: the probes (with a ``Run`` holding
     ``component_hooks``) the top ``TOP_DLA`` components are chosen on (``top_dla``; None: on
-    ``probes``, in-sample), their values read from ``probes``."""
+    ``probes``, in-sample), their values read from ``probes``. Within the current execution."""
     tokens = probes.tokens
     answers, positions = next_token_answers(tokens)
     cache = (components_cache(model, tokens, lens=True) if run is None else
@@ -61,9 +60,9 @@ def components_overview(model, probes: RepeatedProbes, effects: pd.DataFrame, *,
         top = top_dla(means if selection is None else
                       predictable_dla(model, selection.probes, selection.run.read(component_hooks(model, lens=True))),
                       means)
-    lens = logit_lens(model, cache, answers, positions=positions, where=probes.predictable[:, 1:], memory_mb=memory_mb)
+    lens = logit_lens(model, cache, answers, positions=positions, where=probes.predictable[:, 1:])
     del cache
-    roles = ov_scores(model, memory_mb=memory_mb)
+    roles = ov_scores(model)
     copying = roles[["layer", "head", "copying", "copying_topk", "suppression_topk"]].sort_values(
         ["copying", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
     return ComponentsOverview(dla=means, top=top, lens=lens, effects=effects,

@@ -170,8 +170,9 @@ def build_report(model, *, model_name: str, n_prompts: int = 64, seq_len: int | 
     ``intervention_prompts``, the roles are chosen on the other ``n_prompts`` (``choosing_probes``), so
     every effect is measured on prompts that did not choose the heads (meta.json: ``probe_split``).
     ``model_name``: the spec the model was loaded from, for meta.json; ``memory_mb`` (None: the
-    current execution's, ``analyses.core.execution``): what the report may add to the process: the run's store (the first ``intervention_prompts`` probes' activations)
-    stays taken, each step gets the rest (``analyses.core.budget.left_after``); ``circuit_screen``: None
+    current execution's, ``analyses.core.execution``): what the report may add to the process: the
+    run's store (the first ``intervention_prompts`` probes' activations) stays taken, each step gets
+    the rest (``analyses.core.budget.left_after``); ``circuit_screen``: None
     path-patches every edge of the circuit exactly, a ``Screen`` only those it chooses by edge
     attribution (the others show their estimate, and the page says so).
 
@@ -431,8 +432,9 @@ def qk_result(context: ReportContext, results: dict) -> dict:
 def components_result(context: ReportContext, results: dict) -> dict:
     """The components section (``components_overview``), its attention-vs-MLP read from the ablation."""
     c = context
-    found = components_overview(c.model, c.first.probes, component_effects(results["ablation"]), run=c.first.run,
-                                memory_mb=c.step_mb, dla=DLA not in c.left, selection=c.selection)
+    with executing(memory_mb=c.step_mb):
+        found = components_overview(c.model, c.first.probes, component_effects(results["ablation"]), run=c.first.run,
+                                    dla=DLA not in c.left, selection=c.selection)
     return {"section": section_data(components_report_section(found))}
 
 
