@@ -108,7 +108,7 @@ def pattern_divergence(model_a, model_b, tokens: torch.Tensor, memory_mb: float 
 def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_prompts: int = 64,
                    seq_len: int | None = None, seed: int = 0,
                    thresholds: float | Mapping[str, float] = DEFAULT_THRESHOLD,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Comparison:
+                   memory_mb: float | None = None, progress: bool | None = None) -> Comparison:
     """Classify both models on the same probes (drawn once, from A's vocabulary) and compare them: a
     ``Comparison`` value.
 
@@ -116,25 +116,26 @@ def compare_models(model_a, model_b, *, names: tuple[str, str] = ("A", "B"), n_p
     (B - A) with ``m_delta_ci_low``/``m_delta_ci_high``; ``role_a``, ``role_b``, ``gained``,
     ``lost`` (roles joined by ';'), ``change`` (``+role``/``-role``); ``divergence`` (bits);
     ``ablation_effect_a``/``_b``/``_delta`` (nats). ``names``: the two models' specs; ``memory_mb``:
-    the budget of each step; ``progress``: see ``analyses.core.progress`` (None: the current
-    execution's)."""
+    the budget of each step, ``progress``: see ``analyses.core.progress`` (both None: the current
+    execution's, ``analyses.core.execution``)."""
     check_same_shape(model_a, model_b)
     check_prompt_count(n_prompts, f"prompts={n_prompts}", PROMPTS_NEEDED_BY)
-    with executing(progress=progress):
-        steps = progress_bar(total=4, progress=current().progress, desc="compare", unit="step")
+    with executing(memory_mb, progress) as execution:
+        steps = progress_bar(total=4, progress=execution.progress, desc="compare", unit="step")
         probes = probes_for(model_a, n_prompts, seq_len, seed=seed)
         check_probes_fit(probes, ("model A", model_a), ("model B", model_b))
         targets = probe_targets(probes)
         counts, chance = prompt_counts_and_chance(targets, MEASURES)
-        sums = [per_prompt_scores(m, probes.tokens, targets, MEASURES, memory_mb) for m in (model_a, model_b)]
+        sums = [per_prompt_scores(m, probes.tokens, targets, MEASURES) for m in (model_a, model_b)]
         steps.update()
         tables = [head_table(scores_frame(s, counts, chance, n_boot=N_BOOT, seed=seed),
-                             ablation_effects(m, probes, memory_mb), thresholds)
+                             ablation_effects(m, probes, execution.memory_mb), thresholds)
                   for s, m in zip(sums, (model_a, model_b))]
         steps.update()
         table = joined_table(tables, {m: bootstrap_ratio(sums[1][m] - sums[0][m], counts[m], N_BOOT, seed)
                                       for m in MEASURES})
-        table["divergence"] = pattern_divergence(model_a, model_b, probes.tokens, memory_mb).flatten().cpu().numpy()
+        table["divergence"] = pattern_divergence(model_a, model_b, probes.tokens,
+                                                 execution.memory_mb).flatten().cpu().numpy()
         steps.update()
         views = probe_views(model_a, model_b, probes, names)
         meta = {"a": model_meta(model_a, names[0]), "b": model_meta(model_b, names[1]), "prompts": n_prompts,

@@ -30,7 +30,7 @@ import einops
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import rows_within
 from analyses.core.hook_names import pattern_names
 from analyses.interventions.engine import cache_run
 from analyses.core.probes import RepeatedProbes, probes_for
@@ -205,22 +205,23 @@ class PromptSums:
 
 
 def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measures: Sequence[str],
-                      memory_mb: float = DEFAULT_MEMORY_MB, run: Run | None = None) -> dict[str, torch.Tensor]:
+                      run: Run | None = None) -> dict[str, torch.Tensor]:
     """Run ``tokens`` (batch, pos) through ``model`` in chunks, reducing the patterns as they pass.
 
     Returns measure -> (batch, layer, head) per-prompt numerators (see ``prompt_sums``). A
     non-causal model is refused: the roles' chance levels are those of a causal head. ``run``: a
     ``Run`` of ``tokens`` whose forward fed a ``PromptSums`` of at least ``measures`` (under
-    ``reduced["prompt_sums"]``), read instead of a forward. The forward's bar is shown per the
-    current execution's progress.
+    ``reduced["prompt_sums"]``), read instead of a forward. Within the current execution: its memory
+    bounds the forward's chunks, its progress shows the forward's bar.
     """
     require_causal(model, "head classification")
     if run is not None and "prompt_sums" in run.reduced:
         run.check_tokens(tokens)
         return {m: run.reduced["prompt_sums"][m] for m in measures}
     sums = PromptSums(model, targets, measures)
-    run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, memory_mb=memory_mb,
-                   progress=current().progress, desc="classify heads")
+    execution = current()
+    run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, memory_mb=execution.memory_mb,
+                   progress=execution.progress, desc="classify heads")
     return run.reduced["prompt_sums"]
 
 
@@ -233,7 +234,7 @@ def classify_heads(
     *,
     probes: RepeatedProbes | None = None,
     n_boot: int = 1000,
-    memory_mb: float = DEFAULT_MEMORY_MB,
+    memory_mb: float | None = None,
     progress: bool | None = None,
     run: Run | None = None,
 ) -> pd.DataFrame:
@@ -247,7 +248,8 @@ def classify_heads(
             unequal lengths are right-padded and the padding never scores.
         probes: score on these probes (made once by the caller) instead of drawing them.
         n_boot: bootstrap resamples over prompts.
-        memory_mb: budget for one chunk's cached patterns and activations.
+        memory_mb: budget for one chunk's cached patterns and activations (None: the current
+            execution's, ``analyses.core.execution``).
         progress: see ``analyses.core.progress``.
         run: a ``Run`` of the probes that already reduced their patterns (``per_prompt_scores``).
 
@@ -266,8 +268,8 @@ def classify_heads(
     else:
         probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
         tokens, targets, measures = probes.tokens, probe_targets(probes), MEASURES
-    with executing(progress=progress):
-        sums = per_prompt_scores(model, tokens, targets, measures, memory_mb, run)
+    with executing(memory_mb, progress):
+        sums = per_prompt_scores(model, tokens, targets, measures, run)
     counts, chance = prompt_counts_and_chance(targets, measures)
     return scores_frame(sums, counts, chance, n_boot=n_boot, seed=seed)
 

@@ -66,12 +66,11 @@ class RoleSamples:
     counts: dict[str, torch.Tensor]
 
 
-def role_samples(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
-                 run: Run | None = None) -> RoleSamples:
+def role_samples(model, probes: RepeatedProbes, run: Run | None = None) -> RoleSamples:
     """Every head's per-prompt numerators for every role in ``ROLES`` (patterns only, no logits;
     ``run``: a ``Run`` of the probes that reduced them already, see ``per_prompt_scores``)."""
     targets = probe_targets(probes)
-    sums = per_prompt_scores(model, probes.tokens, targets, ROLES, memory_mb, run)
+    sums = per_prompt_scores(model, probes.tokens, targets, ROLES, run)
     counts, _ = prompt_counts_and_chance(targets, ROLES)
     return RoleSamples({r: s.cpu().double() for r, s in sums.items()}, {r: c.cpu().double() for r, c in counts.items()})
 
@@ -213,7 +212,8 @@ def null_role_scores(null, probes: RepeatedProbes, memory_mb: float = DEFAULT_ME
     """One null model's pooled score of every head on ``probes`` -> role -> (layer, head), float64;
     ``memory_mb`` counts the null model itself (its forward gets what it leaves)."""
     with executing(progress=False):
-        samples = role_samples(null, probes, left_after(memory_mb, model_mb(null)))
+        with executing(memory_mb=left_after(memory_mb, model_mb(null))):
+            samples = role_samples(null, probes)
     return {role: ratio_and_error(samples.sums[role], samples.counts[role])[0] for role in ROLES}
 
 
@@ -316,7 +316,7 @@ def joint_fdr(*calibrations: pd.DataFrame, fdr: float = DEFAULT_FDR) -> pd.DataF
 
 def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: int = 64, seq_len: int | None = None,
                     seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, fdr: float = DEFAULT_FDR,
-                    memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                    memory_mb: float | None = None, progress: bool | None = None,
                     run: Run | None = None, random_scores: dict[str, torch.Tensor] | None = None) -> pd.DataFrame:
     """Every head's role scores against their nulls, with Benjamini-Hochberg roles (``run``: a
     ``Run`` of the probes whose pattern sums serve the model's own scores, see ``per_prompt_scores``;
@@ -330,12 +330,13 @@ def calibrate_roles(model, probes: RepeatedProbes | None = None, *, n_prompts: i
 
     Returns a tidy frame, the ``role_nulls`` table with ``q`` and ``significant`` (see ``add_fdr``), one row
     per (layer, head, role in ``ROLES``).
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's).
     """
     check_fdr(fdr)
     probes = probes if probes is not None else probes_for(model, n_prompts, seq_len, seed=seed)
-    with executing(progress=progress):
-        observed = role_samples(model, probes, memory_mb, run)
-        control = role_samples(model, shuffle_second_copy(probes, seed), memory_mb)
+    with executing(memory_mb, progress) as execution:
+        observed = role_samples(model, probes, run)
+        control = role_samples(model, shuffle_second_copy(probes, seed))
         if random_scores is None:
-            random_scores = random_init_null(model, probes, null_seeds, memory_mb)
+            random_scores = random_init_null(model, probes, null_seeds, execution.memory_mb)
     return add_fdr(role_nulls(observed, random_scores, control), fdr)
