@@ -335,9 +335,7 @@ def screen_edges(model, clean, corrupted, metric: Metric, *, screen: Screen, sen
     found = edge_attribution(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
                              options=options)
     base, source = base_and_source(model, clean, corrupted, options.direction)
-    memory_mb = current().memory_mb
-    gap = (Run.make(model, source, metric, memory_mb=memory_mb).value(metric)
-           - Run.make(model, base, metric, memory_mb=memory_mb).value(metric))
+    gap = Run.make(model, source, metric).value(metric) - Run.make(model, base, metric).value(metric)
     exact = screen.chosen(torch.tensor(found["attribution"].to_numpy(), dtype=torch.float32), gap)
     return found[[*KEY_COLUMNS, "attribution"]].assign(exact=exact.cpu().numpy())
 
@@ -370,10 +368,9 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
             raise UserError(f"{tuple(estimate.shape)} attributions for {len(every_edge)} edges")
         base, source = base_and_source(model, clean, corrupted, options.direction)
         if base_run is None:
-            base_run = Run.make(model, base, metric, memory_mb=execution.memory_mb)
+            base_run = Run.make(model, base, metric)
         if source_run is None:
-            source_run = Run.make(model, source, metric, sender_reads(model, every_edge), starts=False,
-                                  memory_mb=execution.memory_mb)
+            source_run = Run.make(model, source, metric, sender_reads(model, every_edge), starts=False)
         source_run.check_tokens(source)
         if screen_on is None:
             gap = source_run.value(metric) - base_run.value(metric)

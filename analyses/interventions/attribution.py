@@ -132,14 +132,14 @@ def screened_patches(model, clean_tokens, corrupted_tokens, metric: Metric, comp
     ``patch_components``'s."""
     check_choice("component", component, COMPONENTS)
     options = Options.of(options, keywords)
-    with executing(memory_mb, progress) as execution:
+    with executing(memory_mb, progress):
         if estimate is None:
             estimate = patch_components(model, clean_tokens, corrupted_tokens, metric, component,
                                         by_position=by_position, method="attribution",
                                         options=options.but(normalize=False))
         if contrast is None:
             contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
-                               options.direction, memory_mb=execution.memory_mb)
+                               options.direction)
         variants, shape = COMPONENTS[component].variants(model, contrast.tokens.shape[1], by_position)
         if tuple(estimate.shape) != shape:
             raise UserError(f"the estimate has shape {tuple(estimate.shape)}, the sweep {shape}")
@@ -183,9 +183,8 @@ def shortlist_patch_heads(
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= k <= n_layers * n_heads:
         raise UserError(f"k={k} out of range [0, {n_layers * n_heads}] (the model has that many heads)")
-    with executing(memory_mb, progress) as execution:
-        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction,
-                           memory_mb=execution.memory_mb)
+    with executing(memory_mb, progress):
+        contrast = prepare(model, clean_tokens, corrupted_tokens, metric, z_names(model), direction)
         screened = screened_patches(model, clean_tokens, corrupted_tokens, metric, "heads",
                                     screen=Screen(k, math.inf), contrast=contrast,
                                     options=Options(direction, normalize))

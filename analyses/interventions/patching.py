@@ -24,7 +24,6 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.execution import current, executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import mlp_out_name, pattern_names, resid_pre_names, z_names
@@ -61,13 +60,13 @@ def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tu
 
 def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise", *,
             base_run: Run | None = None, clean_run: Run | None = None,
-            memory_mb: float = DEFAULT_MEMORY_MB) -> Contrast:
+            memory_mb: float | None = None) -> Contrast:
     """Run clean and corrupted once each, caching ``names`` from the source side -> the ``Contrast``
     whose base is the run that gets patched. ``base_run``: a ``Run`` of the base prompts (the
     corrupted ones when denoising) that serves instead of a forward of its own; ``clean_run``: a
     ``Run`` of the clean prompts, which serves as the source run when denoising and as the base run
     when noising (its metric value is read from its last block where its metric is another).
-    ``memory_mb``: the budget of those forwards (``Run.make``)."""
+    ``memory_mb``: the budget of those forwards (``Run.make``; None: the current execution's)."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     if clean_run is not None and direction == "noise":
         base_run = clean_run
@@ -193,11 +192,11 @@ def patch_components(
     check_choice("component", component, COMPONENTS)
     check_choice("method", method, METHODS)
     options, kind = Options.of(options, keywords), COMPONENTS[component]
-    with executing(memory_mb, progress) as execution:
+    with executing(memory_mb, progress):
         if method == "attribution":
             return linearised_patches(model, clean_tokens, corrupted_tokens, metric, kind, by_position, options)
         contrast = prepare(model, clean_tokens, corrupted_tokens, metric, kind.names(model), options.direction,
-                           clean_run=clean_run, memory_mb=execution.memory_mb)
+                           clean_run=clean_run)
         return component_patches(contrast, component, options, by_position=by_position)
 
 
@@ -223,9 +222,9 @@ def patch_effects(model, clean_tokens, corrupted_tokens, metric: Metric, compone
     NaN intervals. Attribution patching has no intervals (it is a first-order estimate)."""
     check_choice("component", component, COMPONENTS)
     options = Options.of(options, keywords)
-    with executing(memory_mb, progress) as execution:
+    with executing(memory_mb, progress):
         contrast = prepare(model, clean_tokens, corrupted_tokens, metric, COMPONENTS[component].names(model),
-                           options.direction, clean_run=clean_run, memory_mb=execution.memory_mb)
+                           options.direction, clean_run=clean_run)
         return component_effects(contrast, component, options, by_position=by_position, seed=seed)
 
 

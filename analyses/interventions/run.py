@@ -97,8 +97,9 @@ class Run:
     def make(cls, model, tokens: torch.Tensor, metric: Metric | None = None, names: Sequence[str] = (), *,
              consumers: Sequence[tuple[str, Consumer]] = (), reducers: Mapping[str, object] | None = None,
              starts: bool = True, keep_rows: int | None = None,
-             memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = False, desc: str = "run") -> "Run":
-        """One forward of ``tokens`` (batch, pos), in chunks of prompts that fit ``memory_mb``,
+             memory_mb: float | None = None, progress: bool | None = False, desc: str = "run") -> "Run":
+        """One forward of ``tokens`` (batch, pos), in chunks of prompts that fit ``memory_mb`` (None:
+        the current execution's, ``analyses.core.execution``),
         keeping ``names`` (and with ``starts`` the ``start_names`` residuals), calling each
         consumer ``(hook name, fn(activation (chunk, ...), rows))`` as the forward passes the hook,
         and evaluating ``metric`` on the logits. ``reducers``: key -> an object with ``hooks()``
@@ -109,6 +110,7 @@ class Run:
         In order: the prompts stored (``_stored_rows``), the hooks kept and fed (``kept_starts``,
         ``_consumers_by_name``), the prompts per forward (``chunk_rows``), the one pass
         (``_forward_chunks``) and what the run holds (``_cache_and_starts``)."""
+        memory_mb = current().memory_mb if memory_mb is None else memory_mb
         keep_rows = _stored_rows(keep_rows, len(tokens))
         reducers = dict(reducers or {})
         by_name = _consumers_by_name([*consumers, *(hook for reducer in reducers.values() for hook in reducer.hooks())])

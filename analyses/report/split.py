@@ -45,9 +45,8 @@ def selection_probes(model, probes: RepeatedProbes, intervention_prompts: int) -
     chosen = selection.first(list_prompts(intervention_prompts, selection.n_prompts))
     metric = loss_metric(chosen.tokens, chosen.predictable)
     names = [*ablation_reads(model, "mean_aligned"), *component_hooks(model, lens=True)]
-    execution = current()
     run = Run.make(model, chosen.tokens, metric=metric, names=list(dict.fromkeys(names)),
-                   memory_mb=execution.memory_mb, progress=execution.progress, desc="selection probes")
+                   progress=current().progress, desc="selection probes")
     return FirstProbes(probes=chosen, run=run, metric=metric)
 
 

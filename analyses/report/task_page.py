@@ -240,17 +240,15 @@ class TaskRuns:
 
     @cached_property
     def clean(self) -> Run:
-        return Run.make(self.model, self.batch.clean, self.metric, self.names(), starts=False,
-                        memory_mb=current().memory_mb)
+        return Run.make(self.model, self.batch.clean, self.metric, self.names(), starts=False)
 
     @cached_property
     def corrupted(self) -> Run:
-        return Run.make(self.model, self.batch.corrupted, self.metric, memory_mb=current().memory_mb)
+        return Run.make(self.model, self.batch.corrupted, self.metric)
 
     def contrast(self, component: str) -> Contrast:
         return prepare(self.model, self.batch.clean, self.batch.corrupted, self.metric,
-                       COMPONENTS[component].names(self.model), base_run=self.corrupted, clean_run=self.clean,
-                       memory_mb=current().memory_mb)
+                       COMPONENTS[component].names(self.model), base_run=self.corrupted, clean_run=self.clean)
 
     def estimate(self, component: str, by_position: bool) -> torch.Tensor:
         """The component's attribution-patching estimate, [n_layers, pos(, n_heads)] by position, its
@@ -461,17 +459,15 @@ def measure_chosen(model, prompts: tuple, chosen: dict[str, list[tuple[int, int]
     ``tested`` (the top writers) against matched random sets, ``control_effects(...).summary()``
     ablated by ``ablation``, or {"refused": why}}; within the current execution."""
     task, batch, reference = prompts
-    execution = current()
     metric = task_metric(task, batch.last)
-    contrast = prepare(model, batch.clean, batch.corrupted, metric, COMPONENTS["heads"].names(model),
-                       memory_mb=execution.memory_mb)
+    contrast = prepare(model, batch.clean, batch.corrupted, metric, COMPONENTS["heads"].names(model))
     dla = task_dla(model, task, batch, seed) if with_dla else None
     try:
-        control = control_effects(model, batch.clean, tested, ablation, metric, reference=reference, seed=seed,
-                                  memory_mb=execution.memory_mb, progress=execution.progress).summary()
+        control = control_effects(model, batch.clean, tested, ablation, metric, reference=reference,
+                                  seed=seed).summary()
     except UserError as refusal:  # e.g. a layer with too few other heads to draw matched sets from
         control = {"refused": str(refusal)}
-    measures = task_measure_intervals(model, task, batch, seed=seed, memory_mb=execution.memory_mb)
+    measures = task_measure_intervals(model, task, batch, seed=seed)
     return {"values": {"clean": contrast.source_value, "corrupted": contrast.baseline}, "measures": measures,
             "dla": dla, "heads": measured_heads(contrast, chosen, dla, seed), "control": control}
 

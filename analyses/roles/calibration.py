@@ -68,7 +68,7 @@ def probe_run(model, probes: RepeatedProbes, metric: Metric | None = None, names
     metric = metric if metric is not None else loss_metric(probes.tokens, probes.predictable)
     return Run.make(model, probes.tokens, metric, [*calibration_reads(model), *names],
                     reducers=calibration_reducers(model, probes), keep_rows=intervention_prompts,
-                    memory_mb=current().memory_mb, progress=current().progress, desc="probes")
+                    progress=current().progress, desc="probes")
 
 
 @dataclass(frozen=True)

@@ -219,9 +219,8 @@ def per_prompt_scores(model, tokens: torch.Tensor, targets: RoleTargets, measure
         run.check_tokens(tokens)
         return {m: run.reduced["prompt_sums"][m] for m in measures}
     sums = PromptSums(model, targets, measures)
-    execution = current()
-    run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, memory_mb=execution.memory_mb,
-                   progress=execution.progress, desc="classify heads")
+    run = Run.make(model, tokens, reducers={"prompt_sums": sums}, starts=False, progress=current().progress,
+                   desc="classify heads")
     return run.reduced["prompt_sums"]
 
 

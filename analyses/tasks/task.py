@@ -49,7 +49,6 @@ from typing import Hashable, NamedTuple, Sequence
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.metrics import Metric, PromptMeanMetric, PromptScores, prompt_scores
 from analyses.core.splits import DEFAULT_SELECTION_SHARE, PromptSplit, check_split, split_prompts
 from analyses.core.stats import (bootstrap_cluster_ratio, bootstrap_ratio, check_interval_prompts, effect_text,
@@ -321,9 +320,10 @@ def measure_intervals(task: Task, last: torch.Tensor, logits: torch.Tensor, seed
 
 
 def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0,
-                           memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+                           memory_mb: float | None = None) -> pd.DataFrame:
     """Each of ``task_measures`` on the task's clean and on its corrupted prompts (``batch``:
-    ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``),
+    ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``;
+    None: the current execution's),
     and their paired difference (``run`` ``GAP``: ``paired_interval_frame``): ``interval_frame``'s
     rows (over the task's clusters where it has them), ``run`` ("clean", "corrupted", ``GAP``) first."""
     measures = task_measures(task, batch.last)
