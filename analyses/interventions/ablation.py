@@ -383,23 +383,23 @@ def ablation_reads(model, method: str, *, reference=None, preserve_patterns: boo
     return [*(ablated_names(model, mlps) if own else []), *(pattern_names(model) if preserve_patterns else [])]
 
 
-def prompts_run(model, prompts, names, metric: Metric | None = None, *,
-                memory_mb: float = DEFAULT_MEMORY_MB) -> Run:
+def prompts_run(model, prompts, names, metric: Metric | None = None) -> Run:
     """A ``Run`` of ``prompts`` (ids, texts or ``RepeatedProbes``) keeping ``names``, for the
-    ablations that read it (``prepare_ablation(run=...)``), in chunks of prompts within ``memory_mb``."""
+    ablations that read it (``prepare_ablation(run=...)``), in chunks of prompts within the current
+    execution's memory."""
     batch = as_batch(model, prompts.tokens if isinstance(prompts, RepeatedProbes) else prompts)
-    return Run.make(model, batch.tokens, metric, names, memory_mb=memory_mb)
+    return Run.make(model, batch.tokens, metric, names)
 
 
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                      preserve_patterns: bool = False, seed: int = 0, run: Run | None = None,
-                     mlps: bool = False, memory_mb: float = DEFAULT_MEMORY_MB) -> Ablation:
+                     mlps: bool = False, memory_mb: float | None = None) -> Ablation:
     """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
     reference). ``metric`` defaults to the mean next-token loss over all real positions (the run's
     metric where ``run`` has one). ``run``: a ``Run`` of these tokens (``Run.make``, reading at least
     ``ablation_reads``) that serves instead of a forward of its own. ``mlps``: also replace every
     ``hook_mlp_out`` (by the same method), so ``MLP`` targets can be ablated. ``memory_mb``: the
-    budget of that forward (``Run.make``)."""
+    budget of that forward (``Run.make``; None: the current execution's)."""
     require_edit(model, "hook_z", "head ablation")
     if preserve_patterns:
         require_edit(model, "hook_pattern", "preserve_patterns=True")

@@ -230,7 +230,7 @@ def _label_key(label: str) -> tuple[int, int]:
 
 def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
                   metric: Metric | None = None, *, min_excess: float = DEFAULT_MIN_EXCESS,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None,
+                  memory_mb: float | None = None, progress: bool | None = None,
                   run: Run | None = None, choose: Ablation | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pairwise ablation of ``heads`` and their backup groups (``backup_groups``: pairs whose excess is
     at least ``min_excess`` with a 95% interval excluding 0, and where one head's direct logit
@@ -251,29 +251,30 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     groups: one row per group ``group`` (0..), ``heads`` (labels joined by ';'), ``n_heads``,
     ``sum_single`` (the sum of its heads' single effects), ``joint`` (all of them ablated together),
     ``excess`` (joint - sum_single), ``joint_ci_low``, ``joint_ci_high``, ``excess_ci_low``,
-    ``excess_ci_high``, ``n_prompts`` (95% intervals over ``prompts``: ``joint_effects``))."""
-    with executing(progress=progress):
-        run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method),
-                                                      memory_mb=memory_mb)
+    ``excess_ci_high``, ``n_prompts`` (95% intervals over ``prompts``: ``joint_effects``)).
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
+    with executing(memory_mb, progress) as execution:
+        run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method))
         heads = check_heads(model, heads)
         if len(heads) < 2:
             raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
-        ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
+        ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=execution.memory_mb)
         pairs = list(combinations(heads, 2))
         screen = None
         if choose is not None:
-            screen = pair_frame(joint_effects(choose, pairs, memory_mb=memory_mb, desc="pairwise ablation (choosing)"))
-            screen = with_rises(choose, screen, superadditive(screen, min_excess), memory_mb)
+            screen = pair_frame(joint_effects(choose, pairs, memory_mb=execution.memory_mb,
+                                              desc="pairwise ablation (choosing)"))
+            screen = with_rises(choose, screen, superadditive(screen, min_excess), execution.memory_mb)
         groups = [] if screen is None else backup_groups(screen, min_excess)
         members = [[_label_key(label) for label in group] for group in groups]
-        measured = joint_effects(ablation, [*pairs, *members], memory_mb=memory_mb, desc="pairwise ablation")
+        measured = joint_effects(ablation, [*pairs, *members], memory_mb=execution.memory_mb, desc="pairwise ablation")
         frame = pair_frame(measured.iloc[:len(pairs)].reset_index(drop=True))
         frame = with_rises(ablation, frame, superadditive(frame if screen is None else screen, min_excess).to_numpy(),
-                           memory_mb)
+                           execution.memory_mb)
         if screen is None:
             groups = backup_groups(frame, min_excess)
             members = [[_label_key(label) for label in group] for group in groups]
-            measured = pd.concat([measured, joint_effects(ablation, members, memory_mb=memory_mb,
+            measured = pd.concat([measured, joint_effects(ablation, members, memory_mb=execution.memory_mb,
                                                           desc="backup groups")] if members else [measured],
                                  ignore_index=True)
             frame["backs"] = backing(frame, min_excess)
