@@ -60,7 +60,6 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.execution import current, executing
 from analyses.circuits.circuit import circuit_figure, strongest
 from analyses.components.decompose import components_cache, dla_effects, dla_heatmap
@@ -501,10 +500,9 @@ def measured_heads(contrast: Contrast, chosen: dict[str, list[tuple[int, int]]],
 
 def _attribution(method, pair: tuple, senders: list[tuple[int, int]]) -> pd.DataFrame | dict:
     """``method``'s attribution of the path-patched edges, as a one-column frame (``attribution``),
-    or ``{"refused": why}`` where the model cannot take its edits. Run on the default budget
-    (``DEFAULT_MEMORY_MB``), whatever the analysis's."""
+    or ``{"refused": why}`` where the model cannot take its edits; on the analysis's budget (the current execution's)."""
     try:
-        return method(*pair, senders=senders, memory_mb=DEFAULT_MEMORY_MB)[["attribution"]]
+        return method(*pair, senders=senders)[["attribution"]]
     except UserError as refusal:
         return {"refused": str(refusal)}
 
