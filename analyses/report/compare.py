@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from analyses.core.execution import current, executing
+from analyses.core.execution import executing
 from analyses.components.rollout import all_patterns
 from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.roles.causal_check import ablation_effects
