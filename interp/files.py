@@ -31,9 +31,10 @@ def write_atomic(target: str | os.PathLike, content: bytes | str | Callable[[Pat
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> None:
-    """Delete the temporaries ``write_atomic`` left in ``directory`` (not below it) when their writer
-    was killed mid-write: those whose process (the pid in their name) is gone. A live writer's stay."""
-    for tmp in Path(directory).glob(".*.tmp-*-*"):
+    """Delete the temporaries ``write_atomic`` left in ``directory`` and below it (a page's
+    ``figures/``) when their writer was killed mid-write: those whose process (the pid in their name)
+    is gone. A live writer's stay."""
+    for tmp in Path(directory).rglob(".*.tmp-*-*"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             tmp.unlink(missing_ok=True)

@@ -21,3 +21,18 @@ def test_a_killed_writers_temporary_goes_when_the_next_run_takes_the_lock(tmp_pa
     with directory_lock(tmp_path, "task run"):
         assert not stale.exists()
         assert live.exists() and page.exists()
+
+
+def test_a_killed_writers_temporary_below_the_directory_goes_too(tmp_path):
+    """A page's figures are written atomically into ``figures/``: a kill there leaves its temporary
+    one folder down, which the next run of the page's directory removes as well."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    stale = figures / f".heads.png.tmp-{int(dead.stdout)}-0badcafe"
+    live = figures / f".dla.png.tmp-{os.getpid()}-12345678"
+    for path in (stale, live):
+        path.write_text("x")
+    with directory_lock(tmp_path, "task run"):
+        assert not stale.exists()
+        assert live.exists()

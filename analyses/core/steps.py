@@ -42,7 +42,7 @@ RECORD, FOLDER, LOCK = "steps.json", "steps", ".lock"
 def directory_lock(out: Path, what: str = "study run") -> Iterator[None]:
     """Hold an exclusive lock on the directory ``out`` (``flock`` of ``out/.lock``) for the block, or
     refuse if another run (``what``) holds it. The kernel drops the lock when the file is closed,
-    also when the process is killed; the temporaries a killed run's atomic writes left in ``out`` go
+    also when the process is killed; the temporaries a killed run's atomic writes left in ``out`` and below it go
     once the lock is held (``interp.files.remove_stale_temporaries``)."""
     with open(out / LOCK, "a") as handle:
         try:
