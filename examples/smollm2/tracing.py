@@ -13,7 +13,7 @@ the per-relation lines; writes docs/smollm2_trace.png (Meng et al.'s panels). Th
 
     python examples/smollm2/tracing.py [EVERY]   # trace every EVERY-th fact kept (default 1: all of them)
 
-``python examples/smollm2/tracing.py 2`` traces 104 of the 207 (47 CPU minutes on one thread, 68 of
+``python examples/smollm2/tracing.py 2`` traces 104 of the 207 (82 CPU minutes on one thread, 113 of
 wall clock on a shared 2-core machine): the numbers in docs/guides/smollm2.md.
 """
 
