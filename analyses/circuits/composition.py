@@ -50,7 +50,7 @@ from matplotlib.figure import Figure
 
 from analyses.core.hook_check import norms_inside_heads
 from analyses.core.checks import check_heads
-from analyses.core.execution import current, executing
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from analyses.core.plots import heatmap, new_figure
 from interp.errors import UserError
@@ -149,7 +149,7 @@ def _score_tensor(factors: _Factors, kind: str, senders: torch.Tensor, receivers
     n_layers, n_heads = factors.sender_norm.shape
     scores = torch.zeros(n_layers, n_heads, n_layers, n_heads, dtype=factors.sender.dtype)
     pairs = [(s, r) for r in range(n_layers) for s in range(r) if senders[s].any() and receivers[r].any()]
-    for sender_layer, receiver_layer in progress_bar(pairs, progress=current().progress, desc=f"{kind}-composition"):
+    for sender_layer, receiver_layer in progress_bar(pairs, desc=f"{kind}-composition"):
         scores[sender_layer, :, receiver_layer] = _block_scores(factors, kind, sender_layer, receiver_layer).cpu()
     return scores
 

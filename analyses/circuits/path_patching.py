@@ -54,7 +54,7 @@ import torch
 from einops import einsum, rearrange
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.execution import current, executing
+from analyses.core.execution import executing
 from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_output_norm, output_norm, output_norm_reads,
                                       require)
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
@@ -202,7 +202,7 @@ def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
     numerators, counts = accumulator(model, len(edges), len(setup.tokens)), None
     per_prompt = True
     chunk = rows_per_chunk(model, *setup.tokens.shape, memory_mb)
-    with progress_bar(total=len(edges), progress=current().progress, desc="path patching", leave=False) as bar:
+    with progress_bar(total=len(edges), desc="path patching", leave=False) as bar:
         for layer, members in sorted(by_layer.items()):
             paths = list(dict.fromkeys((listed[i].sender, listed[i].via) for i in members if listed[i].via in QKV))
             z = receiver_z(model, setup, layer, paths, memory_mb) if paths else {}

@@ -47,7 +47,7 @@ from analyses.core.hook_names import final_resid_name, pattern_name, z_name
 from analyses.roles.copying import copying_from_eigenvalues, embed_unembed, meaning_nulls, ov_eigenvalues
 from analyses.roles.nulls import DEFAULT_NULL_SEEDS, add_fdr, head_frame
 from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.execution import current, executing
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from interp.errors import UserError
 from interp.weights import expand_kv_heads
@@ -102,7 +102,7 @@ def ov_top_k(model, k: int = DEFAULT_TOP_K, *, n_tokens: int = DEFAULT_N_TOKENS,
     chunk = max(1, int(min(quarter, CACHED_ROWS_MB * 2**20) // (6 * span)))  # tokens whose rows (and comparisons) are held at once
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     top, bottom = (torch.zeros(n_layers, n_heads, device=W_E.device) for _ in range(2))
-    for first in progress_bar(range(0, len(heads), group), progress=current().progress, desc="OV circuits",
+    for first in progress_bar(range(0, len(heads), group), desc="OV circuits",
                               unit="head group"):
         members = heads[first:first + group]
         out = torch.stack([W_O[layer, head] for layer, head in members]).float()  # (group, d_head, d_model)

@@ -31,16 +31,21 @@ from typing import Callable, Iterable, Iterator
 from tqdm import autonotebook, std
 from tqdm.auto import tqdm
 
+from analyses.core.execution import current
 from interp.errors import UserError
 
 INTERVAL_ENV = "INTERP_PROGRESS_SECONDS"
 DEFAULT_INTERVAL_S = 30.0
+FROM_EXECUTION = object()  # progress_bar's default: the current execution's progress
 
 
-def progress_bar(iterable: Iterable | None = None, *, progress: bool | None, **options):
+def progress_bar(iterable: Iterable | None = None, *, progress: bool | None | object = FROM_EXECUTION, **options):
     """A progress bar over ``iterable`` (or a manual one, with ``total=``), shown per ``progress``
-    (module docstring): a ``tqdm``, or a ``LineProgress`` off a terminal. Both iterate, ``update(n)``,
-    ``set_description_str``, ``refresh``, ``close`` and work as context managers."""
+    (module docstring; left out: the current execution's, ``analyses.core.execution``): a ``tqdm``, or
+    a ``LineProgress`` off a terminal. Both iterate, ``update(n)``, ``set_description_str``,
+    ``refresh``, ``close`` and work as context managers."""
+    if progress is FROM_EXECUTION:
+        progress = current().progress
     if progress is False or _in_notebook() or _stderr_is_terminal():
         return tqdm(iterable, disable=None if progress is None else not progress, **options)
     return LineProgress(iterable, interval=line_interval(), **options)

@@ -34,7 +34,6 @@ from einops import einsum, repeat
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
 from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, MetricPart, PromptScores, as_metric, evaluate_metric
-from analyses.core.execution import current
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import accumulator
 from interp.errors import UserError
@@ -429,7 +428,7 @@ class MetricSums:
         where the chunk's part has a weight -> ``scores()``. The progress bar counts variants, each
         done once its last prompts are scored, shown per the current execution's progress."""
         variants = {v for chunk in chunks for v in chunk.members}
-        with progress_bar(total=len(variants), progress=current().progress, desc=desc, leave=False) as bar:
+        with progress_bar(total=len(variants), desc=desc, leave=False) as bar:
             for chunk in chunks:
                 part, weight = self.part(chunk.rows)
                 if weight > 0:

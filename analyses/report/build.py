@@ -677,7 +677,7 @@ class ReportSteps:
     STEPS = ("probe run", "roles", "ablation", "calibration", "control", "circuit", "qk", "components")
 
     def __init__(self, clock: StepClock | None = None, steps: Sequence[str] = STEPS):
-        self.bar = progress_bar(total=len(steps), progress=current().progress, desc="report", unit="step")
+        self.bar = progress_bar(total=len(steps), desc="report", unit="step")
         self.started = False
         self.clock = clock
 

@@ -165,7 +165,7 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
     chosen_on, chosen_run = choosing_probes(probes, run, o.intervention_prompts)
     memory_mb = left_after(o.memory_mb, run.held_mb())  # the run's store stays taken
     with executing(progress=o.progress):
-        steps = progress_bar(total=4, progress=current().progress, desc="calibration", unit="step")
+        steps = progress_bar(total=4, desc="calibration", unit="step")
         calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
                                        memory_mb=memory_mb, run=chosen_run)
         steps.update()

@@ -174,7 +174,7 @@ def pattern_chunks(model, tokens: torch.Tensor, memory_mb: float, desc: str):
     ``desc`` over the chunks, shown per the current execution's progress."""
     names = pattern_names(model)
     size = rows_within(model, tokens.shape[1], memory_mb, logits=False, kept_patterns=model.cfg.n_layers)
-    for start in progress_bar(range(0, len(tokens), size), progress=current().progress, desc=desc, unit="chunk"):
+    for start in progress_bar(range(0, len(tokens), size), desc=desc, unit="chunk"):
         rows = slice(start, start + size)
         yield rows, cache_run(model, tokens[rows], names, logits=False)[1]
 

@@ -43,7 +43,7 @@ import torch
 from analyses.core.budget import DEFAULT_MEMORY_MB, left_after, model_mb
 from analyses.roles.classify import DEFAULT_FDR, ROLES, check_fdr, per_prompt_scores, probe_targets, prompt_counts_and_chance
 from analyses.core.probes import RepeatedProbes, probes_for, shuffle_second_copy
-from analyses.core.execution import current, executing
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from analyses.interventions.run import Run
 from interp.errors import UserError
@@ -201,7 +201,7 @@ def score_random_models(model, seeds: Sequence[int], score: Callable[[object], T
     (one alive at a time; ``score`` must keep no reference to it). A bar over the seeds, shown per
     the current execution's progress."""
     scores = []
-    for seed in progress_bar(seeds, progress=current().progress, desc="random-init nulls", unit="model"):
+    for seed in progress_bar(seeds, desc="random-init nulls", unit="model"):
         null = random_like(model, seed)
         scores.append(score(null))
         del null

@@ -42,7 +42,7 @@ from matplotlib.figure import Figure
 
 from analyses.interventions.ablation import MLP, target_location
 from analyses.report.intervention_figures import ablation_figure, heatmap, save_figure
-from analyses.core.execution import current, executing
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from analyses.core.steps import changes, directory_lock, record_text
 from analyses.studies.spec import EXECUTORS, Study, load_spec
@@ -224,7 +224,7 @@ def write_cells(out: Path, study: Study, on_disk: RowsOnDisk, cells, *,
             if handle is None:  # only once the rows on disk are known to be this study's
                 handle = stack.enter_context(open_results(on_disk, columns(study)))
             rows = cells.rows(index, done, len(plan.targets))
-            for row, value in progress_bar(rows, progress=current().progress, desc=cell.name or "study",
+            for row, value in progress_bar(rows, desc=cell.name or "study",
                                            initial=done, total=len(plan.targets)):
                 append_row(handle, cell.name, row, plan, value)
                 if on_row is not None:
