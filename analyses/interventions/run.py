@@ -435,7 +435,7 @@ class Contrast:
         (``analyses.interventions.engine.score_variants`` on the base run, from its starts), within the
         current execution's memory, its bar per its progress: values (len(variants),)."""
         return score_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
-                              memory_mb=current().memory_mb, desc=desc)
+                              desc=desc)
 
     def baseline_scores(self) -> PromptScores:
         """The metric on the unedited base run, per prompt (``Run.scores``; no forward where the base
