@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from analyses.core.execution import executing
 from analyses.roles.backup import (backup_direct_effect_rise, backup_groups, backup_report, direct_and_total_effects,
                                    pairwise_ablation)
 from analyses.core.metrics import logit_diff_metric, loss_metric
@@ -376,7 +377,8 @@ def test_first_order_effects_are_the_derivative_along_the_ablation():
         return -logits.log_softmax(-1)[mask].gather(-1, probes.tokens[:, 1:][mask][:, None]).mean().item()
 
     for budget in (0.02, 64):
-        estimate = first_order_effects(ablation, components, budget)
+        with executing(memory_mb=budget):
+            estimate = first_order_effects(ablation, components)
         for component, value in zip(components, estimate.tolist()):
             eps = 1e-4
             assert value == pytest.approx((moved(component, eps) - moved(component, -eps)) / (2 * eps), abs=1e-6)
@@ -398,7 +400,7 @@ def test_screened_total_effects_are_exact_where_they_matter(knobs=dict(normaliza
     screen = float(full["direct"].abs().median())
     screened = direct_and_total_effects(model, probes, None, "mean", metric, mlps=True, progress=False, screen=screen)
     components = [(int(r.layer), int(r.head)) if r.kind == "head" else MLP(int(r.layer)) for r in full.itertuples()]
-    estimate = first_order_effects(prepare_ablation(model, probes, "mean", metric, mlps=True), components, 1024)
+    estimate = first_order_effects(prepare_ablation(model, probes, "mean", metric, mlps=True), components)
     chosen = (estimate.abs().numpy() >= screen) | (full["direct"].abs().to_numpy() >= screen)
     assert full["total_exact"].all() and (screened["total_exact"].to_numpy() == chosen).all()
     assert 0 < chosen.sum() < len(chosen)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from analyses.core.execution import executing
 from analyses.core.metrics import PromptScores, logit_diff_metric, loss_metric
 from analyses.core.stats import effect_intervals
 from analyses.interventions.ablation import ablation_sweep, prepare_ablation
@@ -52,9 +53,10 @@ def alone(model, tokens: torch.Tensor, hooks=()) -> list[torch.Tensor]:
 def test_per_prompt_loss_pools_to_the_engine_value(toy, batch, memory_mb):
     tokens, mask = batch
     metric = loss_metric(tokens, mask)
-    ablation = prepare_ablation(toy, tokens, "zero", metric, memory_mb=memory_mb)
     head_sets = [[(1, 3)], [], [(0, 5), (1, 0)]]
-    scores = ablation.scores(head_sets, memory_mb=memory_mb, progress=False)
+    with executing(memory_mb=memory_mb, progress=False):
+        ablation = prepare_ablation(toy, tokens, "zero", metric)
+        scores = ablation.scores(head_sets)
     runs = {0: [zero_head(1, 3)], 1: [], 2: [zero_head(0, 5), zero_head(1, 0)]}
     for row, hooks in runs.items():
         by_hand = [loss_by_hand(logits, tokens[b], mask[b]) for b, logits in enumerate(alone(toy, tokens, hooks))]
@@ -74,7 +76,8 @@ def test_per_prompt_logit_difference_pools_to_the_engine_value(toy, batch):
     tokens, _ = batch
     correct, incorrect = tokens[:, 0], (tokens[:, 0] + 1) % toy.cfg.d_vocab
     metric = logit_diff_metric(correct, incorrect, position=-2)
-    scores = prepare_ablation(toy, tokens, "zero", metric, memory_mb=0.02).scores([[(1, 6)]], progress=False)
+    with executing(memory_mb=0.02, progress=False):
+        scores = prepare_ablation(toy, tokens, "zero", metric).scores([[(1, 6)]])
     diffs = torch.tensor([float(logits[-2, correct[b]] - logits[-2, incorrect[b]])
                           for b, logits in enumerate(alone(toy, tokens, [zero_head(1, 6)]))], dtype=torch.float64)
     torch.testing.assert_close(scores.numerators[0].cpu(), diffs, atol=1e-4, rtol=1e-5)

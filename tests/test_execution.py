@@ -34,3 +34,51 @@ def test_a_budget_not_above_zero_is_refused_in_one_line(memory_mb):
     with pytest.raises(UserError, match=r"^memory_mb=.* must be a number of MB above 0$"):
         with executing(memory_mb=memory_mb):
             pass
+
+
+@pytest.fixture(scope="module")
+def toy():
+    from interp import load_model
+
+    return load_model("toy").eval()
+
+
+@pytest.fixture
+def chunked(monkeypatch):
+    """[(budget, number of chunks)] of every ``variant_chunks`` the engine makes while the test runs."""
+    from analyses.interventions import engine
+
+    seen, made = [], engine.variant_chunks
+
+    def spy(model, tokens, variants, memory_mb, **options):
+        chunks = made(model, tokens, variants, memory_mb, **options)
+        seen.append((memory_mb, len(chunks)))
+        return chunks
+
+    monkeypatch.setattr(engine, "variant_chunks", spy)
+    return seen
+
+
+def test_an_entry_points_budget_reaches_the_sweep_below_it(toy, chunked):
+    """ablation_sweep's memory_mb is what the engine chunks by two calls down (Ablation.scores ->
+    score_variants), none passing it: at a budget under one row per forward, 2 ablations (of one
+    layer: their runs start there alike) of 4 prompts take 2 x 4 forwards; at the default, one."""
+    from analyses import ablation_sweep, loss_metric, probes_for
+
+    probes = probes_for(toy, 4, 16, seed=0)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    targets = [[(1, 2)], [(1, 3)]]
+    ablation_sweep(toy, probes, targets, "zero", metric, memory_mb=1e-3, progress=False)
+    ablation_sweep(toy, probes, targets, "zero", metric, progress=False)
+    assert chunked == [(1e-3, 2 * 4), (DEFAULT_MEMORY_MB, 1)]
+
+
+def test_a_step_on_a_share_of_the_budget_says_so_with_executing(toy, chunked):
+    """direct_and_total_effects reads its heads' direct effects off the final residual in chunks of
+    a quarter of its budget (the readouts keep the rest), its total effects in the whole budget."""
+    from analyses import direct_and_total_effects, loss_metric, probes_for
+
+    probes = probes_for(toy, 4, 16, seed=0)
+    metric = loss_metric(probes.tokens, probes.predictable)
+    direct_and_total_effects(toy, probes, [(0, 1)], "zero", metric, memory_mb=512, progress=False)
+    assert [budget for budget, _ in chunked] == [512 / 4, 512]

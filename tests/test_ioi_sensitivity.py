@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from analyses.core.execution import executing
 from analyses.core.metrics import prompt_scores
 from analyses.interventions.ablation import prepare_ablation
 from analyses.tasks.task import answer_prob_metric, ioi_task, kl_metric, task_batch, task_split
@@ -57,7 +58,8 @@ def test_kl_against_the_clean_run_is_torchs_kl_div_per_prompt_also_through_an_ab
     by_hand = F.kl_div(last_logits(zeroed, batch.last).double().log_softmax(-1),
                        clean_last.double().log_softmax(-1), log_target=True, reduction="none").sum(-1)
     assert by_hand.min() > 1e-4  # the zeroing moves every prompt's distribution
-    found = prepare_ablation(model, batch.clean, "zero", metric).scores([HEADS], progress=False)
+    with executing(progress=False):
+        found = prepare_ablation(model, batch.clean, "zero", metric).scores([HEADS])
     assert found.numerators[0].double().numpy() == pytest.approx(by_hand.numpy(), rel=1e-3, abs=1e-6)
     with pytest.raises(ValueError, match="reference rows"):
         kl_metric(task, batch.last, clean_last[:3])

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from analyses.core.execution import executing
 from analyses.interventions.ablation import ablate_heads, head_importance, prepare_ablation, pruning_curve
 from analyses.cli import main
 from analyses.core.metrics import as_metric, logit_diff_metric, loss_metric
@@ -86,7 +87,8 @@ def test_logit_diff_on_ragged_texts_equals_each_text_run_alone(request, backend,
     seen = []  # on GPTModel: how many positions each ablated run unembeds (ln_final's input)
     handle = model.ln_final.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1])) \
         if backend == "scratch_gpt2" else None
-    value = ablation.run([heads], progress=False)[0].item() if heads else ablation.baseline
+    with executing(progress=False):
+        value = ablation.run([heads])[0].item() if heads else ablation.baseline
     if handle is not None:
         handle.remove()
         assert seen == ([len(TEXTS)] if heads else [])  # one position per distinct length, each prompt's last

@@ -6,6 +6,7 @@ intervals), as documented in docs/guides/metrics.md."""
 import pytest
 import torch
 
+from analyses.core.execution import executing
 from analyses.components.neurons import promotion_metric
 from analyses.core.metrics import (CallableMetric, Metric, PromptMeanMetric, as_metric, logit_diff_metric,
                                    loss_metric, metric_for_batch, prompt_scores)
@@ -76,10 +77,11 @@ def test_a_plain_callable_in_a_sweep_is_scored_on_every_prompt_without_a_per_pro
 
     with torch.no_grad():
         by_hand = toy.run_with_hooks(tokens, fwd_hooks=[(name, hook)])[:, -1, 0].max()
-    plain = score_variants(toy, tokens, [head_cells([(0, 1)])], zero, fn, memory_mb=0.01)
+    with executing(memory_mb=0.01):
+        plain = score_variants(toy, tokens, [head_cells([(0, 1)])], zero, fn)
+        built = score_variants(toy, tokens, [head_cells([(0, 1)])], zero, logit_diff_metric(0, 1))
     assert plain.numerators is None and plain.counts is None
     torch.testing.assert_close(plain.values[0], by_hand.float())
-    built = score_variants(toy, tokens, [head_cells([(0, 1)])], zero, logit_diff_metric(0, 1), memory_mb=0.01)
     assert built.numerators.shape == (1, 6) and built.counts.tolist() == [1.0] * 6
 
 

@@ -13,6 +13,7 @@ from gguf_writer import write_gguf
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from analyses import decompose_residual, qk_attribution
+from analyses.core.execution import executing
 from analyses.components.decompose import component_hooks
 from interp import UserError, load_model
 from interp.convert import from_hf, scratch_families
@@ -253,8 +254,9 @@ def test_the_drops_run_from_the_heads_layer_equal_full_forwards_with_hand_writte
 
     expected = torch.stack([attention() - attention(part) for part in parts], dim=1)
     assert float(expected.abs().max()) > 0.01  # some removal moves the attention
-    torch.testing.assert_close(_drops(model, tokens, LAYER, HEAD, query, key, side, 64.0), expected,
-                               atol=1e-6, rtol=0)
+    with executing(memory_mb=64.0):
+        drops = _drops(model, tokens, LAYER, HEAD, query, key, side)
+    torch.testing.assert_close(drops, expected, atol=1e-6, rtol=0)
 
 
 def test_role_pairs_are_the_roles_targets():

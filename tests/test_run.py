@@ -159,7 +159,8 @@ def test_ablation_and_paths_on_a_shared_run(toy, probes):
     own = prepare_ablation(toy, probes, "mean_aligned", metric)
     shared = prepare_ablation(toy, probes, "mean_aligned", metric, run=run)
     heads = [[(0, 1)], [(1, 2), (1, 3)]]
-    assert torch.equal(own.run(heads, progress=False), shared.run(heads, progress=False))
+    with executing(progress=False):
+        assert torch.equal(own.run(heads), shared.run(heads))
     assert own.baseline == shared.baseline
     effects = direct_and_total_effects(toy, probes, None, "mean_aligned", metric, progress=False)
     assert effects.equals(direct_and_total_effects(toy, probes, None, "mean_aligned", metric, progress=False, run=run))

@@ -36,6 +36,7 @@ from matplotlib.patches import FancyArrowPatch
 from analyses.roles.calibration import FirstProbes
 from analyses.roles.classify import ALL_ROLES, ROLES
 from analyses.circuits.composition import KINDS, composition_scores, head_label
+from analyses.core.execution import executing
 from analyses.core.metrics import Metric, loss_metric
 from analyses.circuits.edges import KEY_COLUMNS, VIAS, check_vias
 from analyses.circuits.path_patching import edge_attribution, path_patch, screened_path_patch
@@ -87,20 +88,21 @@ def circuit_edges(model, clean, corrupted, metric: Metric, *, senders: Sequence[
     logits edges), ``value`` (the metric with the edge patched) and ``effect`` (value minus the
     unpatched run's) with its 95% interval over prompts ``ci_low, ci_high`` and ``n_prompts`` (NaN
     for an estimate), ``exact`` (False where ``screen`` left the edge at its estimate), sorted by
-    sender, receiver, via.
+    sender, receiver, via. ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``;
+    None: the current one's).
     """
     vias = check_vias(via)
-    options = dict(senders=senders, receivers=receivers, via=vias, direction=direction, memory_mb=memory_mb,
-                   progress=progress, base_run=base_run)
-    if screen is None:
-        paths = path_patch(model, clean, corrupted, metric, **options).assign(exact=True)
-    else:
-        paths = screened_path_patch(model, clean, corrupted, metric, screen=screen, screen_on=screen_on, **options)
+    options = dict(senders=senders, receivers=receivers, via=vias, direction=direction, base_run=base_run)
     kinds = [v for v in vias if v in KINDS]
-    if not kinds:
-        return paths.assign(composition=float("nan"), composition_minus_baseline=float("nan"))[_COLUMNS]
-    scores = composition_scores(model, kinds, senders=senders, receivers=receivers, baseline_samples=baseline_samples,
-                                seed=seed, progress=progress)
+    with executing(memory_mb, progress):
+        if screen is None:
+            paths = path_patch(model, clean, corrupted, metric, **options).assign(exact=True)
+        else:
+            paths = screened_path_patch(model, clean, corrupted, metric, screen=screen, screen_on=screen_on, **options)
+        if not kinds:
+            return paths.assign(composition=float("nan"), composition_minus_baseline=float("nan"))[_COLUMNS]
+        scores = composition_scores(model, kinds, senders=senders, receivers=receivers,
+                                    baseline_samples=baseline_samples, seed=seed)
     scores = scores.rename(columns={"kind": "via", "score": "composition",
                                     "score_minus_baseline": "composition_minus_baseline"})
     merged = paths.merge(scores[[*KEY_COLUMNS, "composition", "composition_minus_baseline"]], on=KEY_COLUMNS,
@@ -289,7 +291,8 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
     has no edges and no figure. ``run``: a ``Run`` of the probes, which noising path patching edits
     (it runs the clean probes) instead of running them again. ``screen``: as ``circuit_edges``;
     ``screen_probes``: the probes whose induction pair (same ``seed``) the screen chooses the exact edges
-    on, so that the probes measured do not choose them (None: ``probes``).
+    on, so that the probes measured do not choose them (None: ``probes``). ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's).
     """
     senders, receivers = role_heads(table, sender_role, skip_roles), role_heads(table, receiver_role, skip_roles)
     skipped = sorted(set(role_heads(table)) - set(role_heads(table, skip=skip_roles)))
@@ -297,10 +300,11 @@ def circuit_section(model, table: pd.DataFrame, probes: RepeatedProbes, *, sende
         empty = pd.DataFrame(columns=[*_COLUMNS, "sender_role", "receiver_role"])
         return CircuitSection(empty, None, senders, receivers, skipped)
     clean, corrupted, metric = induction_pair(probes, seed)
-    edges = circuit_edges(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
-                          direction=direction, baseline_samples=baseline_samples, seed=seed, memory_mb=memory_mb,
-                          progress=progress, base_run=run if direction == "noise" else None, screen=screen,
-                          screen_on=None if screen_probes is None else induction_pair(screen_probes, seed))
+    with executing(memory_mb, progress):
+        edges = circuit_edges(model, clean, corrupted, metric, senders=senders, receivers=receivers, via=via,
+                              direction=direction, baseline_samples=baseline_samples, seed=seed,
+                              base_run=run if direction == "noise" else None, screen=screen,
+                              screen_on=None if screen_probes is None else induction_pair(screen_probes, seed))
     edges = with_roles(edges, table)
     patched = edges[edges["exact"].astype(bool)]  # the figure draws no estimate under "path patching"
     title = (f"strongest edges by path patching ({direction}; loss on repeated tokens; width = |effect|)"

@@ -440,12 +440,12 @@ class Faithfulness:
         return estimate, low.cpu().numpy(), high.cpu().numpy()
 
 
-def evaluate_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray], *,
-                          memory_mb: float | None = None, progress: bool | None = None) -> Faithfulness:
-    """``circuit_scores`` of the full graph, the empty circuit and ``circuits`` -> their ``Faithfulness``."""
+def evaluate_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequence[np.ndarray]) -> Faithfulness:
+    """``circuit_scores`` of the full graph, the empty circuit and ``circuits`` -> their ``Faithfulness``,
+    within the current execution (``analyses.core.execution``)."""
     graph = full_graph(model)
     ends = [np.ones(graph.n_edges, dtype=bool), np.zeros(graph.n_edges, dtype=bool)]
-    scores = circuit_scores(model, clean, corrupted, metric, [*ends, *circuits], memory_mb=memory_mb, progress=progress)
+    scores = circuit_scores(model, clean, corrupted, metric, [*ends, *circuits])
     return Faithfulness.of(scores, len(base_and_source(model, clean, corrupted, "noise")[0]))
 
 
@@ -454,8 +454,10 @@ def circuit_faithfulness(model, clean, corrupted, metric: Metric, circuits: Sequ
     """Each circuit (a mask over ``full_graph(model).edges``) on the full graph -> frame ``circuit``
     (its index), ``n_edges``, ``value`` (the metric), ``faithfulness`` with ``ci_low, ci_high``
     (95%, bootstrap over prompts) and ``n_prompts``; ``attrs``: ``full``, ``empty`` (the metric of
-    the clean and of the fully corrupted model) and ``graph_edges``."""
-    found = evaluate_faithfulness(model, clean, corrupted, metric, circuits, memory_mb=memory_mb, progress=progress)
+    the clean and of the fully corrupted model) and ``graph_edges``. ``memory_mb``, ``progress``: the
+    execution's (``analyses.core.execution``; None: the current one's)."""
+    with executing(memory_mb, progress):
+        found = evaluate_faithfulness(model, clean, corrupted, metric, circuits)
     estimate, low, high = found.interval()
     frame = pd.DataFrame({"circuit": range(len(circuits)), "n_edges": [int(np.sum(c)) for c in circuits],
                           "value": found.values, "faithfulness": estimate, "ci_low": low, "ci_high": high,
@@ -486,11 +488,13 @@ def faithfulness_curve(model, clean, corrupted, metric: Metric, scores, fraction
     n_edges, the fraction actually kept), ``n_edges``, ``value``, ``faithfulness``, ``ci_low``,
     ``ci_high``, ``n_prompts``. ``attrs``: ``cpr`` and ``cmd`` (``curve_areas`` over ``fraction``)
     with their 95% intervals ``cpr_ci``, ``cmd_ci`` (the same bootstrap resamples), ``full``,
-    ``empty``, ``graph_edges``."""
+    ``empty``, ``graph_edges``. ``memory_mb``, ``progress``: the execution's
+    (``analyses.core.execution``; None: the current one's)."""
     graph = full_graph(model)
     circuits = top_edge_circuits(graph, scores, check_fractions(fractions))
     sizes = np.array([int(c.sum()) for c in circuits])
-    found = evaluate_faithfulness(model, clean, corrupted, metric, circuits, memory_mb=memory_mb, progress=progress)
+    with executing(memory_mb, progress):
+        found = evaluate_faithfulness(model, clean, corrupted, metric, circuits)
     estimate, low, high = found.interval()
     kept = sizes / graph.n_edges
     frame = pd.DataFrame({"fraction": kept, "n_edges": sizes, "value": found.values, "faithfulness": estimate,

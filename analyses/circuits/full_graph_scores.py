@@ -195,13 +195,15 @@ def node_patching(model, clean, corrupted, metric: Metric, *, memory_mb: float |
     """Each head's and MLP's exact removal from the full circuit: the clean run with that node's
     output taken from the corrupted run (``patch_effects``, noising) -> frame ``node`` ("L3H1",
     "MLP2"), ``kind, layer, head`` (the graph's node: head -1 for an MLP), ``effect`` (the patched
-    metric minus the clean one) with ``ci_low, ci_high, n_prompts``, sorted by |effect|, largest first."""
+    metric minus the clean one) with ``ci_low, ci_high, n_prompts``, sorted by |effect|, largest first.
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     graph = full_graph(model)
-    common = dict(direction="noise", memory_mb=memory_mb, progress=progress, seed=seed)
-    heads = patch_effects(model, clean, corrupted, metric, "heads", **common).assign(kind="head")
-    frames = [heads]
-    if graph.mlps:
-        frames.append(patch_effects(model, clean, corrupted, metric, "mlps", **common).assign(kind="mlp", head=-1))
+    with executing(memory_mb, progress):
+        frames = [patch_effects(model, clean, corrupted, metric, "heads", direction="noise", seed=seed).assign(
+            kind="head")]
+        if graph.mlps:
+            frames.append(patch_effects(model, clean, corrupted, metric, "mlps", direction="noise", seed=seed).assign(
+                kind="mlp", head=-1))
     frame = pd.concat(frames, ignore_index=True)
     frame["node"] = [node_name((k, int(l), int(h))) for k, l, h in zip(frame.kind, frame.layer, frame["head"])]
     frame = frame.iloc[np.argsort(-frame.effect.abs().to_numpy(), kind="stable")].reset_index(drop=True)
@@ -394,11 +396,12 @@ def method_comparison_figure(frame: pd.DataFrame, title: str = ""):
 def rankings_for(model, clean, corrupted, metric: Metric, *, steps: int = IG_STEPS,
                  memory_mb: float | None = None, progress: bool | None = None) -> dict[str, Ranking]:
     """The three rankings Hanna et al. compare, on these prompts: "exact" (``node_patching``'s
-    nodes), "EAP" and "EAP-IG" (``full_graph_edge_scores``, ``steps`` points)."""
-    common = dict(memory_mb=memory_mb, progress=progress)
-    nodes = node_patching(model, clean, corrupted, metric, **common)
-    eap = full_graph_edge_scores(model, clean, corrupted, metric, **common)
-    eap_ig = full_graph_edge_scores(model, clean, corrupted, metric, steps=steps, **common)
+    nodes), "EAP" and "EAP-IG" (``full_graph_edge_scores``, ``steps`` points). ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
+    with executing(memory_mb, progress):
+        nodes = node_patching(model, clean, corrupted, metric)
+        eap = full_graph_edge_scores(model, clean, corrupted, metric)
+        eap_ig = full_graph_edge_scores(model, clean, corrupted, metric, steps=steps)
     return {"exact": NodeRanking.of(nodes), "EAP": EdgeRanking(eap.score.to_numpy()),
             "EAP-IG": EdgeRanking(eap_ig.score.to_numpy())}
 

@@ -57,7 +57,6 @@ from analyses.circuits.edges import edges_of
 from analyses.circuits.path_patching import prepare_paths, receiver_activations, receiver_z
 from analyses.components.decompose import component_hooks, direct_logit_attribution
 from analyses.core.execution import executing
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.hook_names import pattern_name, z_name
 from analyses.core.plots import new_figure
 from analyses.core.stats import N_BOOT, bootstrap_ratio
@@ -228,21 +227,20 @@ def _senders(model, receivers: Sequence[Head]) -> list[Head]:
     return [(layer, head) for layer in range(max(l for l, _ in receivers)) for head in range(model.cfg.n_heads)]
 
 
-def s_inhibition_shift(model, batch: TaskBatch, at: IOIPositions, metric, movers: Sequence[Head], clean_cache, *,
-                       memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
+def s_inhibition_shift(model, batch: TaskBatch, at: IOIPositions, metric, movers: Sequence[Head],
+                       clean_cache) -> torch.Tensor:
     """The ``s_inhibition`` criterion (module docstring) of every head -> (batch, layer, head) float32,
     NaN for a head with no mover after its layer. ``clean_cache``: the clean run's ``hook_pattern``s
     of the movers' layers."""
     senders = _senders(model, movers)
-    setup = prepare_paths(model, batch.clean, batch.corrupted, metric, edges_of(model, senders, movers, "q"), "noise",
-                          memory_mb=memory_mb)
+    setup = prepare_paths(model, batch.clean, batch.corrupted, metric, edges_of(model, senders, movers, "q"), "noise")
     total = torch.zeros(len(batch.clean), model.cfg.n_layers, model.cfg.n_heads)
     count = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
     for layer in sorted({l for l, _ in movers}):
         heads = [h for l, h in movers if l == layer]
         sending = [s for s in senders if s[0] < layer]
-        patterns = receiver_activations(model, setup, layer, [(s, "q") for s in sending], pattern_name(layer),
-                                        memory_mb)  # (senders, batch, head, q, k)
+        patterns = receiver_activations(model, setup, layer, [(s, "q") for s in sending],
+                                        pattern_name(layer))  # (senders, batch, head, q, k)
         clean = io_preference(clean_cache[pattern_name(layer)], at)[:, heads]  # (batch, movers)
         moved = (io_preference(patterns, at)[..., heads] - clean).sum(-1).cpu()  # (senders, batch)
         for (l, h), change in zip(sending, moved):
@@ -251,24 +249,22 @@ def s_inhibition_shift(model, batch: TaskBatch, at: IOIPositions, metric, movers
     return total / count  # 0 / 0: NaN where no mover comes later
 
 
-def value_path_effects(model, batch: TaskBatch, metric, receivers: Sequence[Head], *,
-                       memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
+def value_path_effects(model, batch: TaskBatch, metric, receivers: Sequence[Head]) -> torch.Tensor:
     """The ``v_path`` criterion (module docstring) of every head into ``receivers`` together ->
     (batch, layer, head) float32 per-prompt changes of the metric, NaN for a head with no receiver
     after its layer."""
     senders = _senders(model, receivers)
     setup = prepare_paths(model, batch.clean, batch.corrupted, metric, edges_of(model, senders, receivers, "v"),
-                          "noise", memory_mb=memory_mb)
+                          "noise")
     edits = {sender: [] for sender in senders}
     for layer in sorted({l for l, _ in receivers}):
         sending = [s for s in senders if s[0] < layer]
-        z = receiver_z(model, setup, layer, [(s, "v") for s in sending], memory_mb)
+        z = receiver_z(model, setup, layer, [(s, "v") for s in sending])
         for sender in sending:
             edits[sender] += [(z_name(layer), (slice(None), h), z[sender, "v"][:, :, h])
                               for l, h in receivers if l == layer]
     with executing(progress=False):
-        scored = score_variants(model, setup.tokens, list(edits.values()), {}, metric, starts=setup.starts,
-                                memory_mb=memory_mb)
+        scored = score_variants(model, setup.tokens, list(edits.values()), {}, metric, starts=setup.starts)
     changes = (scored.numerators - setup.baseline_scores().numerators).cpu()  # (senders, batch)
     out = torch.full((len(batch.clean), model.cfg.n_layers, model.cfg.n_heads), float("nan"))
     for (l, h), change in zip(edits, changes):
@@ -276,15 +272,14 @@ def value_path_effects(model, batch: TaskBatch, metric, receivers: Sequence[Head
     return out
 
 
-def backup_rise(model, task: Task, batch: TaskBatch, movers: Sequence[Head], clean_cache, *,
-                memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
+def backup_rise(model, task: Task, batch: TaskBatch, movers: Sequence[Head], clean_cache) -> torch.Tensor:
     """The ``backup_rise`` criterion (module docstring) -> (batch, layer, head) float32, NaN for the
     movers. ``clean_cache``: the clean run's ``component_hooks`` (those the model fires)."""
     reference, _ = task_ablation(task, batch, "mean_corrupted")
     names = sorted({z_name(layer) for layer, _ in movers})
     sources = replacements(model, as_batch(model, batch.clean), "mean_corrupted", names, reference)
     fired = [name for name in component_hooks(model) if name in clean_cache]
-    ablated = collect_variants(model, batch.clean, [head_cells(movers)], sources, fired, memory_mb=memory_mb)
+    ablated = collect_variants(model, batch.clean, [head_cells(movers)], sources, fired)
     rise = (prompt_dla(model, {name: value[0] for name, value in ablated.items()}, task, batch.last)
             - prompt_dla(model, clean_cache, task, batch.last))
     for layer, head in movers:
@@ -386,7 +381,7 @@ def clean_reads(model) -> list[str]:
 
 def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
                 s_inhibition: Sequence[Head] | None = None, n_boot: int = N_BOOT, seed: int = 0,
-                memory_mb: float = DEFAULT_MEMORY_MB) -> IOIClasses:
+                memory_mb: float | None = None) -> IOIClasses:
     """Every head's IOI criteria and classes on ``task`` (an IOI task: one answer, the indirect
     object, and one distractor, the subject, per prompt; see the module docstring), an ``IOIClasses``
     value.
@@ -394,7 +389,8 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
     ``movers``: the heads whose attention S-inhibition moves and whose ablation backup heads answer
     (default: the name movers that formed, else the ``N_WRITERS`` heads of largest DLA that holds);
     ``s_inhibition``: the receivers of ``v_path`` (default: the S-inhibition heads that formed).
-    ``n_boot`` / ``seed``: the bootstrap over prompts; ``memory_mb``: the interventions' budget."""
+    ``n_boot`` / ``seed``: the bootstrap over prompts; ``memory_mb``: the interventions' budget (None:
+    the current execution's, ``analyses.core.execution``)."""
     batch = task_batch(model, task)
     at = ioi_positions(task, batch)
     kept = at.kept
@@ -416,22 +412,23 @@ def ioi_classes(model, task: Task, *, movers: Sequence[Head] | None = None,
     notes = []
     movers, movers_are = _movers(model, first, frames[0][frames[0]["criterion"] == "dla"], movers)
     later = {}
-    if movers:
-        later["backup_rise"] = backup_rise(model, task, batch, movers, cache, memory_mb=memory_mb)
-    else:
-        notes.append("backup_rise not measured: no mover formed")
-    if movers and max(l for l, _ in movers) > 0:
-        later["s_inhibition"] = s_inhibition_shift(model, batch, at, metric, movers, cache, memory_mb=memory_mb)
-    else:
-        notes.append("s_inhibition not measured: no mover after layer 0")
-    if s_inhibition is None and "s_inhibition" in later:
-        shift = criteria_frame({"s_inhibition": later["s_inhibition"]}, n_boot=n_boot, seed=seed)
-        s_inhibition = heads_of(classify_ioi(shift), "s-inhibition")
-    s_inhibition = check_heads(model, s_inhibition or [])
-    if s_inhibition and max(l for l, _ in s_inhibition) > 0:
-        later["v_path"] = value_path_effects(model, batch, metric, s_inhibition, memory_mb=memory_mb)
-    else:
-        notes.append("v_path not measured: no S-inhibition head after layer 0")
+    with executing(memory_mb):  # the interventions' budget
+        if movers:
+            later["backup_rise"] = backup_rise(model, task, batch, movers, cache)
+        else:
+            notes.append("backup_rise not measured: no mover formed")
+        if movers and max(l for l, _ in movers) > 0:
+            later["s_inhibition"] = s_inhibition_shift(model, batch, at, metric, movers, cache)
+        else:
+            notes.append("s_inhibition not measured: no mover after layer 0")
+        if s_inhibition is None and "s_inhibition" in later:
+            shift = criteria_frame({"s_inhibition": later["s_inhibition"]}, n_boot=n_boot, seed=seed)
+            s_inhibition = heads_of(classify_ioi(shift), "s-inhibition")
+        s_inhibition = check_heads(model, s_inhibition or [])
+        if s_inhibition and max(l for l, _ in s_inhibition) > 0:
+            later["v_path"] = value_path_effects(model, batch, metric, s_inhibition)
+        else:
+            notes.append("v_path not measured: no S-inhibition head after layer 0")
     if later:
         frames.append(criteria_frame(later, n_boot=n_boot, seed=seed))
     criteria = pd.concat(frames, ignore_index=True).sort_values(["layer", "head"], kind="stable", ignore_index=True)

@@ -53,8 +53,7 @@ import pandas as pd
 import torch
 from einops import einsum, rearrange
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.execution import executing
+from analyses.core.execution import current, executing
 from analyses.core.hook_check import (HEAD_CONTRIBUTIONS, HEAD_WRITES, frozen_output_norm, output_norm, output_norm_reads,
                                       require)
 from analyses.core.hook_names import final_resid_name, qkv_name, resid_mid_name, resid_pre_name, z_name, z_names
@@ -118,9 +117,9 @@ def sender_reads(model, edges: Edges) -> list[str]:
 
 
 def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, direction: str, *,
-                  base_run: Run | None = None, source_run: Run | None = None,
-                  memory_mb: float = DEFAULT_MEMORY_MB) -> PathSetup:
-    """Run clean and corrupted once each (in chunks of prompts within ``memory_mb``); cache what
+                  base_run: Run | None = None, source_run: Run | None = None) -> PathSetup:
+    """Run clean and corrupted once each (in chunks of prompts within the current execution's
+    memory, ``analyses.core.execution``); cache what
     the edges' patched runs read (``base_run``: a ``Run`` of the base prompts, corrupted when
     denoising, that serves instead of a forward; what it lacks is read by a forward of only the
     blocks it needs) and the writes of the edges' senders only. ``source_run``: a ``Run`` of the
@@ -131,10 +130,10 @@ def prepare_paths(model, clean, corrupted, metric: Metric, edges: Edges, directi
     senders = sorted({(layer, head) for layer, head in edges.table[:, :2].tolist()})
     sender_z = sender_reads(model, edges)
     if source_run is None:
-        source_run = Run.make(model, source, metric, sender_z, starts=False, memory_mb=memory_mb)
+        source_run = Run.make(model, source, metric, sender_z, starts=False)
     source_run.check_tokens(source)
     if base_run is None:
-        base_run = Run.make(model, base, metric, names, memory_mb=memory_mb)
+        base_run = Run.make(model, base, metric, names)
     base_run.check_tokens(base)
     cache = base_run.read(names)
     source_z = source_run.read(sender_z)
@@ -148,26 +147,25 @@ def _write(setup: PathSetup, head: Head) -> torch.Tensor:
     return setup.writes[head]
 
 
-def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], memory_mb: float) -> dict:
+def receiver_z(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]]) -> dict:
     """Step 1: for each (sender, "q" | "k" | "v"), layer ``layer``'s z (batch, pos, head, d_head)
     with only that input of each head moved by the sender's write -> {(sender, via): z}."""
-    return dict(zip(paths, receiver_activations(model, setup, layer, paths, z_name(layer), memory_mb)))
+    return dict(zip(paths, receiver_activations(model, setup, layer, paths, z_name(layer))))
 
 
-def receiver_activations(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]], name: str,
-                         memory_mb: float) -> torch.Tensor:
+def receiver_activations(model, setup: PathSetup, layer: int, paths: Sequence[tuple[Head, str]],
+                         name: str) -> torch.Tensor:
     """Step 1's runs, reading the activation ``name`` of layer ``layer`` at or before its ``hook_z``
     (its ``hook_z``, or ``hook_pattern``: where the heads attend when only their query input moved)
     -> (len(paths), batch, ...), path i with only its input (sender, "q" | "k" | "v") of each head
-    moved by the sender's write."""
+    moved by the sender's write. Within the current execution's memory (``collect_variants``)."""
     resid = resid_pre_name(layer)
     variants = [
         [(resid, (), setup.cache[resid] + _write(setup, sender)), *((qkv_name(layer, w), ()) for w in QKV if w != via)]
         for sender, via in paths
     ]
     sources = {qkv_name(layer, w): setup.cache[qkv_name(layer, w)] for w in QKV}
-    return collect_variants(model, setup.tokens, variants, sources, [name], starts=setup.starts,
-                            memory_mb=memory_mb)[name]
+    return collect_variants(model, setup.tokens, variants, sources, [name], starts=setup.starts)[name]
 
 
 def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> list[list]:
@@ -188,30 +186,28 @@ def edge_variants(model, setup: PathSetup, edges: Sequence[Edge], z: dict) -> li
     return [[(mid, (), setup.starts[mid] + write)] for write in writes]
 
 
-def path_values(model, setup: PathSetup, metric: Metric, edges: Edges, *,
-                memory_mb: float = DEFAULT_MEMORY_MB) -> PromptScores:
+def path_values(model, setup: PathSetup, metric: Metric, edges: Edges) -> PromptScores:
     """The metric with each edge path-patched -> ``PromptScores``: values (len(edges),) float32 and,
     for a metric with a per-prompt form, each prompt's numerator (len(edges), batch) and count
     (batch,) from the same forwards (``score_variants``); receiver layer by receiver layer (so step
-    1's values live for one layer at a time), step 2's edits made one forward's chunk at a time; one
-    bar over the edges, shown per the current execution's progress."""
+    1's values live for one layer at a time), step 2's edits made one forward's chunk at a time, within
+    the current execution's memory; one bar over the edges, shown per its progress."""
     listed, by_layer = list(edges), defaultdict(list)
     for i, edge in enumerate(listed):
         by_layer[edge.receiver[0]].append(i)
     values = torch.empty(len(edges))
     numerators, counts = accumulator(model, len(edges), len(setup.tokens)), None
     per_prompt = True
-    chunk = rows_per_chunk(model, *setup.tokens.shape, memory_mb)
+    chunk = rows_per_chunk(model, *setup.tokens.shape, current().memory_mb)
     with progress_bar(total=len(edges), desc="path patching", leave=False) as bar:
         for layer, members in sorted(by_layer.items()):
             paths = list(dict.fromkeys((listed[i].sender, listed[i].via) for i in members if listed[i].via in QKV))
-            z = receiver_z(model, setup, layer, paths, memory_mb) if paths else {}
+            z = receiver_z(model, setup, layer, paths) if paths else {}
             for start in range(0, len(members), chunk):
                 part = members[start:start + chunk]
                 variants = edge_variants(model, setup, [listed[i] for i in part], z)
                 with executing(progress=False):
-                    scored = score_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts,
-                                            memory_mb=memory_mb)
+                    scored = score_variants(model, setup.tokens, variants, {}, metric, starts=setup.starts)
                 values[part] = scored.values
                 per_prompt = per_prompt and scored.numerators is not None
                 if per_prompt:
@@ -305,8 +301,8 @@ def path_patch(
             return edges.frame(attribution=scores.float())
         require_path_edits(model, edges, "path_patch", exact_only=True)
         setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
-                              source_run=source_run, memory_mb=execution.memory_mb)
-        values = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb)
+                              source_run=source_run)
+        values = path_values(model, setup, metric, edges)
     return path_frame(setup, edges, values, options.normalize)
 
 
@@ -358,7 +354,7 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
     ``source_run``, ``memory_mb`` and ``progress`` as there."""
     selection = {key: keywords.pop(key) for key in ("senders", "receivers", "via") if key in keywords}
     options = Options.of(keywords.pop("options", None), keywords)
-    with executing(memory_mb, progress) as execution:
+    with executing(memory_mb, progress):
         every_edge = edges_of(model, **selection)
         require_path_edits(model, every_edge, "screened_path_patch")
         if attribution is None:
@@ -386,8 +382,8 @@ def screened_path_patch(model, clean, corrupted, metric: Metric, *, screen: Scre
         if len(chosen):
             edges = every_edge.take(chosen)
             setup = prepare_paths(model, clean, corrupted, metric, edges, options.direction, base_run=base_run,
-                                  source_run=source_run, memory_mb=execution.memory_mb)
-            scores = path_values(model, setup, metric, edges, memory_mb=execution.memory_mb)
+                                  source_run=source_run)
+            scores = path_values(model, setup, metric, edges)
             values[chosen] = scores.values.double()
             low[chosen], high[chosen], n_prompts = setup.intervals(scores)
         return every_edge.frame(value=values.float(), effect=(values - baseline).float(), attribution=estimate,

@@ -34,7 +34,7 @@ import torch
 
 from analyses.components.decompose import decompose_residual
 from analyses.components.qk import chunk_prompts, qk_attribution
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_names import pattern_name, qkv_input_name, resid_pre_name
 from analyses.core.probes import RepeatedProbes
 from analyses.core.stats import N_BOOT, percentile_bounds, resample_weights
@@ -83,18 +83,20 @@ class QKCheck:
 @torch.no_grad()
 def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, query_pos, key_pos, *, side: str = "key",
                           k: int = 3, n_boot: int = N_BOOT, seed: int = 0,
-                          memory_mb: float = DEFAULT_MEMORY_MB) -> QKCheck:
+                          memory_mb: float | None = None) -> QKCheck:
     """Agreement of ``head``'s ``side`` attribution with removal of each component from that input
     alone (module docstring). tokens (prompts, pos); query_pos, key_pos (prompts, pairs); ``k``: the
     top-k of the overlap, at most the number of components (a layer-0 head reads two or three;
-    ``QKCheck.k`` says which k was used)."""
+    ``QKCheck.k`` says which k was used). ``memory_mb``: the execution's (``analyses.core.execution``;
+    None: the current one's)."""
     check_choice("side", side, SIDES)
-    attribution = qk_attribution(model, tokens, layer, head, query_pos, key_pos, "mean_other_keys", memory_mb=memory_mb)
-    query_pos, key_pos = attribution.query_pos, attribution.key_pos
-    per_side = attribution.terms.sum(2 if side == "key" else 3).mean(1)  # (prompts, C)
-    chunk = chunk_prompts(model, layer, tokens.shape[1], query_pos.shape[1], memory_mb)
-    drops = torch.cat([_drops(model, tokens[at:at + chunk], layer, head, query_pos[at:at + chunk],
-                              key_pos[at:at + chunk], side, memory_mb) for at in range(0, len(tokens), chunk)])
+    with executing(memory_mb) as execution:
+        attribution = qk_attribution(model, tokens, layer, head, query_pos, key_pos, "mean_other_keys")
+        query_pos, key_pos = attribution.query_pos, attribution.key_pos
+        per_side = attribution.terms.sum(2 if side == "key" else 3).mean(1)  # (prompts, C)
+        chunk = chunk_prompts(model, layer, tokens.shape[1], query_pos.shape[1], execution.memory_mb)
+        drops = torch.cat([_drops(model, tokens[at:at + chunk], layer, head, query_pos[at:at + chunk],
+                                  key_pos[at:at + chunk], side) for at in range(0, len(tokens), chunk)])
     n_parts = drops.shape[1]  # the residual's parts; the extra terms (biases, ALiBi) cannot be removed from the input
     names, per_side = attribution.names[:n_parts], per_side[:, :n_parts].cpu().double()
     if k < 1:
@@ -114,11 +116,12 @@ def qk_intervention_check(model, tokens: torch.Tensor, layer: int, head: int, qu
 
 
 def _drops(model, tokens: torch.Tensor, layer: int, head: int, query_pos: torch.Tensor, key_pos: torch.Tensor,
-           side: str, memory_mb: float) -> torch.Tensor:
+           side: str) -> torch.Tensor:
     """(prompts, C) float64: the mean over pairs of the head's attention on the pair's key, clean minus
     with component c's part subtracted from the head's own ``side`` input. One variant per
     component, run by the engine from the clean residual entering ``layer`` where the model can start
-    there (GPTModel: only this layer's attention runs per component) and stopped at its pattern."""
+    there (GPTModel: only this layer's attention runs per component) and stopped at its pattern, within
+    the current execution's memory."""
     entering, pattern = resid_pre_name(layer), pattern_name(layer)
     _, clean = cache_run(model, tokens, [entering, pattern], logits=False)  # stopped at the head's layer
     resid = clean[entering]  # (b, pos, d_model): every head's clean q/k/v input
@@ -127,8 +130,7 @@ def _drops(model, tokens: torch.Tensor, layer: int, head: int, query_pos: torch.
     which = "k" if side == "key" else "q"
     variants = [[Edit(qkv_input_name(layer, which), (slice(None), head), resid - part)] for part in parts]
     with split_qkv_inputs(model, [which]):
-        edited = collect_variants(model, tokens, variants, {}, [pattern], starts=starts,
-                                  memory_mb=memory_mb)[pattern]  # (C, b, head, q, k)
+        edited = collect_variants(model, tokens, variants, {}, [pattern], starts=starts)[pattern]  # (C, b, head, q, k)
     patterns = torch.cat([clean[pattern][None], edited])[:, :, head].cpu().double()
     rows = torch.arange(len(tokens))[:, None]
     attention = patterns[:, rows, query_pos, key_pos].mean(-1)  # (1 + C, b)

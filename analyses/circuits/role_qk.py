@@ -22,7 +22,6 @@ import pandas as pd
 from analyses.circuits.edges import KEY_COLUMNS
 from analyses.circuits.qk_check import PAIR_ROLES, role_pairs
 from analyses.components.qk import qk_attribution, qk_hooks
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.probes import RepeatedProbes
 from analyses.interventions.engine import cache_run
 
@@ -57,11 +56,11 @@ def qk_heads(table: pd.DataFrame) -> list[tuple[int, int, str]]:
     return picked
 
 
-def role_qk(model, table: pd.DataFrame, probes: RepeatedProbes, *, seed: int = 0,
-            memory_mb: float = DEFAULT_MEMORY_MB) -> RoleQK:
+def role_qk(model, table: pd.DataFrame, probes: RepeatedProbes, *, seed: int = 0) -> RoleQK:
     """Each role head's contrast attribution (module docstring) on ``probes``, up to ``QK_PAIRS``
     pairs per probe, with the sides' 95% intervals (bootstrap over prompts, ``seed``). One forward of
-    the probes, stopped at the last role head's layer, serves every head (``qk_hooks``)."""
+    the probes, stopped at the last role head's layer, serves every head (``qk_hooks``); the
+    attributions are chunked within the current execution's memory (``qk_attribution``)."""
     rows, sides, pairs = [], [], 0
     heads = qk_heads(table)
     wanted = list(dict.fromkeys(name for layer in sorted({layer for layer, _, _ in heads})
@@ -70,8 +69,7 @@ def role_qk(model, table: pd.DataFrame, probes: RepeatedProbes, *, seed: int = 0
     for layer, head, role in heads:
         query, key = role_pairs(probes, role, QK_PAIRS)
         pairs = max(pairs, int(query.shape[1]))
-        result = qk_attribution(model, probes.tokens, layer, head, query, key, "mean_other_keys", memory_mb=memory_mb,
-                                cache=cache)
+        result = qk_attribution(model, probes.tokens, layer, head, query, key, "mean_other_keys", cache=cache)
         contrast = float(result.score.mean())
         found = pd.concat([result.key_side(seed=seed), result.query_side(seed=seed)], ignore_index=True)
         found = found.assign(layer=layer, head=head, role=role, share=found["attribution"] / contrast)

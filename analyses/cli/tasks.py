@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from analyses.components.explanation import decisive_attention, explain, explanation_figure
+from analyses.core.execution import executing
 from analyses.core.metrics import evaluate_metric
 from analyses.interventions.patching import patch_heads
 from analyses.report.intervention_figures import save_csv, save_figure
@@ -275,14 +276,12 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
         raise UserError(f"--heads {text!r}: give heads (9.1 or L9H1) separated by commas, e.g. 9.1,L10H0") from None
 
 
-def strongest_heads(model, clean, corrupted, metric, top: int, memory_mb: float,
-                    progress: bool | None = None) -> list[tuple[int, int]]:
+def strongest_heads(model, clean, corrupted, metric, top: int) -> list[tuple[int, int]]:
     """The ``top`` heads whose exact denoising patch moves ``metric`` furthest from its corrupted value
-    (``progress``: the sweep's, as ``analyses.core.progress`` takes it)."""
+    (the sweep within the current execution, ``analyses.core.execution``)."""
     with torch.no_grad():
         corrupted_value = evaluate_metric(metric, model(corrupted)).item()
-    moved = (patch_heads(model, clean, corrupted, metric, memory_mb=memory_mb, progress=progress)
-             - corrupted_value).abs()
+    moved = (patch_heads(model, clean, corrupted, metric) - corrupted_value).abs()
     order = moved.flatten().argsort(descending=True, stable=True)[:top]
     return [divmod(int(index), model.cfg.n_heads) for index in order]
 
@@ -294,8 +293,9 @@ def run_explain(args) -> int:
     task = prompted_task(model, args)
     batch = task_batch(model, task)
     metric, scores = task_metric(task, batch.last), task_scores(task, batch.last)
-    heads = (parse_heads(args.heads) if args.heads else
-             strongest_heads(model, batch.clean, batch.corrupted, metric, args.top, args.memory_mb, args.progress))
+    with executing(args.memory_mb, args.progress):
+        heads = parse_heads(args.heads) if args.heads else strongest_heads(model, batch.clean, batch.corrupted,
+                                                                            metric, args.top)
     found = explain(model, batch.clean, scores, heads, batch.last.cpu(), steps=args.steps, flow=not args.no_flow,
                     memory_mb=args.memory_mb)
     decisive = decisive_attention(model, batch.clean, scores, heads, batch.last.cpu(), seed=args.seed)

@@ -656,16 +656,17 @@ MLP_METHODS = ("zero", "mean")
 
 
 def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zero", by_position: bool = False,
-                 memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                 memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Ablate each MLP's output (``hook_mlp_out``) alone, at every position or (``by_position``) at one
     -> one row per layer (and position): ``layer, [position,] value, baseline, effect`` (value -
     baseline) and its 95% interval over prompts ``ci_low, ci_high, n_prompts`` (the sweep's). ``method``: ``zero``, or ``mean`` (its mean at the same position over the other prompts,
     as head ablation's leave-one-out mean). ``metric`` defaults to the mean next-token loss. The
     ``each_mlp`` / ``each_mlp_by_position`` sweep of ``analyses.interventions.ablation.ablation_sweep``
-    (which also takes ``mean_aligned`` and ``resample``, and MLPs grouped with heads)."""
+    (which also takes ``mean_aligned`` and ``resample``, and MLPs grouped with heads). ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     check_choice("MLP ablation method", method, MLP_METHODS)
-    frame = ablation_sweep(model, tokens, "each_mlp_by_position" if by_position else "each_mlp", method, metric,
-                           memory_mb=memory_mb, progress=progress)
+    with executing(memory_mb, progress):
+        frame = ablation_sweep(model, tokens, "each_mlp_by_position" if by_position else "each_mlp", method, metric)
     where = frame[["layer", "position"] if by_position else ["layer"]].astype("int64")
     return where.assign(value=frame["metric"], baseline=frame["baseline"], effect=frame["effect"],
                         ci_low=frame["ci_low"], ci_high=frame["ci_high"], n_prompts=frame["n_prompts"])
@@ -673,7 +674,7 @@ def mlp_ablation(model, tokens: torch.Tensor, metric=None, *, method: str = "zer
 
 def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.Tensor, metric, answers,
                      distractors=None, *, positions: Sequence[int] | None = None, cache=None, clean_run=None,
-                     memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                     memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Each head and each MLP, its direct and its total effect: one row per component with
     ``component, kind, layer, head, direct, direct_ci_low, direct_ci_high, n_prompts`` (its direct
     logit attribution on the clean run, a mean over prompts with its interval, ``dla_effects``: onto
@@ -681,15 +682,17 @@ def attention_vs_mlp(model, clean_tokens: torch.Tensor, corrupted_tokens: torch.
     ``total`` (exact denoising patch of its output from the clean into the corrupted run, normalised:
     0 = corrupted, 1 = clean; ``patch_effects``, with ``total_ci_low``, ``total_ci_high``). A component with a large total and a small direct effect acts through later
     components. ``cache``: the clean run's (``components_cache``), else one is made; ``clean_run``: a
-    ``Run`` of the clean prompts, which the patching reads instead of running them again."""
+    ``Run`` of the clean prompts, which the patching reads instead of running them again. ``memory_mb``,
+    ``progress``: the patching's execution (``analyses.core.execution``; None: the current one's)."""
     dla = dla_effects(model, clean_tokens if cache is None else cache, answers, distractors, positions=positions)
     direct = dla[dla["kind"].isin(["head", "mlp"])].rename(
         columns={"dla": "direct", "ci_low": "direct_ci_low", "ci_high": "direct_ci_high"})
     direct = direct[[*COMPONENT_COLUMNS, "direct", "direct_ci_low", "direct_ci_high", "n_prompts"]].reset_index(drop=True)
-    options = dict(normalize=True, memory_mb=memory_mb, progress=progress, clean_run=clean_run)
     kinds = ["heads", *(["mlps"] if (direct["kind"] == "mlp").any() else [])]
-    totals = pd.concat([patch_effects(model, clean_tokens, corrupted_tokens, metric, kind, **options).assign(
-        kind=kind[:-1]) for kind in kinds], ignore_index=True)  # normalised denoising: the baseline is 0
+    with executing(memory_mb, progress):
+        totals = pd.concat([patch_effects(model, clean_tokens, corrupted_tokens, metric, kind, normalize=True,
+                                          clean_run=clean_run).assign(kind=kind[:-1]) for kind in kinds],
+                           ignore_index=True)  # normalised denoising: the baseline is 0
     totals = totals.rename(columns={"metric": "total", "ci_low": "total_ci_low", "ci_high": "total_ci_high"})
     if "head" not in totals:
         totals["head"] = pd.NA

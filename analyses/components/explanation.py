@@ -38,6 +38,7 @@ import torch
 from matplotlib.figure import Figure
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.execution import executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import pattern_name, pattern_names
 from analyses.core.plots import heatmap, new_figure, token_label
@@ -190,7 +191,7 @@ class Explanation:
 
 def explain(model, tokens: torch.Tensor, score: PromptScore, heads: Sequence[tuple[int, int]],
             last: torch.Tensor | None = None, *, steps: int = 32, flow: bool = True,
-            memory_mb: float = DEFAULT_MEMORY_MB) -> Explanation:
+            memory_mb: float | None = None) -> Explanation:
     """Attributions and attention for each prompt's prediction, and their rank agreement.
 
     tokens (batch, pos), right-padded; score: logits (batch, pos, d_vocab) -> one value per prompt
@@ -198,7 +199,8 @@ def explain(model, tokens: torch.Tensor, score: PromptScore, heads: Sequence[tup
     attention is read (those that matter for the score, from ablation or patching); last (batch,):
     each prompt's last real position, where its prediction is made (default: the last position).
     ``steps``: integrated gradients' steps; ``flow``: also attention flow (a max-flow per key
-    position and layer: keep prompts short)."""
+    position and layer: keep prompts short). ``memory_mb``: the attributions' budget (None: the
+    current execution's, ``analyses.core.execution``)."""
     heads = check_heads(model, heads)
     if not heads:
         raise UserError("explain needs at least one (layer, head) whose attention to read")
@@ -206,9 +208,11 @@ def explain(model, tokens: torch.Tensor, score: PromptScore, heads: Sequence[tup
     _, patterns = cache_run(model, tokens, pattern_names(model), logits=False)
     read = {"attention": head_attention(patterns, heads, last).cpu(),
             **attention_paths(patterns, model.cfg.n_layers, last, flow)}
-    attributed = {"gradient_x_input": gradient_x_input(model, tokens, score),
-                  "integrated_gradients": integrated_gradients(model, tokens, score, steps, memory_mb=memory_mb),
-                  "occlusion": occlusion(model, tokens, score, memory_mb=memory_mb)}
+    with executing(memory_mb) as execution:
+        attributed = {"gradient_x_input": gradient_x_input(model, tokens, score),
+                      "integrated_gradients": integrated_gradients(model, tokens, score, steps,
+                                                                   memory_mb=execution.memory_mb),
+                      "occlusion": occlusion(model, tokens, score, memory_mb=execution.memory_mb)}
     attributed = {name: values.detach().cpu() for name, values in attributed.items()}
     tokenizer = model_tokenizer(model)
     rows = [{"prompt": b, "position": p, "token": tokenizer.decode([int(tokens[b, p])]), "method": method,

@@ -78,7 +78,7 @@ def neuron_attribution(model, tokens: torch.Tensor, metric: Metric, layer: int, 
 
 
 def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "zero",
-                   exact: int | str = DEFAULT_EXACT, memory_mb: float = DEFAULT_MEMORY_MB,
+                   exact: int | str = DEFAULT_EXACT, memory_mb: float | None = None,
                    progress: bool | None = None) -> pd.DataFrame:
     """Which neurons of ``layer``'s MLP matter for ``metric`` on ``tokens`` (texts of equal token
     length or ids (batch, pos)) -> a tidy frame, one row per neuron, the strongest attribution first:
@@ -91,8 +91,8 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
 
     ``method``: what replaces the activation, ``zero`` or ``mean`` (``neuron_replacement``).
     ``exact``: how many neurons, the largest |attribution| first, get the exact ablation, or
-    ``"all"`` for every one (d_mlp variants). ``progress``: see ``analyses.core.progress`` (None: the
-    current execution's). Deterministic."""
+    ``"all"`` for every one (d_mlp variants). ``memory_mb``, ``progress``: the execution's
+    (``analyses.core.execution``; None: the current one's). Deterministic."""
     check_mlp_layer(model, layer)
     if not (exact == "all" or isinstance(exact, int) and exact >= 0):
         raise UserError(f"exact={exact!r} must be a number of neurons (>= 0) or 'all'")
@@ -102,18 +102,18 @@ def neuron_effects(model, tokens, metric: Metric, layer: int, *, method: str = "
     base_scores = prompt_scores(metric, logits)
     activation = cache[name]
     replacement = neuron_replacement(activation, method)
-    attribution = neuron_attribution(model, tokens, metric, layer, replacement, memory_mb).cpu()
-    order = attribution.abs().argsort(descending=True, stable=True)
-    checked = order if exact == "all" else order[:exact]
-    effect = torch.full_like(attribution, torch.nan, dtype=torch.float64)
-    low, high, n_prompts = effect.clone(), effect.clone(), len(tokens)
-    if len(checked):
-        variants = [[Edit(name, (slice(None), int(neuron)))] for neuron in checked]
-        with executing(progress=progress):
+    with executing(memory_mb, progress) as execution:
+        attribution = neuron_attribution(model, tokens, metric, layer, replacement, execution.memory_mb).cpu()
+        order = attribution.abs().argsort(descending=True, stable=True)
+        checked = order if exact == "all" else order[:exact]
+        effect = torch.full_like(attribution, torch.nan, dtype=torch.float64)
+        low, high, n_prompts = effect.clone(), effect.clone(), len(tokens)
+        if len(checked):
+            variants = [[Edit(name, (slice(None), int(neuron)))] for neuron in checked]
             scores = score_variants(model, tokens, variants, {name: replacement.expand_as(activation)}, metric,
-                                    starts=starts, memory_mb=memory_mb, desc="neuron ablations")
-        effect[checked] = scores.values.cpu().double() - baseline
-        low[checked], high[checked], n_prompts = effect_intervals(scores, base_scores, len(tokens))
+                                    starts=starts, desc="neuron ablations")
+            effect[checked] = scores.values.cpu().double() - baseline
+            low[checked], high[checked], n_prompts = effect_intervals(scores, base_scores, len(tokens))
     return pd.DataFrame({
         "layer": layer, "neuron": order.cpu().numpy(),
         "activation": activation.float().mean(dim=(0, 1))[order.to(activation.device)].cpu().numpy(),
@@ -162,13 +162,14 @@ def promotion_metric(token_ids: Sequence[int], position: int = -1) -> Metric:
 
 
 def promotion_effects(model, tokens, layer: int, neurons: Sequence[int], *, k: int = 10, position: int = -1,
-                      method: str = "zero", memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+                      method: str = "zero", memory_mb: float | None = None) -> pd.DataFrame:
     """The promotion confirmed by ablation: for each neuron, how much its ``k`` top tokens
     (``promoted_tokens``) lose, relative to the mean logit, at ``position`` of ``tokens`` when it is
     ablated at every position -> one row per neuron: ``layer, neuron, promotion`` (the metric
     ``promotion_metric`` of its tokens unablated minus ablated: positive where the neuron raises
     them), ``activation`` (its mean at ``position``). A neuron that does not fire on these prompts
-    promotes nothing here, whatever its value vector says."""
+    promotes nothing here, whatever its value vector says. The ablations run within ``memory_mb``
+    (None: the current execution's, ``analyses.core.execution``), without a bar."""
     check_mlp_layer(model, layer)
     tokens, name = as_tokens(model, tokens), mlp_post_name(layer)
     top = value_logits(model, layer, neurons).topk(k, dim=-1).indices.cpu()
@@ -179,9 +180,9 @@ def promotion_effects(model, tokens, layer: int, neurons: Sequence[int], *, k: i
     for neuron, ids in zip(neurons, top):
         metric = promotion_metric(ids.tolist(), position)
         clean = evaluate_metric(metric, logits)
-        with executing(progress=False):
+        with executing(memory_mb, progress=False):
             ablated = score_variants(model, tokens, [[Edit(name, (slice(None), int(neuron)))]], {name: source},
-                                     metric, memory_mb=memory_mb).values[0]
+                                     metric).values[0]
         rows.append({"layer": layer, "neuron": int(neuron), "promotion": float(clean - ablated),
                      "activation": float(activation[:, position, int(neuron)].float().mean())})
     return pd.DataFrame(rows)

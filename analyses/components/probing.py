@@ -34,6 +34,7 @@ import torch
 
 from analyses.core.hook_names import final_resid_name, resid_pre_name
 from analyses.core.probes import RepeatedProbes
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import ordinary_token_ids, single_token_id, start_ids
 from interp.errors import UserError
@@ -191,6 +192,7 @@ def linear_probe(model, tokens: torch.Tensor, labels: torch.Tensor, hooks: Seque
     probe. ``cache``: a clean cache holding the hooks (None: one forward caching only them). Returns a
     tidy frame, one row per hook (and head): ``hook, head, accuracy_train, accuracy, control_accuracy,
     selectivity, majority`` (the held-out share of the commonest training label), ``n_train, n_test``.
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's).
     """
     if labels.shape != tokens.shape:
         raise UserError(f"labels of shape {tuple(labels.shape)} must match the tokens {tuple(tokens.shape)}")
@@ -209,14 +211,15 @@ def linear_probe(model, tokens: torch.Tensor, labels: torch.Tensor, hooks: Seque
     majority = (targets[held_out] == train_labels.mode().values).float().mean().item()
     fit = dict(weight_decay=weight_decay, steps=steps)
     rows = []
-    for hook in progress_bar(hooks, progress=progress, desc="linear probes", unit="hook"):
-        activation = cache[hook].cpu().float()[defined]  # (n, d) or (n, head, d)
-        if per_head and activation.ndim != 3:
-            raise UserError(f"per_head probes need a (batch, pos, head, d) hook; {hook} is {tuple(cache[hook].shape)}")
-        for head, features in (enumerate(activation.unbind(1)) if per_head else [(None, activation.flatten(1))]):
-            train, test = _accuracies(features, targets, held_out, **fit)
-            _, control = _accuracies(features, controls, held_out, **fit)
-            rows.append({"hook": hook, "head": head, "accuracy_train": train, "accuracy": test,
-                         "control_accuracy": control, "selectivity": test - control, "majority": majority,
-                         "n_train": int((~held_out).sum()), "n_test": int(held_out.sum())})
+    with executing(progress=progress):
+        for hook in progress_bar(hooks, desc="linear probes", unit="hook"):
+            activation = cache[hook].cpu().float()[defined]  # (n, d) or (n, head, d)
+            if per_head and activation.ndim != 3:
+                raise UserError(f"per_head probes need a (batch, pos, head, d) hook; {hook} is {tuple(cache[hook].shape)}")
+            for head, features in (enumerate(activation.unbind(1)) if per_head else [(None, activation.flatten(1))]):
+                train, test = _accuracies(features, targets, held_out, **fit)
+                _, control = _accuracies(features, controls, held_out, **fit)
+                rows.append({"hook": hook, "head": head, "accuracy_train": train, "accuracy": test,
+                             "control_accuracy": control, "selectivity": test - control, "majority": majority,
+                             "n_train": int((~held_out).sum()), "n_test": int(held_out.sum())})
     return pd.DataFrame(rows).astype({"head": "Int64"})

@@ -52,7 +52,7 @@ from einops import einsum, rearrange
 from matplotlib.figure import Figure
 
 from analyses.components.decompose import component_hooks, decompose_residual, frozen_affine_norm
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.hook_check import FrozenNorm, frozen_norm
 from analyses.core.hook_names import qkv_name
 from analyses.core.plots import heatmap, new_figure
@@ -184,7 +184,7 @@ def chunk_prompts(model, layer: int, n_pos: int, n_pairs: int, memory_mb: float)
 
 @torch.no_grad()
 def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos, key_pos,
-                   baseline: str | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
+                   baseline: str | None = None, *, memory_mb: float | None = None,
                    cache: Mapping[str, torch.Tensor] | None = None) -> QKAttribution:
     """Head ``head`` of block ``layer``, a ``QKAttribution`` value: its pre-softmax score at each
     (query, key) pair split over the components of its input residual (module docstring).
@@ -192,7 +192,8 @@ def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos
     tokens: (prompts, positions) token ids; query_pos, key_pos: (prompts, pairs) the pairs, each key
     one the model lets its query see. ``baseline``: None (the score) or ``"mean_other_keys"`` (the
     score minus the mean score of the other keys the query sees). Chunked over prompts within
-    ``memory_mb`` (one forward per chunk, stopped at the layer). ``cache``: the activations of a
+    ``memory_mb`` (None: the current execution's, ``analyses.core.execution``; one forward per chunk,
+    stopped at the layer). ``cache``: the activations of a
     forward of ``tokens`` already made, holding ``qk_hooks(model, layer)`` for every prompt (as
     ``cache_run`` returns them): no forward runs, so several heads can share one."""
     check_choice("baseline", baseline, BASELINES)
@@ -202,7 +203,8 @@ def qk_attribution(model, tokens: torch.Tensor, layer: int, head: int, query_pos
     if tokens.ndim != 2:
         raise UserError(f"tokens of shape {tuple(tokens.shape)} must be (prompts, positions)")
     query_pos, key_pos = _pairs(tokens, query_pos, key_pos)
-    chunk = chunk_prompts(model, layer, tokens.shape[1], query_pos.shape[1], memory_mb)
+    with executing(memory_mb) as execution:
+        chunk = chunk_prompts(model, layer, tokens.shape[1], query_pos.shape[1], execution.memory_mb)
     pieces = [_attribute(model, attn, tokens[at:at + chunk], layer, head, query_pos[at:at + chunk],
                          key_pos[at:at + chunk], baseline,
                          None if cache is None else {name: cache[name][at:at + chunk] for name in qk_hooks(model, layer)})

@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 
 from analyses.core.hook_names import pattern_names
 from analyses.core.plots import attention_grid
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from analyses.interventions.engine import cache_run
 from interp.errors import UserError
@@ -79,17 +80,19 @@ def attention_rollout(patterns: torch.Tensor, attention_weight: float = 0.5) -> 
 def attention_flow(patterns: torch.Tensor, attention_weight: float = 0.5, *, progress: bool | None = None) -> torch.Tensor:
     """patterns (layer, head, q, k) post-softmax attention of one prompt -> flow (layer, q, k): entry
     [l, i, j] is the maximum flow from token j at the input to position i after layer l through the
-    graph whose capacities are ``mixed_attention`` (module docstring)."""
+    graph whose capacities are ``mixed_attention`` (module docstring). ``progress``: the execution's
+    (``analyses.core.execution``; None: the current one's)."""
     if patterns.ndim != 4:
         raise UserError(f"attention flow takes one prompt's patterns (layer, head, q, k), got {tuple(patterns.shape)}")
     mixed = mixed_attention(patterns, attention_weight).cpu().double().numpy()
     n_layers, n_pos = mixed.shape[0], mixed.shape[-1]
     flow = np.zeros((n_layers, n_pos, n_pos))
-    for layer in progress_bar(range(n_layers), progress=progress, desc="attention flow", unit="layer"):
-        capacity = _layered_capacity(mixed[:layer + 1])
-        for query in range(n_pos):
-            for key in range(n_pos):
-                flow[layer, query, key] = max_flow(capacity, key, (layer + 1) * n_pos + query)
+    with executing(progress=progress):
+        for layer in progress_bar(range(n_layers), desc="attention flow", unit="layer"):
+            capacity = _layered_capacity(mixed[:layer + 1])
+            for query in range(n_pos):
+                for key in range(n_pos):
+                    flow[layer, query, key] = max_flow(capacity, key, (layer + 1) * n_pos + query)
     return torch.from_numpy(flow).float()
 
 

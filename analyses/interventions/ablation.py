@@ -45,8 +45,7 @@ from typing import Mapping, NamedTuple, Sequence, Union
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
-from analyses.core.execution import executing
+from analyses.core.execution import current, executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import layer_of, mlp_out_name, pattern_name, pattern_names, z_names
 from analyses.core.checks import check_choice, check_heads
@@ -180,17 +179,16 @@ class Ablation(Contrast):
             cells += [(pattern_name(layer), ()) for layer in range(first, self.model.cfg.n_layers)]
         return cells
 
-    def run(self, head_sets: Sequence[Sequence[Component]], *, memory_mb: float | None = None,
-            progress: bool | None = None, desc="ablations") -> torch.Tensor:
+    def run(self, head_sets: Sequence[Sequence[Component]], *, desc="ablations") -> torch.Tensor:
         """The metric with each set of components (heads, and ``MLP``s where prepared with
         ``mlps``) ablated together -> (len(head_sets),) float64, as the baseline is kept: a table's
         metric and baseline columns then print alike, and an empty set (which gives the baseline)
-        has an effect of exactly 0, also once read back from a CSV. ``memory_mb``: the budget of
-        its forwards (default: the one it was prepared with). The values of ``scores``."""
-        return self.scores(head_sets, memory_mb=memory_mb, progress=progress, desc=desc).values
+        has an effect of exactly 0, also once read back from a CSV. Its forwards run within the
+        current execution's memory, its bar per its progress (``analyses.core.execution``). The
+        values of ``scores``."""
+        return self.scores(head_sets, desc=desc).values
 
-    def scores(self, head_sets: Sequence[Sequence[Component]], *, memory_mb: float | None = None,
-               progress: bool | None = None, desc="ablations") -> PromptScores:
+    def scores(self, head_sets: Sequence[Sequence[Component]], *, desc="ablations") -> PromptScores:
         """``run``'s values with each prompt's numerator (len(head_sets), batch) and count (batch,)
         from the same forwards (``Contrast.score``; an empty set's are the baseline's), for
         ``Contrast.intervals``; None for a metric without a per-prompt form."""
@@ -200,9 +198,7 @@ class Ablation(Contrast):
                       else baseline.numerators.expand(len(head_sets), -1).clone())  # (sets, batch)
         todo = [i for i, heads in enumerate(head_sets) if heads]
         if todo:
-            variants = [self.variant(head_sets[i]) for i in todo]
-            with executing(memory_mb=self.base.memory_mb if memory_mb is None else memory_mb, progress=progress):
-                scored = self.score(variants, desc)
+            scored = self.score([self.variant(head_sets[i]) for i in todo], desc)
             values[todo] = scored.values.to(values.dtype)
             numerators = None if scored.numerators is None or numerators is None else numerators.index_copy(
                 0, torch.tensor(todo, device=numerators.device), scored.numerators.to(numerators.dtype))
@@ -216,14 +212,14 @@ class Ablation(Contrast):
         gradient flows through where heads attend), the linearisation of the pattern-preserving
         ablation this object runs, so a pruning order follows the same ablation it prunes by.
 
-        The forward and backward go in chunks of prompts that fit the run's ``memory_mb``
+        The forward and backward go in chunks of prompts that fit the current execution's memory
         (``gradient_parts``): a prompt's gradient of the batch's metric is its chunk's, times the
         chunk's share of the metric."""
         model, names, batch = self.model, z_names(self.model), len(self.tokens)
         frozen = [(name, _constant) for name in pattern_names(model)] if self.preserve_patterns else []
         # per position: every layer's gradient, and one layer's float32 product
         width = model.cfg.n_heads * model.cfg.d_head
-        parts, positions = gradient_parts(model, self.tokens, self.metric, self.base.memory_mb,
+        parts, positions = gradient_parts(model, self.tokens, self.metric, current().memory_mb,
                                           per_position=(len(names) + 2) * width)
         importance = 0.0
         with model.hooks(fwd_hooks=frozen):
@@ -393,13 +389,13 @@ def prompts_run(model, prompts, names, metric: Metric | None = None) -> Run:
 
 def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                      preserve_patterns: bool = False, seed: int = 0, run: Run | None = None,
-                     mlps: bool = False, memory_mb: float | None = None) -> Ablation:
+                     mlps: bool = False) -> Ablation:
     """Cache what ablations of ``tokens`` (ids, texts or ``RepeatedProbes``) need: one forward (two with a separate
     reference). ``metric`` defaults to the mean next-token loss over all real positions (the run's
     metric where ``run`` has one). ``run``: a ``Run`` of these tokens (``Run.make``, reading at least
     ``ablation_reads``) that serves instead of a forward of its own. ``mlps``: also replace every
-    ``hook_mlp_out`` (by the same method), so ``MLP`` targets can be ablated. ``memory_mb``: the
-    budget of that forward (``Run.make``; None: the current execution's)."""
+    ``hook_mlp_out`` (by the same method), so ``MLP`` targets can be ablated. That forward runs
+    within the current execution's memory (``Run.make``)."""
     require_edit(model, "hook_z", "head ablation")
     if preserve_patterns:
         require_edit(model, "hook_pattern", "preserve_patterns=True")
@@ -412,22 +408,23 @@ def prepare_ablation(model, tokens, method: str = "zero", metric: Metric | None 
     metric = metric_for_batch(metric, batch.lengths, batch.tokens.shape[1])  # never reads the padding
     if run is None:
         run = Run.make(model, batch.tokens, metric, ablation_reads(model, method, reference=reference,
-                                                                   preserve_patterns=preserve_patterns, mlps=mlps),
-                       memory_mb=memory_mb)
+                                                                   preserve_patterns=preserve_patterns, mlps=mlps))
     sources = replacements(model, batch, method, ablated_names(model, mlps), reference, seed, places, run)
     pattern_cache = run.read(pattern_names(model)) if preserve_patterns else {}
     return Ablation(run, metric, sources | pattern_cache, run.value(metric), preserve_patterns=preserve_patterns)
 
 
 def ablate_heads(model, tokens, heads, method: str = "zero", metric: Metric | None = None, *, reference=None,
-                 preserve_patterns: bool = False, seed: int = 0, memory_mb: float = DEFAULT_MEMORY_MB) -> float:
-    """The metric with all of ``heads`` [(layer, head), ...] ablated together, within ``memory_mb``:
-    a value, not an effect. The effect with its interval over prompts is ``ablation_sweep``'s row for
-    the same group (``ablation_sweep(model, tokens, [heads], ...)``)."""
+                 preserve_patterns: bool = False, seed: int = 0, memory_mb: float | None = None) -> float:
+    """The metric with all of ``heads`` [(layer, head), ...] ablated together, within ``memory_mb``
+    (None: the current execution's, ``analyses.core.execution``), without a bar: a value, not an
+    effect. The effect with its interval over prompts is ``ablation_sweep``'s row for the same group
+    (``ablation_sweep(model, tokens, [heads], ...)``)."""
     heads = check_heads(model, heads)
-    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed, memory_mb=memory_mb)
-    return ablation.run([heads], progress=False).item()
+    with executing(memory_mb, progress=False):
+        ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                    preserve_patterns=preserve_patterns, seed=seed)
+        return ablation.run([heads]).item()
 
 
 TARGET_KINDS = ("each_head", "each_layer", "each_mlp", "each_mlp_by_position")
@@ -462,19 +459,21 @@ def sweep_targets(model, targets, n_pos: int | None = None) -> list[tuple[str, l
 
 def ablation_sweep(model, tokens, targets="each_head", method: str = "zero", metric: Metric | None = None, *,
                    reference=None, preserve_patterns: bool = False, seed: int = 0,
-                   memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                   memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Ablate each target (see ``sweep_targets``: heads, layers, MLPs, groups) separately -> a tidy
     frame, one row per target: ``target`` (name), ``layer`` (where every component is of one layer), ``head``
     (for a single head), ``position`` (for a single MLP at one position), ``n_heads`` and
     ``n_mlps`` (how many of each it ablates), ``metric`` (ablated), ``baseline`` (unablated),
     ``effect`` (metric - baseline) and its interval over prompts (``effect_columns``: ``ci_low``,
-    ``ci_high``, ``n_prompts``; the bootstrap seeded by ``seed``)."""
+    ``ci_high``, ``n_prompts``; the bootstrap seeded by ``seed``). ``memory_mb``, ``progress``: the
+    execution's (``analyses.core.execution``; None: the current one's)."""
     n_pos = as_batch(model, tokens.tokens if isinstance(tokens, RepeatedProbes) else tokens).tokens.shape[1]
     named = sweep_targets(model, targets, n_pos)
-    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed,
-                                mlps=any(isinstance(c, MLP) for _, group in named for c in group), memory_mb=memory_mb)
-    scores = ablation.scores([group for _, group in named], memory_mb=memory_mb, progress=progress, desc="ablate")
+    with executing(memory_mb, progress):
+        ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                    preserve_patterns=preserve_patterns, seed=seed,
+                                    mlps=any(isinstance(c, MLP) for _, group in named for c in group))
+        scores = ablation.scores([group for _, group in named], desc="ablate")
     return target_frame(named, scores.values, ablation.baseline).assign(**effect_columns(ablation, scores, seed))
 
 
@@ -508,12 +507,14 @@ def target_frame(named: list[tuple[str, list]], values: torch.Tensor, baseline: 
 
 def head_importance(model, tokens, method: str = "zero", metric: Metric | None = None, *, reference=None,
                     preserve_patterns: bool = False, seed: int = 0,
-                    memory_mb: float = DEFAULT_MEMORY_MB) -> torch.Tensor:
+                    memory_mb: float | None = None) -> torch.Tensor:
     """Michel et al. (2019) head importance -> a tensor [n_layers, n_heads] (see ``Ablation.importance``); with
     ``preserve_patterns`` that of the pattern-preserving ablation, the order ``pruning_curve`` then
-    prunes by. ``memory_mb``: the budget of the unablated run and of the forward and backward."""
-    return prepare_ablation(model, tokens, method, metric, reference=reference, preserve_patterns=preserve_patterns,
-                            seed=seed, memory_mb=memory_mb).importance()
+    prunes by. ``memory_mb``: the budget of the unablated run and of the forward and backward (None:
+    the current execution's, ``analyses.core.execution``)."""
+    with executing(memory_mb):
+        return prepare_ablation(model, tokens, method, metric, reference=reference,
+                                preserve_patterns=preserve_patterns, seed=seed).importance()
 
 
 def pruning_order(importance: torch.Tensor) -> list[tuple[int, int]]:
@@ -524,18 +525,19 @@ def pruning_order(importance: torch.Tensor) -> list[tuple[int, int]]:
 
 def pruning_curve(model, tokens, method: str = "zero", metric: Metric | None = None, *, order=None,
                   reference=None, preserve_patterns: bool = False, seed: int = 0,
-                  memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                  memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Cumulative ablation: step i ablates the first i heads of ``order`` (default: increasing
     ``head_importance``, the least important pruned first) -> a tidy frame, rows ``step`` (0 = nothing
     ablated), ``layer``, ``head`` (the head added at that step), ``importance``, ``n_heads``,
     ``fraction`` (of all heads), ``metric``, ``baseline``, ``effect`` and its interval
-    (``effect_columns``)."""
-    ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                preserve_patterns=preserve_patterns, seed=seed, memory_mb=memory_mb)
-    importance = ablation.importance()
-    order = check_heads(model, pruning_order(importance) if order is None else order)
-    scores = ablation.scores([order[:i] for i in range(len(order) + 1)], memory_mb=memory_mb, progress=progress,
-                             desc="prune")
+    (``effect_columns``). ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``;
+    None: the current one's)."""
+    with executing(memory_mb, progress):
+        ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
+                                    preserve_patterns=preserve_patterns, seed=seed)
+        importance = ablation.importance()
+        order = check_heads(model, pruning_order(importance) if order is None else order)
+        scores = ablation.scores([order[:i] for i in range(len(order) + 1)], desc="prune")
     n_total = model.cfg.n_layers * model.cfg.n_heads
     frame = pd.DataFrame({
         "step": range(len(order) + 1),

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB
 from analyses.core.execution import executing
 from analyses.core.hook_check import require_edit
 from analyses.core.hook_names import z_names
@@ -58,14 +57,16 @@ def attribution_agreement(attributed: torch.Tensor, exact: torch.Tensor, top_k: 
 
 
 def unpatched_value(model, clean_tokens, corrupted_tokens, metric: Metric, *, direction: str = "denoise",
-                    normalize: bool = False, memory_mb: float = DEFAULT_MEMORY_MB) -> float:
+                    normalize: bool = False, memory_mb: float | None = None) -> float:
     """The metric of the run that patching edits (the corrupted run when denoising, the clean one
     when noising): every patched cell's effect is measured from it. Normalised: 0 when denoising,
-    1 when noising. ``memory_mb``: the budget of that run (``Run.make``)."""
+    1 when noising. ``memory_mb``: the budget of that run (``Run.make``; None: the current
+    execution's, ``analyses.core.execution``)."""
     base, _ = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     if normalize:
         return 0.0 if direction == "denoise" else 1.0
-    return Run.make(model, base, metric, starts=False, memory_mb=memory_mb).baseline
+    with executing(memory_mb):
+        return Run.make(model, base, metric, starts=False).baseline
 
 
 @dataclass(frozen=True)

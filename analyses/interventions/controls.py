@@ -247,11 +247,10 @@ def control_effects(model, tokens, heads: Sequence[Head], method: str = "zero", 
     unablated (``Ablation.scores``). ``memory_mb``, ``progress``: the execution's
     (``analyses.core.execution``; None: the current one's)."""
     sets = matched_random_sets(model, heads, n_draws, seed, exclude)
-    with executing(memory_mb, progress) as execution:
+    with executing(memory_mb, progress):
         ablation = prepare_ablation(model, tokens, method, metric, reference=reference,
-                                    preserve_patterns=preserve_patterns, seed=seed, run=run,
-                                    memory_mb=execution.memory_mb)
-        scores = ablation.scores([check_heads(model, heads), *sets], memory_mb=execution.memory_mb, desc="control")
+                                    preserve_patterns=preserve_patterns, seed=seed, run=run)
+        scores = ablation.scores([check_heads(model, heads), *sets], desc="control")
     return control_from_scores(model, heads, sets, scores, ablation.baseline_scores(), len(ablation.tokens), method,
                                exclude=exclude, n_boot=n_boot, seed=seed)
 

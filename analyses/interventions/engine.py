@@ -31,7 +31,8 @@ from typing import Mapping, Sequence, Union
 import torch
 from einops import einsum, repeat
 
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import rows_within
+from analyses.core.execution import current
 from analyses.core.hook_names import final_resid_name, layer_of, resid_mid_name, resid_pre_name, z_name
 from analyses.core.metrics import Metric, MetricPart, PromptScores, as_metric, evaluate_metric
 from analyses.core.progress import progress_bar
@@ -324,7 +325,6 @@ def score_variants(
     metric: Metric,
     *,
     starts: Mapping | None = None,
-    memory_mb: float = DEFAULT_MEMORY_MB,
     desc: str = "interventions",
 ) -> PromptScores:
     """``metric`` under each variant -> ``PromptScores``: values (n_variants,) float, in the order
@@ -332,7 +332,8 @@ def score_variants(
     prompt's numerator (n_variants, batch) and count (batch,) from the same forwards.
 
     Variants run in the chunks of ``variant_chunks``: several variants over every prompt per
-    forward, or where one variant over every prompt exceeds ``memory_mb``, one variant over a chunk
+    forward, or where one variant over every prompt exceeds the current execution's memory
+    (``analyses.core.execution``), one variant over a chunk
     of prompts, the parts' values combined as ``analyses.core.metrics.Metric.part`` says (a metric
     that cannot be split gets every prompt at once). ``starts``: see ``run_variants``; with them,
     only the positions the metric reads (``analyses.core.metrics.Metric.positions``) are unembedded,
@@ -347,12 +348,11 @@ def score_variants(
         return run_variants(model, tokens[rows], edits, part_sources, part_starts, positions, compact=compact,
                             entries=entries)
 
-    return score_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None,
-                        memory_mb=memory_mb, desc=desc)
+    return score_chunks(model, tokens, variants, metric, chunk_logits, read_only=starts is not None, desc=desc)
 
 
 def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metric: Metric, chunk_logits, *,
-                 read_only: bool, memory_mb: float = DEFAULT_MEMORY_MB, desc: str = "interventions",
+                 read_only: bool, desc: str = "interventions",
                  by_prompts: bool = False) -> PromptScores:
     """``metric`` under each variant -> ``PromptScores`` (as ``score_variants``'), however a chunk's
     logits are made: ``chunk_logits(members, rows, positions, compact, entries)`` gives the logits of the
@@ -360,13 +360,14 @@ def score_chunks(model, tokens: torch.Tensor, variants: Sequence[Variant], metri
     being ``positions`` (n,) with ``compact``, else every position (NaN off ``positions`` where
     given); where the metric's part reads only some entries of those positions (``entries``
     (rows, n) bool, not None), those alone -> (len(members), m, d_vocab), row-major.
-    The chunks are ``variant_chunks``' (``by_prompts``: see there), scored by ``MetricSums``
+    The chunks are ``variant_chunks``' within the current execution's memory (``by_prompts``: see
+    there), scored by ``MetricSums``
     (the metric's parts and their weighting); with ``read_only`` the logits are asked for at the
     metric's read positions only."""
     batch, n_pos = tokens.shape
     metric = as_metric(metric)
     positions = metric.positions(n_pos) if read_only else None
-    chunks = variant_chunks(model, tokens, variants, memory_mb, read=None if positions is None or not metric.splits
+    chunks = variant_chunks(model, tokens, variants, current().memory_mb, read=None if positions is None or not metric.splits
                             else len(positions), split_rows=metric.splits, by_prompts=by_prompts)
     scores = MetricSums(model, metric, len(variants), batch, positions).score(chunks, chunk_logits, desc=desc)
     values = scores.values.float()
@@ -453,16 +454,15 @@ def collect_variants(
     names: Sequence[str],
     *,
     starts: Mapping | None = None,
-    memory_mb: float = DEFAULT_MEMORY_MB,
 ) -> dict[str, torch.Tensor]:
     """The activations ``names`` under each variant -> {name: (n_variants, batch, ...)}, in the order
     given. Each forward stops once they are stored, so a chunk runs only up to the last of them
     (from its earliest edited layer where ``starts`` allows); a chunk is several variants over
-    every prompt, or one variant over as many prompts as fit (``variant_chunks``). ``names`` must
-    come at or after every variant's edits."""
+    every prompt, or one variant over as many prompts as fit the current execution's memory
+    (``variant_chunks``). ``names`` must come at or after every variant's edits."""
     wanted, collected = list(dict.fromkeys(names)), defaultdict(lambda: defaultdict(list))
     batch = tokens.shape[0]
-    for chunk in variant_chunks(model, tokens, variants, memory_mb, logits=False):
+    for chunk in variant_chunks(model, tokens, variants, current().memory_mb, logits=False):
         edits, part_sources, part_starts = chunk_edits([variants[v] for v in chunk.members], sources, starts,
                                                        chunk.rows, batch)
         kept = {}

@@ -59,14 +59,13 @@ def base_and_source(model, clean_tokens, corrupted_tokens, direction: str) -> tu
 
 
 def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direction: str = "denoise", *,
-            base_run: Run | None = None, clean_run: Run | None = None,
-            memory_mb: float | None = None) -> Contrast:
+            base_run: Run | None = None, clean_run: Run | None = None) -> Contrast:
     """Run clean and corrupted once each, caching ``names`` from the source side -> the ``Contrast``
     whose base is the run that gets patched. ``base_run``: a ``Run`` of the base prompts (the
     corrupted ones when denoising) that serves instead of a forward of its own; ``clean_run``: a
     ``Run`` of the clean prompts, which serves as the source run when denoising and as the base run
-    when noising (its metric value is read from its last block where its metric is another).
-    ``memory_mb``: the budget of those forwards (``Run.make``; None: the current execution's)."""
+    when noising (its metric value is read from its last block where its metric is another). Those
+    forwards run within the current execution's memory (``Run.make``)."""
     base, source = base_and_source(model, clean_tokens, corrupted_tokens, direction)
     if clean_run is not None and direction == "noise":
         base_run = clean_run
@@ -74,10 +73,10 @@ def prepare(model, clean_tokens, corrupted_tokens, metric: Metric, names, direct
         clean_run.check_tokens(source)
         source_cache, source_scores = clean_run.read(names), clean_run.scores(metric)
     else:
-        source_run = Run.make(model, source, metric, names, starts=False, memory_mb=memory_mb)
+        source_run = Run.make(model, source, metric, names, starts=False)
         source_cache, source_scores = source_run.cache, source_run.scores(metric)
     if base_run is None:
-        base_run = Run.make(model, base, metric, memory_mb=memory_mb)
+        base_run = Run.make(model, base, metric)
     base_run.check_tokens(base)
     return Contrast(base_run, metric, source_cache, base_run.value(metric), float(source_scores.values), direction,
                     source_scores=source_scores)

@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb, rows_within, tensors_within
-from analyses.core.execution import current
+from analyses.core.execution import current, executing
 from analyses.core.hook_names import layer_of, resid_pre_name
 from analyses.interventions.engine import (MetricSums, _Collected, capture_hooks, nearest_start, runs_suffix_only,
                                            score_variants, start_names)
@@ -118,7 +118,8 @@ class Run:
         kept_names = list(dict.fromkeys([*names, *resid_names]))
         scored = MetricParts(model, metric, tokens, set(kept_names) | set(by_name))
         size = chunk_rows(model, tokens.shape[1], memory_mb, scored, by_name)
-        kept = _forward_chunks(model, tokens, scored, kept_names, by_name, keep_rows, size, progress=progress, desc=desc)
+        with executing(progress=progress):
+            kept = _forward_chunks(model, tokens, scored, kept_names, by_name, keep_rows, size, desc=desc)
         # a hook the model never fires (a bridge's hook_pos_embed on a rotary model) is left out, as
         # run_with_cache's names_filter leaves it out, and remembered as silent
         silent = frozenset(name for name, parts in kept.items() if not parts)
@@ -244,15 +245,16 @@ def chunk_rows(model, n_pos: int, memory_mb: float, scored: "MetricParts", consu
 
 def _forward_chunks(model, tokens: torch.Tensor, scored: "MetricParts", names: Sequence[str],
                     consumers: Mapping[str, list[Consumer]], keep_rows: int | None, size: int, *,
-                    progress: bool | None, desc: str) -> dict[str, list[torch.Tensor]]:
+                    desc: str) -> dict[str, list[torch.Tensor]]:
     """``Run.make``'s one pass over ``tokens`` (batch, pos) in chunks of ``size`` prompts: each chunk
     scored by ``scored`` (``MetricParts.add``), each hook of ``consumers`` fed its activation (chunk,
     ...) and rows as the forward passes it, and ``names`` kept for the first ``keep_rows`` prompts
     (None: all) -> name -> its chunks' activations in row order (empty for a hook that never fired).
-    Without a metric a chunk's forward stops once every wanted hook has fired."""
+    Without a metric a chunk's forward stops once every wanted hook has fired. Its bar (``desc``) is
+    shown per the current execution's progress."""
     wanted = set(names) | set(consumers)
     kept: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-    for start in progress_bar(range(0, len(tokens), size), progress=progress, desc=desc, unit="chunk"):
+    for start in progress_bar(range(0, len(tokens), size), desc=desc, unit="chunk"):
         rows = slice(start, min(start + size, len(tokens)))
         fired = set()
 
@@ -435,7 +437,7 @@ class Contrast:
         (``analyses.interventions.engine.score_variants`` on the base run, from its starts), within the
         current execution's memory, its bar per its progress: values (len(variants),)."""
         return score_variants(self.model, self.tokens, variants, self.sources, self.metric, starts=self.starts,
-                              memory_mb=current().memory_mb, desc=desc)
+                              desc=desc)
 
     def baseline_scores(self) -> PromptScores:
         """The metric on the unedited base run, per prompt (``Run.scores``; no forward where the base

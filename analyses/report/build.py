@@ -55,7 +55,7 @@ import torch
 
 from analyses.components.rollout import all_patterns
 from analyses.core.execution import current, executing
-from analyses.core.budget import DEFAULT_MEMORY_MB, left_after
+from analyses.core.budget import left_after
 from analyses.core.steps import FOLDER, RECORD, Steps, directory_lock
 from analyses.core.hook_check import left_out, require
 from analyses.report.calibration_figures import CAPTIONS as CALIBRATION_CAPTIONS
@@ -359,8 +359,8 @@ def roles_result(context: ReportContext, results: dict) -> dict:
     c = context
     scores = classify_heads(c.model, seed=c.seed, texts=c.texts, probes=None if c.texts else c.chosen_on,
                             memory_mb=c.memory_mb, run=None if c.texts else c.chosen_run)
-    calibration = role_calibration(c.model, c.chosen_on, run=c.chosen_run, fdr=c.fdr or DEFAULT_FDR, seed=c.seed,
-                                   memory_mb=c.calibration_mb)
+    with executing(memory_mb=c.calibration_mb):
+        calibration = role_calibration(c.model, c.chosen_on, run=c.chosen_run, fdr=c.fdr or DEFAULT_FDR, seed=c.seed)
     return {"scores": scores, "calibration": calibration}
 
 
@@ -377,9 +377,10 @@ def calibration_result(context: ReportContext, results: dict) -> dict:
     rows), self-repair, dormant heads and similarity (``dormant_and_similarity``)."""
     c = context
     calibration, effects = results["roles"]["calibration"], results["ablation"]["effects"]
-    pairs, groups = ((pd.DataFrame(), pd.DataFrame()) if BACKUP in c.left else
-                     backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
-                                   choose=c.selection, memory_mb=c.calibration_mb))
+    with executing(memory_mb=c.calibration_mb):
+        pairs, groups = ((pd.DataFrame(), pd.DataFrame()) if BACKUP in c.left else
+                         backup_frames(c.model, c.first, calibration, effects, pair_heads=DEFAULT_PAIR_HEADS,
+                                       choose=c.selection))
     dormant, similarities = dormant_and_similarity(c.model, c.probes, c.run, c.first, effects)
     frames = {"calibration": calibration, "pairs": pairs, "groups": groups, "effects": effects,
               "mlp_effects": results["ablation"]["mlp_effects"], "dormant": dormant,
@@ -424,7 +425,8 @@ def qk_result(context: ReportContext, results: dict) -> dict:
         return {"section": None, "heads": None}
     table = roles_table(c, results)
     c.estimate.at_start("qk", role_qk_cost(c.shape, qk_heads(table)))
-    found = role_qk(c.model, table, c.first.probes, seed=c.seed, memory_mb=c.step_mb)
+    with executing(memory_mb=c.step_mb):
+        found = role_qk(c.model, table, c.first.probes, seed=c.seed)
     edges = (results.get("circuit") or {}).get("edges")
     return {"section": section_data(qk_report_section(found, edges, table)), "heads": found.heads}
 
@@ -602,7 +604,7 @@ def missing_parts(left: dict[str, str], chosen: Sequence[ReportSection], results
 def report_roles(model, *, n_prompts: int = 64, seq_len: int | None = None, seed: int = 0,
                  texts: Sequence[str] | None = None,
                  thresholds: float | Mapping[str, float] | None = DEFAULT_THRESHOLD, fdr: float | None = DEFAULT_FDR,
-                 intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float = DEFAULT_MEMORY_MB,
+                 intervention_prompts: int = DEFAULT_INTERVENTION_PROMPTS, memory_mb: float | None = None,
                  progress: bool | None = None) -> pd.DataFrame:
     """Exactly the roles ``build_report`` (``interp report``) gives with the same arguments, without
     the rest of the report: the head table (``head_table``: one row per head, every measure with its
@@ -614,15 +616,15 @@ def report_roles(model, *, n_prompts: int = 64, seq_len: int | None = None, seed
     the attention roles' nulls and the meaning roles' nulls in one false-discovery family), a role
     being a (head, role) whose q-value is at most ``fdr`` and whose score reaches ``thresholds``.
     ``fdr=None``, or ``texts`` (classified on the texts, which the probe nulls do not describe),
-    is the fixed rule: the threshold and an interval above chance. Returns a tidy frame."""
+    is the fixed rule: the threshold and an interval above chance. Returns a tidy frame. ``memory_mb``,
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     check_prompt_count(n_prompts, f"n_prompts={n_prompts}", PROMPTS_NEEDED_BY)
     check_prompt_count(intervention_prompts, f"intervention_prompts={intervention_prompts}", PROMPTS_NEEDED_BY)
     probes = probes_for(model, intervention_prompts + n_prompts, seq_len, seed=seed)
     chosen_on = probes.after(intervention_prompts)
-    with executing(progress=progress):
-        scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on,
-                                memory_mb=memory_mb)
-        calibration = (role_calibration(model, chosen_on, seed=seed, fdr=fdr, memory_mb=memory_mb)
+    with executing(memory_mb, progress):
+        scores = classify_heads(model, seed=seed, texts=texts, probes=None if texts else chosen_on)
+        calibration = (role_calibration(model, chosen_on, seed=seed, fdr=fdr)
                        if fdr is not None and not texts else None)
     return head_table(scores, None, thresholds, fdr=fdr or DEFAULT_FDR, calibration=calibration)
 

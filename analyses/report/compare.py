@@ -240,7 +240,8 @@ def checkpoint_step(path: str | Path, index: int) -> int:
 def scores_over_training(models: Sequence, steps: Sequence[int], *, n_prompts: int = 32, seq_len: int | None = None,
                          seed: int = 0, progress: bool | None = None) -> pd.DataFrame:
     """Each head's scores in each of a series of same-shape models (checkpoints of one run), on the
-    same probes -> tidy frame ``step, layer, head, measure, score, ci_low, ci_high, chance``."""
+    same probes -> tidy frame ``step, layer, head, measure, score, ci_low, ci_high, chance``.
+    ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     if len(models) != len(steps) or not models:
         raise UserError(f"need one step per model and at least one model (got {len(models)} models, {len(steps)} steps)")
     for model in models[1:]:
@@ -251,10 +252,11 @@ def scores_over_training(models: Sequence, steps: Sequence[int], *, n_prompts: i
     targets = probe_targets(probes)
     counts, chance = prompt_counts_and_chance(targets, MEASURES)
     frames = []
-    for step, model in zip(steps, progress_bar(models, progress=progress, desc="checkpoints", unit="model")):
-        with executing(progress=False):
-            sums = per_prompt_scores(model, probes.tokens, targets, MEASURES)
-        frames.append(scores_frame(sums, counts, chance, n_boot=N_BOOT, seed=seed).assign(step=step))
+    with executing(progress=progress):
+        for step, model in zip(steps, progress_bar(models, desc="checkpoints", unit="model")):
+            with executing(progress=False):
+                sums = per_prompt_scores(model, probes.tokens, targets, MEASURES)
+            frames.append(scores_frame(sums, counts, chance, n_boot=N_BOOT, seed=seed).assign(step=step))
     frame = pd.concat(frames, ignore_index=True)
     return frame[["step", *[c for c in frame.columns if c != "step"]]]
 

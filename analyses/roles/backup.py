@@ -53,8 +53,8 @@ import torch
 
 from analyses.interventions.ablation import (MLP, Ablation, Component, ablation_reads, check_components, component_cells,
                                              component_label, component_layer, prepare_ablation, prompts_run)
-from analyses.core.budget import DEFAULT_MEMORY_MB, held_mb
-from analyses.core.execution import executing
+from analyses.core.budget import held_mb
+from analyses.core.execution import current, executing
 from analyses.core.hook_check import (EDIT_TOLERANCE, HEAD_CONTRIBUTIONS, UNNORMED_ATTN_OUT, check_hooks,
                                       frozen_output_norm, norm_weight, output_norm, output_norm_reads, probe_effect,
                                       probe_tokens, require)
@@ -75,7 +75,7 @@ DEFAULT_MIN_EXCESS = 0.05  # nats: a pair whose joint effect exceeds the sum of 
 
 
 def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: str = "mean",
-                      metric: Metric | None = None, *, memory_mb: float = DEFAULT_MEMORY_MB,
+                      metric: Metric | None = None, *, memory_mb: float | None = None,
                       progress: bool | None = None, run: Run | None = None) -> pd.DataFrame:
     """Ablate each of ``heads`` alone and every pair together (one batched call).
 
@@ -85,19 +85,19 @@ def pairwise_ablation(model, prompts, heads: Sequence[tuple[int, int]], method: 
     joint, additive`` (effect_a + effect_b), ``excess`` (joint - additive), ``baseline``, and the 95%
     intervals over prompts ``joint_ci_low, joint_ci_high, excess_ci_low, excess_ci_high`` and
     ``n_prompts`` (``joint_effects``: each prompt's excess is its joint effect minus its two single
-    effects, all from the same forwards of the same prompts).
+    effects, all from the same forwards of the same prompts). ``memory_mb``, ``progress``: the
+    execution's (``analyses.core.execution``; None: the current one's).
     """
     heads = check_heads(model, heads)
     if len(heads) < 2:
         raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
-    ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=memory_mb)
-    with executing(progress=progress):
-        return pair_frame(joint_effects(ablation, list(combinations(heads, 2)), memory_mb=memory_mb,
-                                        desc="pairwise ablation"))
+    with executing(memory_mb, progress):
+        ablation = prepare_ablation(model, prompts, method, metric, run=run)
+        return pair_frame(joint_effects(ablation, list(combinations(heads, 2)), desc="pairwise ablation"))
 
 
 def joint_effects(ablation: Ablation, sets: Sequence[Sequence[tuple[int, int]]], *,
-                  memory_mb: float = DEFAULT_MEMORY_MB, desc: str = "joint ablations") -> pd.DataFrame:
+                  desc: str = "joint ablations") -> pd.DataFrame:
     """Each set of heads ablated together and each of their heads alone (one batched call) -> one
     row per set: ``heads`` (the set, as given), ``effects`` (its heads' single effects, in order),
     ``sum_single``, ``joint``, ``excess`` (joint - sum_single), ``baseline``, and the 95% intervals
@@ -106,8 +106,7 @@ def joint_effects(ablation: Ablation, sets: Sequence[Sequence[tuple[int, int]]],
     effects (``(J - B) - sum_i (S_i - B)`` of the per-prompt numerators, ``effect_intervals``); NaN
     for a metric without a per-prompt form."""
     alone = sorted({head for members in sets for head in members})
-    scores = ablation.scores([[h] for h in alone] + [list(members) for members in sets], memory_mb=memory_mb,
-                             desc=desc)
+    scores = ablation.scores([[h] for h in alone] + [list(members) for members in sets], desc=desc)
     single = dict(zip(alone, (scores.values[:len(alone)] - ablation.baseline).tolist()))
     joint = scores.values[len(alone):] - ablation.baseline
     joint_scores = PromptScores(scores.values[len(alone):], None if scores.numerators is None
@@ -200,8 +199,7 @@ def backing(pairs: pd.DataFrame, min_excess: float = DEFAULT_MIN_EXCESS) -> pd.S
 RISE_COLUMNS = [f"rise_{way}{end}" for way in ("ab", "ba") for end in ("", "_ci_low", "_ci_high")]
 
 
-def with_rises(ablation: Ablation, pairs: pd.DataFrame, which: Sequence[bool],
-               memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+def with_rises(ablation: Ablation, pairs: pd.DataFrame, which: Sequence[bool]) -> pd.DataFrame:
     """``pairs`` (a ``pairwise_ablation`` table) with, for the rows ``which`` (bool per row), each head's
     direct logit attribution rise when the other is ablated on ``ablation``'s prompts
     (``direct_effect_rises``): ``rise_ab`` (b's, a ablated) and ``rise_ba`` (a's, b ablated), each with
@@ -214,7 +212,7 @@ def with_rises(ablation: Ablation, pairs: pd.DataFrame, which: Sequence[bool],
     frame = pairs.assign(**{column: float("nan") for column in RISE_COLUMNS}, compensates=False)
     if not len(chosen):
         return frame
-    rises = direct_effect_rises(ablation, [*zip(a, b), *zip(b, a)], memory_mb=memory_mb)
+    rises = direct_effect_rises(ablation, [*zip(a, b), *zip(b, a)])
     for way, part in (("ab", rises.iloc[:len(chosen)]), ("ba", rises.iloc[len(chosen):])):
         for end in ("", "_ci_low", "_ci_high"):
             frame.loc[which, f"rise_{way}{end}"] = part[f"rise{end}"].to_numpy()
@@ -253,29 +251,26 @@ def backup_report(model, prompts, heads: Sequence[tuple[int, int]], method: str 
     ``excess`` (joint - sum_single), ``joint_ci_low``, ``joint_ci_high``, ``excess_ci_low``,
     ``excess_ci_high``, ``n_prompts`` (95% intervals over ``prompts``: ``joint_effects``)).
     ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
-    with executing(memory_mb, progress) as execution:
+    with executing(memory_mb, progress):
         run = run if run is not None else prompts_run(model, prompts, ablation_reads(model, method))
         heads = check_heads(model, heads)
         if len(heads) < 2:
             raise UserError(f"pairwise ablation needs at least 2 heads, got {len(heads)}")
-        ablation = prepare_ablation(model, prompts, method, metric, run=run, memory_mb=execution.memory_mb)
+        ablation = prepare_ablation(model, prompts, method, metric, run=run)
         pairs = list(combinations(heads, 2))
         screen = None
         if choose is not None:
-            screen = pair_frame(joint_effects(choose, pairs, memory_mb=execution.memory_mb,
-                                              desc="pairwise ablation (choosing)"))
-            screen = with_rises(choose, screen, superadditive(screen, min_excess), execution.memory_mb)
+            screen = pair_frame(joint_effects(choose, pairs, desc="pairwise ablation (choosing)"))
+            screen = with_rises(choose, screen, superadditive(screen, min_excess))
         groups = [] if screen is None else backup_groups(screen, min_excess)
         members = [[_label_key(label) for label in group] for group in groups]
-        measured = joint_effects(ablation, [*pairs, *members], memory_mb=execution.memory_mb, desc="pairwise ablation")
+        measured = joint_effects(ablation, [*pairs, *members], desc="pairwise ablation")
         frame = pair_frame(measured.iloc[:len(pairs)].reset_index(drop=True))
-        frame = with_rises(ablation, frame, superadditive(frame if screen is None else screen, min_excess).to_numpy(),
-                           execution.memory_mb)
+        frame = with_rises(ablation, frame, superadditive(frame if screen is None else screen, min_excess).to_numpy())
         if screen is None:
             groups = backup_groups(frame, min_excess)
             members = [[_label_key(label) for label in group] for group in groups]
-            measured = pd.concat([measured, joint_effects(ablation, members, memory_mb=execution.memory_mb,
-                                                          desc="backup groups")] if members else [measured],
+            measured = pd.concat([measured, joint_effects(ablation, members, desc="backup groups")] if members else [measured],
                                  ignore_index=True)
             frame["backs"] = backing(frame, min_excess)
         else:
@@ -331,9 +326,9 @@ def backup_refusal(model) -> str | None:
     return None
 
 
-def metric_readout(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> MetricReadout:
+def metric_readout(ablation: Ablation) -> MetricReadout:
     """``MetricReadout`` of ``ablation``'s unedited run and metric, from its final residual: per chunk of
-    prompts within ``memory_mb``, the logits at the metric's read positions as ``FinalReadout`` makes
+    prompts within the current execution's memory (``analyses.core.execution``), the logits at the metric's read positions as ``FinalReadout`` makes
     them (``scale * linear + offset``, capped where the model caps), the gradient of the sum of the
     prompts' numerators with respect to the uncapped logits, times the scale, through the unembedding.
     Refused in one line where ``backup_refusal`` says so or for a metric without a per-prompt form."""
@@ -349,7 +344,7 @@ def metric_readout(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> 
     at = slice(None) if positions is None else positions
     final = ablation.base.read([final_resid_name(model)])[final_resid_name(model)]  # (batch, pos, d_model)
     n_read = n_pos if positions is None else len(positions)
-    rows_fit = max(1, int(memory_mb * 2 ** 20 // (4 * 4 * n_read * model.cfg.d_vocab)))  # logits, grads, caps
+    rows_fit = max(1, int(current().memory_mb * 2 ** 20 // (4 * 4 * n_read * model.cfg.d_vocab)))  # logits, grads, caps
     parts, counts = [], []
     for start in range(0, batch, rows_fit):
         rows = slice(start, min(start + rows_fit, batch))
@@ -375,8 +370,8 @@ def contribution(ablation: Ablation, head: tuple[int, int], z: torch.Tensor) -> 
     return (z.float() - source.float()) @ head_W_O(ablation, head)
 
 
-def partner_contributions(ablation: Ablation, head: tuple[int, int], partner: tuple[int, int],
-                          memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
+def partner_contributions(ablation: Ablation, head: tuple[int, int],
+                          partner: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``partner``'s ``contribution`` (batch, pos, d_model) in the unedited run and in the run with
     ``head`` ablated (``ablation``'s method; one forward up to the partner's layer, from the head's own
     where the model can start there). A partner in the head's layer or before it reads nothing the
@@ -386,12 +381,12 @@ def partner_contributions(ablation: Ablation, head: tuple[int, int], partner: tu
     if partner[0] <= head[0]:
         return clean, clean
     ablated = collect_variants(ablation.model, ablation.tokens, [component_cells([head])], ablation.sources, [name],
-                               starts=ablation.starts, memory_mb=memory_mb)[name][0]
+                               starts=ablation.starts)[name][0]
     return clean, contribution(ablation, partner, ablated[:, :, partner[1]])
 
 
 def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]], *,
-                        memory_mb: float = DEFAULT_MEMORY_MB, n_boot: int = N_BOOT, seed: int = 0,
+                        n_boot: int = N_BOOT, seed: int = 0,
                         clusters: Sequence | None = None) -> pd.DataFrame:
     """For each (head, partner) of ``pairs``: the partner's direct logit attribution on ``ablation``'s
     metric in the unedited run and with ``head`` ablated (``ablation``'s method), Wang et al.'s (2022)
@@ -412,11 +407,12 @@ def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int
     ``partner_dla_ablated``, ``rise`` (ablated - unedited), each with ``*_ci_low``, ``*_ci_high``
     (95% percentile bootstrap over prompts, or over ``clusters`` (one label per prompt) where given,
     ``seed``; the rise's paired, ``paired_difference``), ``n_prompts`` (those the metric counts),
-    ``compensates``. Refused in one line where ``backup_refusal`` says why."""
+    ``compensates``. Refused in one line where ``backup_refusal`` says why. Its forwards run within
+    the current execution's memory (``analyses.core.execution``)."""
     refusal = backup_refusal(ablation.model)
     if refusal is not None:
         raise UserError(refusal)
-    readout = metric_readout(ablation, memory_mb)
+    readout = metric_readout(ablation)
     counted = (readout.counts > 0).cpu()
     labels = None if clusters is None else [label for label, kept in zip(clusters, counted.tolist()) if kept]
     counts = readout.counts[counted].cpu().double()
@@ -429,7 +425,7 @@ def direct_effect_rises(ablation: Ablation, pairs: Sequence[tuple[tuple[int, int
     rows = []
     for head, partner in pairs:
         own = contribution(ablation, head, ablation.base.read([z_name(head[0])])[z_name(head[0])][:, :, head[1]])
-        clean, ablated = map(readout.attribution, partner_contributions(ablation, head, partner, memory_mb))
+        clean, ablated = map(readout.attribution, partner_contributions(ablation, head, partner))
         rise = paired_difference(ablated[counted], counts, clean[counted], counts, clusters=labels, n_boot=n_boot,
                                  seed=seed)
         row = {"head": head_label(head), "partner": head_label(partner)}
@@ -452,20 +448,21 @@ def compensating(rises: pd.DataFrame) -> pd.Series:
 
 
 def backup_direct_effect_rise(model, tokens, metric: Metric | None, head, partner, method: str = "mean", *,
-                              reference=None, memory_mb: float = DEFAULT_MEMORY_MB, n_boot: int = N_BOOT,
+                              reference=None, memory_mb: float | None = None, n_boot: int = N_BOOT,
                               seed: int = 0, clusters: Sequence | None = None) -> pd.Series:
     """Whether ``partner`` backs ``head`` up as Wang et al. (2022) test it: the partner's direct logit
     attribution on ``metric`` (default the mean next-token loss) over ``tokens`` (ids, texts or
     ``RepeatedProbes``), unedited and with ``head`` ablated by ``method`` (``reference``: as
     ``prepare_ablation`` takes it), and its rise with a 95% interval over prompts -> one
     ``direct_effect_rises`` row (a Series: ``rise``, ``rise_ci_low``, ``rise_ci_high``,
-    ``compensates``, ...)."""
+    ``compensates``, ...). ``memory_mb``: the execution's (``analyses.core.execution``; None: the
+    current one's)."""
     (head,), (partner,) = check_heads(model, [head]), check_heads(model, [partner])
     if head == partner:
         raise UserError(f"head and partner are both {head_label(head)}; a head cannot back itself up")
-    ablation = prepare_ablation(model, tokens, method, metric, reference=reference, memory_mb=memory_mb)
-    return direct_effect_rises(ablation, [(head, partner)], memory_mb=memory_mb, n_boot=n_boot, seed=seed,
-                               clusters=clusters).iloc[0]
+    with executing(memory_mb):
+        ablation = prepare_ablation(model, tokens, method, metric, reference=reference)
+        return direct_effect_rises(ablation, [(head, partner)], n_boot=n_boot, seed=seed, clusters=clusters).iloc[0]
 
 
 def direct_effect_reads(model, method: str, mlps: bool = False) -> list[str]:
@@ -527,20 +524,19 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     heads = check_heads(model, heads if heads is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)])
     components = [*heads, *check_components(model, [MLP(layer) for layer in range(n_layers)] if mlps else [])]
-    with executing(memory_mb, progress) as execution:
-        budget = execution.memory_mb
-        ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps, memory_mb=budget)
-        direct_scores = (direct_effects(ablation, components, budget) if direct else
+    with executing(memory_mb, progress):
+        ablation = prepare_ablation(model, prompts, method, metric, run=run, mlps=mlps)
+        direct_scores = (direct_effects(ablation, components) if direct else
                          PromptScores(accumulator(model, len(components)).fill_(float("nan")), None, None))
         direct = direct_scores.values
         exact = torch.ones(len(components), dtype=torch.bool, device=direct.device)
         total = accumulator(model, len(components))
         if screen is not None:
-            estimate = first_order_effects(ablation, components, budget)
+            estimate = first_order_effects(ablation, components)
             exact = (estimate.abs() >= screen) | ((direct - ablation.baseline).abs() >= screen)
             total[~exact] = ablation.baseline + estimate[~exact]
         chosen = exact.nonzero()[:, 0].tolist()
-        measured = ablation.scores([[components[i]] for i in chosen], memory_mb=budget, desc="total effects")
+        measured = ablation.scores([[components[i]] for i in chosen], desc="total effects")
     total[chosen] = measured.values
     total_scores = PromptScores(total, None, None)
     if measured.numerators is not None:  # an estimate has no per-prompt numerators: NaN, so no interval
@@ -562,7 +558,7 @@ def direct_and_total_effects(model, prompts, heads: Sequence[tuple[int, int]] | 
               total_exact=exact.cpu().numpy(), **intervals)
 
 
-def direct_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> PromptScores:
+def direct_effects(ablation: Ablation, components: Sequence[Component]) -> PromptScores:
     """The metric with each component ablated alone and everything downstream frozen ->
     ``PromptScores``: values (len(components),) in the accumulators' dtype, as the totals (float64;
     float32 on mps), and each prompt's numerator (len(components), batch) and count where the metric
@@ -573,7 +569,7 @@ def direct_effects(ablation: Ablation, components: Sequence[Component], memory_m
     direct = accumulator(model, len(components))
     numerators, counts = accumulator(model, len(components), len(ablation.tokens)), None
     if from_final_residual(model, any(not isinstance(c, MLP) for c in components)):
-        scored = final_residual_effects(ablation, components, memory_mb)
+        scored = final_residual_effects(ablation, components)
         direct[:] = scored.values
         if scored.numerators is not None:
             numerators[:], counts = scored.numerators, scored.counts
@@ -583,8 +579,7 @@ def direct_effects(ablation: Ablation, components: Sequence[Component], memory_m
         clean = ablation.base.read([*z_names(model), *mlp_names])
         for group in dict.fromkeys(map(layer_and_kind, components)):
             members = [i for i, c in enumerate(components) if layer_and_kind(c) == group]
-            scored = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names,
-                                           memory_mb)
+            scored = frozen_downstream_run(ablation, clean, [components[i] for i in members], mlp_names)
             direct[members] = scored.values.to(direct)
             if scored.numerators is not None:
                 numerators[members], counts = scored.numerators.to(numerators), scored.counts
@@ -622,15 +617,16 @@ def direct_effect_needs(model) -> tuple[str, ...]:
     return () if reads_final_residual(model) else (UNNORMED_ATTN_OUT,)
 
 
-def first_order_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> torch.Tensor:
+def first_order_effects(ablation: Ablation, components: Sequence[Component]) -> torch.Tensor:
     """Each component's ablation effect to first order (attribution patching: the metric's gradient
     on the unablated run dotted with the ablation's change of what the component holds, summed over
     prompts and positions) -> (len(components),) in the accumulators' dtype. One forward and backward per chunk of
-    prompts that fits ``memory_mb`` (``gradient_parts``), each weighted by its share of the metric."""
+    prompts that fits the current execution's memory (``gradient_parts``), each weighted by its share of
+    the metric."""
     model, batch = ablation.model, len(ablation.tokens)
     names = list(dict.fromkeys(map(written_by, components)))
     width = max(model.cfg.d_model, model.cfg.n_heads * model.cfg.d_head)
-    parts, positions = gradient_parts(model, ablation.tokens, ablation.metric, memory_mb,
+    parts, positions = gradient_parts(model, ablation.tokens, ablation.metric, current().memory_mb,
                                       per_position=(len(names) + 2) * width)
     estimate = accumulator(model, len(components))
     for part in parts:
@@ -647,12 +643,12 @@ def first_order_effects(ablation: Ablation, components: Sequence[Component], mem
     return estimate
 
 
-def first_order_head_effects(ablation: Ablation, memory_mb: float = DEFAULT_MEMORY_MB) -> pd.DataFrame:
+def first_order_head_effects(ablation: Ablation) -> pd.DataFrame:
     """Every head's ablation effect to first order (``first_order_effects``: one forward and backward,
     a screen, no interval) -> ``layer, head, total``, the columns a ranking by total effect reads."""
     cfg = ablation.model.cfg
     heads = [(layer, head) for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
-    estimate = first_order_effects(ablation, heads, memory_mb)
+    estimate = first_order_effects(ablation, heads)
     return pd.DataFrame({"layer": [h[0] for h in heads], "head": [h[1] for h in heads],
                          "total": estimate.cpu().numpy()})
 
@@ -665,8 +661,8 @@ def layer_and_kind(component: Component) -> tuple[int, str]:
     return component_layer(component), kind_of(component)
 
 
-def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[Component], mlps: Sequence[str],
-                          memory_mb: float) -> PromptScores:
+def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[Component],
+                          mlps: Sequence[str]) -> PromptScores:
     """The metric with each of ``components`` (of one layer and one kind) ablated alone and every
     output downstream of it held at ``clean``: every later layer's head outputs, and every MLP output
     from the layer on (after a head) or after it (after an MLP) -> ``PromptScores`` (values
@@ -678,18 +674,18 @@ def frozen_downstream_run(ablation: Ablation, clean: dict, components: Sequence[
     sources = {cell.hook: ablation.sources[cell.hook] for cell in cells} | {name: clean[name] for name in frozen}
     variants = [component_cells([c]) + [Edit(name) for name in frozen] for c in components]
     return score_variants(ablation.model, ablation.tokens, variants, sources, ablation.metric,
-                          starts=ablation.starts, memory_mb=memory_mb, desc="direct effects")
+                          starts=ablation.starts, desc="direct effects")
 
 
-def final_residual_effects(ablation: Ablation, components: Sequence[Component], memory_mb: float) -> PromptScores:
+def final_residual_effects(ablation: Ablation, components: Sequence[Component]) -> PromptScores:
     """The metric with each of ``components`` (heads and ``MLP``s) ablated alone and everything
     downstream frozen, from the final residual: ``unembed(final_clean + write_change)`` at the
     metric's read positions only, in the chunks of components and prompts that ``score_chunks``
-    makes within ``memory_mb`` -> ``PromptScores`` (values (len(components),) float32). Needs a model whose ``unembed`` is the
+    makes within the current execution's memory -> ``PromptScores`` (values (len(components),) float32). Needs a model whose ``unembed`` is the
     final norm and the unembedding (``GPTModel``: ``runs_suffix_only``).
 
     Where the split of the unembedding is exact (``FinalReadout.exact_for``: float32 weights) and
-    its readouts fit beside the chunks' quarter of ``memory_mb``, the logits come from
+    its readouts fit beside the chunks' quarter of that memory, the logits come from
     ``readout_logits``: the clean residual's linear part made once per chunk of prompts (and kept
     for later components in what the readouts leave of the budget), a head's change through its own
     (d_head, vocab) readout, the norm's scale recomputed (``analyses.roles.readout``). Elsewhere each
@@ -698,14 +694,14 @@ def final_residual_effects(ablation: Ablation, components: Sequence[Component], 
     heads = {c[0] for c in components if not isinstance(c, MLP)}
     clean = ablation.base.read([final_resid_name(model), *dict.fromkeys(map(written_by, components)),
                                 *output_norm_reads(model, sorted(heads))])
+    memory_mb = current().memory_mb
     spare = 0.75 * memory_mb - FinalReadout.held_mb(model)  # what the readouts leave beside the chunks' quarter
     split = FinalReadout.exact_for(model) and spare >= 0
     chunk_logits = (readout_logits(ablation, clean, components, keep_mb=spare) if split
                     else unembedded_logits(ablation, clean, components))
-    with torch.no_grad():
+    with torch.no_grad(), executing(memory_mb=memory_mb / 4 if split else None):
         return score_chunks(model, ablation.tokens, [component_cells([c]) for c in components], ablation.metric,
-                            chunk_logits, read_only=True, desc="direct effects",
-                            memory_mb=memory_mb / 4 if split else memory_mb, by_prompts=split)
+                            chunk_logits, read_only=True, desc="direct effects", by_prompts=split)
 
 
 def unembedded_logits(ablation: Ablation, clean: dict, components: Sequence[Component]):

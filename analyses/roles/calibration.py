@@ -163,18 +163,17 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
     metric = metric if metric is not None else run.metric
     first = FirstProbes.of(probes, run, metric, o.intervention_prompts)
     chosen_on, chosen_run = choosing_probes(probes, run, o.intervention_prompts)
-    memory_mb = left_after(o.memory_mb, run.held_mb())  # the run's store stays taken
     with executing(progress=o.progress):
         steps = progress_bar(total=4, desc="calibration", unit="step")
-        calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
-                                       memory_mb=memory_mb, run=chosen_run)
-        steps.update()
-        with executing(memory_mb=memory_mb):
+        with executing(memory_mb=left_after(o.memory_mb, run.held_mb())):  # the run's store stays taken
+            calibration = role_calibration(model, chosen_on, seed=o.seed, null_seeds=o.null_seeds, fdr=o.fdr,
+                                           run=chosen_run)
+            steps.update()
             effects, mlp_effects = head_effects(model, first, o.method, direct=o.direct)
-        steps.update()
-        pairs, groups = backup_frames(model, first, calibration, effects, o.method, pair_heads=o.pair_heads,
-                                      choose=choose, memory_mb=memory_mb)
-        steps.update()
+            steps.update()
+            pairs, groups = backup_frames(model, first, calibration, effects, o.method, pair_heads=o.pair_heads,
+                                          choose=choose)
+            steps.update()
         dormant, similarities = dormant_and_similarity(model, probes, run, first, effects)
         steps.update()
         steps.close()
@@ -185,30 +184,32 @@ def calibration_frames(model, probes: RepeatedProbes, options: CalibrationOption
 
 
 def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
-                     fdr: float = DEFAULT_FDR, memory_mb: float = DEFAULT_MEMORY_MB,
-                     run: Run | None = None) -> pd.DataFrame:
+                     fdr: float = DEFAULT_FDR, run: Run | None = None) -> pd.DataFrame:
     """The report's calibration table on ``probes`` (the probes the roles are chosen on:
     ``choosing_probes``; ``run``: a ``Run`` of them, see ``calibrate_roles``): every (head, attention
     role) against its nulls (``calibrate_roles``) and every (head, meaning role) against its
     random-initialisation null (``meaning_nulls``), with one Benjamini-Hochberg at ``fdr`` over all of
     them (``joint_fdr``). Reads no ablation: the roles are decided by these tests and the scores alone.
     Both nulls read the same null models, each made once (``random_init_scores``); their memory goes
-    back to the system before it returns."""
+    back to the system before it returns. Within the current execution's memory
+    (``analyses.core.execution``)."""
     check_null_seeds(null_seeds)
-    attention, copying = random_init_scores(model, probes, null_seeds, memory_mb)
-    calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr,
-                                            memory_mb=memory_mb, run=run, random_scores=attention),
-                            meaning_nulls(model, null_seeds, memory_mb=memory_mb, null_scores=copying), fdr=fdr)
+    attention, copying = random_init_scores(model, probes, null_seeds)
+    calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr, run=run,
+                                            random_scores=attention),
+                            meaning_nulls(model, null_seeds, memory_mb=current().memory_mb, null_scores=copying),
+                            fdr=fdr)
     release_freed_memory()  # the null models' memory, before the ablations
     return calibration
 
 
-def random_init_scores(model, probes: RepeatedProbes, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS,
-                       memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def random_init_scores(model, probes: RepeatedProbes,
+                       null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Both random-initialisation nulls from one null model per seed in ``null_seeds``, one alive at
     a time (``score_random_models``) -> (role -> (seeds, layer, head): the attention roles' scores on
     ``probes``, as ``random_init_null``; (seeds, layer, head): the OV copying scores, as
-    ``meaning_nulls`` draws them). ``memory_mb`` counts the null model."""
+    ``meaning_nulls`` draws them). The current execution's memory counts the null model."""
+    memory_mb = current().memory_mb
     both = score_random_models(model, null_seeds, lambda null: (null_role_scores(null, probes, memory_mb),
                                                                 null_copying(null, memory_mb)))
     attention = {role: torch.stack([scores[role] for scores, _ in both]) for role in ROLES}
@@ -226,20 +227,20 @@ def head_effects(model, first: FirstProbes, method: str = "mean_aligned", *,
 
 
 def backup_frames(model, first: FirstProbes, calibration: pd.DataFrame, effects: pd.DataFrame,
-                  method: str = "mean_aligned", *, pair_heads: int = DEFAULT_PAIR_HEADS, choose: FirstProbes | None = None,
-                  memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  method: str = "mean_aligned", *, pair_heads: int = DEFAULT_PAIR_HEADS,
+                  choose: FirstProbes | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The backup ``pairs`` and ``groups`` (``backup_report``) of the role heads (``calibration``'s
     significant ones) with the largest |effect|, at most ``pair_heads``: ranked by their first-order
     effect on ``choose`` where given (``first_order_head_effects``), else by ``effects`` (the heads'
-    total effects on ``first``, in-sample); two empty frames where fewer than two heads qualify."""
+    total effects on ``first``, in-sample); two empty frames where fewer than two heads qualify. Within
+    the current execution."""
     chooser = None if choose is None else prepare_ablation(model, choose.probes, method, choose.metric,
-                                                           run=choose.run, memory_mb=memory_mb)
+                                                           run=choose.run)
     role_heads = role_heads_by_effect(calibration, effects if chooser is None else
-                                      first_order_head_effects(chooser, memory_mb), pair_heads)
+                                      first_order_head_effects(chooser), pair_heads)
     if len(role_heads) < 2:
         return pd.DataFrame(), pd.DataFrame()
-    return backup_report(model, first.probes, role_heads, method, first.metric, memory_mb=memory_mb,
-                         run=first.run, choose=chooser)
+    return backup_report(model, first.probes, role_heads, method, first.metric, run=first.run, choose=chooser)
 
 
 def dormant_and_similarity(model, probes: RepeatedProbes, run: Run, first: FirstProbes,

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pandas as pd
 
 from analyses.interventions.ablation import ablation_sweep
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.core.metrics import loss_metric
 from analyses.core.probes import RepeatedProbes
 from interp.errors import UserError
 
 
-def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_MEMORY_MB,
+def ablation_effects(model, probes: RepeatedProbes, memory_mb: float | None = None,
                      progress: bool | None = None, *, method: str = "mean_aligned") -> pd.DataFrame:
     """Ablate each head in turn -> one row per head: ``layer, head, ablation_effect`` (ablated minus
     clean mean loss on the predictable tokens, in nats, pooled over the probes), ``ablation_ci_low``,
@@ -26,11 +26,13 @@ def ablation_effects(model, probes: RepeatedProbes, memory_mb: float = DEFAULT_M
 
     ``method`` (``analyses.interventions.ablation.METHODS``): by default the position-aligned mean, the head's
     mean output over the *other* probes at the same place in their structure (the same region,
-    the same offset in it), so neither the prompt's own output nor other regions' leak into it."""
+    the same offset in it), so neither the prompt's own output nor other regions' leak into it.
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     if not probes.predictable[:, 1:].any():
         raise UserError("the probes have no predictable tokens to measure the loss on")
     metric = loss_metric(probes.tokens, probes.predictable)
-    sweep = ablation_sweep(model, probes, "each_head", method, metric, memory_mb=memory_mb, progress=progress)
+    with executing(memory_mb, progress):
+        sweep = ablation_sweep(model, probes, "each_head", method, metric)
     return pd.DataFrame({
         "layer": sweep["layer"].astype(int).to_numpy(),
         "head": sweep["head"].astype(int).to_numpy(),

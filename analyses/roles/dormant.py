@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from analyses.interventions.ablation import ablation_sweep
-from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.roles.classify import no_effect_labels, NO_EFFECT
 from analyses.core.hook_names import pattern_names, z_names
 from analyses.interventions.engine import cache_run
@@ -81,13 +81,15 @@ def output_norms(model, tokens: torch.Tensor, run: Run | None = None) -> pd.Data
 
 
 def dormant_heads(model, prompts, method: str = "mean", metric: Metric | None = None, *,
-                  dormant_below: float = DORMANT_BELOW, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> pd.DataFrame:
+                  dormant_below: float = DORMANT_BELOW, memory_mb: float | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Output norms and the ablation no-op test of every head (one ablation sweep; see
     ``dormant_frame`` to reuse effects already measured).
 
-    prompts: ids (batch, pos) or ``RepeatedProbes``; metric: default the mean next-token loss.
+    prompts: ids (batch, pos) or ``RepeatedProbes``; metric: default the mean next-token loss;
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's).
     """
-    sweep = ablation_sweep(model, prompts, "each_head", method, metric, memory_mb=memory_mb, progress=progress)
+    with executing(memory_mb, progress):
+        sweep = ablation_sweep(model, prompts, "each_head", method, metric)
     tokens = prompts.tokens if isinstance(prompts, RepeatedProbes) else prompts
     return dormant_frame(model, tokens, sweep["effect"].to_numpy(), sweep["ci_low"].to_numpy(),
                          sweep["ci_high"].to_numpy(), dormant_below=dormant_below)

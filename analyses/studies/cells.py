@@ -13,6 +13,7 @@ import torch
 from analyses.interventions.ablation import (FROM_OTHER_PROMPTS, Ablation, Component, prepare_ablation, pruning_order,
                                             sweep_targets)
 from analyses.core.budget import DEFAULT_MEMORY_MB
+from analyses.core.execution import executing
 from analyses.interventions.engine import rows_per_chunk
 from analyses.core.metrics import Metric, logit_diff_metric, loss_metric
 from analyses.core.probes import check_prompt_count, probes_for
@@ -107,6 +108,8 @@ class StudyCells:
     one loads)."""
 
     def __init__(self, cells: tuple[Cell, ...], device: str | None = None, memory_mb: float = DEFAULT_MEMORY_MB):
+        # the budget comes as an argument and is set with executing around each step: an actor's process
+        # (or a thread) starts from Execution(), not from the driver's execution
         self.cells, self.device, self.memory_mb = cells, device, memory_mb
         self._model_key = self._model = None
         self._cell: tuple[int, CellPlan, Ablation] | None = None
@@ -127,7 +130,8 @@ class StudyCells:
     def _prepared(self, index: int) -> tuple[CellPlan, Ablation]:
         if self._cell is None or self._cell[0] != index:
             model = self._load(self.cells[index].spec)
-            targets, ablation = prepare_study(model, self.cells[index].spec, memory_mb=self.memory_mb)
+            with executing(memory_mb=self.memory_mb):
+                targets, ablation = prepare_study(model, self.cells[index].spec)
             block = rows_per_chunk(model, ablation.tokens.shape[0], ablation.tokens.shape[1], self.memory_mb)
             record = provenance(model) | run_setting(model)
             self._cell = (index, CellPlan(targets, ablation.baseline, record, block), ablation)
@@ -141,15 +145,17 @@ class StudyCells:
         """(row, metric) of rows ``start:stop`` of cell ``index``, each computed when asked for."""
         plan, ablation = self._prepared(index)
         for row in range(start, stop):
-            yield row, ablation.run([plan.targets[row][1]], progress=False).item()
+            with executing(memory_mb=self.memory_mb, progress=False):
+                value = ablation.run([plan.targets[row][1]]).item()
+            yield row, value
 
 
-def prepare_study(model, spec: StudySpec, *, memory_mb: float = DEFAULT_MEMORY_MB) -> tuple[Targets, Ablation]:
+def prepare_study(model, spec: StudySpec) -> tuple[Targets, Ablation]:
     """The study checked against ``model`` (prompts, metric, targets, method), and what its rows
-    need: the targets in row order and the ablation prepared within ``memory_mb`` (its forwards,
-    its rows' and a cumulative study's importance: ``Ablation.run`` and ``importance`` keep it)."""
+    need: the targets in row order and the ablation prepared within the current execution's memory
+    (``analyses.core.execution``; its forward, and a cumulative study's importance)."""
     prompts, tokens, counted = study_prompts(model, spec)
     metric = study_metric(model, spec, tokens, counted)
     ablation = prepare_ablation(model, prompts, spec.method, metric, preserve_patterns=spec.preserve_patterns,
-                                seed=spec.ablation_seed, mlps=ablates_mlps(spec), memory_mb=memory_mb)
+                                seed=spec.ablation_seed, mlps=ablates_mlps(spec))
     return study_targets(model, spec, ablation), ablation

@@ -58,6 +58,7 @@ class StudyWorker:
     """One Ray actor: a ``StudyCells`` on the device Ray gave it."""
 
     def __init__(self, cells: tuple[Cell, ...], memory_mb: float):
+        # the budget crosses to the actor's process as an argument: the driver's execution does not
         self.cells = StudyCells(cells, device="cuda" if ray.get_gpu_ids() else None, memory_mb=memory_mb)
 
     def plan(self, index: int) -> CellPlan:

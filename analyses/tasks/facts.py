@@ -27,7 +27,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import rows_within
+from analyses.core.execution import executing
 from analyses.core.progress import progress_bar
 from analyses.core.tokens import encode, model_tokenizer, read_text
 from analyses.tasks.task import check_header, continuation
@@ -149,28 +150,30 @@ def traced_facts(model, facts: list[Fact]) -> list[tuple[Fact, int]]:
     return found
 
 
-def top1_facts(model, facts: list[Fact], *, memory_mb: float = DEFAULT_MEMORY_MB,
+def top1_facts(model, facts: list[Fact], *, memory_mb: float | None = None,
                progress: bool | None = None) -> tuple[list[Fact], pd.DataFrame]:
     """The facts whose answer token (``answer_token``) is the model's top next token after the
     prompt it is traced on -> a tuple (those facts, in order, as given; a frame of every fact as it is traced
     (``traced_facts``): ``relation, prompt, subject, answer, answer_token, answer_text, top_token,
     answer_prob, kept``). The prompts run in right-padded batches within ``memory_mb``, each read at
-    its own last token."""
+    its own last token. ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None:
+    the current one's)."""
     traced = traced_facts(model, facts)
     answers = [token for _, token in traced]
     tops, probs = [], []
     longest = max(encode(model, fact.prompt).tokens.shape[1] for fact, _ in traced)
-    size = rows_within(model, longest, memory_mb, logits=True)
-    with progress_bar(total=len(facts), progress=progress, desc="top-1 filter", unit="fact") as bar:
-        for begin in range(0, len(facts), size):
-            batch = encode(model, [fact.prompt for fact, _ in traced[begin:begin + size]])
-            with torch.no_grad():
-                logits = model(batch.tokens)
-            last = logits[torch.arange(len(batch.lengths)), batch.lengths - 1].float()  # (rows, d_vocab)
-            wanted = torch.tensor(answers[begin:begin + size], device=last.device)
-            tops += last.argmax(-1).tolist()
-            probs += last.softmax(-1).gather(1, wanted[:, None])[:, 0].tolist()
-            bar.update(len(batch.lengths))
+    with executing(memory_mb, progress) as execution:
+        size = rows_within(model, longest, execution.memory_mb, logits=True)
+        with progress_bar(total=len(facts), desc="top-1 filter", unit="fact") as bar:
+            for begin in range(0, len(facts), size):
+                batch = encode(model, [fact.prompt for fact, _ in traced[begin:begin + size]])
+                with torch.no_grad():
+                    logits = model(batch.tokens)
+                last = logits[torch.arange(len(batch.lengths)), batch.lengths - 1].float()  # (rows, d_vocab)
+                wanted = torch.tensor(answers[begin:begin + size], device=last.device)
+                tops += last.argmax(-1).tolist()
+                probs += last.softmax(-1).gather(1, wanted[:, None])[:, 0].tolist()
+                bar.update(len(batch.lengths))
     tokenizer = model_tokenizer(model)
     frame = pd.DataFrame([{"relation": f.relation, "prompt": f.prompt, "subject": f.subject, "answer": f.answer}
                           for f, _ in traced]).assign(

@@ -319,17 +319,15 @@ def measure_intervals(task: Task, last: torch.Tensor, logits: torch.Tensor, seed
                           seed, task.clusters or None)
 
 
-def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0,
-                           memory_mb: float | None = None) -> pd.DataFrame:
+def task_measure_intervals(model, task: Task, batch: TaskBatch, *, seed: int = 0) -> pd.DataFrame:
     """Each of ``task_measures`` on the task's clean and on its corrupted prompts (``batch``:
-    ``task_batch``), the forwards in chunks within ``memory_mb`` (``analyses.interventions.run.Run``;
-    None: the current execution's),
-    and their paired difference (``run`` ``GAP``: ``paired_interval_frame``): ``interval_frame``'s
+    ``task_batch``), the forwards in chunks within the current execution's memory
+    (``analyses.interventions.run.Run``, ``analyses.core.execution``), and their paired difference (``run`` ``GAP``: ``paired_interval_frame``): ``interval_frame``'s
     rows (over the task's clusters where it has them), ``run`` ("clean", "corrupted", ``GAP``) first."""
     measures = task_measures(task, batch.last)
     scores = {}
     for name, tokens in (("clean", batch.clean), ("corrupted", batch.corrupted)):
-        run = Run.make(model, tokens, measures[task.metric], starts=False, memory_mb=memory_mb)
+        run = Run.make(model, tokens, measures[task.metric], starts=False)
         scores[name] = {measure: run.scores(metric) for measure, metric in measures.items()}
     clusters = task.clusters or None
     frame = pd.concat([*(interval_frame(found, seed, clusters).assign(run=name) for name, found in scores.items()),

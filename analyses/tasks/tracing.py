@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.core.budget import DEFAULT_MEMORY_MB, rows_within
+from analyses.core.budget import rows_within
 from analyses.core.execution import executing
 from analyses.core.metrics import Metric, PromptMeanMetric
 from analyses.core.plots import new_figure, token_label
@@ -242,7 +242,7 @@ def traced_kinds(model, kinds, state: str) -> tuple[str, ...]:
 
 def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *, samples: int = 10,
                  noise: float = 3.0, noise_from: str = "subjects", seed: int = 0, state: str = "resid_post",
-                 kinds=KINDS, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> Trace:
+                 kinds=KINDS, memory_mb: float | None = None, progress: bool | None = None) -> Trace:
     """Causal tracing of ``prompt`` (see the module docstring) -> a ``Trace``.
 
     ``subject``: text in the prompt whose tokens are noised; ``answer``: the exact text that continues
@@ -251,7 +251,8 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
     prompt); default: the clean run's top token; ``samples``: noise
     draws; ``noise``: the noise's standard deviation in units of the embedding's, that of the
     subject's tokens or the vocabulary's (``noise_from``); ``state``: which residual stream "resid"
-    restores ("resid_post" or "resid_pre"); ``kinds``: of ``KINDS``."""
+    restores ("resid_post" or "resid_pre"); ``kinds``: of ``KINDS``. ``memory_mb``, ``progress``: the
+    restores' execution (``analyses.core.execution``; None: the current one's)."""
     _check_options(samples, state, kinds)
     if answer is not None:
         prompt, answer_id = answer_token(model, prompt, answer)
@@ -272,9 +273,8 @@ def causal_trace(model, prompt: str, subject: str, answer: str | None = None, *,
     variants = [[(state_name(kind, layer, state), (pos,))] for kind, layer, pos in cells]
     with model.hooks(fwd_hooks=[("hook_embed", hook)]):
         noised_logits, _, starts = base_run(model, rows)
-        with executing(progress=progress):
-            values = score_variants(model, rows, variants, sources, metric, starts=starts, memory_mb=memory_mb,
-                                    desc="causal trace").values
+        with executing(memory_mb, progress):
+            values = score_variants(model, rows, variants, sources, metric, starts=starts, desc="causal trace").values
     strings = [model_tokenizer(model).decode([t]) for t in tokens[0].tolist()]
     frame = pd.DataFrame(cells, columns=["kind", "layer", "pos"]).assign(
         token=[strings[pos] for _, _, pos in cells], prob=values.cpu().numpy())
@@ -411,7 +411,7 @@ def fact_seed(seed: int, index: int) -> int:
 
 def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3.0, noise_from: str = "subjects",
                 noise_facts: list[Fact] | None = None, window: int = WINDOW, seed: int = 0, state: str = "resid_post",
-                kinds=KINDS, memory_mb: float = DEFAULT_MEMORY_MB, progress: bool | None = None) -> FactTrace:
+                kinds=KINDS, memory_mb: float | None = None, progress: bool | None = None) -> FactTrace:
     """Causal tracing over ``facts`` (module docstring) -> a ``FactTrace``.
 
     Each fact gets ``samples`` noise draws (seed ``seed`` and its index) of standard deviation
@@ -422,7 +422,8 @@ def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3
     The answer token is ``analyses.tasks.facts.answer_token``'s (filter the set with
     ``analyses.tasks.facts.top1_facts`` first, as Meng et al. trace only facts the model knows).
     Fewer than ``analyses.core.stats.MIN_INTERVAL_PROMPTS`` facts are refused: the AIE's interval is
-    over facts. ``progress``: one bar over the facts."""
+    over facts. ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the
+    current one's), ``progress`` one bar over the facts."""
     _check_options(samples, state, kinds)
     if window < 1:
         raise UserError(f"window={window} must be at least 1")
@@ -430,29 +431,31 @@ def trace_facts(model, facts: list[Fact], *, samples: int = 10, noise: float = 3
     noise_facts = facts if noise_facts is None else noise_facts
     prepared = prepare_facts(model, facts)
     longest = max(one.tokens.shape[1] for one in prepared)
-    if caches_keys(model) and rows_within(model, longest, memory_mb, logits=True, read=1) < samples:
-        raise UserError(f"memory_mb={memory_mb:g} holds fewer than the {samples} rows (noise draws) of {longest} "
-                        "tokens that a restore runs together (their cached keys go with them); give a larger budget")
-    kinds = traced_kinds(model, kinds, state)
-    curves = fact_curves(kinds, window)
-    std = noise * noise_scale(model, [f.prompt for f in noise_facts], [f.subject for f in noise_facts], noise_from)
-    noise_over = f"the subject tokens of {len(noise_facts)} facts" if noise_from == "subjects" else "the vocabulary"
-    n_layers = model.cfg.n_layers
-    effects = np.full((len(facts), len(curves), n_layers, len(GROUPS)), np.nan)
-    counts = np.zeros((len(facts), len(GROUPS)), dtype=int)
-    totals, token_rows = [], []
-    tokenizer = model_tokenizer(model)
-    with progress_bar(total=len(facts), progress=progress, desc="causal tracing", unit="fact") as bar:
-        for index, one in enumerate(prepared):
-            draws = draw_noise(model, samples, len(one.subject), std, fact_seed(seed, index))
-            clean, corrupted, restored = trace_fact(model, one, draws, curves, state, memory_mb)
-            per_token = restored - corrupted  # (curve, layer, pos), NaN before the subject
-            for name, positions in position_groups(one.tokens.shape[1], one.subject).items():
-                effects[index, :, :, GROUPS.index(name)] = per_token[:, :, positions].mean(-1)
-                counts[index, GROUPS.index(name)] = len(positions)
-            token_rows.append(token_frame(index, one, tokenizer, curves, restored, per_token))
-            totals.append((clean, corrupted))
-            bar.update(1)
+    with executing(memory_mb, progress) as execution:
+        if caches_keys(model) and rows_within(model, longest, execution.memory_mb, logits=True, read=1) < samples:
+            raise UserError(f"memory_mb={execution.memory_mb:g} holds fewer than the {samples} rows (noise draws) "
+                            f"of {longest} tokens that a restore runs together (their cached keys go with them); "
+                            "give a larger budget")
+        kinds = traced_kinds(model, kinds, state)
+        curves = fact_curves(kinds, window)
+        std = noise * noise_scale(model, [f.prompt for f in noise_facts], [f.subject for f in noise_facts], noise_from)
+        noise_over = f"the subject tokens of {len(noise_facts)} facts" if noise_from == "subjects" else "the vocabulary"
+        n_layers = model.cfg.n_layers
+        effects = np.full((len(facts), len(curves), n_layers, len(GROUPS)), np.nan)
+        counts = np.zeros((len(facts), len(GROUPS)), dtype=int)
+        totals, token_rows = [], []
+        tokenizer = model_tokenizer(model)
+        with progress_bar(total=len(facts), desc="causal tracing", unit="fact") as bar:
+            for index, one in enumerate(prepared):
+                draws = draw_noise(model, samples, len(one.subject), std, fact_seed(seed, index))
+                clean, corrupted, restored = trace_fact(model, one, draws, curves, state)
+                per_token = restored - corrupted  # (curve, layer, pos), NaN before the subject
+                for name, positions in position_groups(one.tokens.shape[1], one.subject).items():
+                    effects[index, :, :, GROUPS.index(name)] = per_token[:, :, positions].mean(-1)
+                    counts[index, GROUPS.index(name)] = len(positions)
+                token_rows.append(token_frame(index, one, tokenizer, curves, restored, per_token))
+                totals.append((clean, corrupted))
+                bar.update(1)
     frame = pd.DataFrame([{"relation": one.fact.relation, "prompt": one.fact.prompt, "subject": one.fact.subject,
                            "answer": one.fact.answer, "answer_token": one.answer, "n_tokens": one.tokens.shape[1],
                            "n_subject_tokens": len(one.subject), "clean_prob": clean, "corrupted_prob": corrupted}
@@ -486,8 +489,8 @@ def token_frame(index: int, one: TracedFact, tokenizer, curves, restored: np.nda
         "effect": per_token[grid["curve"], grid["layer"], grid["pos"]]})
 
 
-def trace_fact(model, one: TracedFact, draws: torch.Tensor, curves, state: str,
-               memory_mb: float) -> tuple[float, float, np.ndarray]:
+def trace_fact(model, one: TracedFact, draws: torch.Tensor, curves,
+               state: str) -> tuple[float, float, np.ndarray]:
     """One fact under the noise ``draws`` (samples, n_subject, d_model) -> (clean probability, noised
     probability (mean over draws), restored probability (len(curves), n_layers, pos), mean over draws,
     NaN before the subject). Each (curve, layer) restore puts back one token; each token's restores
@@ -505,17 +508,18 @@ def trace_fact(model, one: TracedFact, draws: torch.Tensor, curves, state: str,
     restored = np.full((len(curves), n_layers, n_pos), np.nan)
     for pos in range(one.subject[0], n_pos):
         sweep = restore_sweep(model, rows, one.subject, draws, pos, pos if cached else 0, keys, clean_cache, metric,
-                              curves, state, memory_mb)
+                              curves, state)
         restored[:, :, pos] = sweep.reshape(len(curves), n_layers).cpu().double().numpy()
     return metric(clean_logits).item(), metric(noised_logits).item(), restored
 
 
 def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Tensor, pos: int, start: int, keys,
-                  clean_cache: dict, metric, curves, state: str, memory_mb: float) -> torch.Tensor:
+                  clean_cache: dict, metric, curves, state: str) -> torch.Tensor:
     """The answer probability (len(curves) * n_layers,) with the clean states of each (kind, width) of
     ``curves`` restored at ``pos`` at each layer (``restored_layers``), the subject noised by
     ``draws``: one ``score_variants`` sweep over the positions from ``start`` on (``keys``: the noised
-    run's keys and values per layer, of which the first ``start`` positions are read; None with ``start`` 0)."""
+    run's keys and values per layer, of which the first ``start`` positions are read; None with ``start`` 0),
+    within the current execution's memory and without a bar."""
     n_layers, samples = model.cfg.n_layers, draws.shape[0]
     runner = model if start == 0 else PrefixCached(model, [(k[:, :, :start], v[:, :, :start]) for k, v in keys])
     later = [i for i, at in enumerate(subject) if at >= start]  # noise still to add at the embedding
@@ -528,7 +532,7 @@ def restore_sweep(model, rows: torch.Tensor, subject: list[int], draws: torch.Te
     with model.hooks(fwd_hooks=hooks):
         _, _, starts = base_run(runner, suffix)
         with executing(progress=False):
-            return score_variants(runner, suffix, variants, sources, metric, starts=starts, memory_mb=memory_mb).values
+            return score_variants(runner, suffix, variants, sources, metric, starts=starts).values
 
 
 def aie_frame(effects: np.ndarray, counts: np.ndarray, corrupted: np.ndarray, curves, seed: int = 0) -> pd.DataFrame:

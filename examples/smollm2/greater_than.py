@@ -178,7 +178,8 @@ def choose(model, task) -> dict[str, list]:
 def ablation_share(ablation, components) -> tuple[str, str]:
     """Ablating ``components`` together: the effect on the metric with its interval, and the share
     lower (mean drop / mean unablated metric over the same resampled prompts) with its interval."""
-    scores = ablation.scores([components], progress=False)
+    with executing(progress=False):
+        scores = ablation.scores([components])
     low, high, _ = ablation.intervals(scores, seed=0)
     clean = ablation.baseline_scores()
     share = bootstrap_ratio((clean.numerators - scores.numerators[0]).double(), clean.numerators.double())

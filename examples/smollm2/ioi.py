@@ -73,7 +73,8 @@ def writers(model, task) -> list[tuple[int, int]]:
 def share_lower(model, batch, heads, method: str, metric, reference) -> str:
     """How much lower ablating ``heads`` makes the logit difference, as a share of the clean one."""
     ablation = prepare_ablation(model, batch.clean, method, metric, reference=reference)
-    ablated, clean = ablation.scores([heads], progress=False), ablation.baseline_scores()
+    with executing(progress=False):
+        ablated, clean = ablation.scores([heads]), ablation.baseline_scores()
     change = (clean.numerators - ablated.numerators[0]).double()  # (prompts,) per-prompt drop
     share = bootstrap_ratio(change, clean.numerators.double())
     return f"{interval(*(100 * float(v) for v in share), 0)}% lower"
@@ -128,7 +129,8 @@ def order_drops(model, task, order: np.ndarray, top, method: str) -> tuple[torch
         batch = task_batch(model, part)
         reference, _ = task_ablation(part, batch, method)
         ablation = prepare_ablation(model, batch.clean, method, task_metric(part, batch.last), reference=reference)
-        ablated, unablated = ablation.scores([top], progress=False), ablation.baseline_scores()
+        with executing(progress=False):
+            ablated, unablated = ablation.scores([top]), ablation.baseline_scores()
         drop[rows] = (unablated.numerators - ablated.numerators[0]).double().cpu()
         clean[rows] = unablated.numerators.double().cpu()
     return drop, clean

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 import interp
+from analyses.core.execution import executing
 from analyses.core.metrics import Metric, prompt_scores
 from analyses.core.stats import bootstrap_ratio
 from analyses.interventions.ablation import prepare_ablation
@@ -58,20 +59,21 @@ def writers(model, task: Task, top: int) -> list[tuple[int, int]]:
 def ablated(model, task: Task, batch: TaskBatch, clean_last: torch.Tensor, heads, corruption: str,
             seed: int) -> dict[str, torch.Tensor]:
     """Each prompt's score of each measure with ``heads`` removed by ``corruption`` -> name -> (batch,)."""
-    if corruption == "abc_mean":
-        reference, _ = task_ablation(task, batch, "mean_corrupted")
-        return {name: prepare_ablation(model, batch.clean, "mean_corrupted", metric, reference=reference)
-                .scores([heads], progress=False).numerators[0].double()
-                for name, metric in measures(task, batch, clean_last).items()}
-    found = {name: torch.empty(len(task), dtype=torch.float64) for name in MEASURES}
-    groups = pd.Series(range(len(task))).groupby([list(task.templates), batch.last.tolist()]).agg(list)
-    for rows in groups:  # one template and one length: resampling needs prompts of equal length
-        width = int(batch.last[rows[0]]) + 1
-        part = TaskBatch(batch.clean[rows, :width], batch.corrupted[rows, :width], batch.last[rows])
-        for name, metric in measures(task.subset(rows), part, clean_last[rows]).items():
-            ablation = prepare_ablation(model, part.clean, "resample", metric, reference=part.corrupted, seed=seed)
-            found[name][rows] = ablation.scores([heads], progress=False).numerators[0].double()
-    return found
+    with executing(progress=False):
+        if corruption == "abc_mean":
+            reference, _ = task_ablation(task, batch, "mean_corrupted")
+            return {name: prepare_ablation(model, batch.clean, "mean_corrupted", metric, reference=reference)
+                    .scores([heads]).numerators[0].double()
+                    for name, metric in measures(task, batch, clean_last).items()}
+        found = {name: torch.empty(len(task), dtype=torch.float64) for name in MEASURES}
+        groups = pd.Series(range(len(task))).groupby([list(task.templates), batch.last.tolist()]).agg(list)
+        for rows in groups:  # one template and one length: resampling needs prompts of equal length
+            width = int(batch.last[rows[0]]) + 1
+            part = TaskBatch(batch.clean[rows, :width], batch.corrupted[rows, :width], batch.last[rows])
+            for name, metric in measures(task.subset(rows), part, clean_last[rows]).items():
+                ablation = prepare_ablation(model, part.clean, "resample", metric, reference=part.corrupted, seed=seed)
+                found[name][rows] = ablation.scores([heads]).numerators[0].double()
+        return found
 
 
 def interval(name: str, values: torch.Tensor) -> dict[str, float]:

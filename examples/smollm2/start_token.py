@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from analyses import classify_heads, loss_metric
+from analyses.core.execution import executing
 from analyses.core.stats import bootstrap_ratio, paired_difference
 from analyses.interventions.ablation import prepare_ablation
 from analyses.tasks.task import ioi_task, task_batch
@@ -73,7 +74,8 @@ def induction_effect(model, heads) -> tuple[str, torch.Tensor, torch.Tensor]:
     (that in words, each probe's effect numerator (batch,) float64, its count of copied tokens (batch,))."""
     test = probes(model)
     ablation = prepare_ablation(model, test, "mean_aligned", loss_metric(test.tokens, positions=test.predictable))
-    scores = ablation.scores([heads], progress=False)
+    with executing(progress=False):
+        scores = ablation.scores([heads])
     low, high, n = ablation.intervals(scores)
     effect = float(scores.values[0]) - ablation.baseline
     baseline = ablation.baseline_scores()
