@@ -1,5 +1,8 @@
 """The execution context: set at an entry point, read below it, restored on exit."""
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from analyses.core.budget import DEFAULT_MEMORY_MB
@@ -82,3 +85,35 @@ def test_a_step_on_a_share_of_the_budget_says_so_with_executing(toy, chunked):
     metric = loss_metric(probes.tokens, probes.predictable)
     direct_and_total_effects(toy, probes, [(0, 1)], "zero", metric, memory_mb=512, progress=False)
     assert [budget for budget, _ in chunked] == [512 / 4, 512]
+
+
+# The settings reach the code below an entry point through the execution, not through parameters
+# that only hand them on (architecture §4.0). What may still hand them on: edge_circuit's two
+# wrappers of its public ``circuit_scores`` (a user's keywords passed to a sibling entry point whose
+# progress defaults to none), and a Ray actor's budget to its cells (a context variable does not
+# cross into another process).
+HANDED_ON = {"analyses/circuits/edge_circuit.py:circuit_values", "analyses/circuits/edge_circuit.py:faithfulness_curve",
+             "analyses/studies/on_ray.py:__init__"}
+
+
+def handed_on(function: ast.FunctionDef, setting: str) -> set[str]:
+    """The callees (other than ``executing``) ``function`` passes its parameter ``setting`` to, where
+    handing it on as a keyword is all it does with it; empty otherwise."""
+    uses = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == setting]
+    callees = [call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "?")
+               for call in ast.walk(function) if isinstance(call, ast.Call)
+               for keyword in call.keywords if isinstance(keyword.value, ast.Name) and keyword.value.id == setting]
+    return set(callees) - {"executing"} if uses and len(uses) == len(callees) else set()
+
+
+def test_no_function_takes_the_budget_or_progress_only_to_hand_it_on():
+    root = Path(__file__).resolve().parents[1]
+    found = set()
+    for path in sorted((root / "analyses").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                parameters = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                for setting in ("memory_mb", "progress"):
+                    if setting in parameters and handed_on(node, setting):
+                        found.add(f"{path.relative_to(root).as_posix()}:{node.name}")
+    assert found == HANDED_ON, f"handed on beyond the execution: {sorted(found - HANDED_ON)}; gone: {sorted(HANDED_ON - found)}"
