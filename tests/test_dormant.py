@@ -1,5 +1,5 @@
 """Dormant heads and redundancy: heads with zeroed weights called dormant, a high-scoring head whose
-output never reaches the logits shown as "no causal effect", output norms and similarities against
+output never reaches the logits shown as "no detectable effect", output norms and similarities against
 hand computations and across backends, the clustering on a hand-made matrix, and the whole
 calibration section on every family and both implementations."""
 

@@ -204,7 +204,7 @@ def test_report_md_and_the_page_print_each_role_heads_effect_with_its_interval(t
     covered = table[(table["ablation_ci_low"] <= 0) & (table["ablation_ci_high"] >= 0)]
     attention_role = covered["role"].str.split(";").apply(lambda roles: any(r in ROLES for r in roles))
     for row in covered[attention_role].itertuples():  # a meaning role's line shows the direct effect instead
-        assert f"ablation {effect(row)} nats, no causal effect)" in markdown
+        assert f"ablation {effect(row)} nats, no detectable effect)" in markdown
 
 
 def test_the_role_heatmap_hatches_exactly_the_cells_whose_interval_contains_0(toy_report):

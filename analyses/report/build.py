@@ -927,8 +927,10 @@ def report_sections(table: pd.DataFrame, views: list[PatternView], rule: str,
     figured, rolled = head_figures(table, views, drawn) if figures else ([], [])
     how = (rule + " Ablation effect: the rise in loss on the predictable second-copy tokens when the head's "
            "output is replaced by its mean over the other probes at the same place in their structure, printed "
-           "as 'effect [low, high]' with its 95% percentile bootstrap interval over the probes; 'no causal "
-           "effect' marks a role head whose interval contains 0 (not a cut-off on the effect's size).")
+           "as 'effect [low, high]' with its 95% percentile bootstrap interval over the probes; 'no detectable "
+           "effect' marks a role head whose interval contains 0: no single-head effect on this loss that these "
+           "probes tell apart from none, not a cut-off on the effect's size, nor a claim that the head does "
+           "nothing (others may back it up, or it may act on another task).")
     return [
         Section("Method", how),
         Section("Roles", "Every head of each role, best first, and the partial heads (they beat their nulls but "

@@ -21,7 +21,7 @@ def ablation_effects(model, probes: RepeatedProbes, memory_mb: float | None = No
     """Ablate each head in turn -> one row per head: ``layer, head, ablation_effect`` (ablated minus
     clean mean loss on the predictable tokens, in nats, pooled over the probes), ``ablation_ci_low``,
     ``ablation_ci_high`` (its 95% percentile bootstrap interval over the probes, which decides "no
-    causal effect" in ``head_table``), ``ablation_n_prompts`` (the probes with a predictable token)
+    detectable effect" in ``head_table``), ``ablation_n_prompts`` (the probes with a predictable token)
     and ``clean_loss``.
 
     ``method`` (``analyses.interventions.ablation.METHODS``): by default the position-aligned mean, the head's

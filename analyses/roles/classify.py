@@ -54,7 +54,7 @@ DEFAULT_FDR = 0.05  # Benjamini-Hochberg false discovery rate of calibrated role
 # a partial role: its score's interval lower bound goes at least this share of the way from its
 # null's centre to the role's threshold (an effect size, which significance alone is not; see assign_roles)
 PARTIAL_SHARE = 0.5
-NO_EFFECT = "no causal effect"  # a head whose ablation effect's 95% interval covers 0 (no_effect_labels)
+NO_EFFECT = "no detectable effect"  # a head whose ablation effect's 95% interval covers 0 (no_effect_labels)
 # what ``head_table`` reads of an effects frame: each head's ablation effect and its 95% interval
 EFFECT_COLUMNS = ("ablation_effect", "ablation_ci_low", "ablation_ci_high", "ablation_n_prompts")
 
@@ -381,7 +381,7 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
     band), ``{role}_z, {role}_p, {role}_q`` (and for its ``MEANING_ROLES`` their scores, ``copying``,
     ``copy_suppression``); with ``effects`` (``analyses.roles.causal_check.ablation_effects``' frame)
     ``ablation_effect, ablation_ci_low, ablation_ci_high, ablation_n_prompts`` (``EFFECT_COLUMNS``) and
-    ``causal`` (``no_effect_labels``: "no causal effect" where the effect's 95% interval covers 0); and ``role``
+    ``causal`` (``no_effect_labels``: "no detectable effect" where the effect's 95% interval covers 0); and ``role``
     (see ``assign_roles`` for ``thresholds``, ``calibration`` and ``fdr``, and for how its defaults differ from
     ``interp report``'s, whose table ``analyses.report_roles`` gives in one call). Returns a tidy frame."""
     wide = scores.pivot(index=["layer", "head"], columns="measure", values=["score", "ci_low", "ci_high"])
@@ -396,7 +396,7 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
     if effects is not None:
         missing = [column for column in EFFECT_COLUMNS if column not in effects.columns]
         if missing:
-            raise UserError(f"the effects frame lacks {', '.join(missing)}: 'no causal effect' is decided by each "
+            raise UserError(f"the effects frame lacks {', '.join(missing)}: 'no detectable effect' is decided by each "
                             "ablation effect's 95% interval (analyses.roles.causal_check.ablation_effects gives it)")
         table = table.merge(effects[["layer", "head", *EFFECT_COLUMNS]], on=["layer", "head"], how="left")
         table["causal"] = no_effect_labels(table["ablation_ci_low"], table["ablation_ci_high"])
@@ -404,7 +404,7 @@ def head_table(scores: pd.DataFrame, effects: pd.DataFrame | None = None,
 
 
 def no_effect_labels(ci_low: pd.Series, ci_high: pd.Series) -> pd.Series:
-    """"no causal effect" where an effect's 95% interval [ci_low, ci_high] covers 0, else "": the
+    """"no detectable effect" where an effect's 95% interval [ci_low, ci_high] covers 0, else "": the
     effect is not told apart from none over the prompts, however large its mean (and a small effect
     that every prompt shows is an effect). An unknown interval (NaN: a metric without a per-prompt
     form) claims neither."""

@@ -8,7 +8,7 @@ writes and by what ablating it does:
   own write to the residual stream; ``relative_norm`` divides it by the mean over the heads of its
   layer (1 = a typical head of the layer);
 - **ablation no-op**: the 95% interval over prompts of the metric's change when the head is
-  mean-ablated covers 0 (its effect is not told apart from none: "no causal effect", as the head
+  mean-ablated covers 0 (its effect is not told apart from none: "no detectable effect", as the head
   table decides it);
 - **dormant**: both, a relative norm below ``dormant_below`` and a no-op ablation.
 
