@@ -1,5 +1,6 @@
 """The Tracr discovery table of docs/guides/tracr.md: every program of ``interp.tracr.PROGRAMS``
-compiled with ``max_seq_len=5``, its inputs of length 4 (all, or a seeded 128), every ordered
+compiled with ``max_seq_len=5``, its inputs of length 4 (all, or a seeded ``--prompts`` of them:
+by default 128, and 32 for ``shuffle_dyck2``, whose 128 would make 16,256 pairs), every ordered
 pair of two of them as (clean, corrupted) (``task_pairs(every=True)``), every method scored
 against the compiler's truth (``evaluate_discovery``), and the true components no patching can
 see (``invisible_components``).
@@ -20,6 +21,8 @@ from analyses.circuits.circuit_eval import evaluate_discovery, invisible_compone
 from analyses.circuits.ground_truth import compile_with_graph, ground_truth
 from interp.tracr import PROGRAMS, encode_inputs, from_tracr
 
+SAMPLED = {"shuffle_dyck2": 32}  # inputs drawn where --prompts is not given (others: DEFAULT_PROMPTS)
+DEFAULT_PROMPTS = 128
 VOCABS = {"sort": [1, 2, 3], "pair_balance": list("()"), "shuffle_dyck": list("()"), "shuffle_dyck2": list("(){}")}
 COLUMNS = {"patch": "patch", "mean_ablate": "mean abl.", "zero_ablate": "zero abl.", "path patching": "path patch.",
            "EAP": "EAP", "EAP-IG": "EAP-IG", "edge patching (all)": "edge patch. (all)", "EAP (all)": "EAP (all)",
@@ -53,12 +56,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=None,
+                        help=f"inputs per program at most (default {DEFAULT_PROMPTS}; {SAMPLED} where not given)")
     parser.add_argument("--programs", default=",".join(sorted(PROGRAMS)))
     args = parser.parse_args()
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [measure(name, args.steps, args.prompts) for name in args.programs.split(",")]
+    results = [measure(name, args.steps, args.prompts or SAMPLED.get(name, DEFAULT_PROMPTS))
+               for name in args.programs.split(",")]
     scores = pd.concat([r[0] for r in results], ignore_index=True)
     hidden = pd.concat([r[1] for r in results], ignore_index=True)
     scores.to_csv(args.out / "scores.csv", index=False)
