@@ -1,17 +1,21 @@
 """Greater-than on SmolLM2 (Hanna et al. 2023): "The war lasted from the year 1759 to the year 17".
 
 SmolLM2's tokenizer writes every digit as a token of its own, so no two-digit year is one token and
-``analyses.tasks.task.greater_than_task`` falls back to the decade digit: the prompt's start year is
-17D9 and the answer is the next token, a digit; the answers are the digits > D, the distractors
-the digits <= D, the metric the probability difference sum p(> D) - sum p(<= D) at the last token.
-The corruption is the start year 1709 (the same tokens, decade 0).
+``analyses.tasks.task.greater_than_task`` asks for the first digit at which a later end year can
+differ (the tasks guide): after a start year 17D9, the end year's decade digit ("... to the year 17",
+answers the digits > D); after any other start year 17DY, its last digit ("... to the year 17D",
+answers the digits > Y), so that "later" is not always "the next decade". The distractors are the
+other digits, the metric the probability difference sum p(answers) - sum p(distractors) at the last
+token. The corruption is the earliest start year of the same tokens (1709 on decades, 17D0 on last
+digits). The prompts are distinct, each a noun and a start year.
 
 First, Hanna et al.'s two measures on ``N_PROMPTS`` prompts, each a mean over prompts with its
 95% bootstrap interval (``analyses.tasks.task.task_measure_intervals``): the probability difference
 and the cutoff sharpness p(D + 1) - p(D - 1), the decades either side of the start decade; then how
 the probability spreads over the digits, on the same prompts (they choose nothing).
 
-Then the components. The prompts are split by ``task_split`` (stratified by noun, seed 0): heads
+Then the components. The prompts are split by ``task_split`` (whole start years on one side, seed 0: a
+start year's prompts differ only in the noun, so no near-copy is on both sides): heads
 and MLPs are ranked on the selection half, by direct logit attribution (DLA) and by activation
 patching (each one's clean output into the corrupted run, every head and MLP), and every effect is
 measured on the other half, so none is measured on the prompts that chose it:
@@ -24,8 +28,7 @@ measured on the other half, so none is measured on the prompts that chose it:
   heads and MLPs together, with the effect's interval and the share lower (no random control: a
   layer holds one MLP, so no MLP set is matched by layer). Ablation references: ``mean_corrupted``
   (each output replaced by its mean over the corrupted prompts of the same noun, position by
-  position: those prompts are identical, so this is the 1709 run's output, the reference Hanna et
-  al. patch from) and zero.
+  position: the earliest start years' run, the reference Hanna et al. patch from) and zero.
 
 Intervals: 95% percentile bootstrap over prompts (1,000 resamples, seeded).
 
@@ -220,8 +223,8 @@ def main() -> None:
 
     split = task_split(task, seed=0)
     selection, test = task.subset(split.selection), task.subset(split.measurement)
-    print(f"components chosen on {len(selection)} prompts, measured on the other {len(test)} (split by noun, "
-          f"seed 0): the top {TOP} by each ranking, the 3 heads of most negative DLA")
+    print(f"components chosen on {len(selection)} prompts, measured on the other {len(test)} (split by start "
+          f"year, seed 0): the top {TOP} by each ranking, the 3 heads of most negative DLA")
     chosen = choose(model, selection)
     for reason, items in chosen.items():
         print(f"  {reason}: " + ", ".join(map(component_label, items)))
