@@ -197,7 +197,7 @@ def role_calibration(model, probes: RepeatedProbes, *, seed: int = 0, null_seeds
     attention, copying = random_init_scores(model, probes, null_seeds)
     calibration = joint_fdr(calibrate_roles(model, probes, seed=seed, null_seeds=null_seeds, fdr=fdr, run=run,
                                             random_scores=attention),
-                            meaning_nulls(model, null_seeds, memory_mb=current().memory_mb, null_scores=copying),
+                            meaning_nulls(model, null_seeds, null_scores=copying),
                             fdr=fdr)
     release_freed_memory()  # the null models' memory, before the ablations
     return calibration

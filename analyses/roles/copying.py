@@ -63,20 +63,19 @@ def copying_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
 
 
 def meaning_nulls(model, null_seeds: Sequence[int] = DEFAULT_NULL_SEEDS, progress: bool | None = None, *,
-                  memory_mb: float = DEFAULT_MEMORY_MB, null_scores: torch.Tensor | None = None) -> pd.DataFrame:
+                  memory_mb: float | None = None, null_scores: torch.Tensor | None = None) -> pd.DataFrame:
     """``copying`` and ``copy_suppression`` against the random-initialisation null: a tidy frame,
     one row per (layer, head, role) with the columns of ``analyses.roles.nulls.role_nulls`` (``score, null,
     null_center, null_spread, null_low, null_high, z, p, log10_p``). One null model is alive at a
     time, counted in ``memory_mb`` (its eigenvalues get what it leaves). ``null_scores``: the null
     models' ``null_copying`` at ``null_seeds``, (seeds, layer, head), measured here where None.
-    ``progress``: see ``analyses.core.progress`` (None: the current execution's)."""
+    ``memory_mb``, ``progress``: the execution's (``analyses.core.execution``; None: the current one's)."""
     check_null_seeds(null_seeds)
-    with torch.no_grad():
-        observed = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=memory_mb))
+    with torch.no_grad(), executing(memory_mb, progress) as execution:
+        observed = copying_from_eigenvalues(ov_eigenvalues(model, memory_mb=execution.memory_mb))
         if null_scores is None:
-            with executing(progress=progress):
-                null_scores = torch.stack(score_random_models(model, null_seeds,
-                                                              lambda null: null_copying(null, memory_mb)))
+            null_scores = torch.stack(score_random_models(model, null_seeds,
+                                                          lambda null: null_copying(null, execution.memory_mb)))
     frames = []
     for role, sign in zip(MEANING_ROLES, (1.0, -1.0)):
         score = sign * observed
